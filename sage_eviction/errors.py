@@ -1,0 +1,55 @@
+"""Exceptions raised by the policy library.
+
+The tree::
+
+    SageEvictionError
+    ├── PolicyConfigError (also ValueError)
+    │   ├── UnknownPolicyError       an unknown policy name; lists the names that exist
+    │   └── PolicyParamError         an unknown or ill-typed param; lists the params and defaults
+    └── PolicyStateError (also KeyError)
+        ├── DuplicateKeyError        insert of a key the policy already holds
+        └── UnknownKeyError          access, set_evictable or remove of a key it does not hold
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DuplicateKeyError",
+    "PolicyConfigError",
+    "PolicyParamError",
+    "PolicyStateError",
+    "SageEvictionError",
+    "UnknownKeyError",
+    "UnknownPolicyError",
+]
+
+
+class SageEvictionError(Exception):
+    """Base of every error the policy library raises."""
+
+
+class PolicyConfigError(SageEvictionError, ValueError):
+    """A policy spec that cannot be built."""
+
+
+class UnknownPolicyError(PolicyConfigError):
+    """No policy has this name."""
+
+
+class PolicyParamError(PolicyConfigError):
+    """A param the policy does not take, or a value of the wrong type."""
+
+
+class PolicyStateError(SageEvictionError, KeyError):
+    """An operation that contradicts what the policy holds."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateKeyError(PolicyStateError):
+    """The key is already in the policy."""
+
+
+class UnknownKeyError(PolicyStateError):
+    """The key is not in the policy."""

@@ -1,0 +1,28 @@
+"""Least Recently Used: evict the block whose latest insert or hit is oldest.
+
+Source: the classic policy (Denning, "The Working Set Model for Program Behavior", CACM 1968);
+vLLM's block-level prefix cache and SGLang's default radix-cache eviction use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.types import EntryMeta, EvictionStrategy
+
+__all__ = ["LRUPolicy"]
+
+
+class LRUPolicy(HeapPolicy):
+    """Evicts the evictable entry with the oldest insert or hit (logical clock, so no ties)."""
+
+    name = "lru"
+    strategy = EvictionStrategy.LRU
+    paper = "Denning, The Working Set Model for Program Behavior, CACM 1968"
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+
+    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+        return self._tick[key]

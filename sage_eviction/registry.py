@@ -1,0 +1,211 @@
+"""Policy names to classes, and building a policy from `name` or `name:k=v,k=v`.
+
+`POLICIES` is a plain dict filled in `sage_eviction.policies`; third-party policies register
+through the entry-point group `sage_eviction.policies` (name = "module:Class") and are loaded
+the first time a name is not found or the list is asked for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from sage_eviction.base import EvictionPolicy
+from sage_eviction.errors import PolicyParamError, UnknownPolicyError
+from sage_eviction.policies import POLICIES
+
+__all__ = [
+    "ALIASES",
+    "ENTRY_POINT_GROUP",
+    "ParamSpec",
+    "available_policies",
+    "create_policy",
+    "get_policy_class",
+    "parse_policy_spec",
+    "policy_params",
+]
+
+ENTRY_POINT_GROUP = "sage_eviction.policies"
+ALIASES = {"qos_aware": "priority", "qos": "priority", "s3-fifo": "s3fifo", "opt": "belady", "min": "belady"}
+
+_plugins_loaded = False
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One constructor param of a policy."""
+
+    name: str
+    type: type
+    default: Any
+    optional: bool  # None is accepted
+
+    def describe(self) -> str:
+        return f"{self.name}={self.default!r}"
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in POLICIES:
+            continue
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+            raise UnknownPolicyError(
+                f"entry point {ep.name!r} ({ep.value}) is not an EvictionPolicy subclass"
+            )
+        POLICIES[ep.name] = cls
+
+
+def available_policies(*, include_offline: bool = True) -> list[str]:
+    """Registered policy names, built-in and plugins, sorted."""
+    _load_plugins()
+    return sorted(n for n, c in POLICIES.items() if include_offline or not c.offline)
+
+
+def get_policy_class(name: str) -> type[EvictionPolicy]:
+    """The class registered as `name` (or one of its aliases).
+
+    Raises:
+        UnknownPolicyError: No such policy; the message lists the ones that exist.
+    """
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    cls = POLICIES.get(key)
+    if cls is None:
+        _load_plugins()
+        cls = POLICIES.get(key)
+    if cls is None:
+        raise UnknownPolicyError(
+            f"unknown eviction policy {name!r}; available: {', '.join(available_policies())}"
+        )
+    return cls
+
+
+def policy_params(cls: type[EvictionPolicy]) -> dict[str, ParamSpec]:
+    """The params of a policy's constructor, with their types and defaults."""
+    hints = typing.get_type_hints(cls.__init__)
+    specs: dict[str, ParamSpec] = {}
+    for pname, param in inspect.signature(cls.__init__).parameters.items():
+        if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        hint = hints.get(pname, str)
+        optional = False
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+            optional = True
+            hint = next(a for a in args if a is not type(None))
+        if not isinstance(hint, type):
+            hint = object
+        default = None if param.default is inspect.Parameter.empty else param.default
+        specs[pname] = ParamSpec(pname, hint, default, optional)
+    return specs
+
+
+def _coerce(policy: str, spec: ParamSpec, value: Any, all_specs: dict[str, ParamSpec]) -> Any:
+    def fail() -> PolicyParamError:
+        listing = ", ".join(s.describe() for s in all_specs.values())
+        return PolicyParamError(
+            f"policy {policy!r}: param {spec.name}={value!r} is not a valid "
+            f"{spec.type.__name__}; params: {listing}"
+        )
+
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        if spec.optional:
+            return None
+        raise fail()
+    target = spec.type
+    if target is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise fail()
+    if target is int:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if target is float:
+        if isinstance(value, bool):
+            raise fail()
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise fail() from None
+        raise fail()
+    if target is str:
+        if isinstance(value, str):
+            return value
+        raise fail()
+    return value
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split `name:k=v,k=v` into the name and raw string params.
+
+    Raises:
+        PolicyParamError: A param is not of the form k=v.
+    """
+    name, _, rest = spec.partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise PolicyParamError(f"policy spec {spec!r}: {item!r} is not of the form k=v")
+        params[k.strip()] = v.strip()
+    return name.strip(), params
+
+
+def create_policy(spec: str, capacity: int | None = None, **params: Any) -> EvictionPolicy:
+    """Build a policy from `name` or `name:k=v,...`, plus keyword params.
+
+    Args:
+        spec: Registry name, optionally with params, e.g. `"slru:protected_threshold=3"`.
+        capacity: Cache size in blocks, for the policies that need it; ignored by none.
+        **params: More params; they override the ones in `spec`.
+
+    Raises:
+        UnknownPolicyError: Unknown name.
+        PolicyParamError: Unknown or ill-typed param; the message lists the params with defaults.
+    """
+    name, raw = parse_policy_spec(spec)
+    cls = get_policy_class(name)
+    merged: dict[str, Any] = {**raw, **params}
+    if capacity is not None:
+        merged["capacity"] = capacity
+    specs = policy_params(cls)
+    kwargs: dict[str, Any] = {}
+    for pname, value in merged.items():
+        pspec = specs.get(pname)
+        if pspec is None:
+            listing = ", ".join(s.describe() for s in specs.values()) or "none"
+            raise PolicyParamError(f"policy {cls.name!r} has no param {pname!r}; params: {listing}")
+        kwargs[pname] = _coerce(cls.name, pspec, value, specs)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, PolicyParamError):
+            raise
+        listing = ", ".join(s.describe() for s in specs.values())
+        raise PolicyParamError(f"policy {cls.name!r}: {exc}; params: {listing}") from exc
