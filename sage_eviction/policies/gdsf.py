@@ -1,0 +1,56 @@
+"""GreedyDual-Size-Frequency: evict the block of least frequency * cost / size, with aging.
+
+Source: Cherkasova, "Improving WWW Proxies Performance with Greedy-Dual-Size-Frequency
+Caching Policy", HP Labs technical report HPL-98-69R1, 1998; GreedyDual-Size of Cao and
+Irani, USENIX Symposium on Internet Technologies and Systems 1997.
+
+Each entry has a key H = L + frequency * cost / size, with frequency = hits + 1,
+`cost = meta.cost` and `size = meta.size` (tokens). The entry of smallest H is evicted and the
+clock L rises to the victim's H, so entries not referenced for a long time age out. H is set
+when the entry is inserted, hit or made evictable again (a block in use was being referenced),
+with the L of that moment. Ties go to the least recent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+
+__all__ = ["GDSFPolicy"]
+
+
+class GDSFPolicy(HeapPolicy):
+    """Evicts the evictable entry of smallest H = L + (hits + 1) * cost / size; L inflates to
+    each victim's H.
+
+    Not order-preserving: `from_entries` starts a new L at 0 and recomputes every H from the
+    meta, which drops the aging the old policy had applied.
+    """
+
+    name = "gdsf"
+    strategy = EvictionStrategy.GDSF
+    paper = (
+        "Cherkasova, Improving WWW Proxies Performance with Greedy-Dual-Size-Frequency "
+        "Caching Policy, HP Labs HPL-98-69R1, 1998"
+    )
+    order_preserving = False
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self.inflation = 0.0  # L
+
+    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+        return (self.inflation + (meta.hits + 1) * meta.cost / max(meta.size, 1), self._tick[key])
+
+    def _on_victim(self, key: Hashable, score: Score) -> None:
+        self.inflation = score[0]
+
+    @staticmethod
+    def candidate_key(candidate: EvictionCandidate) -> Any:
+        """With L = 0 at sequence level: (accesses + 1) * recompute cost (the sequence's tokens)
+        / size (its blocks), i.e. the most tokens per block kept longest; then LRU."""
+        blocks = max(len(candidate.block_ids), 1)
+        return ((candidate.access_count + 1) * candidate.sequence_length / blocks, candidate.last_access_time)

@@ -1,0 +1,44 @@
+"""Most Recently Used: evict the block whose latest insert or hit is newest.
+
+Source: Chou and DeWitt, "An Evaluation of Buffer Management Strategies for Relational Database
+Systems", VLDB 1985 (MRU for looping sequential scans); SGLang's `MRUStrategy`
+(`python/sglang/srt/mem_cache/evict_policy.py`, spec/003), priority `-last_access_time`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+
+__all__ = ["MRUPolicy"]
+
+
+class MRUPolicy(HeapPolicy):
+    """Evicts the evictable entry with the newest insert or hit (logical clock, so no ties).
+
+    An entry that becomes evictable again keeps the recency of its latest insert or hit.
+    Not order-preserving: `from_entries` replays the entries as inserts in the order given,
+    so the newest entry of the old policy comes back as the oldest.
+    """
+
+    name = "mru"
+    strategy = EvictionStrategy.MRU
+    paper = (
+        "Chou and DeWitt, An Evaluation of Buffer Management Strategies for Relational "
+        "Database Systems, VLDB 1985"
+    )
+    order_preserving = False
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+
+    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+        return -self._tick[key]
+
+    @staticmethod
+    def candidate_key(candidate: EvictionCandidate) -> Any:
+        """The most recently accessed sequence first."""
+        return -candidate.last_access_time

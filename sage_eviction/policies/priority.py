@@ -1,0 +1,42 @@
+"""Priority (QoS-aware): evict the block of lowest priority, the least recent within a priority.
+
+Source: the module spec's `QoSAwareEvictionPolicy` (spec/000, sort key `(priority,
+last_access_time)`); SGLang's `PriorityStrategy` (spec/003); SGLang's priority scheduling
+and preemption (spec/001).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+
+__all__ = ["PriorityPolicy"]
+
+
+class PriorityPolicy(HeapPolicy):
+    """Evicts the evictable entry of lowest `meta.priority`; LRU within a priority.
+
+    The priority is read when the entry is inserted, hit or made evictable; a change to
+    `meta.priority` in between takes effect at the next of these.
+    """
+
+    name = "priority"
+    strategy = EvictionStrategy.PRIORITY
+    paper = (
+        "SGLang PriorityStrategy, python/sglang/srt/mem_cache/evict_policy.py; "
+        "module spec (spec/000) QoSAwareEvictionPolicy"
+    )
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+
+    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+        return (meta.priority, self._tick[key])
+
+    @staticmethod
+    def candidate_key(candidate: EvictionCandidate) -> Any:
+        """The lowest priority first, the least recently accessed within a priority."""
+        return (candidate.priority, candidate.last_access_time)
