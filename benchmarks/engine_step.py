@@ -1,0 +1,145 @@
+"""Tokens/s of the decoder's prefill and decode through the paged KV pool, at several batch sizes.
+
+Standalone (no scheduler): each batch size gets a fresh pool; B prompts of `--prompt-len` random
+tokens are prefilled in one forward, then `--decode-steps` decode steps of one token per
+sequence follow, each a forward over the whole batch plus a greedy argmax.
+
+    python benchmarks/engine_step.py                       # sage-tiny on the CPU, batch 1, 8, 32
+    python benchmarks/engine_step.py --batch-sizes 1,4 --prompt-len 512 --device cuda
+    python benchmarks/engine_step.py --model /path/to/Qwen2.5-0.5B-Instruct --dtype bf16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_adapter.model import ForwardBatch, load_model
+from engine_adapter.model.decoder import Decoder
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        # Other work on the machine slows the CPU figures (OpenMP threads spin when oversubscribed).
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_batch(
+    decoder: Decoder, batch: int, prompt_len: int, decode_steps: int, block_size: int, repeats: int
+) -> dict[str, float]:
+    """Best-of-`repeats` prefill and median decode-step times for one batch size."""
+    device = decoder.device
+    blocks_per_seq = -(-(prompt_len + decode_steps) // block_size)
+    generator = torch.Generator().manual_seed(batch)
+    vocab = min(decoder.config.vocab_size, 256)
+    prefill_s: list[float] = []
+    step_s: list[float] = []
+    for _ in range(repeats + 1):  # the first round warms up
+        pool = decoder.make_pool(num_blocks=batch * blocks_per_seq, block_size=block_size)
+        tables = [pool.allocate(blocks_per_seq) for _ in range(batch)]
+        prompts = torch.randint(0, vocab, (batch, prompt_len), generator=generator).tolist()
+        _sync(device)
+        start = time.perf_counter()
+        logits = decoder(ForwardBatch(prompts, [0] * batch, tables), pool).logits
+        tokens = logits.argmax(-1).tolist()
+        _sync(device)
+        prefill_s.append(time.perf_counter() - start)
+        steps = []
+        for step in range(decode_steps):
+            start = time.perf_counter()
+            batch_in = ForwardBatch([[t] for t in tokens], [prompt_len + step] * batch, tables)
+            tokens = decoder(batch_in, pool).logits.argmax(-1).tolist()
+            _sync(device)
+            steps.append(time.perf_counter() - start)
+        step_s.extend(steps)
+        if len(prefill_s) == 1:
+            step_s.clear()
+    prefill = min(prefill_s[1:])
+    step = statistics.median(step_s)
+    return {
+        "batch": batch,
+        "prefill_tokens_per_s": batch * prompt_len / prefill,
+        "prefill_ms": prefill * 1e3,
+        "decode_tokens_per_s": batch / step,
+        "decode_step_ms": step * 1e3,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="sage-tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="float32 (default), bf16, fp16")
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args(argv)
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    decoder, _, config = load_model(args.model, device=args.device, dtype=args.dtype)
+    machine = _machine(decoder.device)
+    rows = [
+        bench_batch(decoder, int(b), args.prompt_len, args.decode_steps, args.block_size, args.repeats)
+        for b in args.batch_sizes.split(",")
+    ]
+    setup = {
+        "model": args.model,
+        "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size,
+        "dtype": str(decoder.dtype).removeprefix("torch."),
+        "prompt_len": args.prompt_len,
+        "decode_steps": args.decode_steps,
+        "block_size": args.block_size,
+    }
+    if args.json:
+        print(json.dumps({"machine": machine, "setup": setup, "results": rows}, indent=2))
+        return 0
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+    print("setup:   " + ", ".join(f"{k}={v}" for k, v in setup.items()))
+    print(f"{'batch':>5}  {'prefill tok/s':>13}  {'prefill ms':>10}  {'decode tok/s':>12}  {'step ms':>8}")
+    for r in rows:
+        print(
+            f"{r['batch']:>5}  {r['prefill_tokens_per_s']:>13.0f}  {r['prefill_ms']:>10.1f}  "
+            f"{r['decode_tokens_per_s']:>12.0f}  {r['decode_step_ms']:>8.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,419 @@
+"""A Llama/Qwen2-family decoder whose attention reads keys and values from the paged KV pool.
+
+One forward runs a batch of sequences, each with a slice of new tokens: a prefill chunk or one
+decode token. For every layer it computes q/k/v of the new tokens, writes the new K/V into the
+pool (`PagedKVPool.write`, slots from the block table), then lets each sequence attend causally
+over all its tokens read back from the pool. Nothing else holds K/V: a sequence whose first
+blocks were written by another sequence (a shared prefix) or by an earlier chunk attends to them
+exactly as to its own.
+
+Parameter names follow Hugging Face's ``LlamaForCausalLM`` without the ``model.`` prefix, so a
+checkpoint loads by name (see `engine_adapter.model.loader`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_adapter.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine_adapter.pool import PagedKVPool
+
+__all__ = ["Decoder", "ForwardBatch", "ForwardOutput"]
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """The sequences of one forward, in parallel lists (one entry per sequence).
+
+    Attributes:
+        token_ids: The new tokens of each sequence (a prefill chunk, or one decode token); none empty.
+        start_positions: How many tokens of each sequence are already in the pool: the position
+            of its first new token. 0 for a fresh prefill; the cached prefix length after a prefix
+            cache hit; the context length for a decode step.
+        block_tables: Each sequence's block ids in order, covering at least
+            ``start_positions[i] + len(token_ids[i])`` tokens (longer tables are fine).
+        return_all_logits: Also return the logits of every new token, not only the last.
+    """
+
+    token_ids: list[list[int]]
+    start_positions: list[int]
+    block_tables: list[list[int]]
+    return_all_logits: bool = False
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_new_tokens(self) -> int:
+        """New tokens over all sequences."""
+        return sum(len(t) for t in self.token_ids)
+
+
+@dataclass(slots=True)
+class ForwardOutput:
+    """Logits of one forward, float32, on the model's device.
+
+    Attributes:
+        logits: ``[num_sequences, vocab_size]``: the logits after each sequence's last new token,
+            i.e. the distribution of its next token.
+        all_logits: With ``return_all_logits``: per sequence ``[num_new_tokens, vocab_size]``.
+    """
+
+    logits: torch.Tensor
+    all_logits: list[torch.Tensor] | None = None
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as Llama does."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryEmbedding:
+    """Rotary position embedding (the non-interleaved "rotate half" form of Llama and Qwen2).
+
+    Not a module: its frequencies are derived from the config, never loaded, and are kept per
+    device so the decoder may be built on the meta device and materialised later.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def _inverse_frequencies(self) -> torch.Tensor:
+        cfg = self.config
+        dim = cfg.head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+        inv_freq = 1.0 / (cfg.rope_theta**exponents)
+        scaling = cfg.rope_scaling
+        if scaling is None:
+            return inv_freq
+        factor = float(scaling["factor"])
+        if scaling["rope_type"] == "linear":
+            return inv_freq / factor
+        # llama3: keep high frequencies, divide low ones by `factor`, interpolate between.
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_context = float(scaling["original_max_position_embeddings"])
+        low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(medium, smoothed, scaled)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin, ``[n, head_dim]`` each, for int64 `positions` ``[n]``."""
+        inv_freq = self._inv_freq.get(positions.device)
+        if inv_freq is None:
+            inv_freq = self._inverse_frequencies().to(positions.device)
+            self._inv_freq[positions.device] = inv_freq
+        freqs = positions[:, None].float() * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[n, heads, head_dim]`` by the angles of its tokens (cos/sin ``[n, head_dim]``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over the paged pool."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden, q_size, kv_size = (
+            config.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        self.q_proj = nn.Linear(hidden, q_size, bias=config.attention_bias)
+        self.k_proj = nn.Linear(hidden, kv_size, bias=config.attention_bias)
+        self.v_proj = nn.Linear(hidden, kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=config.attention_out_bias)
+
+    def forward(self, x: torch.Tensor, layer: int, step: _StepIndex, pool: PagedKVPool) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q = apply_rotary(q, step.cos, step.sin)
+        k = apply_rotary(k, step.cos, step.sin)
+        pool.write(layer, step.slots, k, v)
+
+        if step.fresh_single:
+            # One sequence with nothing cached: its keys are exactly the new ones.
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+            )
+            projected: torch.Tensor = self.o_proj(out.transpose(0, 1).reshape(n, -1))
+            return projected
+
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        # [B, L, kv_heads, D] -> [B, kv_heads, L, D]
+        k_ctx = pool.k_cache[layer].view(flat)[step.kv_slots].transpose(1, 2)
+        v_ctx = pool.v_cache[layer].view(flat)[step.kv_slots].transpose(1, 2)
+        q_pad = q[step.q_index].transpose(1, 2)  # [B, heads, Tq, D]
+        out = F.scaled_dot_product_attention(q_pad, k_ctx, v_ctx, attn_mask=step.mask, enable_gqa=True)
+        batch, _, tq, _ = out.shape
+        out = out.transpose(1, 2).reshape(batch * tq, -1)
+        if step.q_unpad is not None:
+            out = out[step.q_unpad]
+        projected = self.o_proj(out)
+        return projected
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks, each with a residual connection."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, h: torch.Tensor, layer: int, step: _StepIndex, pool: PagedKVPool) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), layer, step, pool)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+@dataclass(slots=True)
+class _StepIndex:
+    """Index tensors of one forward, built once and shared by every layer.
+
+    The attention pads the batch: sequence b's queries are rows ``q_index[b]`` of the flat new
+    tokens (padded to the longest slice), its keys are pool slots ``kv_slots[b]`` (padded to the
+    longest context; past its end they repeat its first slot), and ``mask[b, 0, i, j]`` lets
+    query i see key j when ``j <= position(i)``. Padded query rows see key 0 only (a real key of
+    every sequence: no all-masked row, no NaN) and are dropped by ``q_unpad``.
+    """
+
+    input_ids: torch.Tensor  # [T]
+    cos: torch.Tensor  # [T, D]
+    sin: torch.Tensor
+    slots: torch.Tensor  # [T] pool slots of the new tokens
+    last_index: torch.Tensor  # [B] row of each sequence's last new token
+    fresh_single: bool
+    kv_slots: torch.Tensor | None = None  # [B, L]
+    q_index: torch.Tensor | None = None  # [B, Tq]
+    q_unpad: torch.Tensor | None = None  # [T] rows of the padded [B * Tq] output, or None if unpadded
+    mask: torch.Tensor | None = None  # [B, 1, Tq, L] bool, or None when every query sees every key
+
+
+class Decoder(nn.Module):
+    """Llama/Qwen2 decoder: embeddings, layers, final norm, lm head.
+
+    Build it with `engine_adapter.model.loader.load_model`, then run `forward` with a
+    `ForwardBatch` and a `PagedKVPool` made by `make_pool` (same layers, heads, dtype, device).
+
+    Args:
+        config: The model's shape.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.rotary = RotaryEmbedding(config)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the lm head when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def make_pool(self, *, num_blocks: int, block_size: int) -> PagedKVPool:
+        """A `PagedKVPool` that fits this model (layers, kv heads, head size, dtype, device)."""
+        from engine_adapter.pool import PagedKVPool
+
+        cfg = self.config
+        return PagedKVPool(
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            dtype=self.dtype,
+            device=str(self.device),
+        )
+
+    def forward(self, batch: ForwardBatch, pool: PagedKVPool) -> ForwardOutput:
+        """Write the new tokens' K/V into `pool` and return the next-token logits.
+
+        Runs under `torch.inference_mode`.
+
+        Raises:
+            ValueError: The batch is empty or inconsistent (list lengths, an empty slice, a
+                negative start, a block table too short, a token id outside the vocab), or the
+                pool does not fit the model.
+        """
+        with torch.inference_mode():
+            self._check_pool(pool)
+            step = self._index(batch, pool.block_size)
+            h = self.embed_tokens(step.input_ids)
+            for layer, block in enumerate(self.layers):
+                h = block(h, layer, step, pool)
+            if batch.return_all_logits:
+                logits_all = self.lm_head(self.norm(h)).float()
+                splits = [len(t) for t in batch.token_ids]
+                return ForwardOutput(
+                    logits=logits_all[step.last_index], all_logits=list(logits_all.split(splits))
+                )
+            return ForwardOutput(logits=self.lm_head(self.norm(h[step.last_index])).float())
+
+    def _check_pool(self, pool: PagedKVPool) -> None:
+        cfg = self.config
+        expected = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
+        found = (pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.device)
+        if expected[:4] != found[:4] or not _same_device(self.device, pool.device):
+            raise ValueError(
+                "KV pool does not fit the model: (layers, kv heads, head_dim, dtype, device) are "
+                f"{found} in the pool, {expected} in the model; build it with Decoder.make_pool"
+            )
+
+    def _index(self, batch: ForwardBatch, block_size: int) -> _StepIndex:
+        """Validate `batch` and build the index tensors of its forward (on CPU, then one copy each)."""
+        num_seqs = len(batch.token_ids)
+        if num_seqs == 0:
+            raise ValueError("empty ForwardBatch: no sequence to run")
+        if not (len(batch.start_positions) == len(batch.block_tables) == num_seqs):
+            raise ValueError(
+                f"ForwardBatch lists differ in length: {num_seqs} token_ids, "
+                f"{len(batch.start_positions)} start_positions, {len(batch.block_tables)} block_tables"
+            )
+        lengths = [len(t) for t in batch.token_ids]
+        starts = list(batch.start_positions)
+        totals = [s + n for s, n in zip(starts, lengths, strict=True)]
+        for i, (start, n, table) in enumerate(zip(starts, lengths, batch.block_tables, strict=True)):
+            if n == 0:
+                raise ValueError(f"sequence {i} of the batch has no new token")
+            if start < 0:
+                raise ValueError(f"sequence {i}: start_position={start} is negative")
+            needed = -(-(start + n) // block_size)
+            if len(table) < needed:
+                raise ValueError(
+                    f"sequence {i}: block table of {len(table)} blocks cannot hold {start + n} tokens "
+                    f"(block_size={block_size})"
+                )
+        max_total = max(totals)
+        if max_total > self.config.max_position_embeddings:
+            raise ValueError(
+                f"a sequence reaches {max_total} tokens, beyond max_position_embeddings="
+                f"{self.config.max_position_embeddings}"
+            )
+
+        device = self.device
+        input_ids = torch.tensor([t for ids in batch.token_ids for t in ids], dtype=torch.long)
+        vocab = self.config.vocab_size
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+            bad = next(t for t in input_ids.tolist() if not 0 <= t < vocab)
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+
+        lengths_t, starts_t = torch.tensor(lengths), torch.tensor(starts)
+        # Slots of positions 0..max_total-1 of every sequence: [B, L].
+        max_blocks = -(-max_total // block_size)
+        tables = torch.tensor(
+            [list(t[:max_blocks]) + [0] * (max_blocks - min(len(t), max_blocks)) for t in batch.block_tables],
+            dtype=torch.long,
+        )
+        key_pos = torch.arange(max_total, dtype=torch.long)
+        kv_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
+        # Keys past a sequence's end are masked, but 0 * NaN is NaN: point them at its own first
+        # token, never at stale slots that another (perhaps diverged) sequence wrote.
+        past_end = key_pos[None, :] >= (starts_t + lengths_t)[:, None]
+        kv_slots = torch.where(past_end, kv_slots[:, :1], kv_slots)
+        # Positions and rows (in the flat [B * L] kv_slots) of the new tokens.
+        positions = torch.cat(
+            [torch.arange(s, t, dtype=torch.long) for s, t in zip(starts, totals, strict=True)]
+        )
+        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lengths_t)
+        slots = kv_slots.view(-1)[seq_of_token * max_total + positions]
+        offsets = lengths_t.cumsum(0)
+        last_index = offsets - 1
+
+        cos, sin = self.rotary.cos_sin(positions.to(device), self.dtype)
+        step = _StepIndex(
+            input_ids=input_ids.to(device),
+            cos=cos,
+            sin=sin,
+            slots=slots.to(device),
+            last_index=last_index.to(device),
+            fresh_single=num_seqs == 1 and starts[0] == 0,
+        )
+        if step.fresh_single:
+            return step
+
+        max_new = max(lengths)
+        first = offsets - lengths_t  # row of each sequence's first new token
+        j = torch.arange(max_new)
+        valid = j[None, :] < lengths_t[:, None]  # [B, Tq]
+        q_index = torch.where(valid, first[:, None] + j[None, :], first[:, None])
+        step.kv_slots = kv_slots.to(device)
+        step.q_index = q_index.to(device)
+        if max_new > 1:
+            step.q_unpad = valid.view(-1).nonzero().squeeze(1).to(device)
+        uniform_decode = max_new == 1 and all(t == max_total for t in totals)
+        if not uniform_decode:
+            q_pos = torch.where(valid, starts_t[:, None] + j[None, :], 0)  # [B, Tq]
+            step.mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1).to(device)
+        return step
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same device when 0 is the current one."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)

@@ -1,0 +1,236 @@
+"""Tokenizers behind one small protocol: the built-in byte tokenizer and a ``tokenizer.json`` one.
+
+`IncrementalDetokenizer` turns a stream of generated ids into text deltas that never split a
+multi-byte character, for streaming and for stop strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["ByteTokenizer", "HFTokenizer", "IncrementalDetokenizer", "Tokenizer"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the engine needs of a tokenizer."""
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends a generation (instruct models often have more than one)."""
+        ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, with the special tokens the model expects (such as a leading bos)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens left out; never raises on a partial character."""
+        ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, then bos, eos and pad (the tokenizer of ``sage-tiny``).
+
+    Args:
+        add_bos: `encode` puts bos first.
+    """
+
+    BOS = 256
+    EOS = 257
+    PAD = 258
+    NUM_SPECIAL = 3
+
+    def __init__(self, *, add_bos: bool = True) -> None:
+        self.add_bos = add_bos
+
+    @property
+    def bos_token_id(self) -> int:
+        return self.BOS
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.EOS
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.PAD
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset((self.EOS,))
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + self.NUM_SPECIAL
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.BOS, *ids] if self.add_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # errors="replace": a cut multi-byte character (or a random model's invalid byte) reads
+        # as U+FFFD instead of raising.
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(add_bos={self.add_bos})"
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` read with the `tokenizers` package.
+
+    Args:
+        tokenizer: A `tokenizers.Tokenizer`.
+        bos_token_id: Beginning-of-sequence id, if the model has one.
+        eos_token_ids: Ids that end a generation; the first is `eos_token_id`.
+    """
+
+    def __init__(self, tokenizer: Any, *, bos_token_id: int | None, eos_token_ids: Iterable[int]) -> None:
+        self._tokenizer = tokenizer
+        self._bos_token_id = bos_token_id
+        self._eos_list = list(dict.fromkeys(eos_token_ids))
+        self._eos_token_ids = frozenset(self._eos_list)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, hf_config: Mapping[str, Any] | None = None) -> HFTokenizer:
+        """Load ``tokenizer.json`` and find bos/eos ids in the files beside it.
+
+        The ids come from ``tokenizer_config.json`` (``bos_token``/``eos_token`` as strings),
+        else from `hf_config` (``config.json``); ``generation_config.json`` may add eos ids.
+
+        Raises:
+            FileNotFoundError: There is no ``tokenizer.json`` in `folder`.
+        """
+        from tokenizers import Tokenizer as RustTokenizer
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (only tokenizer.json tokenizers are supported)")
+        tokenizer = RustTokenizer.from_file(str(path))
+        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        generation_config = _read_json(folder / "generation_config.json")
+        hf_config = hf_config or {}
+
+        def token_id(key: str) -> int | None:
+            token = tokenizer_config.get(key)
+            if isinstance(token, Mapping):
+                token = token.get("content")
+            if isinstance(token, str):
+                found = tokenizer.token_to_id(token)
+                if found is not None:
+                    return int(found)
+            return None
+
+        bos = token_id("bos_token")
+        if bos is None:
+            bos = next(iter(_ids(hf_config.get("bos_token_id"))), None)
+        eos: list[int] = []
+        first = token_id("eos_token")
+        if first is not None:
+            eos.append(first)
+        eos += _ids(hf_config.get("eos_token_id")) + _ids(generation_config.get("eos_token_id"))
+        return cls(tokenizer, bos_token_id=bos, eos_token_ids=eos)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._bos_token_id
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos_list[0] if self._eos_list else None
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def __repr__(self) -> str:
+        return (
+            f"HFTokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "
+            f"eos_token_ids={sorted(self.eos_token_ids)})"
+        )
+
+
+class IncrementalDetokenizer:
+    """Text deltas of a generation, one id at a time, that never end inside a character.
+
+    Decodes a short window of ids (some of the prompt for context, since tokenizers such as
+    SentencePiece drop a leading space at the start of a decode) and emits what was added, holding
+    it back while it ends in U+FFFD (an incomplete UTF-8 sequence).
+
+    Args:
+        tokenizer: Any `Tokenizer`.
+        prompt_ids: The prompt, whose last few ids give the first generated ids their context.
+    """
+
+    _CONTEXT = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = list(prompt_ids[-self._CONTEXT :])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; returns the text it completes (often ``""`` mid-character)."""
+        self._ids.append(token_id)
+        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """The text held back at the end of a generation (an incomplete character as U+FFFD)."""
+        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
+        self._prefix_offset = self._read_offset = len(self._ids)
+        self.text += delta
+        return delta
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        loaded = json.load(f)
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
