@@ -1,0 +1,453 @@
+"""The engine: model, paged KV pool, cache manager and scheduler behind one thread-safe facade.
+
+The engine loop runs in its own thread and calls `Scheduler.step()` with the cache manager's
+lock held, so a hot swap (`set_policy`), which takes the same lock, happens between two steps:
+no step sees half a swap, and no cached block or request is lost. The server is the only
+caller (DESIGN 1); tests drive the facade directly too.
+
+    engine = Engine(EngineConfig(num_blocks=256, device="cpu"))
+    engine.start()
+    out = engine.submit("Hello", SamplingParams(max_tokens=8)).result()
+    engine.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from engine_adapter.cache_manager import CacheManager
+from engine_adapter.config import EngineConfig
+from engine_adapter.errors import SageCacheError
+from engine_adapter.events import EvictionEventLog
+from engine_adapter.metrics import EngineMetrics
+from engine_adapter.model.loader import load_model
+from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.model.tokenizer import IncrementalDetokenizer
+from engine_adapter.pool import PagedKVPool
+from engine_adapter.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
+from sage_eviction import available_policies, get_policy_class, policy_params
+from sage_eviction.registry import parse_policy_spec
+
+__all__ = ["DEFAULT_NUM_BLOCKS", "Engine", "EngineClosedError", "RequestError", "RequestHandle", "RequestOutput"]
+
+# The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
+# --kv-cache-memory or --gpu-memory-utilization for a real model.
+DEFAULT_NUM_BLOCKS = 2048
+
+
+class RequestError(ValueError):
+    """A request that can never be served (empty prompt, too long for the pool, bad values)."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine is draining or stopped and takes no new request."""
+
+
+class RequestHandle:
+    """A submitted request: iterate its deltas (blocking or async), or wait for the result."""
+
+    def __init__(self, request_id: str, engine: Engine) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: queue.Queue[RequestOutput] = queue.Queue()
+        self._done = threading.Event()
+        self._text: list[str] = []
+        self._tokens: list[int] = []
+        self._final: RequestOutput | None = None
+
+    def _put(self, output: RequestOutput) -> None:
+        self._text.append(output.text)
+        self._tokens.extend(output.token_ids)
+        if output.finished:
+            self._final = RequestOutput(
+                request_id=output.request_id,
+                text="".join(self._text),
+                token_ids=list(self._tokens),
+                finished=True,
+                finish_reason=output.finish_reason,
+                error=output.error,
+                prompt_tokens=output.prompt_tokens,
+                cached_tokens=output.cached_tokens,
+                completion_tokens=output.completion_tokens,
+            )
+            self._done.set()
+        self._queue.put(output)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while True:
+            item = self._queue.get()
+            yield item
+            if item.finished:
+                return
+
+    async def stream(self) -> AsyncIterator[RequestOutput]:
+        """The deltas, without blocking the event loop."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                item = await asyncio.to_thread(self._queue.get)
+            yield item
+            if item.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """The final output (whole text and tokens).
+
+        Raises:
+            TimeoutError: Not finished within `timeout` seconds.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout}s")
+        assert self._final is not None
+        return self._final
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def abort(self) -> None:
+        """Stop generating; the request ends with finish_reason "abort"."""
+        self._engine.abort(self.request_id)
+
+
+def _pool_blocks(config: EngineConfig, decoder: Any, device: str) -> int:
+    cfg = decoder.config
+    shape = {
+        "num_layers": cfg.num_hidden_layers,
+        "num_kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "block_size": config.block_size,
+        "dtype": decoder.dtype,
+    }
+    if config.num_blocks is not None:
+        return config.num_blocks
+    if config.kv_cache_memory is not None:
+        return PagedKVPool.blocks_for_memory(config.kv_cache_memory, **shape)
+    if config.gpu_memory_utilization is not None:
+        return PagedKVPool.blocks_for_utilization(config.gpu_memory_utilization, device=device, **shape)
+    return DEFAULT_NUM_BLOCKS
+
+
+class Engine:
+    """An LLM engine with a paged prefix cache whose eviction policy can be swapped while it serves.
+
+    Args:
+        config: The engine's configuration.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.name = config.name
+        policy_cls = get_policy_class(config.eviction_policy)
+        if policy_cls.offline:
+            raise RequestError(f"policy {policy_cls.name!r} is offline (needs the future): simulation only")
+        self.decoder, self.tokenizer, self.model_config = load_model(config.model, device=config.device)
+        device = str(self.decoder.device)
+        self.pool = self.decoder.make_pool(
+            num_blocks=_pool_blocks(config, self.decoder, device), block_size=config.block_size
+        )
+        self.events = EvictionEventLog(
+            config.eviction_log_path if config.log_evictions else None, ring_size=10_000
+        )
+        self.cache = CacheManager(
+            self.pool,
+            policy=config.eviction_policy,
+            policy_params=dict(config.policy_params),
+            max_pinned_ratio=config.max_pinned_ratio,
+            eviction_threshold=config.eviction_threshold,
+            event_log=self.events,
+        )
+        self.metrics = EngineMetrics(policy=self.cache.policy_name)
+        self.events.subscribe(self._on_event)
+        self.scheduler = Scheduler(
+            self.cache,
+            self.decoder,
+            self.pool,
+            self.tokenizer,
+            SchedulerLimits(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_queued_requests=config.max_queued_requests,
+                queued_timeout=config.queued_timeout,
+            ),
+        )
+        self.scheduler.on_admitted = self._on_admitted
+        self.scheduler.on_finished = self._on_finished
+        self.started_at = time.time()
+        self.draining = False
+        self.stopped = False
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handles: dict[str, RequestHandle] = {}
+        self._ids = itertools.count(1)
+        self._last_reprefills = 0
+        self._steps = 0
+        self._forward_s = 0.0
+        self._bookkeeping_s = 0.0
+        self.loop_error: str | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine loop thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name=f"sage-engine-{self.name}", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; finish (drain) or abort the ones in flight; flush the log."""
+        self.draining = True
+        if not drain:
+            self._inbox.put(("abort_all", None))
+        self._inbox.put(("stop", None))
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.stopped = True
+        self.events.close()
+
+    def _loop(self) -> None:
+        stopping = False
+        while True:
+            with self.cache.lock:
+                stopping = self._drain_inbox() or stopping
+                if self.scheduler.has_work():
+                    try:
+                        stats = self.scheduler.step()
+                    except Exception as exc:  # keep serving: fail the running requests, not the engine
+                        self.loop_error = f"{type(exc).__name__}: {exc}"
+                        self._fail_running(self.loop_error)
+                        continue
+                    self._steps += 1
+                    self._forward_s += stats.forward_s
+                    self._bookkeeping_s += stats.bookkeeping_s
+                    if stats.preempted:
+                        self.metrics.on_preemption(stats.preempted)
+                    if self.cache.eviction_threshold is not None:
+                        self.cache.evict_to_threshold()
+                    self._update_gauges()
+                    continue
+                if stopping:
+                    return
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _drain_inbox(self) -> bool:
+        stop = False
+        while True:
+            try:
+                op, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return stop
+            if op == "add":
+                self.scheduler.add(arg)
+            elif op == "abort":
+                self.scheduler.abort(arg)
+            elif op == "abort_all":
+                for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
+                    self.scheduler.abort(seq.request_id, "abort", "engine shut down")
+            elif op == "stop":
+                stop = True
+
+    def _fail_running(self, message: str) -> None:
+        for seq in list(self.scheduler.running):
+            try:
+                self.scheduler.abort(seq.request_id, "error", message)
+            except SageCacheError:
+                self.scheduler.running.remove(seq)
+
+    def _update_gauges(self) -> None:
+        cache = self.cache
+        self.metrics.set_usage(cache.pool.num_used / cache.num_blocks if cache.num_blocks else 0.0)
+        self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+        reprefills = cache._reprefill.re_prefilled
+        if reprefills > self._last_reprefills:
+            self.metrics.on_re_prefill(reprefills - self._last_reprefills)
+            self._last_reprefills = reprefills
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "freed":
+            self.metrics.on_eviction(
+                str(event["policy"]), str(event["reason"]), int(event["blocks_freed"]), float(event["duration_us"]) / 1e6
+            )
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        *,
+        priority: int = 0,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Queue a request.
+
+        Raises:
+            RequestError: It can never be served (empty prompt, token ids out of the vocabulary,
+                prompt plus max_tokens beyond the pool).
+            EngineClosedError: The engine is draining or stopped.
+        """
+        if self.draining or self.stopped:
+            raise EngineClosedError("the engine is shutting down and takes no new request")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if not ids:
+            raise RequestError("prompt is empty")
+        total = len(ids) + sampling.max_tokens
+        max_tokens_in_pool = self.cache.num_blocks * self.cache.block_size
+        if total > max_tokens_in_pool:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the KV pool "
+                f"({self.cache.num_blocks} blocks of {self.cache.block_size} tokens = {max_tokens_in_pool})"
+            )
+        limit = self.model_config.max_position_embeddings
+        if total > limit:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the model's "
+                f"context of {limit} tokens"
+            )
+        rid = request_id or f"cmpl-{uuid.uuid4().hex[:16]}"
+        handle = RequestHandle(rid, self)
+        seq = Sequence(
+            seq_id=next(self._ids),
+            request_id=rid,
+            prompt_ids=ids,
+            sampling=sampling,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
+            emit=self._emitter(handle),
+            priority=priority,
+            tenant=tenant,
+            cache_salt=cache_salt,
+        )
+        self._handles[rid] = handle
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return handle
+
+    def _emitter(self, handle: RequestHandle) -> Any:
+        def emit(output: RequestOutput) -> None:
+            if output.finished:
+                self._handles.pop(output.request_id, None)
+            handle._put(output)
+
+        return emit
+
+    def _on_admitted(self, seq: Sequence, hit_tokens: int) -> None:
+        self.metrics.on_lookup(hit_tokens, seq.num_tokens)
+
+    def _on_finished(self, seq: Sequence) -> None:
+        times = seq.token_times
+        ttft = seq.first_token_time - seq.arrival if seq.first_token_time is not None else None
+        self.metrics.on_request_finished(
+            seq.finish_reason or "error",
+            ttft,
+            [b - a for a, b in itertools.pairwise(times)],
+            prompt_tokens=len(seq.prompt_ids),
+            generation_tokens=len(seq.output_ids),
+        )
+
+    def abort(self, request_id: str) -> None:
+        """End a request with finish_reason "abort"."""
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    # ---- what the server shows -------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """GET /v1/engine (without socket and pid)."""
+        with self.cache.lock:
+            return {
+                "name": self.name,
+                "model": self.config.model,
+                "pid": os.getpid(),
+                "device": str(self.decoder.device),
+                "started_at": self.started_at,
+                "uptime_s": time.time() - self.started_at,
+                "policy": {"name": self.cache.policy_name, "params": dict(self.cache.policy_params)},
+                "num_blocks": self.cache.num_blocks,
+                "block_size": self.cache.block_size,
+                "requests": {
+                    "running": len(self.scheduler.running),
+                    "waiting": len(self.scheduler.waiting),
+                    "finished": self.scheduler.finished_count,
+                },
+                "steps": self._steps,
+                "bookkeeping_share": self._bookkeeping_s / (self._bookkeeping_s + self._forward_s)
+                if self._forward_s
+                else 0.0,
+                "loop_error": self.loop_error,
+            }
+
+    def eviction_stats(self) -> dict[str, Any]:
+        """GET /v1/eviction/stats."""
+        with self.cache.lock:
+            return self.cache.stats()
+
+    def policies(self) -> dict[str, Any]:
+        """GET /v1/eviction/policies: the online policies with their params and defaults."""
+        listing = []
+        for name in available_policies(include_offline=False):
+            cls = get_policy_class(name)
+            params = {k: p.default for k, p in policy_params(cls).items() if k != "capacity"}
+            listing.append(
+                {"name": name, "strategy": cls.strategy.name, "paper": cls.paper, "offline": cls.offline, "params": params}
+            )
+        return {"active": self.cache.policy_name, "policies": listing}
+
+    def set_policy(self, policy: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Hot swap between two steps; raises `PolicyConfigError` for a bad name or param."""
+        cls = get_policy_class(parse_policy_spec(policy)[0])
+        if cls.offline:
+            raise RequestError(f"policy {cls.name!r} is offline (needs the future): simulation only")
+        with self.cache.lock:
+            result = self.cache.swap_policy(policy, **params)
+        self.metrics.on_swap(result.new_name)
+        return result.to_dict()
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request uses (not counted as evictions); returns how many."""
+        with self.cache.lock:
+            return self.cache.reset_prefix_cache()
+
+    def eviction_events(self, tail: int) -> list[dict[str, Any]]:
+        """The last `tail` eviction events, oldest first."""
+        return self.events.tail(tail)
+
+    def subscribe_events(self) -> queue.Queue[dict[str, Any]]:
+        """A queue that receives every later event (a slow reader loses events, never stalls eviction)."""
+        q: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=10_000)
+        self.events.subscribe(q)
+        return q
+
+    def unsubscribe_events(self, q: queue.Queue[dict[str, Any]]) -> None:
+        self.events.unsubscribe(q)
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """The engine's Prometheus registry (sage:* metrics)."""
+        with self.cache.lock:
+            self._update_gauges()
+        return self.metrics.registry

@@ -1,0 +1,446 @@
+"""Iteration-level continuous batching over the cache manager and the model (DESIGN 4).
+
+Each `Scheduler.step()`:
+
+1. aborts waiting requests past `queued_timeout` and drops the lowest priority beyond
+   `max_queued_requests`, each with a reason;
+2. admits waiting requests, highest priority first then oldest, while a sequence slot is free
+   and the cache manager can allocate the uncached part of the prompt (a hit is locked, so an
+   admitted request keeps its prefix);
+3. reserves one KV slot for every decoding sequence; when the pool cannot give one, the active
+   policy's `select_victims` chooses a running sequence to preempt by recompute (its full
+   blocks stay cached, so its re-prefill can hit) and it goes back to the head of the queue;
+4. runs one batched forward: a prefill chunk for sequences still in prefill (within the
+   `max_num_batched_tokens` budget) and one token for each decoding sequence;
+5. samples, detokenizes, checks stop conditions, caches newly full blocks so that concurrent
+   requests share them, and releases finished sequences (their full blocks stay cached).
+
+A preempted sequence recomputes prompt and output together; with greedy sampling it produces
+exactly the tokens it would have produced without preemption.
+
+The scheduler is not thread-safe: the engine calls `step` with the cache manager's lock held.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_adapter.cache_manager import CacheManager
+from engine_adapter.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.sampling import SamplingParams, make_generator, sample_batch
+from engine_adapter.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine_adapter.pool import PagedKVPool
+
+__all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "SequenceStatus", "StepStats"]
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """A delta while a request runs, or its final output.
+
+    Attributes:
+        request_id: The request.
+        text: New text (a delta) while streaming; the whole text in the final output.
+        token_ids: New token ids, or all of them in the final output.
+        finished: Whether the request ended.
+        finish_reason: "stop", "length", "abort", "timeout", "dropped" or "error".
+        error: Why a request ended without completing (abort, timeout, dropped, error).
+        prompt_tokens: Prompt length in tokens.
+        cached_tokens: Prompt tokens served from the prefix cache at first admission.
+        completion_tokens: Tokens generated so far.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SchedulerLimits:
+    """Batch and queue limits (engine config keys of the same names)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_queued_requests: int | None = None
+    queued_timeout: float | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request as the scheduler tracks it."""
+
+    seq_id: int
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    emit: Callable[[RequestOutput], None]
+    priority: int = 0
+    tenant: str | None = None
+    cache_salt: str | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the pool
+    block_table: list[int] = field(default_factory=list)
+    cached_tokens: int | None = None  # prompt tokens hit at first admission
+    text: str = ""
+    emitted_chars: int = 0
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+    generator: torch.Generator | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt and output tokens: what a (re)prefill computes."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one step did (for the engine's metrics and the benchmark)."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    admitted: int = 0
+    preempted: int = 0
+    finished: int = 0
+    forward_s: float = 0.0
+    bookkeeping_s: float = 0.0
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill, priority admission and preemption by recompute.
+
+    Args:
+        cache: The cache manager (its pool is the model's KV pool).
+        decoder: The model.
+        pool: The paged KV pool the decoder reads and writes.
+        tokenizer: For detokenizing and the eos ids.
+        limits: Batch and queue limits.
+        clock: Monotonic time source.
+    """
+
+    def __init__(
+        self,
+        cache: CacheManager,
+        decoder: Decoder,
+        pool: PagedKVPool,
+        tokenizer: Tokenizer,
+        limits: SchedulerLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.decoder = decoder
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.limits = limits or SchedulerLimits()
+        self.clock = clock
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._next_seq_id = 0
+        self.finished_count = 0
+        self.total_preemptions = 0
+        self.preempted_in_step = 0
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        # Hooks for the engine's metrics: called with the sequence (and its prompt hit in tokens).
+        self.on_admitted: Callable[[Sequence, int], None] | None = None
+        self.on_finished: Callable[[Sequence], None] | None = None
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a validated sequence."""
+        if seq.generator is None and not seq.sampling.greedy:
+            seq.generator = make_generator(seq.sampling.seed)
+        seq.arrival = self.clock()
+        self.waiting.append(seq)
+        cap = self.limits.max_queued_requests
+        if cap is not None and len(self.waiting) > cap:
+            # Drop the lowest priority, and among those the newest.
+            victim = min(self.waiting, key=lambda s: (s.priority, -s.arrival))
+            self.waiting.remove(victim)
+            self._finish(
+                victim,
+                "dropped",
+                f"queue full ({cap} waiting requests); dropped the lowest priority ({victim.priority})",
+            )
+
+    def abort(self, request_id: str, reason: str = "abort", message: str = "aborted by the client") -> bool:
+        """End a request wherever it is; returns whether it was found."""
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                self._finish(seq, reason, message)
+                return True
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._release(seq)
+                self.running.remove(seq)
+                self._finish(seq, reason, message)
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def step(self) -> StepStats:
+        """One iteration: admit, reserve (preempting when short), forward, sample, release."""
+        stats = StepStats()
+        t0 = time.perf_counter()
+        self._expire_waiting()
+        stats.admitted = self._admit()
+        batch_seqs, chunks, stats.preempted = self._schedule()
+        t1 = time.perf_counter()
+        if batch_seqs:
+            batch = ForwardBatch(
+                token_ids=[seq.all_ids[seq.num_computed : seq.num_computed + n] for seq, n in zip(batch_seqs, chunks, strict=True)],
+                start_positions=[seq.num_computed for seq in batch_seqs],
+                block_tables=[seq.block_table for seq in batch_seqs],
+            )
+            out = self.decoder(batch, self.pool)
+            t2 = time.perf_counter()
+            stats.forward_s = t2 - t1
+            stats.finished = self._advance(batch_seqs, chunks, out.logits, stats)
+            t3 = time.perf_counter()
+            stats.bookkeeping_s = (t1 - t0) + (t3 - t2)
+        else:
+            stats.bookkeeping_s = t1 - t0
+        return stats
+
+    def _expire_waiting(self) -> None:
+        timeout = self.limits.queued_timeout
+        if timeout is None or not self.waiting:
+            return
+        now = self.clock()
+        expired = [s for s in self.waiting if s.num_preemptions == 0 and now - s.arrival > timeout]
+        for seq in expired:
+            self.waiting.remove(seq)
+            self._finish(seq, "timeout", f"waited {now - seq.arrival:.2f}s in the queue (queued_timeout={timeout}s)")
+
+    def _admit(self) -> int:
+        if not self.waiting:
+            return 0
+        self.waiting.sort(key=lambda s: (-s.priority, s.arrival))
+        admitted = 0
+        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.all_ids
+            try:
+                alloc = self.cache.allocate(
+                    seq.seq_id,
+                    tokens,
+                    tenant=seq.tenant,
+                    priority=seq.priority,
+                    cache_salt=seq.cache_salt,
+                    max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
+                )
+            except NoEvictableBlocksError:
+                break  # wait for running sequences to finish; keep priority order
+            except RequestTooLargeError as exc:
+                self.waiting.pop(0)
+                self._finish(seq, "error", str(exc))
+                continue
+            self.waiting.pop(0)
+            seq.block_table = alloc.block_table
+            seq.num_computed = alloc.num_cached_tokens
+            if seq.cached_tokens is None:
+                seq.cached_tokens = min(alloc.num_cached_tokens, len(seq.prompt_ids))
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            admitted += 1
+            if self.on_admitted is not None:
+                self.on_admitted(seq, alloc.num_cached_tokens)
+        return admitted
+
+    def _schedule(self) -> tuple[list[Sequence], list[int], int]:
+        """Pick this step's sequences and token counts; reserve decode slots, preempting if short."""
+        self.preempted_in_step = 0
+        # Highest priority first, then oldest: they keep their slots when the pool runs short.
+        self.running.sort(key=lambda s: (-s.priority, s.arrival))
+        budget = self.limits.max_num_batched_tokens
+        batch: list[Sequence] = []
+        chunks: list[int] = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            remaining = seq.num_tokens - seq.num_computed
+            if remaining <= 0 or budget <= 0:
+                continue
+            n = min(remaining, budget)
+            if not self._reserve(seq, seq.num_computed + n, batch):
+                continue
+            batch.append(seq)
+            chunks.append(n)
+            budget -= n
+        return batch, chunks, self.preempted_in_step
+
+    def _reserve(self, seq: Sequence, num_tokens: int, batch: list[Sequence]) -> bool:
+        """Make `seq`'s blocks hold `num_tokens`; preempt others (or `seq`) when the pool is short."""
+        if num_tokens <= len(seq.block_table) * self.cache.block_size:
+            return True
+        while True:
+            new_ids = self.cache.reserve_tokens(seq.seq_id, num_tokens)
+            if new_ids is not None:
+                seq.block_table = self.cache.block_table(seq.seq_id)
+                return True
+            skip = {s.seq_id for s in batch}
+            skip.add(seq.seq_id)
+            victim_ids = self.cache.select_preemption_victims(1, exclude=skip)
+            by_id = {s.seq_id: s for s in self.running}
+            victim = by_id.get(victim_ids[0]) if victim_ids else None
+            if victim is None:
+                self._preempt(seq)  # nothing else can give way
+                return False
+            self._preempt(victim)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.cache.preempt(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+        self.running.remove(seq)
+        self.preempted_in_step += 1
+        self.total_preemptions += 1
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed = 0
+        seq.block_table = []
+        self.waiting.insert(0, seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if self.cache.has_sequence(seq.seq_id):
+            self.cache.free_sequence(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+
+    def _advance(self, seqs: list[Sequence], chunks: list[int], logits: torch.Tensor, stats: StepStats) -> int:
+        """Account the computed tokens, sample where a sequence reached its end, emit, release."""
+        sampling_rows: list[int] = []
+        for row, (seq, n) in enumerate(zip(seqs, chunks, strict=True)):
+            decoding = seq.num_computed >= len(seq.prompt_ids) and n == 1 and seq.output_ids
+            if decoding:
+                stats.decode_tokens += n
+            else:
+                stats.prefill_tokens += n
+            seq.num_computed += n
+            if seq.num_computed == seq.num_tokens:
+                sampling_rows.append(row)
+            self.cache.commit_blocks(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+        if not sampling_rows:
+            return 0
+        sampled_seqs = [seqs[r] for r in sampling_rows]
+        tokens = sample_batch(
+            logits[sampling_rows],
+            [s.sampling for s in sampled_seqs],
+            [s.generator for s in sampled_seqs],
+        )
+        now = self.clock()
+        finished = 0
+        for seq, token in zip(sampled_seqs, tokens, strict=True):
+            self.cache.touch_sequence(seq.seq_id)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.token_times.append(now)
+            seq.output_ids.append(token)
+            reason = self._append_text(seq, token)
+            if reason is not None:
+                self._release(seq)
+                self.running.remove(seq)
+                self._finish(seq, reason, None)
+                finished += 1
+            else:
+                self._emit_delta(seq)
+        return finished
+
+    def _append_text(self, seq: Sequence, token: int) -> str | None:
+        """Add the token's text; the finish reason when the sequence is done."""
+        is_eos = token in self.eos_ids and not seq.sampling.ignore_eos
+        if not is_eos:
+            seq.text += seq.detokenizer.push(token)
+        stops = seq.sampling.stop
+        if stops:
+            # Only the tail can hold a stop string that the last token completed.
+            window = max(len(s) for s in stops) + 16
+            start = max(0, len(seq.text) - window - len(self.tokenizer.decode([token])))
+            for stop in stops:
+                pos = seq.text.find(stop, max(0, start - len(stop)))
+                if pos != -1:
+                    seq.text = seq.text[:pos]
+                    return "stop"
+        if is_eos:
+            seq.text += seq.detokenizer.flush()
+            return "stop"
+        if len(seq.output_ids) >= seq.sampling.max_tokens:
+            seq.text += seq.detokenizer.flush()
+            return "length"
+        return None
+
+    def _emit_delta(self, seq: Sequence) -> None:
+        # Hold back text that could still become the start of a stop string.
+        hold = max((len(s) for s in seq.sampling.stop), default=1) - 1
+        upto = max(seq.emitted_chars, len(seq.text) - hold)
+        delta = seq.text[seq.emitted_chars : upto]
+        seq.emitted_chars = upto
+        seq.emit(
+            RequestOutput(
+                request_id=seq.request_id,
+                text=delta,
+                token_ids=[seq.output_ids[-1]],
+                finished=False,
+                prompt_tokens=len(seq.prompt_ids),
+                cached_tokens=seq.cached_tokens or 0,
+                completion_tokens=len(seq.output_ids),
+            )
+        )
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.error = error
+        self.finished_count += 1
+        if self.on_finished is not None:
+            self.on_finished(seq)
+        delta = seq.text[seq.emitted_chars :]
+        seq.emitted_chars = len(seq.text)
+        seq.emit(
+            RequestOutput(
+                request_id=seq.request_id,
+                text=delta,
+                token_ids=[],
+                finished=True,
+                finish_reason=reason,
+                error=error,
+                prompt_tokens=len(seq.prompt_ids),
+                cached_tokens=seq.cached_tokens or 0,
+                completion_tokens=len(seq.output_ids),
+            )
+        )

@@ -1,0 +1,236 @@
+"""The engine facade with the real model, pool, cache manager and scheduler (no server).
+
+The central property (DESIGN 4): greedy outputs with a pool small enough to force evictions and
+preemptions equal the outputs with an unbounded pool, for several policies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine_adapter.config import EngineConfig
+from engine_adapter.engine import Engine, EngineClosedError, RequestError
+from engine_adapter.model.sampling import SamplingParams
+
+SYSTEM = "You are a careful assistant. "
+PROMPTS = [
+    SYSTEM + "Tell me about caches.",
+    SYSTEM + "Tell me about queues.",
+    SYSTEM + "Tell me about caches, again.",
+    "A different prefix entirely: " + "x" * 11,
+    SYSTEM + "Tell me about caches.",  # an exact repeat: served from the prefix cache
+    "Short.",
+]
+
+
+def _engine(tmp_path: object, **overrides: object) -> Engine:
+    values: dict[str, object] = {
+        "device": "cpu",
+        "block_size": 4,
+        "num_blocks": 4096,
+        "name": "test",
+        "socket": "/tmp/sage-test-unused.sock",
+        "max_num_batched_tokens": 64,
+    }
+    values.update(overrides)
+    engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
+    engine.start()
+    return engine
+
+
+def _run_all(engine: Engine, prompts: list[str], max_tokens: int = 24) -> list[list[int]]:
+    handles = [engine.submit(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    return [h.result(timeout=120).token_ids for h in handles]
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    engine = _engine(tmp_path_factory.mktemp("ref"))
+    try:
+        outputs = _run_all(engine, PROMPTS)
+        stats = engine.eviction_stats()
+        assert stats["total_evictions"] == 0
+        assert stats["preemptions"] == 0
+    finally:
+        engine.shutdown()
+    return outputs
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "priority", "lfu", "sieve", "gdsf"])
+def test_greedy_outputs_equal_unbounded_pool_under_eviction_and_preemption(
+    tmp_path: object, reference_outputs: list[list[int]], policy: str
+) -> None:
+    # 24 blocks of 4 tokens cannot hold six ~15-block sequences at once: the scheduler must
+    # evict cached blocks and preempt running sequences, then recompute them.
+    engine = _engine(tmp_path, num_blocks=24, eviction_policy=policy)
+    try:
+        outputs = _run_all(engine, PROMPTS)
+        stats = engine.eviction_stats()
+        engine.cache.check_invariants()
+    finally:
+        engine.shutdown()
+    assert outputs == reference_outputs
+    assert stats["total_evictions"] > 0
+    assert stats["preemptions"] > 0
+
+
+def test_repeated_prompt_is_served_from_the_prefix_cache(tmp_path: object) -> None:
+    engine = _engine(tmp_path)
+    try:
+        first = engine.submit(PROMPTS[0], SamplingParams(max_tokens=4)).result(60)
+        second = engine.submit(PROMPTS[0], SamplingParams(max_tokens=4)).result(60)
+    finally:
+        engine.shutdown()
+    assert first.cached_tokens == 0
+    # All full blocks but the one holding the last prompt token (its logits must be computed).
+    assert second.cached_tokens == (first.prompt_tokens - 1) // 4 * 4
+    assert second.token_ids == first.token_ids
+
+
+def test_hot_swap_under_load_loses_no_request_and_no_block(tmp_path: object) -> None:
+    engine = _engine(tmp_path, num_blocks=48)
+    stop = threading.Event()
+    swaps: list[dict[str, object]] = []
+    errors: list[BaseException] = []
+
+    def swapper() -> None:
+        names = ["arc", "s3fifo", "lfu", "slru:protected_threshold=2", "lru"]
+        i = 0
+        try:
+            while not stop.is_set():
+                with engine.cache.lock:  # between two steps, as the server's swap is
+                    keys_before = {b.key for b in engine.cache.radix.blocks()}
+                    answer = engine.set_policy(names[i % len(names)], {})
+                    keys_after = {b.key for b in engine.cache.radix.blocks()}
+                    engine.cache.check_invariants()
+                assert answer["entries"] == len(keys_before)
+                assert keys_after == keys_before
+                swaps.append(answer)
+                i += 1
+                stop.wait(0.01)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=swapper)
+    thread.start()
+    try:
+        outputs = [engine.submit(p * 2, SamplingParams(max_tokens=12)) for p in PROMPTS * 3]
+        results = [h.result(timeout=120) for h in outputs]
+    finally:
+        stop.set()
+        thread.join()
+        engine.shutdown()
+    assert not errors, errors
+    assert all(r.finish_reason in ("stop", "length") for r in results)
+    assert len(swaps) >= 2
+
+
+def test_swap_keeps_every_cached_block(tmp_path: object) -> None:
+    engine = _engine(tmp_path, num_blocks=64)
+    try:
+        _run_all(engine, PROMPTS, max_tokens=4)
+        keys_before = {b.key for b in engine.cache.radix.blocks()}
+        answer = engine.set_policy("arc", {})
+        keys_after = {b.key for b in engine.cache.radix.blocks()}
+        assert answer["old"]["name"] == "lru" and answer["new"]["name"] == "arc"
+        assert answer["entries"] == len(keys_before)
+        assert keys_after == keys_before
+        engine.cache.check_invariants()
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "sampling", "message"),
+    [
+        ("", {}, "empty"),
+        ([], {}, "empty"),
+        ([999_999], {}, "vocabulary"),
+        ("hello", {"max_tokens": 10_000}, "exceeds the KV pool"),
+    ],
+)
+def test_bad_requests_are_rejected_and_the_engine_keeps_serving(
+    tmp_path: object, prompt: str | list[int], sampling: dict[str, int], message: str
+) -> None:
+    engine = _engine(tmp_path, num_blocks=64)
+    try:
+        with pytest.raises(RequestError, match=message):
+            engine.submit(prompt, SamplingParams(**sampling))
+        out = engine.submit("still serving", SamplingParams(max_tokens=3)).result(60)
+        assert out.completion_tokens == 3
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}, {"top_k": -5}])
+def test_bad_sampling_values_name_the_value(bad: dict[str, float]) -> None:
+    key = next(iter(bad))
+    with pytest.raises(ValueError, match=key):
+        SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_stop_string_ends_the_output_without_it(tmp_path: object) -> None:
+    engine = _engine(tmp_path)
+    try:
+        free = engine.submit("abc", SamplingParams(max_tokens=30, ignore_eos=True)).result(60)
+        text = free.text
+        # Stop at the first non-empty piece of the free-running output.
+        needle = next((text[i : i + 2] for i in range(3, len(text) - 2) if text[i : i + 2].strip()), None)
+        if needle is None:
+            pytest.skip("the random model produced no printable text to stop on")
+        stopped = engine.submit("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=[needle])).result(60)
+    finally:
+        engine.shutdown()
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[: text.find(needle)]
+
+
+def test_queue_limit_drops_the_lowest_priority(tmp_path: object) -> None:
+    engine = _engine(tmp_path, max_queued_requests=2, max_num_seqs=1)
+    try:
+        engine.draining = False
+        with engine.cache.lock:  # hold the loop so that all four wait together
+            handles = [
+                engine.submit("request %d" % i, SamplingParams(max_tokens=2), priority=p)
+                for i, p in enumerate([1, 0, 2, 1])
+            ]
+            engine._drain_inbox()
+        results = [h.result(60) for h in handles]
+    finally:
+        engine.shutdown()
+    dropped = [r for r in results if r.finish_reason == "dropped"]
+    assert len(dropped) == 2
+    assert all("queue full" in (r.error or "") for r in dropped)
+    assert results[1].finish_reason == "dropped"  # the only priority-0 request
+
+
+def test_queued_timeout_aborts_with_a_reason(tmp_path: object) -> None:
+    engine = _engine(tmp_path, queued_timeout=0.001, max_num_seqs=1)
+    try:
+        with engine.cache.lock:
+            handles = [engine.submit("wait %d" % i, SamplingParams(max_tokens=2)) for i in range(3)]
+            engine._drain_inbox()
+            time.sleep(0.01)
+        results = [h.result(60) for h in handles]
+    finally:
+        engine.shutdown()
+    timed_out = [r for r in results if r.finish_reason == "timeout"]
+    assert timed_out
+    assert all("queued_timeout" in (r.error or "") for r in timed_out)
+
+
+def test_drain_finishes_requests_then_refuses_new_ones(tmp_path: object) -> None:
+    engine = _engine(tmp_path)
+    handles = [engine.submit(p, SamplingParams(max_tokens=6)) for p in PROMPTS]
+    engine.shutdown(drain=True, timeout=120)
+    assert all(h.finished and h.result().finish_reason == "length" for h in handles)
+    with pytest.raises(EngineClosedError):
+        engine.submit("late", SamplingParams())
+
+
+def test_offline_policy_is_refused(tmp_path: object) -> None:
+    with pytest.raises(RequestError, match="offline"):
+        Engine(EngineConfig(device="cpu", num_blocks=16, eviction_policy="belady", socket="/tmp/x-unused.sock"))
