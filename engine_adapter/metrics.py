@@ -1,0 +1,206 @@
+"""The engine's Prometheus metrics (DESIGN 6), served as text at `GET /metrics`.
+
+`EngineMetrics` owns a private `prometheus_client.CollectorRegistry` (never the global one, so
+two engines in one process, or a test beside a server, never collide) and exposes one method per
+thing the engine observes. The engine calls them from its loop thread; prometheus_client's
+metrics are thread-safe, and every method is O(1) apart from `on_request_finished`, which is
+linear in the number of output tokens it is handed.
+
+Methods the engine calls:
+
+- ``set_active_policy(policy)``: at start, the policy in use (``sage:policy_info{policy} = 1``,
+  every other policy seen so far 0); no swap counted.
+- ``on_eviction(policy, reason, blocks, seconds)``: one eviction call freed ``blocks`` blocks
+  for ``reason`` ("alloc", "watermark", "preempt", ...); ``seconds`` is the wall time of the
+  policy decision.
+- ``on_lookup(hit_tokens, lookup_tokens)``: one prefix-cache lookup of ``lookup_tokens`` prompt
+  tokens of which ``hit_tokens`` were served from cache.
+- ``set_usage(frac)``: used blocks / total blocks, 0..1.
+- ``on_preemption(count=1)``: running sequences preempted.
+- ``on_re_prefill(n)``: ``n`` evicted blocks were requested again and so recomputed.
+- ``on_request_finished(reason, ttft, tpots, *, prompt_tokens=0, generation_tokens=0)``: a
+  request ended with finish reason ``reason`` ("stop", "length", "abort", ...); ``ttft`` is its
+  time to first token in seconds (None when it produced none), ``tpots`` the times between its
+  consecutive output tokens in seconds.
+- ``on_swap(policy)``: the policy was hot-swapped to ``policy``.
+- ``set_queue(running, waiting)``: requests running and waiting right now.
+
+Metric names (``sage:`` prefix, vLLM's and SGLang's habits): ``sage:evictions_total{policy,
+reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_queries_total`` and
+``sage:prefix_cache_hits_total`` (tokens), ``sage:kv_cache_usage_perc`` (0..1),
+``sage:num_preemptions_total``, ``sage:re_prefill_blocks_total``, ``sage:num_requests_running``,
+``sage:num_requests_waiting``, ``sage:request_success_total{finish_reason}``,
+``sage:time_to_first_token_seconds``, ``sage:time_per_output_token_seconds``,
+``sage:prompt_tokens_total``, ``sage:generation_tokens_total``, ``sage:policy_swaps_total`` and
+``sage:policy_info{policy}``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "EVICTION_DURATION_BUCKETS",
+    "TPOT_BUCKETS",
+    "TTFT_BUCKETS",
+    "EngineMetrics",
+]
+
+# A policy decision takes microseconds; anything past 10 ms lands in +Inf and is a bug to look at.
+EVICTION_DURATION_BUCKETS = (
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+)  # fmt: skip
+# vLLM's buckets for the same two histograms.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+)  # fmt: skip
+
+
+class EngineMetrics:
+    """The engine's `sage:*` Prometheus metrics, in a registry of their own.
+
+    Args:
+        registry: where to register the metrics; a new `CollectorRegistry` when None.
+        policy: the policy in use at start, if known (see `set_active_policy`).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # prometheus_client appends `_total` to counters itself; the names below are the exposed ones.
+        self.evictions = Counter(
+            "sage:evictions_total", "Blocks evicted, by policy and reason.", ["policy", "reason"], registry=r
+        )
+        self.eviction_duration = Histogram(
+            "sage:eviction_duration_seconds",
+            "Wall time of the policy decision per eviction call.",
+            buckets=EVICTION_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.prefix_cache_queries = Counter(
+            "sage:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "sage:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", registry=r
+        )
+        self.kv_cache_usage = Gauge(
+            "sage:kv_cache_usage_perc", "KV-cache usage: used blocks / total blocks (0..1).", registry=r
+        )
+        self.preemptions = Counter("sage:num_preemptions_total", "Running sequences preempted.", registry=r)
+        self.re_prefill_blocks = Counter(
+            "sage:re_prefill_blocks_total", "Evicted blocks requested again and recomputed.", registry=r
+        )
+        self.requests_running = Gauge("sage:num_requests_running", "Requests running.", registry=r)
+        self.requests_waiting = Gauge("sage:num_requests_waiting", "Requests waiting.", registry=r)
+        self.request_success = Counter(
+            "sage:request_success_total",
+            "Finished requests, by finish reason.",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "sage:time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.time_per_output_token = Histogram(
+            "sage:time_per_output_token_seconds",
+            "Time between consecutive output tokens.",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "sage:prompt_tokens_total", "Prompt tokens of finished requests.", registry=r
+        )
+        self.generation_tokens = Counter(
+            "sage:generation_tokens_total", "Tokens generated by finished requests.", registry=r
+        )
+        self.policy_swaps = Counter("sage:policy_swaps_total", "Eviction-policy hot swaps.", registry=r)
+        self.policy_info = Gauge(
+            "sage:policy_info",
+            "1 for the eviction policy in use, 0 for the others seen.",
+            ["policy"],
+            registry=r,
+        )
+        self._lock = threading.Lock()  # guards _policies and the policy_info flip
+        self._policies: set[str] = set()
+        if policy is not None:
+            self.set_active_policy(policy)
+
+    def set_active_policy(self, policy: str) -> None:
+        """Mark `policy` as the one in use (`sage:policy_info`), without counting a swap."""
+        with self._lock:
+            for name in self._policies:
+                if name != policy:
+                    self.policy_info.labels(policy=name).set(0)
+            self._policies.add(policy)
+            self.policy_info.labels(policy=policy).set(1)
+
+    def on_eviction(self, policy: str, reason: str, blocks: int, seconds: float) -> None:
+        """One eviction call of `policy` freed `blocks` blocks for `reason` in `seconds` of decision time."""
+        if blocks > 0:
+            self.evictions.labels(policy=policy, reason=reason).inc(blocks)
+        self.eviction_duration.observe(seconds)
+
+    def on_lookup(self, hit_tokens: int, lookup_tokens: int) -> None:
+        """A prefix-cache lookup of `lookup_tokens` prompt tokens, `hit_tokens` of them cached."""
+        if lookup_tokens > 0:
+            self.prefix_cache_queries.inc(lookup_tokens)
+        if hit_tokens > 0:
+            self.prefix_cache_hits.inc(hit_tokens)
+
+    def set_usage(self, frac: float) -> None:
+        """KV-cache usage, used blocks / total blocks."""
+        self.kv_cache_usage.set(frac)
+
+    def on_preemption(self, count: int = 1) -> None:
+        """`count` running sequences were preempted."""
+        self.preemptions.inc(count)
+
+    def on_re_prefill(self, n: int) -> None:
+        """`n` evicted blocks were requested again (and recomputed)."""
+        if n > 0:
+            self.re_prefill_blocks.inc(n)
+
+    def on_request_finished(
+        self,
+        reason: str,
+        ttft: float | None,
+        tpots: Iterable[float],
+        *,
+        prompt_tokens: int = 0,
+        generation_tokens: int = 0,
+    ) -> None:
+        """A request finished with `reason`.
+
+        Args:
+            reason: its finish reason ("stop", "length", "abort", "timeout", "dropped", "error").
+            ttft: time to first token in seconds; None when no token was produced.
+            tpots: seconds between its consecutive output tokens.
+            prompt_tokens: its prompt length in tokens.
+            generation_tokens: tokens it generated.
+        """
+        self.request_success.labels(finish_reason=reason).inc()
+        if ttft is not None:
+            self.time_to_first_token.observe(ttft)
+        for tpot in tpots:
+            self.time_per_output_token.observe(tpot)
+        if prompt_tokens > 0:
+            self.prompt_tokens.inc(prompt_tokens)
+        if generation_tokens > 0:
+            self.generation_tokens.inc(generation_tokens)
+
+    def on_swap(self, policy: str) -> None:
+        """The eviction policy was hot-swapped to `policy`."""
+        self.policy_swaps.inc()
+        self.set_active_policy(policy)
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        """Requests running and waiting right now."""
+        self.requests_running.set(running)
+        self.requests_waiting.set(waiting)

@@ -1,0 +1,135 @@
+"""`engine_adapter.metrics.EngineMetrics`: the `sage:*` Prometheus metrics, parsed back from text."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_adapter.metrics import EVICTION_DURATION_BUCKETS, EngineMetrics
+
+EXPECTED = {
+    # family name as the parser reports it (counters lose `_total`) -> type
+    "sage:evictions": "counter",
+    "sage:eviction_duration_seconds": "histogram",
+    "sage:prefix_cache_queries": "counter",
+    "sage:prefix_cache_hits": "counter",
+    "sage:kv_cache_usage_perc": "gauge",
+    "sage:num_preemptions": "counter",
+    "sage:re_prefill_blocks": "counter",
+    "sage:num_requests_running": "gauge",
+    "sage:num_requests_waiting": "gauge",
+    "sage:request_success": "counter",
+    "sage:time_to_first_token_seconds": "histogram",
+    "sage:time_per_output_token_seconds": "histogram",
+    "sage:prompt_tokens": "counter",
+    "sage:generation_tokens": "counter",
+    "sage:policy_swaps": "counter",
+    "sage:policy_info": "gauge",
+}
+
+
+def _samples(metrics: EngineMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(metrics.registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _families(metrics: EngineMetrics) -> dict[str, str]:
+    text = generate_latest(metrics.registry).decode()
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def test_every_metric_of_design_6_is_exposed_with_its_type() -> None:
+    families = _families(EngineMetrics())
+    for name, kind in EXPECTED.items():
+        assert families.get(name) == kind, f"{name}: {families.get(name)}"
+
+
+def test_the_metrics_live_in_a_private_registry() -> None:
+    a, b = EngineMetrics(), EngineMetrics()  # two engines in one process do not collide
+    assert a.registry is not b.registry
+    assert a.registry is not REGISTRY
+    assert "sage:evictions_total" not in generate_latest(REGISTRY).decode()
+
+
+def test_eviction_counts_blocks_by_policy_and_reason_and_times_the_decision() -> None:
+    m = EngineMetrics()
+    m.on_eviction("lru", "alloc", 3, 2e-6)
+    m.on_eviction("lru", "alloc", 2, 4e-5)
+    m.on_eviction("arc", "watermark", 1, 2e-2)
+    m.on_eviction("arc", "preempt", 0, 1e-6)  # a call that freed nothing is timed, not counted
+    s = _samples(m)
+    assert s[("sage:evictions_total", (("policy", "lru"), ("reason", "alloc")))] == 5
+    assert s[("sage:evictions_total", (("policy", "arc"), ("reason", "watermark")))] == 1
+    assert ("sage:evictions_total", (("policy", "arc"), ("reason", "preempt"))) not in s
+    assert s[("sage:eviction_duration_seconds_count", ())] == 4
+    assert s[("sage:eviction_duration_seconds_bucket", (("le", "1e-06"),))] == 1
+    assert s[("sage:eviction_duration_seconds_bucket", (("le", "0.01"),))] == 3  # 2e-2 only in +Inf
+    assert s[("sage:eviction_duration_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert EVICTION_DURATION_BUCKETS[0] == 1e-6 and EVICTION_DURATION_BUCKETS[-1] == 1e-2
+
+
+def test_lookups_count_tokens_queried_and_hit() -> None:
+    m = EngineMetrics()
+    m.on_lookup(hit_tokens=16, lookup_tokens=48)
+    m.on_lookup(hit_tokens=0, lookup_tokens=10)
+    s = _samples(m)
+    assert s[("sage:prefix_cache_queries_total", ())] == 58
+    assert s[("sage:prefix_cache_hits_total", ())] == 16
+
+
+def test_gauges_and_plain_counters() -> None:
+    m = EngineMetrics()
+    m.set_usage(0.75)
+    m.set_queue(running=3, waiting=5)
+    m.on_preemption()
+    m.on_preemption(2)
+    m.on_re_prefill(4)
+    m.on_re_prefill(0)
+    s = _samples(m)
+    assert s[("sage:kv_cache_usage_perc", ())] == 0.75
+    assert s[("sage:num_requests_running", ())] == 3
+    assert s[("sage:num_requests_waiting", ())] == 5
+    assert s[("sage:num_preemptions_total", ())] == 3
+    assert s[("sage:re_prefill_blocks_total", ())] == 4
+    m.set_queue(running=0, waiting=0)
+    s = _samples(m)
+    assert s[("sage:num_requests_running", ())] == 0
+
+
+def test_finished_requests_record_reason_latencies_and_tokens() -> None:
+    m = EngineMetrics()
+    m.on_request_finished("stop", 0.05, [0.01, 0.02, 0.03], prompt_tokens=12, generation_tokens=4)
+    m.on_request_finished("length", 0.2, [], prompt_tokens=8, generation_tokens=1)
+    m.on_request_finished("abort", None, [])
+    s = _samples(m)
+    assert s[("sage:request_success_total", (("finish_reason", "stop"),))] == 1
+    assert s[("sage:request_success_total", (("finish_reason", "length"),))] == 1
+    assert s[("sage:request_success_total", (("finish_reason", "abort"),))] == 1
+    assert s[("sage:time_to_first_token_seconds_count", ())] == 2
+    assert abs(s[("sage:time_to_first_token_seconds_sum", ())] - 0.25) < 1e-12
+    assert s[("sage:time_per_output_token_seconds_count", ())] == 3
+    assert s[("sage:prompt_tokens_total", ())] == 20
+    assert s[("sage:generation_tokens_total", ())] == 5
+
+
+def test_policy_info_marks_only_the_active_policy_and_swaps_are_counted() -> None:
+    m = EngineMetrics(policy="lru")
+    s = _samples(m)
+    assert s[("sage:policy_info", (("policy", "lru"),))] == 1
+    assert s[("sage:policy_swaps_total", ())] == 0
+    m.on_swap("arc")
+    m.on_swap("s3fifo")
+    s = _samples(m)
+    assert s[("sage:policy_swaps_total", ())] == 2
+    assert s[("sage:policy_info", (("policy", "s3fifo"),))] == 1
+    assert s[("sage:policy_info", (("policy", "arc"),))] == 0
+    assert s[("sage:policy_info", (("policy", "lru"),))] == 0
+    m.on_swap("lru")
+    s = _samples(m)
+    assert [labels for (name, labels), v in s.items() if name == "sage:policy_info" and v == 1] == [
+        (("policy", "lru"),)
+    ]
