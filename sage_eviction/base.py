@@ -158,6 +158,14 @@ class EvictionPolicy(EvictionPolicyProtocol):
         self._on_remove(key, meta, was_evictable)
         return meta
 
+    def prepare_insert(self, key: Hashable) -> None:
+        """A cache is about to evict to make room for missed `key`, then insert it.
+
+        A no-op here; policies with ghost lists (ARC, S3-FIFO) override it so that a ghost hit
+        adapts them before the evictions, as their papers and libCacheSim order it. Calling it
+        is optional: without it the ghost hit is seen at `insert`.
+        """
+
     def evict(self, n: int = 1) -> list[Hashable]:
         """Choose and forget up to `n` evictable victims, in eviction order."""
         victims: list[Hashable] = []
@@ -351,7 +359,7 @@ def select_in_order(
         return False
 
     if not take(order) and len(order) < n:  # the sample misled: take the rest too
-        pass
+        take([j for j, k in enumerate(keys) if not k <= threshold])
     return victims
 
 

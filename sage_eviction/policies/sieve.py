@@ -1,0 +1,167 @@
+"""SIEVE: a FIFO queue, one visited bit per entry, and a hand that sweeps from the tail.
+
+Source: Zhang, Yang, Yue, Vigfusson and Rashmi, "SIEVE is Simpler than LRU: an Efficient
+Turn-Key Eviction Algorithm for Web Caches", NSDI 2024.
+
+New entries enter at the head with the visited bit clear; a hit sets the bit and moves
+nothing. To evict, the hand starts where it stopped last time (at the tail the first time, or
+after it ran off the head), clears the bit of each visited entry it passes while moving toward
+the head (wrapping to the tail), and evicts the first unvisited entry; it then rests on that
+entry's newer neighbour. Hits therefore cost no list operation, and survivors keep their
+place, so new entries are filtered quickly (lazy promotion, quick demotion).
+
+Entries that are not evictable are unlinked from the queue (the hand skips nothing and stays
+O(1) amortised); a hit on one still sets its bit. When one becomes evictable again it is
+linked at the head, keeping its bit, as if newly admitted (it was in use until now). If the
+hand rested on an entry that is unlinked or removed, it moves to that entry's newer neighbour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from sage_eviction.base import EvictionPolicy
+from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+
+__all__ = ["SIEVEPolicy"]
+
+
+class _Node:
+    """One entry of the queue; `newer` points toward the head, `older` toward the tail."""
+
+    __slots__ = ("key", "newer", "older", "visited")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.visited = False
+        self.newer: _Node | None = None
+        self.older: _Node | None = None
+
+
+class SIEVEPolicy(EvictionPolicy):
+    """SIEVE over blocks; needs no capacity."""
+
+    name = "sieve"
+    strategy = EvictionStrategy.SIEVE
+    paper = "Zhang et al., SIEVE is Simpler than LRU, NSDI 2024"
+    order_preserving = True
+    needs_capacity = False
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self._nodes: dict[Hashable, _Node] = {}
+        self._head: _Node | None = None  # newest linked entry
+        self._tail: _Node | None = None  # oldest linked entry
+        self._hand: _Node | None = None  # None: start at the tail
+
+    # ---- introspection -----------------------------------------------------------------------
+
+    def visited(self, key: Hashable) -> bool:
+        """The visited bit of a held key."""
+        return self._nodes[key].visited
+
+    @property
+    def hand(self) -> Hashable | None:
+        """The key the hand rests on; None when the next sweep starts at the tail."""
+        return None if self._hand is None else self._hand.key
+
+    def queue(self) -> list[Hashable]:
+        """The evictable keys from tail (oldest) to head (newest)."""
+        keys = []
+        node = self._tail
+        while node is not None:
+            keys.append(node.key)
+            node = node.newer
+        return keys
+
+    # ---- the linked list ---------------------------------------------------------------------
+
+    def _link_head(self, node: _Node) -> None:
+        head = self._head
+        node.newer = None
+        node.older = head
+        if head is None:
+            self._tail = node
+        else:
+            head.newer = node
+        self._head = node
+
+    def _unlink(self, node: _Node) -> None:
+        if self._hand is node:
+            self._hand = node.newer
+        newer, older = node.newer, node.older
+        if newer is None:
+            self._head = older
+        else:
+            newer.older = older
+        if older is None:
+            self._tail = newer
+        else:
+            older.newer = newer
+        node.newer = node.older = None
+
+    # ---- hooks -------------------------------------------------------------------------------
+
+    def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        node = _Node(key)
+        self._nodes[key] = node
+        if evictable:
+            self._link_head(node)
+
+    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
+        self._nodes[key].visited = True
+
+    def _on_evictable(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        node = self._nodes[key]
+        if evictable:
+            self._link_head(node)
+        else:
+            self._unlink(node)
+
+    def _on_remove(self, key: Hashable, meta: EntryMeta, was_evictable: bool) -> None:
+        node = self._nodes.pop(key)
+        if was_evictable:
+            self._unlink(node)
+
+    def _pop_victim(self) -> Hashable:
+        node = self._hand or self._tail
+        assert node is not None  # the base calls this only with an evictable entry
+        while node.visited:
+            node.visited = False
+            node = node.newer or self._tail
+            assert node is not None
+        self._hand = node.newer
+        self._unlink(node)
+        del self._nodes[node.key]
+        return node.key
+
+    def _eviction_order(self) -> list[Hashable]:
+        """Replays the hand on a copy of the queue and the bits."""
+        queue = self.queue()  # tail first
+        if not queue:
+            return []
+        visited = [self._nodes[k].visited for k in queue]
+        alive = [True] * len(queue)
+        hand = queue.index(self._hand.key) if self._hand is not None else 0
+        order: list[Hashable] = []
+        n = len(queue)
+        while len(order) < n:
+            if not alive[hand]:
+                hand = (hand + 1) % n
+                continue
+            if visited[hand]:
+                visited[hand] = False
+                hand = (hand + 1) % n
+                continue
+            alive[hand] = False
+            order.append(queue[hand])
+            hand = (hand + 1) % n
+        return order
+
+    # ---- the module spec's interface ------------------------------------------------------
+
+    @staticmethod
+    def candidate_key(candidate: EvictionCandidate) -> Any:
+        """Unvisited sequences (seen once) before visited ones, oldest first within each."""
+        return (candidate.access_count > 1, candidate.last_access_time)
