@@ -133,7 +133,8 @@ class StepStats:
     preempted: int = 0
     finished: int = 0
     forward_s: float = 0.0
-    bookkeeping_s: float = 0.0
+    bookkeeping_s: float = 0.0  # everything but the forward: scheduling, sampling, detokenizing
+    cache_s: float = 0.0  # of which in the cache manager and the policy
 
 
 class Scheduler:
@@ -169,6 +170,7 @@ class Scheduler:
         self.finished_count = 0
         self.total_preemptions = 0
         self.preempted_in_step = 0
+        self.cache_s = 0.0  # time in the cache manager during the current step
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         # Hooks for the engine's metrics: called with the sequence (and its prompt hit in tokens).
         self.on_admitted: Callable[[Sequence, int], None] | None = None
@@ -220,6 +222,7 @@ class Scheduler:
     def step(self) -> StepStats:
         """One iteration: admit, reserve (preempting when short), forward, sample, release."""
         stats = StepStats()
+        self.cache_s = 0.0
         t0 = time.perf_counter()
         self._expire_waiting()
         stats.admitted = self._admit()
@@ -239,6 +242,7 @@ class Scheduler:
             stats.bookkeeping_s = (t1 - t0) + (t3 - t2)
         else:
             stats.bookkeeping_s = t1 - t0
+        stats.cache_s = self.cache_s
         return stats
 
     def _expire_waiting(self) -> None:
@@ -259,6 +263,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting[0]
             tokens = seq.all_ids
+            t = time.perf_counter()
             try:
                 alloc = self.cache.allocate(
                     seq.seq_id,
@@ -269,11 +274,14 @@ class Scheduler:
                     max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
                 )
             except NoEvictableBlocksError:
+                self.cache_s += time.perf_counter() - t
                 break  # wait for running sequences to finish; keep priority order
             except RequestTooLargeError as exc:
+                self.cache_s += time.perf_counter() - t
                 self.waiting.pop(0)
                 self._finish(seq, "error", str(exc))
                 continue
+            self.cache_s += time.perf_counter() - t
             self.waiting.pop(0)
             seq.block_table = alloc.block_table
             seq.num_computed = alloc.num_cached_tokens
@@ -313,13 +321,16 @@ class Scheduler:
         if num_tokens <= len(seq.block_table) * self.cache.block_size:
             return True
         while True:
+            t = time.perf_counter()
             new_ids = self.cache.reserve_tokens(seq.seq_id, num_tokens)
             if new_ids is not None:
                 seq.block_table = self.cache.block_table(seq.seq_id)
+                self.cache_s += time.perf_counter() - t
                 return True
             skip = {s.seq_id for s in batch}
             skip.add(seq.seq_id)
             victim_ids = self.cache.select_preemption_victims(1, exclude=skip)
+            self.cache_s += time.perf_counter() - t
             by_id = {s.seq_id: s for s in self.running}
             victim = by_id.get(victim_ids[0]) if victim_ids else None
             if victim is None:
@@ -328,7 +339,9 @@ class Scheduler:
             self._preempt(victim)
 
     def _preempt(self, seq: Sequence) -> None:
+        t = time.perf_counter()
         self.cache.preempt(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+        self.cache_s += time.perf_counter() - t
         self.running.remove(seq)
         self.preempted_in_step += 1
         self.total_preemptions += 1
@@ -339,8 +352,10 @@ class Scheduler:
         self.waiting.insert(0, seq)
 
     def _release(self, seq: Sequence) -> None:
+        t = time.perf_counter()
         if self.cache.has_sequence(seq.seq_id):
             self.cache.free_sequence(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+        self.cache_s += time.perf_counter() - t
 
     def _advance(self, seqs: list[Sequence], chunks: list[int], logits: torch.Tensor, stats: StepStats) -> int:
         """Account the computed tokens, sample where a sequence reached its end, emit, release."""
@@ -351,10 +366,15 @@ class Scheduler:
                 stats.decode_tokens += n
             else:
                 stats.prefill_tokens += n
+            block_size = self.cache.block_size
+            filled = (seq.num_computed + n) // block_size > seq.num_computed // block_size
             seq.num_computed += n
             if seq.num_computed == seq.num_tokens:
                 sampling_rows.append(row)
-            self.cache.commit_blocks(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+            if filled:  # a block became full: cache it now so concurrent requests can share it
+                t = time.perf_counter()
+                self.cache.commit_blocks(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
+                self.cache_s += time.perf_counter() - t
         if not sampling_rows:
             return 0
         sampled_seqs = [seqs[r] for r in sampling_rows]
@@ -366,7 +386,9 @@ class Scheduler:
         now = self.clock()
         finished = 0
         for seq, token in zip(sampled_seqs, tokens, strict=True):
+            t = time.perf_counter()
             self.cache.touch_sequence(seq.seq_id)
+            self.cache_s += time.perf_counter() - t
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.token_times.append(now)
