@@ -309,7 +309,12 @@ class EvictionPolicy(EvictionPolicyProtocol):
 
     def describe(self) -> dict[str, Any]:
         """Name, params and sizes, for stats and logs."""
-        return {"name": self.name, "capacity": self.capacity, "entries": len(self), "evictable": self.num_evictable}
+        return {
+            "name": self.name,
+            "capacity": self.capacity,
+            "entries": len(self),
+            "evictable": self.num_evictable,
+        }
 
 
 def select_in_order(

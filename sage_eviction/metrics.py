@@ -125,7 +125,7 @@ class HitCounter:
 class LatencyRecorder:
     """Wall times in seconds; keeps the count and sum of all, and the last `window` for quantiles."""
 
-    __slots__ = ("_ring", "_next", "count", "total", "window")
+    __slots__ = ("_next", "_ring", "count", "total", "window")
 
     def __init__(self, window: int = 65536) -> None:
         if window <= 0:

@@ -1,0 +1,50 @@
+"""Shared fixtures: the registered policies, how to build one, and the hypothesis profiles.
+
+Profiles (`HYPOTHESIS_PROFILE=...`): `ci` (the default: 100 examples, no deadline, since CI
+machines are slow and shared), `dev` (20 examples, for a quick local loop) and `thorough`
+(1000 examples).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from sage_eviction import EvictionPolicy, available_policies, create_policy, get_policy_class
+
+settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=20, deadline=None)
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+CAPACITY = 64  # blocks, for the policies that need a capacity
+
+ONLINE_POLICIES = available_policies(include_offline=False)
+OFFLINE_POLICIES = sorted(set(available_policies()) - set(ONLINE_POLICIES))
+
+
+def build_policy(name: str, capacity: int = CAPACITY, **params: Any) -> EvictionPolicy:
+    """`create_policy(name)` with `capacity` given only to the policies that need one."""
+    needs = get_policy_class(name).needs_capacity
+    return create_policy(name, capacity=capacity if needs else None, **params)
+
+
+def policy_capacity(name: str, capacity: int = CAPACITY) -> int | None:
+    """The capacity `build_policy` passes to `name`: `capacity` or None."""
+    return capacity if get_policy_class(name).needs_capacity else None
+
+
+@pytest.fixture(params=ONLINE_POLICIES)
+def policy_name(request: pytest.FixtureRequest) -> str:
+    """Each registered online policy in turn."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def policy(policy_name: str) -> EvictionPolicy:
+    """A fresh, empty instance of each registered online policy."""
+    return build_policy(policy_name)
