@@ -1,0 +1,1134 @@
+"""The cache manager: the one object the scheduler, the server and the simulator talk to.
+
+It owns the block pool's free list, the radix prefix cache and the eviction policy, and keeps
+the metrics of DESIGN 6. The request lifecycle::
+
+    alloc = manager.allocate(seq_id, prompt_ids)        # match, lock the hit, allocate the rest
+    manager.reserve_tokens(seq_id, n)  -> ids | None    # grow during decode; None: preempt someone
+    manager.select_preemption_victims(blocks_needed)    # the policy's select_victims
+    manager.preempt(seq_id, token_ids=...)              # cache its full blocks, release the rest
+    manager.free_sequence(seq_id, token_ids=...)        # same when it finishes
+    manager.evict_to_threshold()                        # background eviction to the watermark
+    manager.swap_policy("arc")                          # hot swap, nothing lost
+    manager.stats()                                     # GET /v1/eviction/stats
+
+Block ids are the pool's; ``alloc.block_table[i]`` holds tokens ``[i*block_size, (i+1)*block_size)``.
+
+Threading: one thread at a time. Every public method takes `lock` (a re-entrant lock), so the
+engine can hold it across a step and the server can take it for `stats` or `swap_policy`.
+
+This module does not import torch: the pool is anything with the `BlockPool` shape
+(`engine_adapter.pool.PagedKVPool`, on any device including ``"meta"``).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine_adapter.errors import (
+    BlockStateError,
+    CacheInvariantError,
+    NoEvictableBlocksError,
+    RequestTooLargeError,
+    SequenceExistsError,
+    UnknownSequenceError,
+)
+from engine_adapter.events import EvictionEventLog
+from engine_adapter.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy, create_policy, get_policy_class
+from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
+from sage_eviction.registry import ParamSpec, parse_policy_spec
+from sage_eviction.registry import policy_params as param_specs
+
+__all__ = [
+    "Allocation",
+    "BlockPool",
+    "CacheManager",
+    "LookupResult",
+    "PinnedPrefix",
+    "SequenceState",
+    "SwapResult",
+]
+
+
+class BlockPool(Protocol):
+    """What the manager needs of a pool (`PagedKVPool` has it)."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_used(self) -> int: ...
+
+    def allocate(self, n: int) -> list[int]: ...
+
+    def free(self, block_ids: Iterable[int]) -> None: ...
+
+    def is_free(self, block_id: int) -> bool: ...
+
+    def free_block_ids(self) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class Allocation:
+    """What `allocate` gives the scheduler.
+
+    Attributes:
+        sequence_id: The sequence.
+        block_table: Its pool block ids in token order (a copy).
+        num_cached_blocks: Leading blocks served from the prefix cache (already computed).
+        num_cached_tokens: ``num_cached_blocks * block_size``: the prefill starts here.
+        num_new_blocks: Blocks freshly allocated.
+        num_evicted_blocks: Blocks evicted to make room.
+    """
+
+    sequence_id: int
+    block_table: list[int]
+    num_cached_blocks: int
+    num_cached_tokens: int
+    num_new_blocks: int
+    num_evicted_blocks: int
+
+
+@dataclass(slots=True)
+class LookupResult:
+    """What `lookup` finds, without changing anything.
+
+    Attributes:
+        num_cached_blocks: Leading full blocks cached now.
+        num_cached_tokens: Tokens they hold.
+        num_new_blocks: Blocks an `allocate` would have to take from the pool.
+        num_available_blocks: Free blocks plus blocks eviction could reclaim (not counting the hit).
+        fits: Whether `allocate` would succeed now.
+    """
+
+    num_cached_blocks: int
+    num_cached_tokens: int
+    num_new_blocks: int
+    num_available_blocks: int
+    fits: bool
+
+
+@dataclass(slots=True)
+class PinnedPrefix:
+    """A pinned prefix, to hand back to `unpin`."""
+
+    keys: tuple[Hashable, ...]
+    num_blocks: int
+    num_newly_pinned: int
+
+
+@dataclass(slots=True)
+class SwapResult:
+    """The outcome of a hot swap (`PUT /v1/eviction/policy`)."""
+
+    old_name: str
+    old_params: dict[str, Any]
+    new_name: str
+    new_params: dict[str, Any]
+    swap_time_s: float
+    entries: int
+    entries_time_s: float
+    build_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The API's response shape."""
+        return {
+            "old": {"name": self.old_name, "params": dict(self.old_params)},
+            "new": {"name": self.new_name, "params": dict(self.new_params)},
+            "swap_time_s": self.swap_time_s,
+            "entries": self.entries,
+        }
+
+
+@dataclass(slots=True)
+class SequenceState:
+    """A running sequence's blocks, as the manager keeps them (read-only for callers).
+
+    ``block_table[:len(cached_path)]`` are cached blocks this sequence holds a reference on
+    (a root path of the tree); the rest are private to it until it is freed.
+    """
+
+    sequence_id: int
+    block_table: list[int]
+    cached_path: list[CachedBlock]
+    keys: list[Hashable]  # known keys of its full blocks
+    salt: str | None
+    num_prompt_tokens: int
+    num_tokens: int  # tokens its blocks are reserved for
+    tenant: str | None = None
+    priority: int = 0
+    max_tokens: int = 0
+    deadline: float | None = None
+    estimated_lifetime: float | None = None
+    non_preemptible: bool = False
+    created_at: float = 0.0
+    last_access: float = 0.0
+    access_count: int = 1
+    block_keys_given: bool = False
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Leading blocks shared with the prefix cache."""
+        return len(self.cached_path)
+
+
+def _coerce(spec: ParamSpec, value: Any) -> Any:
+    """A param value already accepted by `create_policy`, converted as it converts it."""
+    if isinstance(value, str):
+        text = value.strip()
+        if spec.optional and text.lower() in ("none", "null"):
+            return None
+        if spec.type is bool:
+            return text.lower() in ("1", "true", "yes", "on")
+        if spec.type is int:
+            return int(text)
+        if spec.type is float:
+            return float(text)
+        return value
+    if spec.type is int and isinstance(value, float) and not isinstance(value, bool):
+        return int(value)
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+@dataclass(slots=True)
+class _ResolvedPolicy:
+    cls: type[EvictionPolicy]
+    kwargs: dict[str, Any]  # constructor kwargs, capacity included
+    params: dict[str, Any]  # what the user chose, for display
+
+
+def _resolve_policy(spec: str, capacity: int, params: dict[str, Any]) -> _ResolvedPolicy:
+    """Class and constructor kwargs of a policy spec; errors are `create_policy`'s."""
+    name, raw = parse_policy_spec(spec)
+    cls = get_policy_class(name)
+    specs = param_specs(cls)
+    merged: dict[str, Any] = {**raw, **params}
+    takes_capacity = "capacity" in specs and "capacity" not in merged
+    # create_policy is the one place that validates specs: same errors, same messages
+    create_policy(spec, capacity=capacity if takes_capacity else None, **params)
+    kwargs = {k: _coerce(specs[k], v) for k, v in merged.items()}
+    shown = {k: v for k, v in kwargs.items() if k != "capacity"}
+    if takes_capacity:
+        kwargs["capacity"] = capacity
+    return _ResolvedPolicy(cls, kwargs, shown)
+
+
+class CacheManager:
+    """Pool + radix prefix cache + policy, with the allocation API the scheduler uses.
+
+    Args:
+        pool: The block pool (a `PagedKVPool`, possibly on ``"meta"``).
+        block_size: Tokens per block; must equal the pool's (defaults to it).
+        policy: Policy spec, e.g. ``"lru"`` or ``"slru:protected_threshold=3"``; policies that take
+            `capacity` get the pool size.
+        max_pinned_ratio: At most this fraction of the pool may be pinned.
+        eviction_threshold: When set, `evict_to_threshold` evicts down to this fraction of the
+            pool in use.
+        event_log: Where eviction events go; a ring-buffer-only log when None.
+        record_events: False turns events off (fast simulation).
+        isolate_tenants: Use the tenant as isolation key when a request gives no ``cache_salt``.
+        clock: Time source (a virtual clock in simulation).
+
+    Attributes:
+        lock: Re-entrant lock held by every public method; the engine and server may hold it too.
+        radix: The prefix cache.
+        events: The event log, or None.
+    """
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int | None = None,
+        policy: str = "lru",
+        *,
+        policy_params: dict[str, Any] | None = None,
+        max_pinned_ratio: float = 0.5,
+        eviction_threshold: float | None = None,
+        event_log: EvictionEventLog | None = None,
+        record_events: bool = True,
+        isolate_tenants: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if block_size is None:
+            block_size = pool.block_size
+        if block_size != pool.block_size:
+            raise ValueError(f"block_size={block_size} differs from the pool's block_size={pool.block_size}")
+        if eviction_threshold is not None and not 0.0 <= eviction_threshold <= 1.0:
+            raise ValueError(f"eviction_threshold={eviction_threshold!r} must be within [0, 1]")
+        self.pool = pool
+        self.block_size = block_size
+        self.num_blocks = pool.num_blocks
+        self.eviction_threshold = eviction_threshold
+        self.isolate_tenants = isolate_tenants
+        self.clock = clock
+        self.lock = threading.RLock()
+
+        resolved = _resolve_policy(policy, self.num_blocks, dict(policy_params or {}))
+        self.policy_name = resolved.cls.name
+        self.policy_params = resolved.params
+        self.radix = RadixCache(
+            resolved.cls(**resolved.kwargs), num_blocks=self.num_blocks, max_pinned_ratio=max_pinned_ratio
+        )
+        self.events: EvictionEventLog | None = None
+        if record_events:
+            self.events = event_log if event_log is not None else EvictionEventLog()
+        self._sequences: dict[int, SequenceState] = {}
+
+        # metrics (DESIGN 6)
+        self._hits = HitCounter()
+        self._reprefill = ReprefillTracker()
+        self._evict_latency = LatencyRecorder()
+        self._utilization_sum = 0.0
+        self._utilization_samples = 0
+        self.total_evictions = 0  # blocks
+        self.eviction_calls = 0
+        self.preemptions = 0
+        self.policy_swaps = 0
+        self.last_swap_time_s: float | None = None
+        self._evictions_by_reason: dict[str, int] = {}
+        self._evictions_by_policy: dict[str, int] = {}
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The active policy."""
+        return self.radix.policy
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the pool's free list."""
+        return self.pool.num_free
+
+    @property
+    def num_available_blocks(self) -> int:
+        """Free blocks plus cached blocks that eviction could reclaim now."""
+        return self.pool.num_free + self.radix.num_reclaimable
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix cache (referenced or not)."""
+        return len(self.radix)
+
+    @property
+    def num_sequences(self) -> int:
+        """Running sequences (allocated and not freed)."""
+        return len(self._sequences)
+
+    def has_sequence(self, sequence_id: int) -> bool:
+        """Whether `sequence_id` holds blocks."""
+        return sequence_id in self._sequences
+
+    def sequence(self, sequence_id: int) -> SequenceState:
+        """The state of a running sequence (do not mutate).
+
+        Raises:
+            UnknownSequenceError: Not running.
+        """
+        seq = self._sequences.get(sequence_id)
+        if seq is None:
+            raise UnknownSequenceError(f"no running sequence {sequence_id}")
+        return seq
+
+    def block_table(self, sequence_id: int) -> list[int]:
+        """A copy of the sequence's block ids in token order."""
+        return list(self.sequence(sequence_id).block_table)
+
+    def sequence_ids(self) -> list[int]:
+        """Running sequence ids, in allocation order."""
+        return list(self._sequences)
+
+    # ---- keys ---------------------------------------------------------------------------
+
+    def _salt(self, cache_salt: str | None, tenant: str | None) -> str | None:
+        if cache_salt is not None:
+            return cache_salt
+        return tenant if self.isolate_tenants else None
+
+    def _request_keys(
+        self,
+        token_ids: Sequence[int] | None,
+        block_keys: Sequence[Hashable] | None,
+        num_tokens: int,
+        salt: str | None,
+    ) -> list[Hashable]:
+        n_full = num_tokens // self.block_size
+        if block_keys is not None:
+            return list(block_keys[:n_full])
+        assert token_ids is not None  # checked by the callers
+        return list(block_hashes(token_ids[: n_full * self.block_size], self.block_size, salt=salt))
+
+    @staticmethod
+    def _num_tokens(
+        token_ids: Sequence[int] | None,
+        block_keys: Sequence[Hashable] | None,
+        num_tokens: int | None,
+        block_size: int,
+    ) -> int:
+        if num_tokens is None:
+            if token_ids is not None:
+                num_tokens = len(token_ids)
+            elif block_keys is not None:
+                num_tokens = len(block_keys) * block_size
+            else:
+                raise ValueError("give token_ids, or num_tokens with block_keys")
+        elif token_ids is not None and num_tokens > len(token_ids):
+            raise ValueError(f"num_tokens={num_tokens} exceeds the {len(token_ids)} token ids given")
+        if token_ids is None and block_keys is None:
+            raise ValueError("give token_ids or block_keys to match against the prefix cache")
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens={num_tokens} is negative")
+        return num_tokens
+
+    # ---- lookup and allocation -------------------------------------------------------------
+
+    def lookup(
+        self,
+        token_ids: Sequence[int] | None = None,
+        *,
+        num_tokens: int | None = None,
+        block_keys: Sequence[Hashable] | None = None,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+        recompute_last_token: bool = True,
+    ) -> LookupResult:
+        """How much of a prompt is cached and whether `allocate` would fit; changes nothing.
+
+        Arguments as in `allocate`.
+        """
+        with self.lock:
+            n_tokens = self._num_tokens(token_ids, block_keys, num_tokens, self.block_size)
+            keys = self._request_keys(token_ids, block_keys, n_tokens, self._salt(cache_salt, tenant))
+            path = self.radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
+            n_new = -(-n_tokens // self.block_size) - len(path)
+            available = self.pool.num_free + self.radix.num_reclaimable - self._reclaimable_in(path)
+            return LookupResult(
+                num_cached_blocks=len(path),
+                num_cached_tokens=len(path) * self.block_size,
+                num_new_blocks=n_new,
+                num_available_blocks=available,
+                fits=n_new <= available and n_new + len(path) <= self.num_blocks,
+            )
+
+    def _max_match(self, n_tokens: int, recompute_last_token: bool) -> int:
+        if recompute_last_token:
+            return max(n_tokens - 1, 0) // self.block_size
+        return n_tokens // self.block_size
+
+    @staticmethod
+    def _reclaimable_in(path: Sequence[CachedBlock]) -> int:
+        return sum(1 for b in path if b.ref_count == 0 and b.pin_count == 0)
+
+    def allocate(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None = None,
+        *,
+        num_tokens: int | None = None,
+        block_keys: Sequence[Hashable] | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        max_tokens: int = 0,
+        deadline: float | None = None,
+        estimated_lifetime: float | None = None,
+        non_preemptible: bool = False,
+        recompute_last_token: bool = True,
+    ) -> Allocation:
+        """Give a new sequence its blocks: the cached prefix (locked) and fresh ones for the rest.
+
+        Evicts exactly the deficit when the free list is short. Counts the lookup in `hit_rate`
+        and `re_prefill_rate` only when it succeeds.
+
+        Args:
+            sequence_id: The request's id; must not be running.
+            token_ids: Prompt token ids (hashed into block keys).
+            num_tokens: Tokens to allocate blocks for (default: ``len(token_ids)``, or
+                ``len(block_keys) * block_size``).
+            block_keys: Precomputed chained keys of the prompt's blocks (e.g. Mooncake
+                ``hash_ids``) instead of hashing `token_ids`; keys past the full blocks are ignored.
+            tenant: Accounting key (fairness); the isolation key too with `isolate_tenants`.
+            priority: Higher is more important; recorded in the blocks' meta.
+            cache_salt: Isolation key: only requests with the same salt share blocks.
+            max_tokens: Maximum length of the sequence (for predictive policies).
+            deadline: Absolute time it should finish by (SLO-aware policies).
+            estimated_lifetime: Predicted remaining life in seconds (predictive policies).
+            non_preemptible: Never chosen by `select_preemption_victims`.
+            recompute_last_token: Never serve the prompt's last token from cache, so the model
+                computes its logits in a private block (set False in simulation).
+
+        Returns:
+            The block table and how many leading tokens are cached.
+
+        Raises:
+            SequenceExistsError: `sequence_id` is running.
+            RequestTooLargeError: It needs more blocks than the pool has; nothing changed.
+            NoEvictableBlocksError: Not enough free or reclaimable blocks now; nothing changed.
+        """
+        with self.lock:
+            if sequence_id in self._sequences:
+                raise SequenceExistsError(f"sequence {sequence_id} already holds blocks")
+            bs = self.block_size
+            n_tokens = self._num_tokens(token_ids, block_keys, num_tokens, bs)
+            n_blocks = -(-n_tokens // bs)
+            if n_blocks > self.num_blocks:
+                raise RequestTooLargeError(
+                    f"sequence {sequence_id} needs {n_blocks} blocks ({n_tokens} tokens of block_size {bs}) "
+                    f"but the pool has {self.num_blocks}"
+                )
+            salt = self._salt(cache_salt, tenant)
+            keys = self._request_keys(token_ids, block_keys, n_tokens, salt)
+            radix = self.radix
+            path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
+            n_new = n_blocks - len(path)
+            deficit = n_new - self.pool.num_free
+            if deficit > 0:
+                reclaimable = radix.num_reclaimable - self._reclaimable_in(path)
+                if deficit > reclaimable:
+                    raise NoEvictableBlocksError(
+                        f"sequence {sequence_id} needs {n_new} new blocks: {self.pool.num_free} free and "
+                        f"{reclaimable} reclaimable of {self.num_blocks}"
+                    )
+            now = self.clock()
+            radix.lock(path)
+            radix.touch(path, now)
+            evicted = self._evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
+            new_ids = self.pool.allocate(n_new)
+            seq = SequenceState(
+                sequence_id=sequence_id,
+                block_table=[b.block_id for b in path] + new_ids,
+                cached_path=path,
+                keys=keys,
+                salt=salt,
+                num_prompt_tokens=n_tokens,
+                num_tokens=n_tokens,
+                tenant=tenant,
+                priority=priority,
+                max_tokens=max_tokens,
+                deadline=deadline,
+                estimated_lifetime=estimated_lifetime,
+                non_preemptible=non_preemptible,
+                created_at=now,
+                last_access=now,
+                block_keys_given=block_keys is not None,
+            )
+            self._sequences[sequence_id] = seq
+            n_cached_tokens = len(path) * bs
+            self._hits.record(tenant, n_cached_tokens, n_tokens)
+            on_request = self._reprefill.on_request
+            for key in keys[len(path) :]:
+                on_request(key)
+            return Allocation(
+                sequence_id=sequence_id,
+                block_table=list(seq.block_table),
+                num_cached_blocks=len(path),
+                num_cached_tokens=n_cached_tokens,
+                num_new_blocks=n_new,
+                num_evicted_blocks=evicted,
+            )
+
+    def extend(self, sequence_id: int, num_blocks: int = 1) -> list[int] | None:
+        """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short.
+
+        Returns:
+            The new block ids, or None when even eviction cannot free enough (nothing changed):
+            the scheduler should preempt a sequence (`select_preemption_victims`) and retry.
+
+        Raises:
+            UnknownSequenceError: Not running.
+            RequestTooLargeError: The sequence would outgrow the whole pool; it can never run.
+        """
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            if num_blocks <= 0:
+                if num_blocks < 0:
+                    raise ValueError(f"cannot extend by num_blocks={num_blocks}")
+                return []
+            if len(seq.block_table) + num_blocks > self.num_blocks:
+                raise RequestTooLargeError(
+                    f"sequence {sequence_id} would need {len(seq.block_table) + num_blocks} blocks "
+                    f"but the pool has {self.num_blocks}"
+                )
+            deficit = num_blocks - self.pool.num_free
+            if deficit > self.radix.num_reclaimable:
+                return None
+            if deficit > 0:
+                self._evict(deficit, "alloc", pending=num_blocks)
+            new_ids = self.pool.allocate(num_blocks)
+            seq.block_table.extend(new_ids)
+            return new_ids
+
+    def reserve_tokens(self, sequence_id: int, num_tokens: int) -> list[int] | None:
+        """Make the sequence's blocks cover `num_tokens` tokens in all, extending as needed.
+
+        Returns:
+            The new block ids (``[]`` when it already has room), or None when no block can be
+            freed (nothing changed; preempt and retry).
+        """
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            needed = -(-num_tokens // self.block_size) - len(seq.block_table)
+            new_ids = self.extend(sequence_id, needed) if needed > 0 else []
+            if new_ids is not None and num_tokens > seq.num_tokens:
+                seq.num_tokens = num_tokens
+            return new_ids
+
+    def touch_sequence(self, sequence_id: int) -> None:
+        """Record that a running sequence made progress (for preemption order)."""
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            seq.last_access = self.clock()
+            seq.access_count += 1
+            self.policy.update_access(sequence_id)
+
+    # ---- caching and release -------------------------------------------------------------
+
+    def _full_keys(
+        self,
+        seq: SequenceState,
+        token_ids: Sequence[int] | None,
+        block_keys: Sequence[Hashable] | None,
+        num_computed_tokens: int | None,
+    ) -> list[Hashable]:
+        """Keys of the sequence's full, computed blocks that it holds (extends the chain)."""
+        bs = self.block_size
+        if num_computed_tokens is None:
+            if token_ids is not None:
+                num_computed_tokens = len(token_ids)
+            elif block_keys is not None:
+                num_computed_tokens = len(block_keys) * bs
+            else:
+                num_computed_tokens = seq.num_tokens
+        elif token_ids is not None and num_computed_tokens > len(token_ids):
+            raise ValueError(
+                f"num_computed_tokens={num_computed_tokens} exceeds the {len(token_ids)} token ids given"
+            )
+        n_full = min(num_computed_tokens // bs, len(seq.block_table))
+        if block_keys is not None:
+            return list(block_keys[:n_full])
+        known = seq.keys
+        if len(known) < n_full and token_ids is not None and not seq.block_keys_given:
+            parent = known[-1] if known else root_key(seq.salt)
+            assert isinstance(parent, int)
+            known.extend(block_hashes(token_ids[: n_full * bs], bs, parent=parent, start_block=len(known)))
+        return known[:n_full]
+
+    def commit_blocks(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None = None,
+        *,
+        block_keys: Sequence[Hashable] | None = None,
+        num_computed_tokens: int | None = None,
+    ) -> int:
+        """Cache a running sequence's newly full blocks now, so other requests can share them.
+
+        The sequence keeps a reference on them. Stops at the first block whose key another
+        sequence cached meanwhile (that block and later ones stay private until `free_sequence`).
+
+        Returns:
+            Blocks newly cached.
+        """
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            keys = self._full_keys(seq, token_ids, block_keys, num_computed_tokens)
+            path = seq.cached_path
+            radix = self.radix
+            parent = path[-1] if path else None
+            now = self.clock()
+            added = 0
+            for i in range(len(path), len(keys)):
+                key = keys[i]
+                if key in radix:
+                    break
+                block = radix.insert(
+                    parent,
+                    key,
+                    seq.block_table[i],
+                    self._meta(seq, i, now),
+                    sequence_id=sequence_id,
+                    locked=True,
+                )
+                path.append(block)
+                parent = block
+                added += 1
+            return added
+
+    def free_sequence(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None = None,
+        *,
+        block_keys: Sequence[Hashable] | None = None,
+        num_computed_tokens: int | None = None,
+        cache: bool = True,
+    ) -> int:
+        """Release a finished sequence: cache its full computed blocks, free the rest.
+
+        Args:
+            sequence_id: The sequence.
+            token_ids: Every token whose K/V is in its blocks (prompt and fed-back output);
+                without it only the prompt's blocks can be cached.
+            block_keys: Precomputed keys of its blocks instead of `token_ids`.
+            num_computed_tokens: Fewer tokens were computed than given (preempted mid-prefill).
+            cache: False frees everything that is not already cached.
+
+        Returns:
+            Blocks newly cached.
+        """
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            keys = self._full_keys(seq, token_ids, block_keys, num_computed_tokens) if cache else []
+            radix = self.radix
+            path = seq.cached_path
+            table = seq.block_table
+            parent = path[-1] if path else None
+            now = self.clock()
+            to_free: list[int] = []
+            added = 0
+            stop = max(len(keys), len(path))  # table[len(path):stop] go to the tree or are duplicates
+            last_new: CachedBlock | None = None
+            for i in range(len(path), len(keys)):
+                key = keys[i]
+                existing = radix.get(key)
+                if existing is None:
+                    # inserted as a non-leaf (its child follows); the chain's last is refreshed below
+                    parent = last_new = radix.insert(
+                        parent, key, table[i], self._meta(seq, i, now), sequence_id=sequence_id, leaf=False
+                    )
+                    added += 1
+                elif existing.parent is parent:
+                    to_free.append(table[i])  # a duplicate of a cached block: keep the cached one
+                    parent = existing
+                else:
+                    stop = i  # the caller's keys disagree with the tree here: cache no further
+                    break
+            if last_new is not None:
+                radix.refresh(last_new)
+            to_free.extend(table[stop:])
+            radix.unlock(path)
+            del self._sequences[sequence_id]
+            if to_free:
+                self.pool.free(to_free)
+            return added
+
+    def preempt(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None = None,
+        *,
+        block_keys: Sequence[Hashable] | None = None,
+        num_computed_tokens: int | None = None,
+    ) -> int:
+        """Preempt a running sequence by recompute: like `free_sequence`, and counted.
+
+        Its full blocks stay cached, so its re-prefill can hit. Returns blocks newly cached.
+        """
+        with self.lock:
+            added = self.free_sequence(
+                sequence_id, token_ids, block_keys=block_keys, num_computed_tokens=num_computed_tokens
+            )
+            self.preemptions += 1
+            return added
+
+    def _meta(self, seq: SequenceState, index: int, now: float) -> EntryMeta:
+        bs = self.block_size
+        return EntryMeta(
+            size=bs,
+            cost=float((index + 1) * bs),
+            priority=seq.priority,
+            tenant=seq.tenant,
+            created_at=now,
+            last_access=now,
+            hits=0,
+            estimated_lifetime=seq.estimated_lifetime,
+            seq_len=seq.num_tokens,
+            max_len=seq.max_tokens,
+            deadline=seq.deadline,
+        )
+
+    # ---- pins ---------------------------------------------------------------------------
+
+    def pin(
+        self,
+        token_ids: Sequence[int] | None = None,
+        *,
+        block_keys: Sequence[Hashable] | None = None,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+    ) -> PinnedPrefix:
+        """Pin the cached full-block prefix of `token_ids` (a system prompt) against eviction.
+
+        Pins nest; only the part already cached is pinned (see `PinnedPrefix.num_blocks`).
+
+        Raises:
+            PinLimitError: More than `max_pinned_ratio` of the pool would be pinned; nothing changed.
+        """
+        with self.lock:
+            n_tokens = self._num_tokens(token_ids, block_keys, None, self.block_size)
+            keys = self._request_keys(token_ids, block_keys, n_tokens, self._salt(cache_salt, tenant))
+            path = self.radix.match(keys)
+            newly = self.radix.pin(path)
+            return PinnedPrefix(tuple(b.key for b in path), len(path), newly)
+
+    def unpin(
+        self,
+        prefix: PinnedPrefix | Sequence[int] | None = None,
+        *,
+        block_keys: Sequence[Hashable] | None = None,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Drop one pin from a prefix (the `PinnedPrefix` that `pin` returned, or its token ids).
+
+        With token ids, the leading pinned run of the cached prefix is unpinned.
+
+        Returns:
+            Blocks no longer pinned at all.
+
+        Raises:
+            BlockStateError: A block of a `PinnedPrefix` is no longer pinned; nothing changed.
+        """
+        with self.lock:
+            if isinstance(prefix, PinnedPrefix):
+                path = self.radix.match(prefix.keys)
+                if len(path) != prefix.num_blocks:
+                    raise BlockStateError(
+                        f"pinned prefix of {prefix.num_blocks} blocks has only {len(path)} cached"
+                    )
+            else:
+                n_tokens = self._num_tokens(prefix, block_keys, None, self.block_size)
+                keys = self._request_keys(prefix, block_keys, n_tokens, self._salt(cache_salt, tenant))
+                path = self.radix.match(keys)
+                run = 0
+                while run < len(path) and path[run].pin_count > 0:
+                    run += 1
+                path = path[:run]
+            return self.radix.unpin(path)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks pinned now."""
+        return self.radix.num_pinned
+
+    # ---- eviction -----------------------------------------------------------------------
+
+    def _evict(self, n: int, reason: str, *, pending: int = 0) -> int:
+        """Evict up to `n` blocks, free them, record metrics and events.
+
+        `pending` blocks are about to be allocated from the freed ones; memory utilization is
+        sampled as if they were (the state right after the eviction served its purpose).
+        """
+        victims, decision = self.radix.evict(n)
+        if not victims:
+            return 0
+        self.pool.free([b.block_id for b in victims])
+        count = len(victims)
+        policy_name = self.policy_name
+        self.eviction_calls += 1
+        self.total_evictions += count
+        self._evictions_by_reason[reason] = self._evictions_by_reason.get(reason, 0) + count
+        self._evictions_by_policy[policy_name] = self._evictions_by_policy.get(policy_name, 0) + count
+        self._evict_latency.record(decision)
+        self._utilization_sum += min(self.pool.num_used + pending, self.num_blocks) / self.num_blocks
+        self._utilization_samples += 1
+        on_evict = self._reprefill.on_evict
+        for block in victims:
+            on_evict(block.key)
+        events = self.events
+        if events is not None:
+            ts = self.clock()
+            for block in victims:
+                meta = block.meta
+                events.evict(
+                    block=format_block_key(block.key),
+                    block_id=block.block_id,
+                    sequence_id=block.sequence_id,
+                    tenant=meta.tenant,
+                    policy=policy_name,
+                    reason=reason,
+                    last_access=meta.last_access,
+                    hits=meta.hits,
+                    priority=meta.priority,
+                    ts=ts,
+                )
+            events.freed(
+                policy=policy_name,
+                reason=reason,
+                blocks_freed=count,
+                total_freed=self.total_evictions,
+                duration_us=decision * 1e6,
+                ts=ts,
+            )
+        return count
+
+    def evict(self, num_blocks: int, *, reason: str = "manual") -> int:
+        """Evict up to `num_blocks` cached blocks now (cascading); returns how many."""
+        with self.lock:
+            return self._evict(num_blocks, reason)
+
+    def evict_to_threshold(self) -> int:
+        """Background eviction: evict down to `eviction_threshold` of the pool in use.
+
+        Returns:
+            Blocks evicted (0 when no threshold is set or usage is below it).
+        """
+        with self.lock:
+            if self.eviction_threshold is None:
+                return 0
+            target = math.floor(self.eviction_threshold * self.num_blocks)
+            excess = min(self.pool.num_used - target, self.radix.num_reclaimable)
+            return self._evict(excess, "watermark") if excess > 0 else 0
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every unreferenced, unpinned cached block (not counted as evictions).
+
+        Returns:
+            Blocks freed.
+        """
+        with self.lock:
+            removed = self.radix.reclaim_all()
+            if removed:
+                self.pool.free([b.block_id for b in removed])
+            return len(removed)
+
+    # ---- preemption -------------------------------------------------------------------------
+
+    def preemption_candidates(self, exclude: Iterable[int] = ()) -> list[EvictionCandidate]:
+        """The running sequences as the spec's `EvictionCandidate`s."""
+        with self.lock:
+            skip = set(exclude)
+            return [
+                EvictionCandidate(
+                    sequence_id=s.sequence_id,
+                    block_ids=list(s.block_table),
+                    last_access_time=s.last_access,
+                    access_count=s.access_count,
+                    priority=s.priority,
+                    is_pinned=s.non_preemptible,
+                    estimated_lifetime=s.estimated_lifetime,
+                    sequence_length=s.num_tokens,
+                    max_length=s.max_tokens,
+                )
+                for s in self._sequences.values()
+                if s.sequence_id not in skip
+            ]
+
+    def select_preemption_victims(
+        self,
+        required_blocks: int,
+        candidates: list[EvictionCandidate] | None = None,
+        *,
+        exclude: Iterable[int] = (),
+    ) -> list[int]:
+        """Sequences to preempt, in policy order, until they free `required_blocks`
+        (the policy's `select_victims`; all unpinned ones when together they cannot).
+
+        Args:
+            required_blocks: Blocks the caller needs.
+            candidates: The caller's candidates; by default every running sequence not in `exclude`.
+            exclude: Sequence ids never to choose (e.g. the one asking).
+        """
+        with self.lock:
+            if candidates is None:
+                candidates = self.preemption_candidates(exclude)
+            return self.policy.select_victims(candidates, required_blocks)
+
+    # ---- hot swap -----------------------------------------------------------------------------
+
+    def swap_policy(self, spec: str, **params: Any) -> SwapResult:
+        """Replace the policy with one built by `from_entries(old.entries(), ...)`.
+
+        Nothing is evicted or lost; on any error the old policy stays. Policies taking
+        `capacity` get the pool size.
+
+        Args:
+            spec: ``name`` or ``name:k=v,...``.
+            **params: More params (override the spec's).
+
+        Raises:
+            UnknownPolicyError, PolicyParamError: As `create_policy`; nothing changed.
+        """
+        with self.lock:
+            resolved = _resolve_policy(spec, self.num_blocks, params)
+            old = self.radix.policy
+            # Building millions of entries would trigger many cyclic-GC passes over the whole
+            # heap (about half the swap time at 1e6 blocks); nothing here makes cycles to collect.
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                entries = old.entries()
+                t1 = time.perf_counter()
+                new = resolved.cls.from_entries(entries, **resolved.kwargs)
+                t2 = time.perf_counter()
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+            if len(new) != len(self.radix) or new.num_evictable != old.num_evictable:
+                raise CacheInvariantError(
+                    f"swap to {resolved.cls.name!r} holds {len(new)} entries "
+                    f"({new.num_evictable} evictable); the cache has {len(self.radix)} "
+                    f"({old.num_evictable} evictable); kept {old.name!r}"
+                )
+            if entries and new.meta(entries[0].key) is not entries[0].meta:
+                # The new policy copied the metas: point the blocks at its records.
+                for block in self.radix.blocks():
+                    block.meta = new.meta(block.key)
+            self.radix.set_policy(new)
+            result = SwapResult(
+                old_name=self.policy_name,
+                old_params=dict(self.policy_params),
+                new_name=resolved.cls.name,
+                new_params=dict(resolved.params),
+                swap_time_s=t2 - t0,
+                entries=len(entries),
+                entries_time_s=t1 - t0,
+                build_time_s=t2 - t1,
+            )
+            self.policy_name = resolved.cls.name
+            self.policy_params = resolved.params
+            self.policy_swaps += 1
+            self.last_swap_time_s = result.swap_time_s
+            return result
+
+    # ---- metrics --------------------------------------------------------------------------
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from cache / prompt tokens looked up."""
+        return self._hits.hit_rate
+
+    def stats(self) -> dict[str, Any]:
+        """The metrics of DESIGN 6 in the shape of ``GET /v1/eviction/stats`` (API.md)."""
+        with self.lock:
+            p50, p99 = self._evict_latency.quantiles(0.5, 0.99)
+            used = self.pool.num_used
+            return {
+                "strategy": self.policy_name.upper(),
+                "policy": self.policy_name,
+                "params": dict(self.policy_params),
+                "total_evictions": self.total_evictions,
+                "eviction_calls": self.eviction_calls,
+                "avg_eviction_time_us": self._evict_latency.mean * 1e6,
+                "p50_eviction_time_us": p50 * 1e6,
+                "p99_eviction_time_us": p99 * 1e6,
+                "re_prefill_rate": self._reprefill.rate,
+                "fairness_score": self._hits.fairness,
+                "hit_rate": self._hits.hit_rate,
+                "memory_utilization": (
+                    self._utilization_sum / self._utilization_samples
+                    if self._utilization_samples
+                    else used / self.num_blocks
+                ),
+                "total_blocks": self.num_blocks,
+                "used_blocks": used,
+                "free_blocks": self.pool.num_free,
+                "cached_blocks": len(self.radix),
+                "evictable_blocks": self.radix.num_evictable,
+                "pinned_blocks": self.radix.num_pinned,
+                "total_freed_blocks": self.total_evictions,
+                "evictions_by_reason": dict(self._evictions_by_reason),
+                "evictions_by_policy": dict(self._evictions_by_policy),
+                "preemptions": self.preemptions,
+                "policy_swaps": self.policy_swaps,
+                "last_swap_time_s": self.last_swap_time_s,
+                # beyond API.md: what the metric counters count
+                "prefix_cache_queries_tokens": self._hits.lookups,
+                "prefix_cache_hits_tokens": self._hits.hits,
+                "re_prefill_blocks": self._reprefill.re_prefilled,
+                "running_sequences": len(self._sequences),
+            }
+
+    def tenant_hit_rates(self) -> dict[str | None, float]:
+        """Hit rate per tenant (the inputs of `fairness_score`)."""
+        with self.lock:
+            return self._hits.tenant_hit_rates()
+
+    # ---- invariants ---------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Verify the pool, the tree, the sequences and the policy against each other (O(n); tests).
+
+        Checks: free + used = total; the free list has no duplicates and matches the pool's
+        flags; every used block is owned exactly once (by the tree or by one sequence) and no
+        free block is owned; ref counts equal the sequences holding each block and are never
+        negative; every block a sequence holds is still cached (nothing referenced was
+        evicted); pins within the limit; the cached set is prefix-closed; the policy holds
+        exactly the cached blocks with the right evictable flags.
+
+        Raises:
+            CacheInvariantError: With what is wrong.
+        """
+        with self.lock:
+            pool = self.pool
+            total = self.num_blocks
+            if pool.num_free + pool.num_used != total:
+                raise CacheInvariantError(f"free {pool.num_free} + used {pool.num_used} != total {total}")
+            free_ids = pool.free_block_ids()
+            free_set = set(free_ids)
+            if len(free_set) != len(free_ids):
+                raise CacheInvariantError("the free list holds a block twice")
+            if len(free_ids) != pool.num_free:
+                raise CacheInvariantError(f"free list of {len(free_ids)} but num_free={pool.num_free}")
+            for block_id in free_ids:
+                if not 0 <= block_id < total or not pool.is_free(block_id):
+                    raise CacheInvariantError(f"block {block_id} is on the free list but not marked free")
+
+            self.radix.check()
+            owner: dict[int, str] = {}
+            for block in self.radix.blocks():
+                if block.block_id in owner:
+                    raise CacheInvariantError(f"block id {block.block_id} backs two cached blocks")
+                owner[block.block_id] = "tree"
+            refs: dict[int, int] = {}
+            for seq in self._sequences.values():
+                path = seq.cached_path
+                parent = None
+                for i, block in enumerate(path):
+                    if self.radix.get(block.key) is not block:
+                        raise CacheInvariantError(
+                            f"sequence {seq.sequence_id} holds {block!r}, which was evicted or removed"
+                        )
+                    if block.parent is not parent:
+                        raise CacheInvariantError(
+                            f"sequence {seq.sequence_id}'s cached blocks are not a root path"
+                        )
+                    if seq.block_table[i] != block.block_id:
+                        raise CacheInvariantError(
+                            f"sequence {seq.sequence_id}'s block table disagrees with its cached path at {i}"
+                        )
+                    refs[id(block)] = refs.get(id(block), 0) + 1
+                    parent = block
+                for block_id in seq.block_table[len(path) :]:
+                    if block_id in owner:
+                        raise CacheInvariantError(
+                            f"block id {block_id} of sequence {seq.sequence_id} "
+                            f"is also owned by {owner[block_id]}"
+                        )
+                    owner[block_id] = f"sequence {seq.sequence_id}"
+            for block in self.radix.blocks():
+                if block.ref_count != refs.get(id(block), 0):
+                    raise CacheInvariantError(
+                        f"{block!r} has ref count {block.ref_count} "
+                        f"but {refs.get(id(block), 0)} sequences hold it"
+                    )
+            both = free_set.intersection(owner)
+            if both:
+                raise CacheInvariantError(f"blocks {sorted(both)[:8]} are both free and in use")
+            if len(owner) != pool.num_used:
+                raise CacheInvariantError(
+                    f"{pool.num_used} blocks are used but {len(owner)} are owned (a leak or a double count)"
+                )

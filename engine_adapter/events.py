@@ -1,0 +1,272 @@
+"""Structured eviction events (API.md): one ``evict`` event per victim block, one ``freed`` per
+eviction call.
+
+Events go through a structlog processor chain of plain callables:
+
+    _fan_out (ring buffer + subscribers) -> JSONRenderer -> stdlib logger -> RotatingFileHandler
+
+The file (JSON lines, rotated by size) is optional; the in-memory ring buffer that serves
+``GET /v1/eviction/logs?tail=N`` is always kept, and subscribers (a callable, or anything with
+``put_nowait`` such as ``queue.Queue``) receive each event as it happens, for ``follow``.
+
+Event shapes::
+
+    {"event": "evict", "ts", "block", "block_id", "sequence_id", "tenant", "policy", "reason",
+     "last_access", "hits", "priority"}
+    {"event": "freed", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+__all__ = [
+    "EVICT_KEYS",
+    "FREED_KEYS",
+    "EventSubscriber",
+    "EvictionEventLog",
+    "default_log_path",
+    "sage_home",
+]
+
+EVICT_KEYS = (
+    "event",
+    "ts",
+    "block",
+    "block_id",
+    "sequence_id",
+    "tenant",
+    "policy",
+    "reason",
+    "last_access",
+    "hits",
+    "priority",
+)
+FREED_KEYS = ("event", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
+
+
+class _PutNowait(Protocol):
+    def put_nowait(self, item: dict[str, Any], /) -> None: ...
+
+
+EventSubscriber = Callable[[dict[str, Any]], None] | _PutNowait
+
+
+def sage_home() -> Path:
+    """``$SAGE_HOME``, or ``~/.sage``."""
+    return Path(os.environ.get("SAGE_HOME") or "~/.sage").expanduser()
+
+
+def default_log_path(name: str) -> Path:
+    """``$SAGE_HOME/logs/<name>/evictions.jsonl``."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"engine name {name!r} cannot name a log folder")
+    return sage_home() / "logs" / name / "evictions.jsonl"
+
+
+class _NullSink:
+    """The end of the chain when no file is kept."""
+
+    def info(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class EvictionEventLog:
+    """Where eviction events go: ring buffer, subscribers and an optional rotated JSONL file.
+
+    Args:
+        path: File to append JSON lines to; None keeps events in memory only.
+        name: Engine name; with no `path`, writes ``$SAGE_HOME/logs/<name>/evictions.jsonl``.
+        max_bytes: Rotate the file at this size.
+        backup_count: Rotated files kept (``evictions.jsonl.1`` ...).
+        ring_size: Events kept in memory for `tail`.
+        processors: Extra structlog processors that observe each event: each is called with a
+            copy, and what it returns or raises (``DropEvent``) is ignored, so a
+            ``structlog.testing.LogCapture`` here captures without stopping the file or the ring.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        name: str | None = None,
+        max_bytes: int = 16 * 1024 * 1024,
+        backup_count: int = 3,
+        ring_size: int = 10_000,
+        processors: list[Callable[..., Any]] | None = None,
+    ) -> None:
+        if ring_size <= 0:
+            raise ValueError(f"ring_size={ring_size} must be positive")
+        if path is None and name is not None:
+            path = default_log_path(name)
+        self.path: Path | None = None if path is None else Path(path)
+        self._ring: deque[dict[str, Any]] = deque(maxlen=ring_size)
+        self._subscribers: list[EventSubscriber] = []
+        self._guard = threading.Lock()
+        self._handler: logging.Handler | None = None
+        self._observers = tuple(processors or ())
+        chain: list[Callable[..., Any]] = [self._fan_out]
+        sink: Any
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(
+                self.path, maxBytes=max_bytes, backupCount=backup_count, encoding="utf-8"
+            )
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            self._handler = handler
+            std = logging.Logger(f"sage.evictions.{self.path}", logging.INFO)
+            std.propagate = False
+            std.addHandler(handler)
+            chain.append(structlog.processors.JSONRenderer())
+            sink = std
+        else:
+            chain.append(_drop)
+            sink = _NullSink()
+        self._log = structlog.wrap_logger(
+            sink,
+            processors=chain,
+            wrapper_class=structlog.stdlib.BoundLogger,
+            context_class=dict,
+            cache_logger_on_first_use=True,
+        )
+
+    # ---- producing --------------------------------------------------------------------
+
+    def evict(
+        self,
+        *,
+        block: str,
+        block_id: int,
+        sequence_id: int | None,
+        tenant: str | None,
+        policy: str,
+        reason: str,
+        last_access: float,
+        hits: int,
+        priority: int,
+        ts: float | None = None,
+    ) -> None:
+        """One victim block."""
+        self._log.info(
+            "evict",
+            ts=time.time() if ts is None else ts,
+            block=block,
+            block_id=block_id,
+            sequence_id=sequence_id,
+            tenant=tenant,
+            policy=policy,
+            reason=reason,
+            last_access=last_access,
+            hits=hits,
+            priority=priority,
+        )
+
+    def freed(
+        self,
+        *,
+        policy: str,
+        reason: str,
+        blocks_freed: int,
+        total_freed: int,
+        duration_us: float,
+        ts: float | None = None,
+    ) -> None:
+        """One eviction call: how many blocks it freed and how long the policy took."""
+        self._log.info(
+            "freed",
+            ts=time.time() if ts is None else ts,
+            policy=policy,
+            reason=reason,
+            blocks_freed=blocks_freed,
+            total_freed=total_freed,
+            duration_us=duration_us,
+        )
+
+    def _fan_out(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        """Processor: put ``event`` first, keep a copy in the ring and hand one to each subscriber."""
+        record = {"event": event_dict.pop("event", None), **event_dict}
+        for observer in self._observers:
+            with contextlib.suppress(structlog.DropEvent):
+                observer(logger, method_name, dict(record))
+        with self._guard:
+            self._ring.append(record)
+            subscribers = tuple(self._subscribers)
+        for subscriber in subscribers:
+            try:
+                if callable(subscriber):
+                    subscriber(dict(record))
+                else:
+                    subscriber.put_nowait(dict(record))
+            except queue.Full:
+                pass  # a slow follower loses events rather than stalling the engine
+            except Exception as exc:  # a broken subscriber must not break eviction
+                if type(exc).__name__ != "QueueFull":  # asyncio.QueueFull: drop the event only
+                    self.unsubscribe(subscriber)
+        return record
+
+    # ---- consuming -------------------------------------------------------------------
+
+    def tail(self, n: int | None = None) -> list[dict[str, Any]]:
+        """The last `n` events (all kept when None), oldest first."""
+        with self._guard:
+            events = list(self._ring)
+        if n is not None:
+            events = events[-n:] if n > 0 else []
+        return events
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def subscribe(self, subscriber: EventSubscriber) -> Callable[[], None]:
+        """Deliver every later event to `subscriber` (called from the evicting thread).
+
+        A callable is called with the event; anything else gets ``put_nowait(event)`` (a full
+        queue drops the event). For asyncio, pass a callable that uses
+        ``loop.call_soon_threadsafe``. A subscriber that raises is dropped.
+
+        Returns:
+            A function that unsubscribes it.
+        """
+        with self._guard:
+            self._subscribers.append(subscriber)
+        return lambda: self.unsubscribe(subscriber)
+
+    def unsubscribe(self, subscriber: EventSubscriber) -> None:
+        """Stop delivering to `subscriber` (no error when it is not subscribed)."""
+        with self._guard:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+    @property
+    def num_subscribers(self) -> int:
+        """Subscribers now."""
+        return len(self._subscribers)
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if self._handler is not None:
+            self._handler.close()
+            self._handler = None
+
+    def __enter__(self) -> EvictionEventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _drop(logger: Any, method_name: str, event_dict: Mapping[str, Any]) -> Any:
+    """Processor: end of the chain when no file is kept (nothing to render)."""
+    raise structlog.DropEvent

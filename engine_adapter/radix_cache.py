@@ -1,0 +1,493 @@
+"""A radix prefix cache at block granularity (DESIGN 3).
+
+One node (`CachedBlock`) per full block of `block_size` tokens. A block's key is a hash of its
+parent's key, its token ids and an isolation key (``cache_salt`` or tenant), so equal keys mean
+equal prefixes, and the cache is a dict from key to node plus parent links: a lookup walks the
+request's block keys until the first miss. Callers that already have chained block ids (the
+Mooncake traces' ``hash_ids``) pass them as keys directly.
+
+A block is *evictable* when its ref count is 0, it is not pinned and it has no cached child.
+Evicting a leaf can make its parent evictable (cascade), so leaves go first. Locks and pins
+cover whole root paths, which means a block with ref count 0 and no pin has no locked or pinned
+block below it: every such block can be reclaimed by cascading eviction, and
+`num_reclaimable` counts them in O(1).
+
+The policy is told every change through its incremental interface (DESIGN 2.1) and is the only
+thing that orders blocks; no method here passes over all blocks, except `check` and
+`reclaim_all`, which are not on a hot path.
+
+The cache does not own pool memory: `evict` returns the evicted nodes and the caller frees
+their block ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from collections.abc import Hashable, Iterable, Sequence
+
+from engine_adapter.errors import BlockStateError, CacheInvariantError, PinLimitError
+from sage_eviction import EntryMeta, EvictionPolicy
+
+__all__ = ["CachedBlock", "RadixCache", "block_hashes", "format_block_key", "root_key"]
+
+_KEY_BYTES = 16  # 128-bit keys: collisions are negligible at any cache size
+
+
+def root_key(salt: str | bytes | None = None) -> int:
+    """The chain's starting key for an isolation key (``cache_salt`` or tenant); stable across
+    processes and machines."""
+    if salt is None:
+        data = b"sage/root"
+    elif isinstance(salt, str):
+        data = b"sage/root/" + salt.encode("utf-8")
+    else:
+        data = b"sage/root/" + bytes(salt)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=_KEY_BYTES).digest(), "little")
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    salt: str | bytes | None = None,
+    parent: int | None = None,
+    start_block: int = 0,
+) -> list[int]:
+    """Chained keys of the full blocks of `token_ids`.
+
+    Key of block i = blake2b(key of block i-1 || token ids of block i, as little-endian int64),
+    128 bits, as an int; block 0 chains from `root_key(salt)`.
+
+    Args:
+        token_ids: Token ids of the sequence from its start.
+        block_size: Tokens per block.
+        salt: Isolation key; different salts never share blocks.
+        parent: Key of block `start_block - 1` when continuing a chain (then `salt` is unused).
+        start_block: First block to hash (the earlier ones are already known).
+
+    Returns:
+        Keys of blocks `start_block .. len(token_ids) // block_size - 1`.
+    """
+    prev = root_key(salt) if parent is None else parent
+    keys: list[int] = []
+    n_full = len(token_ids) // block_size
+    pack = struct.Struct(f"<{block_size}q").pack
+    blake = hashlib.blake2b
+    for i in range(start_block, n_full):
+        chunk = token_ids[i * block_size : (i + 1) * block_size]
+        digest = blake(prev.to_bytes(_KEY_BYTES, "little") + pack(*chunk), digest_size=_KEY_BYTES).digest()
+        prev = int.from_bytes(digest, "little")
+        keys.append(prev)
+    return keys
+
+
+def format_block_key(key: Hashable) -> str:
+    """A block key for logs: hex for int keys, ``str`` otherwise."""
+    if isinstance(key, int):
+        return f"{key:x}" if key >= 0 else str(key)
+    if isinstance(key, bytes):
+        return key.hex()
+    return str(key)
+
+
+class CachedBlock:
+    """One cached block: a node of the radix tree.
+
+    Attributes:
+        key: The block's chained hash (or the caller's block id).
+        block_id: The pool block holding its K/V.
+        parent: The previous block of the prefix; None at the root.
+        depth: 0 for a first block.
+        num_children: Cached blocks whose parent this is.
+        ref_count: Running sequences holding it.
+        pin_count: Nested pins (system prompts).
+        evictable: What the policy was last told.
+        meta: The policy's record (hits, last access, priority, tenant); shared with the policy.
+        sequence_id: The sequence that computed it.
+    """
+
+    __slots__ = (
+        "block_id",
+        "depth",
+        "evictable",
+        "key",
+        "meta",
+        "num_children",
+        "parent",
+        "pin_count",
+        "ref_count",
+        "sequence_id",
+    )
+
+    def __init__(
+        self,
+        key: Hashable,
+        block_id: int,
+        parent: CachedBlock | None,
+        meta: EntryMeta,
+        sequence_id: int | None,
+        ref_count: int,
+    ) -> None:
+        self.key = key
+        self.block_id = block_id
+        self.parent = parent
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.num_children = 0
+        self.ref_count = ref_count
+        self.pin_count = 0
+        self.evictable = ref_count == 0
+        self.meta = meta
+        self.sequence_id = sequence_id
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedBlock(key={format_block_key(self.key)[:12]}, block_id={self.block_id}, "
+            f"depth={self.depth}, ref={self.ref_count}, pin={self.pin_count}, children={self.num_children})"
+        )
+
+
+class RadixCache:
+    """Cached blocks keyed by chained hash, their ref counts and pins, and the policy's view.
+
+    Args:
+        policy: Orders evictable blocks; told every change.
+        num_blocks: Pool size, for `max_pinned_ratio`.
+        max_pinned_ratio: At most this fraction of the pool may be pinned.
+    """
+
+    def __init__(self, policy: EvictionPolicy, *, num_blocks: int, max_pinned_ratio: float = 0.5) -> None:
+        if not 0.0 <= max_pinned_ratio <= 1.0:
+            raise ValueError(f"max_pinned_ratio={max_pinned_ratio!r} must be within [0, 1]")
+        self.policy = policy
+        self.num_blocks = num_blocks
+        self.max_pinned_ratio = max_pinned_ratio
+        self.max_pinned = int(max_pinned_ratio * num_blocks)
+        self._blocks: dict[Hashable, CachedBlock] = {}
+        self.num_pinned = 0  # blocks with pin_count > 0
+        self.num_reclaimable = 0  # blocks with ref_count == 0 and pin_count == 0
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blocks
+
+    def get(self, key: Hashable) -> CachedBlock | None:
+        """The cached block with this key, or None."""
+        return self._blocks.get(key)
+
+    @property
+    def num_evictable(self) -> int:
+        """Blocks the policy may choose right now (leaves with ref count 0, not pinned)."""
+        return self.policy.num_evictable
+
+    def match(self, keys: Iterable[Hashable]) -> list[CachedBlock]:
+        """The longest cached prefix of `keys` (a root path), without touching anything."""
+        blocks = self._blocks
+        path: list[CachedBlock] = []
+        parent: CachedBlock | None = None
+        for key in keys:
+            block = blocks.get(key)
+            if block is None or block.parent is not parent:
+                break
+            path.append(block)
+            parent = block
+        return path
+
+    def touch(self, path: Iterable[CachedBlock], now: float | None = None) -> None:
+        """Report a hit on each block to the policy."""
+        access = self.policy.access
+        if now is None:
+            now = time.time()
+        for block in path:
+            access(block.key, now)
+
+    # ---- ref counts and pins --------------------------------------------------------------
+
+    def lock(self, path: Iterable[CachedBlock]) -> None:
+        """Add one reference to each block (a running sequence uses them)."""
+        set_evictable = self.policy.set_evictable
+        for block in path:
+            if block.ref_count == 0 and block.pin_count == 0:
+                self.num_reclaimable -= 1
+            block.ref_count += 1
+            if block.evictable:
+                block.evictable = False
+                set_evictable(block.key, False)
+
+    def unlock(self, path: Sequence[CachedBlock]) -> None:
+        """Drop one reference from each block.
+
+        Raises:
+            BlockStateError: A block's ref count is already 0; nothing changed.
+        """
+        for block in path:
+            if block.ref_count <= 0:
+                raise BlockStateError(f"unlock of {block!r} whose ref count is already 0")
+        for block in path:
+            block.ref_count -= 1
+            if block.ref_count == 0 and block.pin_count == 0:
+                self.num_reclaimable += 1
+                if block.num_children == 0:
+                    block.evictable = True
+                    self.policy.set_evictable(block.key, True)
+
+    def pin(self, path: Sequence[CachedBlock]) -> int:
+        """Pin each block of a root path (nested pins count).
+
+        Returns:
+            Blocks newly pinned.
+
+        Raises:
+            PinLimitError: More than `max_pinned_ratio` of the pool would be pinned; nothing changed.
+        """
+        new = sum(1 for block in path if block.pin_count == 0)
+        if self.num_pinned + new > self.max_pinned:
+            raise PinLimitError(
+                f"pinning {new} more blocks would pin {self.num_pinned + new} of {self.num_blocks}, "
+                f"above max_pinned_ratio={self.max_pinned_ratio} ({self.max_pinned} blocks)"
+            )
+        set_evictable = self.policy.set_evictable
+        for block in path:
+            if block.pin_count == 0:
+                self.num_pinned += 1
+                if block.ref_count == 0:
+                    self.num_reclaimable -= 1
+            block.pin_count += 1
+            if block.evictable:
+                block.evictable = False
+                set_evictable(block.key, False)
+        return new
+
+    def unpin(self, path: Sequence[CachedBlock]) -> int:
+        """Drop one pin from each block.
+
+        Returns:
+            Blocks no longer pinned at all.
+
+        Raises:
+            BlockStateError: A block is not pinned; nothing changed.
+        """
+        for block in path:
+            if block.pin_count <= 0:
+                raise BlockStateError(f"unpin of {block!r}, which is not pinned")
+        released = 0
+        for block in path:
+            block.pin_count -= 1
+            if block.pin_count == 0:
+                released += 1
+                self.num_pinned -= 1
+                if block.ref_count == 0:
+                    self.num_reclaimable += 1
+                    if block.num_children == 0:
+                        block.evictable = True
+                        self.policy.set_evictable(block.key, True)
+        return released
+
+    # ---- insert, evict, remove ------------------------------------------------------------
+
+    def insert(
+        self,
+        parent: CachedBlock | None,
+        key: Hashable,
+        block_id: int,
+        meta: EntryMeta,
+        *,
+        sequence_id: int | None = None,
+        locked: bool = False,
+        leaf: bool = True,
+    ) -> CachedBlock:
+        """Cache a block under `parent` (None: a first block).
+
+        Args:
+            parent: The previous block of its prefix, which must be cached.
+            key: Its chained hash; must not be cached yet.
+            block_id: The pool block that holds its K/V; the cache now owns it.
+            meta: The policy's record.
+            sequence_id: The sequence that computed it.
+            locked: Insert it with one reference (the sequence keeps using it); the parent must
+                then be locked by the same sequence.
+            leaf: False when a child follows at once (a chain): it enters the policy
+                non-evictable, which saves the policy a flip per block; call `refresh` on the
+                last block of the chain if no child came.
+
+        Raises:
+            BlockStateError: The key is already cached or the parent is not.
+        """
+        blocks = self._blocks
+        if key in blocks:
+            raise BlockStateError(f"block {format_block_key(key)} is already cached")
+        if parent is not None:
+            if blocks.get(parent.key) is not parent:
+                raise BlockStateError(f"parent {parent!r} of block {format_block_key(key)} is not cached")
+            parent.num_children += 1
+            if parent.evictable:
+                parent.evictable = False
+                self.policy.set_evictable(parent.key, False)
+        block = CachedBlock(key, block_id, parent, meta, sequence_id, 1 if locked else 0)
+        blocks[key] = block
+        if not locked:
+            self.num_reclaimable += 1
+        evictable = leaf and not locked
+        block.evictable = evictable
+        self.policy.insert(key, meta, evictable=evictable)
+        return block
+
+    def refresh(self, block: CachedBlock) -> None:
+        """Recompute a block's evictability and tell the policy when it changed."""
+        should = block.ref_count == 0 and block.pin_count == 0 and block.num_children == 0
+        if block.evictable != should:
+            block.evictable = should
+            self.policy.set_evictable(block.key, should)
+
+    def evict(self, n: int) -> tuple[list[CachedBlock], float]:
+        """Evict up to `n` blocks in policy order, cascading to parents that become leaves.
+
+        The policy is asked for one victim at a time, so a parent freed by a cascade competes
+        with the other leaves exactly as its own score says.
+
+        Returns:
+            The evicted blocks (their pool block ids are the caller's to free) and the wall
+            time in seconds spent in the policy's decisions.
+
+        Raises:
+            CacheInvariantError: The policy chose a block that was not evictable (a policy bug).
+        """
+        victims: list[CachedBlock] = []
+        if n <= 0:
+            return victims, 0.0
+        policy = self.policy
+        evict = policy.evict
+        blocks = self._blocks
+        clock = time.perf_counter
+        decision = 0.0
+        while len(victims) < n:
+            t0 = clock()
+            keys = evict(1)
+            decision += clock() - t0
+            if not keys:
+                break
+            key = keys[0]
+            block = blocks.pop(key, None)
+            if block is None or block.ref_count or block.pin_count or block.num_children:
+                if block is not None:
+                    blocks[key] = block
+                raise CacheInvariantError(
+                    f"policy {policy.name!r} evicted {format_block_key(key)}, which is "
+                    f"{'not cached' if block is None else repr(block)}"
+                )
+            self.num_reclaimable -= 1
+            block.evictable = False
+            parent = block.parent
+            if parent is not None:
+                parent.num_children -= 1
+                if parent.num_children == 0 and parent.ref_count == 0 and parent.pin_count == 0:
+                    parent.evictable = True
+                    policy.set_evictable(parent.key, True)
+            victims.append(block)
+        return victims, decision
+
+    def remove(self, block: CachedBlock) -> None:
+        """Take an evictable leaf out of the cache other than by eviction (policy.remove).
+
+        Raises:
+            BlockStateError: It is not an unreferenced, unpinned, cached leaf.
+        """
+        if self._blocks.get(block.key) is not block:
+            raise BlockStateError(f"{block!r} is not cached")
+        if block.ref_count or block.pin_count or block.num_children:
+            raise BlockStateError(f"{block!r} is referenced, pinned or has children")
+        del self._blocks[block.key]
+        self.num_reclaimable -= 1
+        block.evictable = False
+        self.policy.remove(block.key)
+        parent = block.parent
+        if parent is not None:
+            parent.num_children -= 1
+            if parent.num_children == 0 and parent.ref_count == 0 and parent.pin_count == 0:
+                parent.evictable = True
+                self.policy.set_evictable(parent.key, True)
+
+    def reclaim_all(self) -> list[CachedBlock]:
+        """Remove every unreferenced, unpinned block, leaves first (a prefix-cache reset).
+
+        O(n log n); not for hot paths. Returns the removed blocks; the caller frees their ids.
+        """
+        candidates = [b for b in self._blocks.values() if b.ref_count == 0 and b.pin_count == 0]
+        candidates.sort(key=lambda b: b.depth, reverse=True)
+        for block in candidates:
+            self.remove(block)
+        return candidates
+
+    def set_policy(self, policy: EvictionPolicy) -> None:
+        """Use `policy` from now on; it must already hold exactly the cached blocks."""
+        self.policy = policy
+
+    def blocks(self) -> list[CachedBlock]:
+        """Every cached block (O(n): for checks, tests and the swap)."""
+        return list(self._blocks.values())
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Verify the tree and the policy against each other in O(n) (tests only).
+
+        Raises:
+            CacheInvariantError: With what is wrong.
+        """
+
+        def fail(msg: str) -> None:
+            raise CacheInvariantError(msg)
+
+        blocks = self._blocks
+        children: dict[int, int] = {}
+        pinned = reclaimable = evictable = 0
+        policy = self.policy
+        for key, block in blocks.items():
+            if block.key != key:
+                fail(f"{block!r} is stored under key {format_block_key(key)}")
+            if block.ref_count < 0:
+                fail(f"{block!r} has a negative ref count")
+            if block.pin_count < 0:
+                fail(f"{block!r} has a negative pin count")
+            parent = block.parent
+            if parent is not None:
+                if blocks.get(parent.key) is not parent:
+                    fail(f"{block!r} is cached but its parent {parent!r} is not (not prefix-closed)")
+                if parent.depth != block.depth - 1:
+                    fail(f"{block!r} has depth {block.depth} under a parent of depth {parent.depth}")
+                children[id(parent)] = children.get(id(parent), 0) + 1
+                if block.ref_count > parent.ref_count:
+                    fail(f"{block!r} has more references than its parent {parent!r} (locks are paths)")
+                if block.pin_count > parent.pin_count:
+                    fail(f"{block!r} has more pins than its parent {parent!r} (pins are paths)")
+            if block.pin_count:
+                pinned += 1
+            if block.ref_count == 0 and block.pin_count == 0:
+                reclaimable += 1
+            if key not in policy:
+                fail(f"{block!r} is cached but the policy {policy.name!r} does not hold it")
+        for block in blocks.values():
+            expected_children = children.get(id(block), 0)
+            if block.num_children != expected_children:
+                fail(f"{block!r} counts {block.num_children} children, has {expected_children}")
+            should = block.ref_count == 0 and block.pin_count == 0 and block.num_children == 0
+            if block.evictable != should:
+                fail(f"{block!r} evictable flag is {block.evictable}, should be {should}")
+            if policy.is_evictable(block.key) != should:
+                fail(f"policy {policy.name!r} has {block!r} evictable={not should}, should be {should}")
+            evictable += should
+        if len(policy) != len(blocks):
+            fail(f"policy {policy.name!r} holds {len(policy)} entries, the cache {len(blocks)} blocks")
+        if policy.num_evictable != evictable:
+            fail(f"policy {policy.name!r} counts {policy.num_evictable} evictable, the cache {evictable}")
+        if pinned != self.num_pinned:
+            fail(f"num_pinned={self.num_pinned} but {pinned} blocks are pinned")
+        if pinned > self.max_pinned:
+            fail(f"{pinned} pinned blocks exceed max_pinned={self.max_pinned}")
+        if reclaimable != self.num_reclaimable:
+            fail(f"num_reclaimable={self.num_reclaimable} but {reclaimable} blocks are unreferenced")
