@@ -1,0 +1,551 @@
+"""The engine's configuration: one dataclass, from flags, the environment, a YAML file, defaults.
+
+Pure Python (no torch): ``sage llm engine start`` builds an `EngineConfig` and hands it to
+``engine_adapter.server.serve(config)``, or as JSON to ``python -m engine_adapter.server
+--config-json '...'``.
+
+Precedence, first wins::
+
+    flags of `sage llm engine start`  >  SAGE_<KEY> environment variables
+        >  the YAML file (--config FILE or $SAGE_CONFIG)  >  the defaults below
+
+Every key is also an environment variable: ``eviction_policy`` is ``SAGE_EVICTION_POLICY``,
+``policy_params`` is ``SAGE_POLICY_PARAMS="k=v,k=v"``, booleans take true/false/1/0/yes/no/on/off,
+sizes take ``2GiB``. YAML keys may be written ``eviction_policy`` or ``eviction-policy``.
+
+Two groups are chosen as a whole, from the highest source that sets any of their keys:
+the pool size (``num_blocks`` | ``kv_cache_memory`` | ``gpu_memory_utilization``, at most one
+per source; none means the engine sizes the pool itself), and the policy (``policy_params``
+of sources below the one that picked ``eviction_policy`` are dropped: they were meant for
+another policy). When only ``socket`` is set, ``name`` is the socket's stem.
+
+Paths (the same as ``sage_cli.paths``): ``$SAGE_HOME`` (default ``~/.sage``), the socket
+``$SAGE_HOME/run/<name>.sock``, the logs ``$SAGE_HOME/logs/<name>/`` (``evictions.jsonl``,
+``engine.log``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_adapter.sizes import parse_bytes
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENGINE_KINDS",
+    "ENV_PREFIX",
+    "SIZING_KEYS",
+    "ConfigError",
+    "EngineConfig",
+    "config_keys",
+    "default_log_dir",
+    "default_socket",
+    "env_var",
+    "load_env",
+    "load_yaml",
+    "parse_layer",
+    "resolve_config",
+    "sage_home",
+]
+
+ENV_PREFIX = "SAGE_"
+CONFIG_ENV = "SAGE_CONFIG"
+ENGINE_KINDS = ("llm",)
+SIZING_KEYS = ("num_blocks", "kv_cache_memory", "gpu_memory_utilization")
+DEFAULT_NAME = "default"
+# sun_path holds 108 bytes on Linux and 104 on the BSDs and macOS, the final NUL included.
+MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
+
+
+class ConfigError(ValueError):
+    """A config value, key or file that cannot be used; the message names it and its source."""
+
+
+def sage_home() -> Path:
+    """``$SAGE_HOME``, or ``~/.sage``."""
+    home = os.environ.get("SAGE_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".sage"
+
+
+def default_socket(name: str) -> Path:
+    return sage_home() / "run" / f"{name}.sock"
+
+
+def default_log_dir(name: str) -> Path:
+    return sage_home() / "logs" / name
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything ``sage llm engine start`` decides; the keys are its flags in snake_case.
+
+    Attributes:
+        model: ``sage-tiny`` (built in, no download), or a local Hugging Face folder.
+        engine_kind: ``llm``.
+        eviction_policy: A registry name of `sage_eviction` (online policies only).
+        policy_params: Params of the policy; values as given (the registry coerces strings).
+        enable_lifetime_prediction: Feed predicted remaining lifetimes to the policy.
+        log_evictions: Write eviction events to ``<log_dir>/evictions.jsonl``.
+        num_blocks: Pool size in blocks.
+        kv_cache_memory: Pool size in bytes (``"2GiB"`` accepted).
+        gpu_memory_utilization: Pool size as the fraction of device memory, in (0, 1].
+        block_size: Tokens per KV block.
+        device: ``auto`` (cuda when present, else cpu), ``cpu``, ``cuda`` or ``cuda:N``.
+        name: The engine's name; picks its socket and log folder.
+        socket: The control socket; ``$SAGE_HOME/run/<name>.sock`` when empty.
+        log_dir: The log folder; ``$SAGE_HOME/logs/<name>`` when empty.
+        max_queued_requests: Waiting requests beyond this drop the lowest priority; None: no cap.
+        queued_timeout: Seconds a request may wait before it is aborted; None: no limit.
+        eviction_threshold: Evict in the background down to this used fraction; None: only on demand.
+        max_pinned_ratio: At most this fraction of the pool may be pinned.
+        max_num_seqs: Running sequences per step.
+        max_num_batched_tokens: Tokens per step (prefill chunks and decodes).
+        seed: Seed of the model weights (``sage-tiny``) and of sampling.
+    """
+
+    model: str = "sage-tiny"
+    engine_kind: str = "llm"
+    eviction_policy: str = "lru"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    enable_lifetime_prediction: bool = False
+    log_evictions: bool = False
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float | None = None
+    block_size: int = 16
+    device: str = "auto"
+    name: str = DEFAULT_NAME
+    socket: str = ""
+    log_dir: str = ""
+    max_queued_requests: int | None = None
+    queued_timeout: float | None = None
+    eviction_threshold: float | None = None
+    max_pinned_ratio: float = 0.5
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Check every value (a config built in code gets the same checks as one from a file),
+        # then fill the paths that default from the name.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            object.__setattr__(self, f.name, _CONVERTERS[f.name](value, f.name))
+        sizing = [k for k in SIZING_KEYS if getattr(self, k) is not None]
+        if len(sizing) > 1:
+            raise ConfigError(f"{' and '.join(sizing)} are exclusive: size the pool one way")
+        if not self.socket:
+            object.__setattr__(self, "socket", str(default_socket(self.name)))
+        if not self.log_dir:
+            object.__setattr__(self, "log_dir", str(default_log_dir(self.name)))
+        length = len(os.fsencode(self.socket))
+        if length > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"socket path {self.socket!r} is {length} bytes; a Unix socket path holds at most "
+                f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
+            )
+
+    # -- paths ------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.socket)
+
+    @property
+    def pid_path(self) -> Path:
+        """``<name>.pid`` next to the socket (the stem of the socket's file name)."""
+        return self.socket_path.with_name(f"{self.socket_path.stem}.pid")
+
+    @property
+    def eviction_log_path(self) -> Path:
+        return Path(self.log_dir) / "evictions.jsonl"
+
+    @property
+    def engine_log_path(self) -> Path:
+        return Path(self.log_dir) / "engine.log"
+
+    # -- serialisation ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], *, source: str = "config") -> EngineConfig:
+        """A config from a complete or partial mapping of keys; unknown keys are errors.
+
+        Raises:
+            ConfigError: An unknown key or a bad value; the message names it and `source`.
+        """
+        return cls(**parse_layer(values, source=source))
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineConfig:
+        """The inverse of `to_json` (``python -m engine_adapter.server --config-json``)."""
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config-json is not JSON: {exc}") from None
+        if not isinstance(values, dict):
+            raise ConfigError("--config-json is not a JSON object")
+        return cls.from_dict(values, source="--config-json")
+
+    # -- checks that need the policy library ----------------------------------------------------
+
+    def check_policy(self) -> None:
+        """Check the policy name and params against `sage_eviction` (pure Python, no engine).
+
+        Raises:
+            sage_eviction.UnknownPolicyError: Unknown name; the message lists the policies.
+            sage_eviction.PolicyParamError: Unknown or ill-typed param; lists the params.
+            ConfigError: An offline policy (it needs the future: simulation only).
+        """
+        from sage_eviction import create_policy, get_policy_class
+
+        cls = get_policy_class(self.eviction_policy)
+        if cls.offline:
+            raise ConfigError(
+                f"eviction policy {self.eviction_policy!r} needs the future and runs only in "
+                "simulation (sage llm benchmark --mode sim)"
+            )
+        params = dict(self.policy_params)
+        if cls.needs_capacity and "capacity" not in params:
+            params["capacity"] = self.num_blocks or 1024  # the engine passes the pool's size
+        create_policy(self.eviction_policy, **params)
+
+
+def config_keys() -> list[str]:
+    """The keys of `EngineConfig`, in order."""
+    return [f.name for f in dataclasses.fields(EngineConfig)]
+
+
+def env_var(key: str) -> str:
+    """The environment variable of a config key: ``eviction_policy`` -> ``SAGE_EVICTION_POLICY``."""
+    return ENV_PREFIX + key.upper()
+
+
+# -- value converters: (value, where) -> value; strings (env, flags) and YAML types alike -------
+
+
+def _fail(where: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{where}: {value!r} is not {expected}")
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, value, "a non-empty string")
+    return value.strip()
+
+
+def _model(value: Any, where: str) -> str:
+    return _text(value, where)
+
+
+def _engine_kind(value: Any, where: str) -> str:
+    kind = _text(value, where).lower()
+    if kind not in ENGINE_KINDS:
+        raise ConfigError(
+            f"{where}: engine kind {value!r} is not supported; supported: {', '.join(ENGINE_KINDS)}"
+        )
+    return kind
+
+
+def _policy(value: Any, where: str) -> str:
+    return _text(value, where).lower()
+
+
+def _device(value: Any, where: str) -> str:
+    device = _text(value, where).lower()
+    if not _DEVICE.match(device):
+        raise _fail(where, value, "a device: auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _name(value: Any, where: str) -> str:
+    name = _text(value, where)
+    if not _NAME.match(name):
+        raise _fail(where, value, "an engine name: up to 64 letters, digits, '.', '_' or '-'")
+    return name
+
+
+def _path(value: Any, where: str) -> str:
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str):
+        raise _fail(where, value, "a path")
+    if not value:
+        return ""
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off"):
+            return False
+    raise _fail(where, value, "a boolean (true/false, 1/0, yes/no, on/off)")
+
+
+def _int(minimum: int) -> Callable[[Any, str], int]:
+    def convert(value: Any, where: str) -> int:
+        if isinstance(value, bool):
+            raise _fail(where, value, "an integer")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise _fail(where, value, "an integer") from None
+        if not isinstance(value, int):
+            raise _fail(where, value, "an integer")
+        if value < minimum:
+            raise ConfigError(f"{where}: {value} is below the minimum {minimum}")
+        return value
+
+    return convert
+
+
+def _float(low: float, high: float | None, *, low_open: bool) -> Callable[[Any, str], float]:
+    def convert(value: Any, where: str) -> float:
+        if isinstance(value, bool):
+            raise _fail(where, value, "a number")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise _fail(where, value, "a number") from None
+        if not isinstance(value, int | float) or value != value:
+            raise _fail(where, value, "a number")
+        x = float(value)
+        below = x <= low if low_open else x < low
+        if below or (high is not None and x > high):
+            bracket = "(" if low_open else "["
+            upper = f"{high:g}]" if high is not None else "inf)"
+            raise ConfigError(f"{where}: {value!r} is not in {bracket}{low:g}, {upper}")
+        return x
+
+    return convert
+
+
+def _size(value: Any, where: str) -> int:
+    if isinstance(value, float) and not value.is_integer():
+        raise _fail(where, value, "a whole number of bytes")
+    try:
+        size = parse_bytes(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if size <= 0:
+        raise ConfigError(f"{where}: {value!r} is not a positive size")
+    return size
+
+
+def _params(value: Any, where: str) -> dict[str, Any]:
+    """A mapping (YAML, JSON), a list of ``k=v`` (repeated flags) or ``"k=v,k=v"`` (env)."""
+    if isinstance(value, str):
+        value = [item for item in (p.strip() for p in value.split(",")) if item]
+    if isinstance(value, list | tuple):
+        params: dict[str, Any] = {}
+        for item in value:
+            key, eq, raw = str(item).partition("=")
+            if not eq or not key.strip():
+                raise _fail(where, item, "of the form k=v")
+            if key.strip() in params:
+                raise ConfigError(f"{where}: param {key.strip()!r} is given twice")
+            params[key.strip()] = raw.strip()
+        return params
+    if isinstance(value, Mapping):
+        params = {}
+        for key, raw in value.items():
+            if not isinstance(key, str) or not key:
+                raise _fail(where, key, "a param name")
+            if raw is not None and not isinstance(raw, str | int | float | bool):
+                raise _fail(f"{where}.{key}", raw, "a string, number or boolean")
+            params[key] = raw
+        return params
+    raise _fail(where, value, "a mapping of params, or k=v items")
+
+
+_CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
+    "model": _model,
+    "engine_kind": _engine_kind,
+    "eviction_policy": _policy,
+    "policy_params": _params,
+    "enable_lifetime_prediction": _bool,
+    "log_evictions": _bool,
+    "num_blocks": _int(1),
+    "kv_cache_memory": _size,
+    "gpu_memory_utilization": _float(0.0, 1.0, low_open=True),
+    "block_size": _int(1),
+    "device": _device,
+    "name": _name,
+    "socket": _path,
+    "log_dir": _path,
+    "max_queued_requests": _int(1),
+    "queued_timeout": _float(0.0, None, low_open=True),
+    "eviction_threshold": _float(0.0, 1.0, low_open=True),
+    "max_pinned_ratio": _float(0.0, 1.0, low_open=False),
+    "max_num_seqs": _int(1),
+    "max_num_batched_tokens": _int(1),
+    "seed": _int(0),
+}
+assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(EngineConfig)}, "a key without a converter"
+
+
+# -- sources --------------------------------------------------------------------------------------
+
+
+def parse_layer(
+    values: Mapping[str, Any],
+    *,
+    source: str,
+    key_label: Callable[[str], str] | None = None,
+    base_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Check and convert the keys one source sets; None values count as not set.
+
+    Args:
+        values: Keys (``snake_case`` or ``kebab-case``) to raw values.
+        source: Where they come from, for messages: ``"config file x.yaml"``, ``"environment"``;
+            empty for flags (their labels say it).
+        key_label: How to name a key in messages (``--num-blocks``, ``SAGE_NUM_BLOCKS``).
+        base_dir: Relative paths (``socket``, ``log_dir``) are relative to it (a config file's
+            folder), else to the current directory.
+
+    Raises:
+        ConfigError: An unknown key (with the closest known one), a bad value, or more than one
+            way to size the pool.
+    """
+    keys = config_keys()
+    parsed: dict[str, Any] = {}
+    for raw_key, value in values.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in _CONVERTERS:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(keys)}"
+            raise ConfigError(f"{source or 'config'}: unknown key {raw_key!r}{hint}")
+        if value is None:
+            continue
+        label = key_label(key) if key_label else key
+        where = f"{source}: {label}" if source else label
+        if key in ("socket", "log_dir") and base_dir is not None and isinstance(value, str | Path):
+            value = str(base_dir / Path(value).expanduser()) if str(value) else ""
+        parsed[key] = _CONVERTERS[key](value, where)
+    sizing = [k for k in SIZING_KEYS if k in parsed]
+    if len(sizing) > 1:
+        labels = [key_label(k) if key_label else k for k in sizing]
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(f"{prefix}{' and '.join(labels)} are exclusive: size the pool one way")
+    return parsed
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The keys a YAML config file sets, checked and converted (a partial config).
+
+    Raises:
+        ConfigError: The file cannot be read or parsed, is not a mapping, has an unknown key
+            (named) or a bad value (named with the key).
+    """
+    import yaml
+
+    file = Path(path).expanduser()
+    source = f"config file {path!s}"
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read {source}: {reason}") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{source} is not valid YAML{at}: {problem}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: the top level is not a mapping of keys")
+    return parse_layer(values, source=source, base_dir=file.resolve().parent)
+
+
+def load_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The keys set by ``SAGE_<KEY>`` variables, checked and converted (empty ones are unset)."""
+    env = os.environ if environ is None else environ
+    values = {key: env[env_var(key)] for key in config_keys() if env.get(env_var(key), "").strip()}
+    return parse_layer(values, source="environment", key_label=env_var)
+
+
+def _flag(key: str) -> str:
+    """The flag of ``sage llm engine start`` that sets `key`."""
+    return "--policy-param" if key == "policy_params" else "--" + key.replace("_", "-")
+
+
+def resolve_config(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    config_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> EngineConfig:
+    """The config from flags > environment > file > defaults.
+
+    Args:
+        flags: The flags the user gave (None values count as not given), keyed like the config.
+        config_file: The ``--config`` file; ``$SAGE_CONFIG`` when None.
+        environ: The environment; ``os.environ`` when None.
+
+    Raises:
+        ConfigError: See `parse_layer` and `load_yaml`.
+    """
+    env = os.environ if environ is None else environ
+    if config_file is None and env.get(CONFIG_ENV, "").strip():
+        config_file = env[CONFIG_ENV]
+    layers = [
+        parse_layer(flags or {}, source="", key_label=_flag),
+        load_env(env),
+        load_yaml(config_file) if config_file is not None else {},
+    ]  # first wins
+    merged: dict[str, Any] = {}
+    for key in config_keys():
+        if key in SIZING_KEYS or key == "policy_params":
+            continue
+        for layer in layers:
+            if key in layer:
+                merged[key] = layer[key]
+                break
+    # The pool size: all of it from the first source that sets any of it.
+    for layer in layers:
+        sizing = {k: layer[k] for k in SIZING_KEYS if k in layer}
+        if sizing:
+            merged.update(sizing)
+            break
+    # Policy params: from the source that picked the policy and the ones above it.
+    picked = next((i for i, layer in enumerate(layers) if "eviction_policy" in layer), len(layers))
+    params: dict[str, Any] = {}
+    for layer in reversed(layers[: picked + 1]):
+        params.update(layer.get("policy_params", {}))
+    merged["policy_params"] = params
+    if "socket" in merged and "name" not in merged:
+        stem = Path(merged["socket"]).stem
+        merged["name"] = stem if _NAME.match(stem) else DEFAULT_NAME
+    return EngineConfig(**merged)

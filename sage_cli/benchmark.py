@@ -1,0 +1,426 @@
+"""``sage llm benchmark``: compare eviction policies on a trace or a generated workload.
+
+This module checks the options (policy names against the light `sage_eviction` registry,
+capacities, readable files) and then hands them, as keyword arguments, to
+``engine_adapter.sim.benchmark.run_benchmark(**options)``, imported only then: the simulator
+and torch load for this command alone.
+
+The contract with the simulator: ``run_benchmark`` takes the keyword arguments of
+`BenchmarkOptions` (see `BenchmarkOptions.as_kwargs`), shows its own progress on stderr, writes
+``output`` (JSON) and ``plot`` (PNG) when they are set, and returns a JSON-able dict with a
+``"results"`` list of flat dicts (one per policy and capacity), which the CLI prints as a table
+(or the whole dict with ``--json``). Its bad-input error, ``BenchmarkError``, is reported as one
+line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from sage_cli.errors import CLIError, CLIUsageError
+from sage_cli.output import Output
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["BenchmarkOptions", "benchmark", "parse_capacities", "parse_policies", "results_table"]
+
+
+class Mode(str, Enum):
+    sim = "sim"
+    engine = "engine"
+
+
+class TraceFormat(str, Enum):
+    mooncake = "mooncake"
+    azure = "azure"
+
+
+class Workload(str, Enum):
+    synthetic = "synthetic"
+    spec = "spec"
+
+
+class CacheModel(str, Enum):
+    radix = "radix"
+    flat = "flat"
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """The checked options, as ``run_benchmark`` receives them."""
+
+    policies: list[str]
+    mode: str
+    trace: Path | None
+    trace_format: str | None
+    workload: str | None
+    requests: int | None
+    tenants: int | None
+    seed: int
+    capacity_blocks: list[int] | None
+    capacity_ratios: list[float] | None
+    cache_model: str
+    duration: float | None
+    output: Path | None
+    plot: Path | None
+    cost_model: dict[str, Any] | None
+    cost_model_path: Path | None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_policies(text: str, mode: str = "sim") -> list[str]:
+    """``lru,lfu,arc`` as checked registry names (aliases resolved, duplicates dropped).
+
+    Raises:
+        CLIUsageError: An unknown name (the message lists the available ones), an empty list,
+            or an offline policy outside the simulator.
+    """
+    from sage_eviction import UnknownPolicyError, available_policies, get_policy_class
+
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    if not names:
+        raise CLIUsageError("--eviction-policies is empty; available: " + ", ".join(available_policies()))
+    policies: list[str] = []
+    for item in names:
+        try:
+            cls = get_policy_class(item)
+        except UnknownPolicyError:
+            raise CLIUsageError(
+                f"unknown eviction policy {item!r}; available: {', '.join(available_policies())}"
+            ) from None
+        if cls.offline and mode != "sim":
+            raise CLIUsageError(f"policy {cls.name!r} needs the future: it runs only with --mode sim")
+        if cls.name not in policies:
+            policies.append(cls.name)
+    return policies
+
+
+def parse_capacities(text: str, flag: str, *, ratio: bool) -> list[int] | list[float]:
+    """``N[,N...]`` block counts (positive integers) or ``R[,R...]`` ratios in (0, 1].
+
+    Raises:
+        CLIUsageError: A value that is not one, or an empty list.
+    """
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise CLIUsageError(
+            f"{flag} {text!r}: give a comma-separated list, e.g. {'0.1,0.2' if ratio else '1000,2000'}"
+        )
+    values: list[Any] = []
+    for item in items:
+        try:
+            value: float = float(item) if ratio else int(item)
+        except ValueError:
+            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            raise CLIUsageError(f"{flag}: {item!r} is not {kind}") from None
+        if (ratio and not 0.0 < value <= 1.0) or (not ratio and value < 1):
+            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            raise CLIUsageError(f"{flag}: {item!r} is not {kind}")
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def _readable(path: Path, flag: str) -> Path:
+    try:
+        with path.open("rb"):
+            pass
+    except IsADirectoryError:
+        raise CLIUsageError(f"{flag} {path}: is a directory") from None
+    except OSError as exc:
+        raise CLIUsageError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
+    return path
+
+
+def _writable_target(path: Path, flag: str) -> Path:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CLIUsageError(f"{flag} {path}: is a directory")
+    if not parent.is_dir():
+        raise CLIUsageError(f"{flag} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CLIUsageError(f"{flag} {path}: cannot write in {parent}")
+    return path
+
+
+def _load_cost_model(path: Path) -> dict[str, Any]:
+    import yaml
+
+    _readable(path, "--cost-model")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CLIUsageError(f"--cost-model {path}: not valid YAML: {first}") from None
+    if not isinstance(values, dict):
+        raise CLIUsageError(f"--cost-model {path}: the top level is not a mapping")
+    return values
+
+
+def _infer_trace_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return TraceFormat.mooncake.value
+    if suffix == ".csv":
+        return TraceFormat.azure.value
+    raise CLIUsageError(
+        f"--trace {path}: cannot tell its format from the name; give --trace-format mooncake|azure"
+    )
+
+
+# The table's columns (key, title, format); --json and --output carry every field.
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("hit_rate", "Hit", "percent"),
+    ("re_prefill_rate", "Re-prefill", "percent"),
+    ("fairness_score", "Fair", "ratio"),
+    ("memory_utilization", "Util", "percent"),
+    ("evictions", "Evicted", "int"),
+    ("eviction_p50_us", "p50 µs", "number"),
+    ("throughput_impact", "Tput loss", "percent"),
+)
+
+
+def _cell(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if kind == "percent":
+        return f"{value * 100:.1f}%"
+    if kind == "ratio":
+        return f"{value:.2f}"
+    if kind == "int":
+        return f"{int(value)}"
+    return f"{value:.3g}"
+
+
+def results_table(result: dict[str, Any]) -> Table | str:
+    """The rows ``run_benchmark`` returned, one per policy and capacity, as a table."""
+    from rich import box
+    from rich.table import Table
+
+    rows = result.get("results", result.get("rows"))
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return "No results."
+    present = {key for row in rows for key in row}
+    columns = [c for c in _COLUMNS if c[0] in present]
+    if not columns:  # rows of another shape: show them as they are
+        keys = list(dict.fromkeys(key for row in rows for key in row))
+        columns = [(key, key, "number") for key in keys]
+    table = Table(
+        title="Eviction policy benchmark",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for key, title, _ in columns:
+        widest_word = max(len(word) for word in title.split())
+        table.add_column(
+            title,
+            justify="left" if key == "policy" else "right",
+            min_width=widest_word,
+            no_wrap=key == "policy",
+        )
+    for row in rows:
+        table.add_row(*(_cell(row.get(key), kind) for key, _, kind in columns))
+    return table
+
+
+def benchmark(
+    eviction_policies: Annotated[
+        str,
+        typer.Option("--eviction-policies", metavar="P[,P...]", help="Policies to compare, comma-separated."),
+    ] = "lru,lfu,arc",
+    mode: Annotated[
+        Mode, typer.Option("--mode", help="sim: the simulator on a virtual clock; engine: a real engine.")
+    ] = Mode.sim,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            metavar="FILE",
+            dir_okay=False,
+            show_default=False,
+            help="Replay a trace instead of generating a workload.",
+        ),
+    ] = None,
+    trace_format: Annotated[
+        TraceFormat | None,
+        typer.Option(
+            "--trace-format",
+            show_default=False,
+            help="Format of --trace: mooncake (JSON lines) or azure (CSV); default: from the file name.",
+        ),
+    ] = None,
+    workload: Annotated[
+        Workload | None,
+        typer.Option(
+            "--workload",
+            show_default=False,
+            help="Generated workload when there is no --trace: synthetic, or the module spec's (spec).",
+        ),
+    ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            "--requests",
+            min=1,
+            metavar="N",
+            show_default=False,
+            help="Requests to generate (or to take from the start of --trace).",
+        ),
+    ] = None,
+    tenants: Annotated[
+        int | None,
+        typer.Option(
+            "--tenants", min=1, metavar="K", show_default=False, help="Tenants of the generated workload."
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, metavar="S", help="Seed of the generated workload.")
+    ] = 0,
+    capacity_blocks: Annotated[
+        str | None,
+        typer.Option(
+            "--capacity-blocks",
+            metavar="N[,N...]",
+            show_default=False,
+            help="Cache sizes in blocks to run each policy at.",
+        ),
+    ] = None,
+    capacity_ratio: Annotated[
+        str | None,
+        typer.Option(
+            "--capacity-ratio",
+            metavar="R[,R...]",
+            show_default=False,
+            help="Cache sizes as fractions of the workload's distinct blocks, in (0, 1].",
+        ),
+    ] = None,
+    cache_model: Annotated[
+        CacheModel,
+        typer.Option(
+            "--cache-model",
+            help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
+        ),
+    ] = CacheModel.radix,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            metavar="SECONDS",
+            show_default=False,
+            help="Stop after this much (virtual, in sim) time; default: the whole workload.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE.json",
+            dir_okay=False,
+            show_default=False,
+            help="Write the results as JSON.",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            dir_okay=False,
+            show_default=False,
+            help="Plot hit rate against capacity and the latency CDF (needs matplotlib).",
+        ),
+    ] = None,
+    cost_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--cost-model",
+            metavar="FILE.yaml",
+            dir_okay=False,
+            show_default=False,
+            help="Prefill and decode cost model of the simulator (YAML).",
+        ),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
+
+    Replays a Mooncake or Azure trace, or generates a workload, against each policy and cache
+    size, with the unbounded cache and Belady as reference rows.
+    """
+    policies = parse_policies(eviction_policies, mode.value)
+    if mode is Mode.engine:
+        raise CLIError("benchmark --mode engine is not available yet; use --mode sim")
+    if trace is not None and workload is not None:
+        raise CLIUsageError("give either --trace or --workload, not both")
+    if trace is None and trace_format is not None:
+        raise CLIUsageError("--trace-format goes with --trace")
+    if trace is not None and tenants is not None:
+        raise CLIUsageError("--tenants applies to a generated --workload, not to --trace")
+    fmt: str | None = None
+    if trace is not None:
+        _readable(trace, "--trace")
+        fmt = trace_format.value if trace_format is not None else _infer_trace_format(trace)
+    if capacity_blocks is not None and capacity_ratio is not None:
+        raise CLIUsageError("give either --capacity-blocks or --capacity-ratio, not both")
+    blocks = (
+        None
+        if capacity_blocks is None
+        else parse_capacities(capacity_blocks, "--capacity-blocks", ratio=False)
+    )
+    ratios = (
+        None if capacity_ratio is None else parse_capacities(capacity_ratio, "--capacity-ratio", ratio=True)
+    )
+    if duration is not None and not duration > 0:
+        raise CLIUsageError(f"--duration {duration:g}: give a positive number of seconds")
+    if output is not None:
+        _writable_target(output, "--output")
+    if plot is not None:
+        _writable_target(plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CLIUsageError("--plot needs matplotlib: pip install 'sage-kv[plot]'")
+    costs = _load_cost_model(cost_model) if cost_model is not None else None
+
+    options = BenchmarkOptions(
+        policies=policies,
+        mode=mode.value,
+        trace=trace,
+        trace_format=fmt,
+        workload=None if trace is not None else (workload or Workload.synthetic).value,
+        requests=requests,
+        tenants=tenants,
+        seed=seed,
+        capacity_blocks=[int(b) for b in blocks] if blocks is not None else None,
+        capacity_ratios=[float(r) for r in ratios] if ratios is not None else None,
+        cache_model=cache_model.value,
+        duration=duration,
+        output=output,
+        plot=plot,
+        cost_model=costs,
+        cost_model_path=cost_model,
+    )
+    try:
+        from engine_adapter.sim.benchmark import run_benchmark
+    except ImportError as exc:
+        raise CLIError(
+            f"the benchmark needs engine_adapter.sim.benchmark, which cannot be loaded: {exc}"
+        ) from exc
+    result = run_benchmark(**options.as_kwargs())
+    if isinstance(result, dict):
+        Output(json_out).result(result, lambda: results_table(result))

@@ -1,0 +1,313 @@
+"""The control client: HTTP/1.1 JSON over the engine's Unix socket (DESIGN 5, .notes/API.md).
+
+Transport errors are translated once, here, into a small tree; nothing above this module
+sees an httpx exception::
+
+    SageClientError
+    ├── EngineUnavailable            the engine could not be reached
+    │   ├── EngineNotRunning         no socket file, or nothing listens on it (a stale socket);
+    │   │                            the message says how to start one
+    │   └── EngineConnectionError    the socket is there but the connection failed otherwise
+    │                                (permission denied, not a socket, dropped mid-answer)
+    ├── EngineTimeout                the engine did not answer in time
+    ├── EngineError                  the engine answered 4xx/5xx with {"error": {"type", "message"}}
+    └── EngineProtocolError          the answer is not what the control API describes
+
+    >>> with ControlClient("/tmp/sage.sock") as client:   # doctest: +SKIP
+    ...     client.eviction_stats()["strategy"]
+    'LRU'
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ControlClient",
+    "EngineConnectionError",
+    "EngineError",
+    "EngineNotRunning",
+    "EngineProtocolError",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "SageClientError",
+]
+
+DEFAULT_TIMEOUT_S = 10.0
+# A hot swap at 1e6 cached blocks is a target of 0.5 s; leave room for a loaded engine.
+SWAP_TIMEOUT_S = 60.0
+
+JSONObject = dict[str, Any]
+
+
+class SageClientError(Exception):
+    """Base of every error the control client raises."""
+
+
+class EngineUnavailable(SageClientError):
+    """The engine could not be reached."""
+
+    def __init__(self, message: str, socket: Path) -> None:
+        super().__init__(message)
+        self.socket = socket
+
+
+class EngineNotRunning(EngineUnavailable):
+    """No engine listens on the socket: the file is missing, or stale (connection refused)."""
+
+    def __init__(self, socket: Path, *, stale: bool = False, start_hint: str = "sage llm engine start"):
+        why = " (stale socket file: nothing listens on it)" if stale else ""
+        super().__init__(f"no engine running on {socket}{why}; start one with `{start_hint}`", socket)
+        self.stale = stale
+
+
+class EngineConnectionError(EngineUnavailable):
+    """The socket exists but talking to it failed for another reason."""
+
+
+class EngineTimeout(SageClientError):
+    """The engine did not answer within the timeout."""
+
+
+class EngineError(SageClientError):
+    """The engine answered with an error: ``{"error": {"type": ..., "message": ...}}``.
+
+    Attributes:
+        status_code: The HTTP status.
+        error_type: The server's ``error.type``, e.g. ``"unknown_policy"``.
+        message: The server's ``error.message``; ``str(exc)`` is this message.
+    """
+
+    def __init__(self, status_code: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = error_type
+        self.message = message
+
+
+class EngineProtocolError(SageClientError):
+    """The engine's answer is not the JSON the control API describes."""
+
+
+def _os_error_in_chain(exc: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno is not None:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+class ControlClient:
+    """A client of one engine's control API.
+
+    Args:
+        socket: The engine's Unix socket.
+        timeout: Seconds to wait for a connection and for each answer.
+        start_hint: The command that starts this engine, quoted when none is running.
+        transport: An httpx transport to use instead of the socket (tests).
+    """
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        start_hint: str = "sage llm engine start",
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.socket = Path(socket)
+        self.timeout = timeout
+        self.start_hint = start_hint
+        self._transport = transport
+        self._http_client: httpx.Client | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._http_client is not None:
+            self._http_client.close()
+            self._http_client = None
+
+    # -- the API --------------------------------------------------------------------------------
+
+    def health(self) -> JSONObject:
+        """``GET /health``: ``{"status": "ok", "name", "pid"}``."""
+        return self._request("GET", "/health")
+
+    def engine(self) -> JSONObject:
+        """``GET /v1/engine``: name, model, pid, socket, device, policy, pool and request counts."""
+        return self._request("GET", "/v1/engine")
+
+    def eviction_stats(self) -> JSONObject:
+        """``GET /v1/eviction/stats``."""
+        return self._request("GET", "/v1/eviction/stats")
+
+    def eviction_policies(self) -> JSONObject:
+        """``GET /v1/eviction/policies``: ``{"active", "policies": [...]}``."""
+        return self._request("GET", "/v1/eviction/policies")
+
+    def set_policy(self, policy: str, params: dict[str, Any] | None = None) -> JSONObject:
+        """``PUT /v1/eviction/policy``: hot-swap the policy; ``{"old", "new", "swap_time_s", "entries"}``."""
+        body = {"policy": policy, "params": params or {}}
+        return self._request("PUT", "/v1/eviction/policy", json_body=body, timeout=SWAP_TIMEOUT_S)
+
+    def eviction_logs(self, tail: int) -> list[JSONObject]:
+        """``GET /v1/eviction/logs?tail=N``: the last `tail` events, oldest first."""
+        answer = self._request("GET", "/v1/eviction/logs", params={"tail": tail})
+        events = answer.get("events")
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise EngineProtocolError("GET /v1/eviction/logs: 'events' is not a list of objects")
+        return events
+
+    def follow_eviction_logs(self, tail: int) -> Iterator[JSONObject]:
+        """``GET /v1/eviction/logs?tail=N&follow=true``: the last `tail` events, then new ones as
+        they happen (NDJSON), until the engine stops or the caller stops iterating."""
+        params: dict[str, str | int] = {"tail": tail, "follow": "true"}
+        timeout = httpx.Timeout(self.timeout, read=None)
+        try:
+            with self._http().stream("GET", "/v1/eviction/logs", params=params, timeout=timeout) as answer:
+                if answer.status_code >= 400:
+                    answer.read()
+                    self._decode(answer, "GET /v1/eviction/logs")
+                for line in answer.iter_lines():
+                    if line.strip():
+                        yield self._decode_event(line)
+        except httpx.TransportError as exc:
+            raise self._translate(exc) from exc
+
+    def shutdown(self) -> JSONObject:
+        """``POST /v1/engine/shutdown``: ask the engine to drain and exit; ``{"status": "draining"}``.
+
+        An engine that closes the connection before answering has taken the request too.
+        """
+        try:
+            return self._request("POST", "/v1/engine/shutdown")
+        except EngineConnectionError as exc:
+            if isinstance(exc.__cause__, httpx.RemoteProtocolError | httpx.ReadError):
+                return {"status": "draining"}
+            raise
+
+    # -- the boundary ---------------------------------------------------------------------------
+
+    def _http(self) -> httpx.Client:
+        if self._http_client is None:
+            transport = self._transport
+            if transport is None:
+                self._check_socket()
+                # Plain HTTP on a local socket: no TLS, so skip loading the CA bundle (0.1 s).
+                transport = httpx.HTTPTransport(uds=str(self.socket), verify=False)
+            self._http_client = httpx.Client(
+                transport=transport, base_url="http://sage", timeout=self.timeout
+            )
+        return self._http_client
+
+    def _check_socket(self) -> None:
+        try:
+            mode = self.socket.stat().st_mode
+        except FileNotFoundError:
+            raise EngineNotRunning(self.socket, start_hint=self.start_hint) from None
+        except OSError as exc:
+            raise EngineConnectionError(
+                f"cannot reach {self.socket}: {exc.strerror or exc}", self.socket
+            ) from None
+        if not stat.S_ISSOCK(mode):
+            raise EngineConnectionError(f"{self.socket} is not a socket", self.socket)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str | int] | None = None,
+        json_body: JSONObject | None = None,
+        timeout: float | None = None,
+    ) -> JSONObject:
+        try:
+            answer = self._http().request(
+                method,
+                path,
+                params=params,
+                json=json_body,
+                timeout=timeout if timeout is not None else self.timeout,
+            )
+        except httpx.TransportError as exc:
+            raise self._translate(exc) from exc
+        return self._decode(answer, f"{method} {path}")
+
+    def _translate(self, exc: httpx.TransportError) -> SageClientError:
+        sock = self.socket
+        if isinstance(exc, httpx.TimeoutException):
+            return EngineTimeout(f"the engine on {sock} did not answer within {self.timeout:g} s")
+        if isinstance(exc, httpx.ConnectError):
+            os_error = _os_error_in_chain(exc)
+            code = os_error.errno if os_error is not None else None
+            if code == errno.ENOENT:
+                return EngineNotRunning(sock, start_hint=self.start_hint)
+            if code == errno.ECONNREFUSED:
+                return EngineNotRunning(sock, stale=True, start_hint=self.start_hint)
+            if code in (errno.EACCES, errno.EPERM):
+                return EngineConnectionError(
+                    f"permission denied on {sock}: the engine belongs to another user", sock
+                )
+            reason = (os_error.strerror if os_error is not None else None) or str(exc) or type(exc).__name__
+            return EngineConnectionError(f"cannot connect to the engine on {sock}: {reason}", sock)
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            return EngineConnectionError(
+                f"the engine on {sock} closed the connection: {exc or type(exc).__name__}", sock
+            )
+        return EngineConnectionError(f"talking to the engine on {sock} failed: {exc!r}", sock)
+
+    @staticmethod
+    def _decode(answer: httpx.Response, what: str) -> JSONObject:
+        try:
+            body: Any = answer.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if answer.status_code >= 400:
+            error = body.get("error") if isinstance(body, dict) else None
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                return_type = error.get("type")
+                raise EngineError(
+                    answer.status_code,
+                    return_type if isinstance(return_type, str) else "error",
+                    error["message"],
+                )
+            text = " ".join(answer.text.split())[:200] or answer.reason_phrase
+            raise EngineError(answer.status_code, "http_error", f"{what}: HTTP {answer.status_code}: {text}")
+        if not isinstance(body, dict):
+            raise EngineProtocolError(f"{what}: the engine's answer is not a JSON object")
+        return body
+
+    @staticmethod
+    def _decode_event(line: str) -> JSONObject:
+        try:
+            event: Any = json.loads(line)
+        except json.JSONDecodeError:
+            raise EngineProtocolError(f"eviction log stream: not JSON: {line[:120]!r}") from None
+        if not isinstance(event, dict):
+            raise EngineProtocolError(f"eviction log stream: not a JSON object: {line[:120]!r}")
+        return event

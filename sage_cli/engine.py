@@ -1,0 +1,515 @@
+"""``sage llm engine``: start, stop and inspect an engine.
+
+``start`` loads `engine_adapter` (and through it torch) lazily; ``stop`` and ``status`` only
+talk to the engine over its socket.
+
+The server contract ``start`` relies on:
+
+- ``engine_adapter.server.serve(config: EngineConfig) -> int`` runs an engine in the
+  foreground until SIGINT, SIGTERM or ``POST /v1/engine/shutdown``; its return is the exit code.
+- ``python -m engine_adapter.server --config-json '<EngineConfig.to_json()>'`` does the same in
+  a new process (``--detach``), its stdout and stderr going to ``<log_dir>/engine.log``.
+- The engine creates ``config.socket`` with mode 0600 and writes its pid to ``config.pid_path``
+  (``<name>.pid`` next to the socket) and removes both when it exits; ``GET /health`` answers
+  ``{"status": "ok", "name", "pid"}`` once it accepts requests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from sage_cli.errors import CLIError, CLITimeout, CLIUsageError
+from sage_cli.options import JsonOpt, NameOpt, SocketOpt, client_for
+from sage_cli.output import Output
+
+if TYPE_CHECKING:
+    from engine_adapter.config import EngineConfig
+    from sage_cli.client import ControlClient
+
+__all__ = ["app", "render_status"]
+
+app = typer.Typer(
+    name="engine",
+    help="Start, stop and inspect an LLM engine with a pluggable KV-cache eviction policy.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+_POLL_S = 0.1
+
+
+def _duration(seconds: Any) -> str:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return "?"
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    parts = [f"{days}d"] if days else []
+    if days or hours:
+        parts.append(f"{hours}h")
+    if days or hours or minutes:
+        parts.append(f"{minutes}m")
+    parts.append(f"{s}s")
+    return " ".join(parts)
+
+
+def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
+    """``GET /v1/engine`` for people: one aligned ``key: value`` line per fact."""
+    policy = engine.get("policy")
+    if isinstance(policy, dict):
+        params = policy.get("params")
+        policy_text = str(policy.get("name", "?"))
+        if isinstance(params, dict) and params:
+            policy_text += " (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
+    else:
+        policy_text = "?" if policy is None else str(policy)
+    started = engine.get("started_at")
+    started_text = "?"
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        started_text = dt.datetime.fromtimestamp(
+            started, tz=tz or dt.datetime.now().astimezone().tzinfo
+        ).strftime("%Y-%m-%d %H:%M:%S")
+    requests = engine.get("requests")
+    if not isinstance(requests, dict):
+        requests = {}
+
+    def get(key: str) -> str:
+        value = engine.get(key)
+        return "?" if value is None else str(value)
+
+    rows = [
+        ("Name", get("name")),
+        ("Model", get("model")),
+        ("PID", get("pid")),
+        ("Socket", get("socket")),
+        ("Device", get("device")),
+        ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),
+        ("Eviction Policy", policy_text),
+        ("KV Cache", f"{get('num_blocks')} blocks x {get('block_size')} tokens"),
+        (
+            "Requests",
+            f"{requests.get('running', '?')} running, {requests.get('waiting', '?')} waiting, "
+            f"{requests.get('finished', '?')} finished",
+        ),
+    ]
+    width = max(len(key) for key, _ in rows) + 1
+    return "\n".join(["Engine Status:"] + [f"  {key + ':':<{width}} {value}" for key, value in rows])
+
+
+@app.command("status")
+def status(socket: SocketOpt = None, name: NameOpt = None, json_out: JsonOpt = False) -> None:
+    """Show a running engine: model, device, policy, KV cache and requests."""
+    out = Output(json_out)
+    with client_for(socket, name) as client:
+        answer = client.engine()
+    out.result(answer, lambda: render_status(answer))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@app.command("stop")
+def stop(
+    socket: SocketOpt = None,
+    name: NameOpt = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.0, metavar="SECONDS", help="How long to wait for the engine to exit."
+        ),
+    ] = 60.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stop a running engine: it finishes the requests in flight, then exits.
+
+    Waits until the engine has removed its socket and pid file.
+    """
+    from sage_cli.paths import pid_path
+
+    out = Output(json_out)
+    with client_for(socket, name) as client:
+        health = client.health()
+        client.shutdown()
+    sock = client.socket
+    pid_file = pid_path(sock)
+    pid = health.get("pid") if isinstance(health.get("pid"), int) else _read_pid(pid_file)
+    deadline = time.monotonic() + timeout
+    dead_since: float | None = None
+    while sock.exists() or pid_file.exists():
+        now = time.monotonic()
+        if pid is not None and not _pid_alive(pid):
+            # Exited without cleaning up (killed while draining): after a grace period the
+            # files are stale; remove them so the next start does not trip on them.
+            dead_since = dead_since or now
+            if now - dead_since > 1.0:
+                for path in (sock, pid_file):
+                    path.unlink(missing_ok=True)
+                break
+        if now > deadline:
+            raise CLITimeout(
+                f"the engine (pid {pid if pid is not None else '?'}) on {sock} did not exit within "
+                f"{timeout:g} s; it may still be draining requests"
+            )
+        time.sleep(_POLL_S)
+    result = {"status": "stopped", "name": health.get("name"), "pid": pid, "socket": str(sock)}
+    out.result(result, lambda: f"Engine {health.get('name', '?')!s} (pid {pid}) stopped")
+
+
+# -- start ---------------------------------------------------------------------------------------
+
+
+def _live_engine(client: ControlClient) -> dict[str, Any] | None:
+    """The /health answer of an engine that already holds the socket, else None.
+
+    Raises:
+        CLIError: Something listens on the socket but does not answer (an engine still
+            loading its model, say): it is not ours to replace either.
+    """
+    from sage_cli.client import EngineNotRunning, EngineTimeout
+
+    try:
+        return client.health()
+    except EngineNotRunning:
+        return None
+    except EngineTimeout:
+        raise CLIError(
+            f"an engine holds {client.socket} but does not answer yet (still starting?); wait for it, "
+            f"or stop it with `sage llm engine stop --socket {client.socket}`"
+        ) from None
+
+
+def _log_tail(path: Path, offset: int) -> str:
+    """The last non-empty line the engine wrote to its log since `offset`."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read()[-8192:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _start_detached(config: EngineConfig, timeout: float) -> dict[str, Any]:
+    from sage_cli.client import ControlClient, EngineTimeout, EngineUnavailable
+
+    log_path = config.engine_log_path
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    config.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        offset = log.tell()
+        command = [sys.executable, "-m", "engine_adapter.server", "--config-json", config.to_json()]
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout
+    with ControlClient(config.socket_path, timeout=2.0) as client:
+        while True:
+            code = process.poll()
+            if code is not None:
+                last = _log_tail(log_path, offset)
+                why = f": {last}" if last else ""
+                raise CLIError(f"the engine exited with code {code} while starting{why} (log: {log_path})")
+            try:
+                health = client.health()
+                if health.get("pid") == process.pid:
+                    return health
+            except (EngineUnavailable, EngineTimeout):
+                # Not bound yet, or bound while the model loads: ask again.
+                client.close()
+            if time.monotonic() > deadline:
+                raise CLITimeout(
+                    f"the engine (pid {process.pid}) did not answer on {config.socket} within "
+                    f"{timeout:g} s; see its log: {log_path}"
+                )
+            time.sleep(_POLL_S)
+
+
+ModelArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODEL",
+        help="sage-tiny (built in, no download) or a local Hugging Face folder of the Llama or "
+        "Qwen2 family. (default: sage-tiny)",
+        show_default=False,
+    ),
+]
+
+
+def _opt(*names: str, help: str, metavar: str | None = None, default: str | None = None, **kw: Any) -> Any:
+    """An option whose real default lives in `EngineConfig` (None here means "not given")."""
+    text = f"{help} (default: {default})" if default is not None else help
+    return typer.Option(*names, help=text, metavar=metavar, show_default=False, **kw)
+
+
+@app.command("start")
+def start(
+    model: ModelArg = None,
+    engine_kind: Annotated[
+        str | None, _opt("--engine-kind", help="Kind of engine.", metavar="KIND", default="llm")
+    ] = None,
+    eviction_policy: Annotated[
+        str | None,
+        _opt(
+            "--eviction-policy",
+            help="Eviction policy (see 'sage llm eviction policies').",
+            metavar="NAME",
+            default="lru",
+        ),
+    ] = None,
+    policy_param: Annotated[
+        list[str] | None,
+        _opt("--policy-param", metavar="K=V", help="A param of the eviction policy; repeat for more."),
+    ] = None,
+    enable_lifetime_prediction: Annotated[
+        bool | None,
+        _opt(
+            "--enable-lifetime-prediction/--disable-lifetime-prediction",
+            help="Predict remaining sequence lifetimes for the policy (predictive eviction).",
+            default="disabled",
+        ),
+    ] = None,
+    log_evictions: Annotated[
+        bool | None,
+        _opt(
+            "--log-evictions/--no-log-evictions",
+            help="Write eviction events to $SAGE_HOME/logs/<name>/evictions.jsonl.",
+            default="no",
+        ),
+    ] = None,
+    num_blocks: Annotated[
+        int | None, _opt("--num-blocks", metavar="N", min=1, help="KV cache size in blocks.")
+    ] = None,
+    kv_cache_memory: Annotated[
+        str | None,
+        _opt("--kv-cache-memory", metavar="SIZE", help="KV cache size in bytes, e.g. 2GiB or 512MB."),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float | None,
+        _opt(
+            "--gpu-memory-utilization",
+            metavar="F",
+            help="KV cache size as a fraction of device memory, in (0, 1].",
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None, _opt("--block-size", metavar="N", min=1, help="Tokens per KV block.", default="16")
+    ] = None,
+    device: Annotated[
+        str | None,
+        _opt(
+            "--device",
+            metavar="DEVICE",
+            help="auto (cuda when present), cpu, cuda or cuda:N.",
+            default="auto",
+        ),
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        _opt(
+            "--config",
+            metavar="FILE.yaml",
+            dir_okay=False,
+            help="YAML file of settings (keys as these flags, snake_case); "
+            "flags and SAGE_* variables override it.",
+        ),
+    ] = None,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach", "-d", help=("Run the engine in the background; print its socket once it answers.")
+        ),
+    ] = False,
+    name: Annotated[
+        str | None,
+        _opt(
+            "--name",
+            "-n",
+            metavar="NAME",
+            help="Name of the engine: picks its socket and log folder.",
+            default="default",
+        ),
+    ] = None,
+    socket: Annotated[
+        Path | None,
+        _opt(
+            "--socket",
+            metavar="PATH",
+            dir_okay=False,
+            help="Control socket (default: $SAGE_HOME/run/<name>.sock).",
+        ),
+    ] = None,
+    log_dir: Annotated[
+        Path | None,
+        _opt(
+            "--log-dir",
+            metavar="DIR",
+            file_okay=False,
+            help="Folder of the engine's logs (default: $SAGE_HOME/logs/<name>).",
+        ),
+    ] = None,
+    max_queued_requests: Annotated[
+        int | None,
+        _opt(
+            "--max-queued-requests",
+            metavar="N",
+            min=1,
+            help="Most waiting requests; beyond it the lowest priority is dropped (default: no cap).",
+        ),
+    ] = None,
+    queued_timeout: Annotated[
+        float | None,
+        _opt(
+            "--queued-timeout",
+            metavar="SECONDS",
+            help="Abort a request that waited this long (default: no limit).",
+        ),
+    ] = None,
+    eviction_threshold: Annotated[
+        float | None,
+        _opt(
+            "--eviction-threshold",
+            metavar="F",
+            help="Evict in the background down to this used fraction of the pool (default: only on demand).",
+        ),
+    ] = None,
+    max_pinned_ratio: Annotated[
+        float | None,
+        _opt(
+            "--max-pinned-ratio",
+            metavar="F",
+            help="Most of the pool that pinned prefixes may hold.",
+            default="0.5",
+        ),
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None,
+        _opt("--max-num-seqs", metavar="N", min=1, help="Most running sequences per step.", default="256"),
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        _opt("--max-num-batched-tokens", metavar="N", min=1, help="Most tokens per step.", default="2048"),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        _opt(
+            "--seed",
+            metavar="N",
+            min=0,
+            help="Seed of the built-in model's weights and of sampling.",
+            default="0",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.0,
+            metavar="SECONDS",
+            help="With --detach: how long to wait for the engine to answer.",
+        ),
+    ] = 120.0,
+    json_out: Annotated[
+        bool,
+        typer.Option("--json", help="With --detach: print the engine's name, pid, socket and log as JSON."),
+    ] = False,
+) -> None:
+    """Start an engine serving MODEL with a KV-cache eviction policy.
+
+    In the foreground until Ctrl-C, or in the background with --detach. Settings come from
+    the flags, then SAGE_<KEY> environment variables (SAGE_EVICTION_POLICY, SAGE_NUM_BLOCKS,
+    ...), then the --config file (or $SAGE_CONFIG), then the defaults. Size the KV cache with
+    one of --num-blocks, --kv-cache-memory or --gpu-memory-utilization (default: the engine
+    picks). An engine already answering on the socket is an error: it is never replaced.
+    """
+    from engine_adapter.config import resolve_config
+
+    flags = {
+        "model": model,
+        "engine_kind": engine_kind,
+        "eviction_policy": eviction_policy,
+        "policy_params": policy_param or None,
+        "enable_lifetime_prediction": enable_lifetime_prediction,
+        "log_evictions": log_evictions,
+        "num_blocks": num_blocks,
+        "kv_cache_memory": kv_cache_memory,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "block_size": block_size,
+        "device": device,
+        "name": name,
+        "socket": socket,
+        "log_dir": log_dir,
+        "max_queued_requests": max_queued_requests,
+        "queued_timeout": queued_timeout,
+        "eviction_threshold": eviction_threshold,
+        "max_pinned_ratio": max_pinned_ratio,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "seed": seed,
+    }
+    if json_out and not detach:
+        raise CLIUsageError("--json goes with --detach (a foreground engine prints its log)")
+    config = resolve_config(flags, config_file=config_file)
+    config.check_policy()
+
+    from sage_cli.client import ControlClient
+
+    with ControlClient(config.socket_path, timeout=2.0) as client:
+        live = _live_engine(client)
+    if live is not None:
+        raise CLIError(
+            f"an engine ({live.get('name', '?')}, pid {live.get('pid', '?')}) is already running on "
+            f"{config.socket}; stop it with `sage llm engine stop --socket {config.socket}` or pick "
+            "another --name"
+        )
+
+    out = Output(json_out)
+    if detach:
+        health = _start_detached(config, timeout)
+        result = {
+            "name": config.name,
+            "pid": health.get("pid"),
+            "socket": config.socket,
+            "log": str(config.engine_log_path),
+        }
+        Output.note(f"Engine {config.name} (pid {health.get('pid')}) is up; log: {config.engine_log_path}")
+        out.result(result, lambda: config.socket)
+        return
+
+    try:
+        from engine_adapter.server import serve
+    except ImportError as exc:
+        raise CLIError(f"the engine server cannot be loaded: {exc}") from exc
+    Output.note(f"Starting engine {config.name} on {config.socket} (Ctrl-C stops it)")
+    code = serve(config)
+    if code:
+        raise typer.Exit(code)
