@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sage_cli.errors import CLIError, CLIUsageError
+from sage_cli.options import NameOpt, SocketOpt
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
@@ -358,6 +359,30 @@ def benchmark(
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    socket: SocketOpt = None,
+    name: NameOpt = None,
+    max_output_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-output-tokens",
+            min=1,
+            metavar="N",
+            help="engine mode: cap on each request's output tokens.",
+        ),
+    ] = 16,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", min=1, metavar="N", help="engine mode: client threads."),
+    ] = 8,
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            "--time-scale",
+            min=0.0,
+            metavar="F",
+            help="engine mode: wall seconds per trace second (0: send as fast as possible).",
+        ),
+    ] = 0.0,
 ) -> None:
     """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
 
@@ -365,8 +390,6 @@ def benchmark(
     size, with the unbounded cache and Belady as reference rows.
     """
     policies = parse_policies(eviction_policies, mode.value)
-    if mode is Mode.engine:
-        raise CLIError("benchmark --mode engine is not available yet; use --mode sim")
     if trace is not None and workload is not None:
         raise CLIUsageError("give either --trace or --workload, not both")
     if trace is None and trace_format is not None:
@@ -396,6 +419,33 @@ def benchmark(
         if importlib.util.find_spec("matplotlib") is None:
             raise CLIUsageError("--plot needs matplotlib: pip install 'sage-kv[plot]'")
     costs = _load_cost_model(cost_model) if cost_model is not None else None
+    if mode is Mode.engine:
+        if ratios is not None or (blocks is not None and len(blocks) > 1):
+            raise CLIUsageError(
+                "engine mode runs one pool size: give --capacity-blocks N (a temporary engine's pool)"
+            )
+        result = _engine_mode(
+            policies=policies,
+            trace=trace,
+            trace_format=fmt,
+            workload=workload,
+            requests=requests,
+            tenants=tenants,
+            seed=seed,
+            duration=duration,
+            num_blocks=int(blocks[0]) if blocks else None,
+            socket=socket,
+            name=name,
+            max_output_tokens=max_output_tokens,
+            concurrency=concurrency,
+            time_scale=time_scale,
+        )
+        if output is not None:
+            import json
+
+            output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        Output(json_out).result(result, lambda: results_table(result))
+        return
 
     options = BenchmarkOptions(
         policies=policies,
@@ -424,3 +474,67 @@ def benchmark(
     result = run_benchmark(**options.as_kwargs())
     if isinstance(result, dict):
         Output(json_out).result(result, lambda: results_table(result))
+
+
+def _engine_mode(
+    *,
+    policies: list[str],
+    trace: Path | None,
+    trace_format: str | None,
+    workload: Workload | None,
+    requests: int | None,
+    tenants: int | None,
+    seed: int,
+    duration: float | None,
+    num_blocks: int | None,
+    socket: Path | None,
+    name: str | None,
+    max_output_tokens: int,
+    concurrency: int,
+    time_scale: float,
+) -> dict[str, Any]:
+    """Replay the workload through a live engine (a temporary one when none answers)."""
+    from rich.progress import Progress
+
+    from engine_adapter.sim.benchmark import build_workload
+    from sage_cli.engine_bench import run_engine_benchmark
+    from sage_cli.paths import resolve_socket
+
+    try:
+        target = resolve_socket(socket, name)
+    except ValueError as exc:
+        raise CLIUsageError(str(exc)) from None
+    built = build_workload(
+        trace=trace,
+        trace_format=trace_format,
+        workload=None if trace is not None else (workload or Workload.synthetic).value,
+        requests=requests if requests is not None else (None if trace is not None else 64),
+        tenants=tenants,
+        seed=seed,
+        duration=duration,
+    )
+    with Progress(transient=True) as bar:
+        tasks: dict[int, Any] = {}
+
+        def progress(index: int, total: int) -> Any:
+            task = bar.add_task(f"{policies[index]} ({index + 1}/{total})", total=len(built.requests))
+            tasks[index] = task
+            return lambda: bar.advance(task)
+
+        try:
+            return run_engine_benchmark(
+                policies=policies,
+                requests=built.requests,
+                workload=built.describe(),
+                socket=target,
+                tokens_per_block=16,
+                max_output_tokens=max_output_tokens,
+                time_scale=time_scale,
+                concurrency=concurrency,
+                num_blocks=num_blocks,
+                progress=progress,
+            )
+        except RuntimeError as exc:
+            raise CLIError(str(exc)) from None
+        except ValueError as exc:
+            raise CLIUsageError(str(exc)) from None

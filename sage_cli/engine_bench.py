@@ -1,0 +1,343 @@
+"""`sage llm benchmark --mode engine`: replay a workload through a live engine's completions API.
+
+For each policy: switch the engine to it (`PUT /v1/eviction/policy`), drop the prefix cache
+(`POST /v1/cache/reset`) so no run inherits another's blocks, replay the requests at their
+arrival times (scaled by `time_scale`) from a pool of client threads with streamed completions,
+and read the engine's counters before and after. TTFT, TPOT and throughput are real wall times.
+
+Prompts are made from the workload's block ids: each block id becomes `tokens_per_block` token
+ids drawn from a generator seeded with the id, so requests that share blocks share a token
+prefix exactly as they share blocks in the trace.
+
+With no engine on the socket, a temporary one is started for the run (and stopped after); it
+also runs the unbounded-cache reference that `throughput_impact` is measured against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sage_cli.client import ControlClient, EngineNotRunning
+
+__all__ = ["EngineRun", "prompt_tokens", "run_engine_benchmark", "start_temporary_engine"]
+
+TOKEN_ID_RANGE = 256  # byte ids: valid for sage-tiny and for any larger vocabulary
+
+
+def prompt_tokens(block_keys: Sequence[Hashable], tokens_per_block: int) -> list[int]:
+    """Token ids for a prompt made of these blocks; equal keys give equal tokens."""
+    ids: list[int] = []
+    for key in block_keys:
+        rng = random.Random(f"sage-block-{key!r}")
+        ids.extend(rng.randrange(TOKEN_ID_RANGE) for _ in range(tokens_per_block))
+    return ids
+
+
+@dataclass
+class EngineRun:
+    """One request's timings."""
+
+    ok: bool = False
+    error: str | None = None
+    ttft_s: float | None = None
+    tpot_s: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _stream_completion(http: httpx.Client, body: dict[str, Any]) -> EngineRun:
+    run = EngineRun()
+    start = time.perf_counter()
+    last: float | None = None
+    try:
+        with http.stream("POST", "/v1/completions", json=body, timeout=httpx.Timeout(600.0)) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                run.error = f"HTTP {answer.status_code}: {answer.text[:200]}"
+                return run
+            for line in answer.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: ") :]
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                usage = chunk.get("usage")
+                if usage:
+                    run.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                    details = usage.get("prompt_tokens_details") or {}
+                    run.cached_tokens = int(details.get("cached_tokens", 0))
+                for choice in chunk.get("choices", []):
+                    if choice.get("text") or choice.get("finish_reason") is None:
+                        now = time.perf_counter()
+                        if run.ttft_s is None:
+                            run.ttft_s = now - start
+                        elif last is not None:
+                            run.tpot_s.append(now - last)
+                        last = now
+                        run.completion_tokens += 1
+        run.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run
+
+
+def _replay(
+    socket: Path,
+    requests: Sequence[Any],
+    *,
+    tokens_per_block: int,
+    max_output_tokens: int,
+    time_scale: float,
+    concurrency: int,
+    tick: Callable[[], None],
+) -> tuple[list[EngineRun], float]:
+    transport = httpx.HTTPTransport(uds=str(socket), verify=False)
+    runs: list[EngineRun] = [EngineRun() for _ in requests]
+    with httpx.Client(transport=transport, base_url="http://sage") as http:
+        start = time.perf_counter()
+        lock = threading.Lock()
+
+        def send(i: int) -> None:
+            req = requests[i]
+            delay = req.arrival_s * time_scale - (time.perf_counter() - start)
+            if delay > 0:
+                time.sleep(delay)
+            body = {
+                "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
+                "max_tokens": max(1, min(int(req.output_len), max_output_tokens)),
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "ignore_eos": True,
+                "priority": int(req.priority),
+            }
+            if req.tenant is not None:
+                body["tenant"] = str(req.tenant)
+            runs[i] = _stream_completion(http, body)
+            with lock:
+                tick()
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            list(pool.map(send, range(len(requests))))
+        wall = time.perf_counter() - start
+    return runs, wall
+
+
+def _row(
+    policy: str, runs: list[EngineRun], wall: float, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, Any]:
+    def delta(key: str) -> float:
+        return float(after.get(key) or 0) - float(before.get(key) or 0)
+
+    ok = [r for r in runs if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    tpots = [t for r in ok for t in r.tpot_s]
+    tokens = sum(r.completion_tokens for r in ok)
+    lookups = delta("prefix_cache_queries_tokens")
+    evictions = delta("total_evictions")
+    return {
+        "policy": policy,
+        "requests": len(runs),
+        "failed": len(runs) - len(ok),
+        "hit_rate": delta("prefix_cache_hits_tokens") / lookups if lookups else 0.0,
+        "re_prefill_rate": delta("re_prefill_blocks") / evictions if evictions else 0.0,
+        "evictions": int(evictions),
+        "preemptions": int(delta("preemptions")),
+        "fairness_score": after.get("fairness_score"),
+        "memory_utilization": after.get("memory_utilization"),
+        "ttft_p50_s": _percentile(ttfts, 0.5),
+        "ttft_p99_s": _percentile(ttfts, 0.99),
+        "tpot_p50_s": _percentile(tpots, 0.5),
+        "tpot_p99_s": _percentile(tpots, 0.99),
+        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
+        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
+        "wall_s": wall,
+    }
+
+
+def start_temporary_engine(
+    config: dict[str, Any], timeout: float = 120.0
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start `python -m engine_adapter.server` on a private socket; returns the process and socket."""
+    folder = Path(tempfile.mkdtemp(prefix="sage-bench-", dir="/tmp"))
+    socket = folder / "bench.sock"
+    values = {"name": "bench", "socket": str(socket), "log_dir": str(folder / "logs"), **config}
+    log = open(folder / "engine.log", "wb")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine_adapter.server", "--config-json", json.dumps(values)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"the temporary engine exited with {proc.returncode}; see {folder / 'engine.log'}"
+            )
+        try:
+            with ControlClient(socket, timeout=2.0) as client:
+                client.health()
+            _warm_up(socket)
+            return proc, socket
+        except EngineNotRunning:
+            time.sleep(0.1)
+        except Exception:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(
+        f"the temporary engine did not answer within {timeout:g}s; see {folder / 'engine.log'}"
+    )
+
+
+def _warm_up(socket: Path) -> None:
+    """A few requests so that the first measured ones do not pay for torch's first calls."""
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(socket), verify=False), base_url="http://sage"
+    ) as http:
+        for size in (8, 64, 8):
+            http.post(
+                "/v1/completions",
+                json={"prompt": [1] * size, "max_tokens": 4, "ignore_eos": True},
+                timeout=120,
+            ).raise_for_status()
+        http.post("/v1/cache/reset", timeout=30).raise_for_status()
+
+
+def _stop(proc: subprocess.Popen[bytes], socket: Path) -> None:
+    try:
+        with ControlClient(socket, timeout=5.0) as client:
+            client.shutdown()
+        proc.wait(timeout=60)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
+def run_engine_benchmark(
+    *,
+    policies: list[str],
+    requests: Sequence[Any],
+    workload: dict[str, Any],
+    socket: Path | None,
+    tokens_per_block: int = 16,
+    max_output_tokens: int = 16,
+    time_scale: float = 0.0,
+    concurrency: int = 8,
+    num_blocks: int | None = None,
+    progress: Callable[[int, int], Callable[[], None]] | None = None,
+) -> dict[str, Any]:
+    """Run every policy against a live engine; start a temporary one when `socket` has none.
+
+    Args:
+        policies: Registry names.
+        requests: `SimRequest`s (arrival_s, block_hashes, output_len, tenant, priority).
+        workload: The workload's description for the JSON output.
+        socket: A running engine's socket; None (or nothing listening) starts a temporary engine.
+        tokens_per_block: Tokens each workload block becomes (the engine's block size fits best).
+        max_output_tokens: Cap on each request's output (a CPU engine is slow).
+        time_scale: Seconds of wall time per second of trace time (0: send as fast as possible).
+        concurrency: Client threads.
+        num_blocks: Pool size of a temporary engine (default: a quarter of the workload's blocks).
+        progress: Called with (policy index, total) to get a tick callback per request.
+
+    Returns:
+        ``{"workload": ..., "mode": "engine", "results": [row, ...]}``.
+    """
+    unique = {k for r in requests for k in r.block_hashes}
+    temporary: tuple[subprocess.Popen[bytes], Path] | None = None
+    reference: dict[str, Any] | None = None
+    if socket is None or not _answers(socket):
+        # The largest request must fit in the pool, or it could never be served.
+        largest = max(len(r.block_hashes) + -(-max_output_tokens // tokens_per_block) + 1 for r in requests)
+        if num_blocks is not None and num_blocks < largest:
+            raise ValueError(
+                f"a pool of {num_blocks} blocks cannot hold the workload's largest request "
+                f"({largest} blocks of {tokens_per_block} tokens): give at least {largest}"
+            )
+        blocks = num_blocks or max(largest, len(unique) // 4)
+        base = {"block_size": tokens_per_block, "device": "cpu", "eviction_policy": policies[0]}
+        ref_proc, ref_socket = start_temporary_engine({**base, "num_blocks": 4 * len(unique) + 1024})
+        try:
+            runs, wall = _replay(
+                ref_socket,
+                requests,
+                tokens_per_block=tokens_per_block,
+                max_output_tokens=max_output_tokens,
+                time_scale=time_scale,
+                concurrency=concurrency,
+                tick=lambda: None,
+            )
+            with ControlClient(ref_socket) as client:
+                stats = client.eviction_stats()
+            reference = _row("unbounded", runs, wall, {}, stats)
+        finally:
+            _stop(ref_proc, ref_socket)
+        temporary = start_temporary_engine({**base, "num_blocks": blocks})
+        socket = temporary[1]
+    rows: list[dict[str, Any]] = []
+    try:
+        with ControlClient(socket, timeout=60.0) as client:
+            for index, policy in enumerate(policies):
+                swap = client.set_policy(policy)
+                client._request("POST", "/v1/cache/reset")
+                before = client.eviction_stats()
+                tick = progress(index, len(policies)) if progress else (lambda: None)
+                runs, wall = _replay(
+                    socket,
+                    requests,
+                    tokens_per_block=tokens_per_block,
+                    max_output_tokens=max_output_tokens,
+                    time_scale=time_scale,
+                    concurrency=concurrency,
+                    tick=tick,
+                )
+                row = _row(policy, runs, wall, before, client.eviction_stats())
+                row["swap_time_s"] = swap.get("swap_time_s")
+                rows.append(row)
+    finally:
+        if temporary is not None:
+            _stop(*temporary)
+    if reference is not None:
+        for row in rows:
+            ref = reference["throughput_tok_s"]
+            row["throughput_impact"] = 1.0 - row["throughput_tok_s"] / ref if ref else None
+        rows.append(reference)
+    return {"workload": workload, "mode": "engine", "results": rows}
+
+
+def _answers(socket: Path) -> bool:
+    if not os.path.exists(socket):
+        return False
+    try:
+        with ControlClient(socket, timeout=2.0) as client:
+            client.health()
+        return True
+    except Exception:
+        return False
