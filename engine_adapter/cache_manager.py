@@ -893,12 +893,14 @@ class CacheManager:
             return self._evict(excess, "watermark") if excess > 0 else 0
 
     def reset_prefix_cache(self) -> int:
-        """Drop every unreferenced, unpinned cached block (not counted as evictions).
+        """Drop every unreferenced, unpinned cached block (not counted as evictions), and forget
+        which blocks were evicted before, so that the next run's re-prefill rate is its own.
 
         Returns:
             Blocks freed.
         """
         with self.lock:
+            self._reprefill.forget()
             removed = self.radix.reclaim_all()
             if removed:
                 self.pool.free([b.block_id for b in removed])

@@ -78,6 +78,11 @@ class ReprefillTracker:
             return True
         return False
 
+    def forget(self) -> None:
+        """Forget which keys were evicted (the counts stay): after a cache reset, a key that
+        comes back is recomputed because of the reset, not because of an eviction."""
+        self._evicted.clear()
+
     @property
     def rate(self) -> float:
         """Re-prefilled / evicted; 0.0 before any eviction."""

@@ -364,6 +364,19 @@ def test_reset_prefix_cache_is_not_an_eviction() -> None:
     m.check_invariants()
 
 
+def test_reset_prefix_cache_forgets_earlier_evictions_for_the_re_prefill_rate() -> None:
+    m = make(num_blocks=4)
+    m.allocate(1, tokens(1, 8))
+    m.free_sequence(1, tokens(1, 8))  # two cached blocks
+    m.allocate(2, tokens(2, 16))  # needs all four: evicts both
+    m.free_sequence(2, tokens(2, 16))
+    assert m.stats()["total_evictions"] == 2
+    m.reset_prefix_cache()
+    m.allocate(3, tokens(1, 8))  # blocks evicted before the reset come back
+    assert m.stats()["re_prefill_blocks"] == 0
+    m.check_invariants()
+
+
 # ---- preemption ------------------------------------------------------------------------------------------
 
 
