@@ -99,7 +99,13 @@ def bench_batch(
 
 
 def bench_scheduler(
-    decoder: Decoder, tokenizer: Any, batch: int, prompt_len: int, decode_steps: int, block_size: int, policy: str
+    decoder: Decoder,
+    tokenizer: Any,
+    batch: int,
+    prompt_len: int,
+    decode_steps: int,
+    block_size: int,
+    policy: str,
 ) -> dict[str, float | str]:
     """Cache bookkeeping's share of step time, through the real scheduler and cache manager."""
     from engine_adapter.cache_manager import CacheManager
@@ -108,9 +114,13 @@ def bench_scheduler(
     from engine_adapter.scheduler import Scheduler, SchedulerLimits, Sequence
 
     blocks_per_seq = -(-(prompt_len + decode_steps) // block_size)
-    pool = decoder.make_pool(num_blocks=max(blocks_per_seq + 1, batch * blocks_per_seq * 2 // 3), block_size=block_size)
+    pool = decoder.make_pool(
+        num_blocks=max(blocks_per_seq + 1, batch * blocks_per_seq * 2 // 3), block_size=block_size
+    )
     cache = CacheManager(pool, policy=policy)
-    scheduler = Scheduler(cache, decoder, pool, tokenizer, SchedulerLimits(max_num_seqs=batch, max_num_batched_tokens=8192))
+    scheduler = Scheduler(
+        cache, decoder, pool, tokenizer, SchedulerLimits(max_num_seqs=batch, max_num_batched_tokens=8192)
+    )
     generator = torch.Generator().manual_seed(batch)
     shared = torch.randint(0, 256, (prompt_len // 2,), generator=generator).tolist()
     for i in range(batch):
@@ -183,12 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         "block_size": args.block_size,
     }
     shares = [
-        bench_scheduler(decoder, tokenizer, int(b), args.prompt_len, args.decode_steps, args.block_size, policy)
+        bench_scheduler(
+            decoder, tokenizer, int(b), args.prompt_len, args.decode_steps, args.block_size, policy
+        )
         for b in args.batch_sizes.split(",")
         for policy in args.policies.split(",")
     ]
     if args.json:
-        print(json.dumps({"machine": machine, "setup": setup, "results": rows, "bookkeeping": shares}, indent=2))
+        print(
+            json.dumps({"machine": machine, "setup": setup, "results": rows, "bookkeeping": shares}, indent=2)
+        )
         return 0
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
     print("setup:   " + ", ".join(f"{k}={v}" for k, v in setup.items()))
@@ -208,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in shares:
         share = float(r["cache_share"])
         print(
-            f"{r['batch']:>5}  {r['policy']:>8}  {r['steps']:>5}  {r['evictions']:>9}  {r['preemptions']:>7}  "
-            f"{share:>7.2%}  {float(r['cache_ms_per_step']):>7.3f}  {float(r['scheduler_share']):>7.2%}  "
-            f"{'PASS' if share <= 0.02 else 'MISS'}"
+            f"{r['batch']:>5}  {r['policy']:>8}  {r['steps']:>5}  {r['evictions']:>9}  "
+            f"{r['preemptions']:>7}  {share:>7.2%}  {float(r['cache_ms_per_step']):>7.3f}  "
+            f"{float(r['scheduler_share']):>7.2%}  {'PASS' if share <= 0.02 else 'MISS'}"
         )
     return 0
 

@@ -38,7 +38,14 @@ from engine_adapter.scheduler import RequestOutput, Scheduler, SchedulerLimits, 
 from sage_eviction import available_policies, get_policy_class, policy_params
 from sage_eviction.registry import parse_policy_spec
 
-__all__ = ["DEFAULT_NUM_BLOCKS", "Engine", "EngineClosedError", "RequestError", "RequestHandle", "RequestOutput"]
+__all__ = [
+    "DEFAULT_NUM_BLOCKS",
+    "Engine",
+    "EngineClosedError",
+    "RequestError",
+    "RequestHandle",
+    "RequestOutput",
+]
 
 # The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
 # --kv-cache-memory or --gpu-memory-utilization for a real model.
@@ -281,7 +288,10 @@ class Engine:
     def _on_event(self, event: dict[str, Any]) -> None:
         if event.get("event") == "freed":
             self.metrics.on_eviction(
-                str(event["policy"]), str(event["reason"]), int(event["blocks_freed"]), float(event["duration_us"]) / 1e6
+                str(event["policy"]),
+                str(event["reason"]),
+                int(event["blocks_freed"]),
+                float(event["duration_us"]) / 1e6,
             )
 
     # ---- requests -----------------------------------------------------------------------
@@ -414,7 +424,13 @@ class Engine:
             cls = get_policy_class(name)
             params = {k: p.default for k, p in policy_params(cls).items() if k != "capacity"}
             listing.append(
-                {"name": name, "strategy": cls.strategy.name, "paper": cls.paper, "offline": cls.offline, "params": params}
+                {
+                    "name": name,
+                    "strategy": cls.strategy.name,
+                    "paper": cls.paper,
+                    "offline": cls.offline,
+                    "params": params,
+                }
             )
         return {"active": self.cache.policy_name, "policies": listing}
 

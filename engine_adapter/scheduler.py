@@ -230,7 +230,10 @@ class Scheduler:
         t1 = time.perf_counter()
         if batch_seqs:
             batch = ForwardBatch(
-                token_ids=[seq.all_ids[seq.num_computed : seq.num_computed + n] for seq, n in zip(batch_seqs, chunks, strict=True)],
+                token_ids=[
+                    seq.all_ids[seq.num_computed : seq.num_computed + n]
+                    for seq, n in zip(batch_seqs, chunks, strict=True)
+                ],
                 start_positions=[seq.num_computed for seq in batch_seqs],
                 block_tables=[seq.block_table for seq in batch_seqs],
             )
@@ -253,7 +256,9 @@ class Scheduler:
         expired = [s for s in self.waiting if s.num_preemptions == 0 and now - s.arrival > timeout]
         for seq in expired:
             self.waiting.remove(seq)
-            self._finish(seq, "timeout", f"waited {now - seq.arrival:.2f}s in the queue (queued_timeout={timeout}s)")
+            self._finish(
+                seq, "timeout", f"waited {now - seq.arrival:.2f}s in the queue (queued_timeout={timeout}s)"
+            )
 
     def _admit(self) -> int:
         if not self.waiting:
@@ -357,7 +362,9 @@ class Scheduler:
             self.cache.free_sequence(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
         self.cache_s += time.perf_counter() - t
 
-    def _advance(self, seqs: list[Sequence], chunks: list[int], logits: torch.Tensor, stats: StepStats) -> int:
+    def _advance(
+        self, seqs: list[Sequence], chunks: list[int], logits: torch.Tensor, stats: StepStats
+    ) -> int:
         """Account the computed tokens, sample where a sequence reached its end, emit, release."""
         sampling_rows: list[int] = []
         for row, (seq, n) in enumerate(zip(seqs, chunks, strict=True)):

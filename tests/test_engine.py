@@ -181,7 +181,9 @@ def test_stop_string_ends_the_output_without_it(tmp_path: object) -> None:
         needle = next((text[i : i + 2] for i in range(3, len(text) - 2) if text[i : i + 2].strip()), None)
         if needle is None:
             pytest.skip("the random model produced no printable text to stop on")
-        stopped = engine.submit("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=[needle])).result(60)
+        stopped = engine.submit("abc", SamplingParams(max_tokens=30, ignore_eos=True, stop=[needle])).result(
+            60
+        )
     finally:
         engine.shutdown()
     assert stopped.finish_reason == "stop"
@@ -194,7 +196,7 @@ def test_queue_limit_drops_the_lowest_priority(tmp_path: object) -> None:
         engine.draining = False
         with engine.cache.lock:  # hold the loop so that all four wait together
             handles = [
-                engine.submit("request %d" % i, SamplingParams(max_tokens=2), priority=p)
+                engine.submit(f"request {i}", SamplingParams(max_tokens=2), priority=p)
                 for i, p in enumerate([1, 0, 2, 1])
             ]
             engine._drain_inbox()
@@ -211,7 +213,7 @@ def test_queued_timeout_aborts_with_a_reason(tmp_path: object) -> None:
     engine = _engine(tmp_path, queued_timeout=0.001, max_num_seqs=1)
     try:
         with engine.cache.lock:
-            handles = [engine.submit("wait %d" % i, SamplingParams(max_tokens=2)) for i in range(3)]
+            handles = [engine.submit(f"wait {i}", SamplingParams(max_tokens=2)) for i in range(3)]
             engine._drain_inbox()
             time.sleep(0.01)
         results = [h.result(60) for h in handles]
@@ -233,4 +235,6 @@ def test_drain_finishes_requests_then_refuses_new_ones(tmp_path: object) -> None
 
 def test_offline_policy_is_refused(tmp_path: object) -> None:
     with pytest.raises(RequestError, match="offline"):
-        Engine(EngineConfig(device="cpu", num_blocks=16, eviction_policy="belady", socket="/tmp/x-unused.sock"))
+        Engine(
+            EngineConfig(device="cpu", num_blocks=16, eviction_policy="belady", socket="/tmp/x-unused.sock")
+        )
