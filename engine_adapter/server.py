@@ -846,7 +846,7 @@ def _uvicorn_server(config: Any, on_signal: Callable[[int], None]) -> Any:
     """
     import uvicorn
 
-    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+    class DrainingServer(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
