@@ -1,0 +1,327 @@
+"""``sage llm benchmark --mode sim``: every policy at every capacity on one workload, plus references.
+
+`run_benchmark` takes the checked options of `sage_cli.benchmark.BenchmarkOptions` as keyword
+arguments, builds the workload (a Mooncake or Azure trace, the synthetic generator or the
+module spec's preset), runs a `Simulator` for each policy and capacity, and adds two reference
+rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
+its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
+`engine_adapter.sim.simulator` for its radix variant). `throughput_impact` of a row is
+``1 - throughput / throughput(unbounded)`` on the same workload (DESIGN 6).
+
+Every row runs through `CacheManager` and the registered policy (not the simulator's lean LRU
+path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in every row.
+
+Returns ``{"workload": Workload.describe(), "settings": {...}, "results": [row, ...]}`` and
+writes the same as JSON to `output`; `plot` gets a PNG of hit rate against capacity per policy.
+A Rich progress bar on stderr shows the runs (and the requests of each) while they go.
+
+Bad input raises `BenchmarkError` (a `ValueError`) with a one-line message: an unreadable or
+malformed trace, a capacity below 1 or beyond the workload's distinct blocks, a bad cost model,
+missing matplotlib for `plot`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine_adapter.sim.cost_model import CostModel, CostModelError
+from engine_adapter.sim.simulator import UNBOUNDED, Simulator, min_capacity
+from engine_adapter.sim.workloads import Workload, WorkloadError, load, preset, synthetic, unique_blocks
+
+__all__ = ["DEFAULT_CAPACITY_RATIOS", "BenchmarkError", "build_workload", "capacities_for", "run_benchmark"]
+
+DEFAULT_CAPACITY_RATIOS = (0.05, 0.10)
+"""Capacities as fractions of the workload's distinct blocks when none are given."""
+
+REFERENCE_BELADY = "belady"
+
+
+class BenchmarkError(ValueError):
+    """Options the benchmark cannot run with; the message is one line."""
+
+
+def build_workload(
+    *,
+    trace: str | Path | None = None,
+    trace_format: str | None = None,
+    workload: str | None = None,
+    requests: int | None = None,
+    tenants: int | None = None,
+    seed: int = 0,
+    duration: float | None = None,
+) -> Workload:
+    """The request stream the options describe.
+
+    A trace is read whole (or its first `requests` records); a generated workload has
+    `requests` requests (1000 by default). With `duration`, only the requests that arrive within
+    that many seconds of the first one are kept (all of them then run to completion).
+
+    Raises:
+        BenchmarkError: An unreadable or malformed trace, or a bad workload parameter.
+    """
+    try:
+        if trace is not None:
+            source = trace_format or ("azure" if str(trace).endswith(".csv") else "mooncake")
+            built = load(source, path=trace, limit=requests)
+        elif workload in (None, "synthetic"):
+            params: dict[str, Any] = {"requests": requests if requests is not None else 1000, "seed": seed}
+            if tenants is not None:
+                params["tenants"] = tenants
+            built = synthetic(**params)
+        else:
+            params = {"seed": seed}
+            if tenants is not None:
+                params["tenants"] = tenants
+            built = preset(workload, **params)
+            if requests is not None:
+                built.requests = built.requests[:requests]
+    except WorkloadError as exc:
+        raise BenchmarkError(str(exc)) from None
+    if duration is not None and built.requests:
+        start = built.requests[0].arrival_s
+        built.requests = [r for r in built.requests if r.arrival_s - start <= duration]
+        built.params = {**built.params, "duration_limit_s": duration}
+    if not built.requests:
+        raise BenchmarkError("the workload has no requests")
+    return built
+
+
+def capacities_for(
+    workload: Workload,
+    capacity_blocks: Sequence[int] | None,
+    capacity_ratios: Sequence[float] | None,
+    cache_model: str,
+) -> list[int]:
+    """Capacities in blocks: the ones given, or `ratio * distinct blocks` (at least 1; the default
+    ratios are raised to what the largest request needs in the radix model).
+
+    Raises:
+        BenchmarkError: A capacity below 1, beyond the workload's distinct blocks, or (radix)
+            below what its largest request needs.
+    """
+    unique = unique_blocks(workload.requests)
+    if capacity_blocks:
+        capacities = [int(c) for c in capacity_blocks]
+        where = "--capacity-blocks"
+    else:
+        ratios = list(capacity_ratios) if capacity_ratios else list(DEFAULT_CAPACITY_RATIOS)
+        for ratio in ratios:
+            if not 0.0 < ratio <= 1.0:
+                raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
+        capacities = [max(1, int(unique * ratio)) for ratio in ratios]
+        where = "--capacity-ratio"
+    need = min_capacity(workload) if cache_model == "radix" else 1
+    if not capacity_blocks and not capacity_ratios:
+        # The default sizes grow to what the largest request needs, rather than fail.
+        capacities = [min(max(capacity, need), unique) for capacity in capacities]
+    for capacity in capacities:
+        if capacity < 1:
+            raise BenchmarkError(f"{where}: capacity {capacity} blocks is below 1")
+        if capacity > unique:
+            raise BenchmarkError(
+                f"{where}: capacity {capacity} blocks is beyond the workload's {unique} distinct blocks "
+                f"(the unbounded reference row covers that)"
+            )
+        if capacity < need:
+            raise BenchmarkError(
+                f"{where}: capacity {capacity} blocks cannot hold the workload's largest request "
+                f"({need} blocks with its output) in the radix model; give at least {need} "
+                f"(or --cache-model flat)"
+            )
+    return list(dict.fromkeys(capacities))
+
+
+def _cost_model(cost_model: dict[str, Any] | None, cost_model_path: str | Path | None) -> CostModel:
+    try:
+        if cost_model is not None:
+            return CostModel.from_dict(cost_model, where=str(cost_model_path or "cost model"))
+        if cost_model_path is not None:
+            return CostModel.from_yaml(cost_model_path)
+    except CostModelError as exc:
+        raise BenchmarkError(str(exc)) from None
+    return CostModel()
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Any]:
+    """A Rich progress bar on stderr (nothing when stderr is not a terminal)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        yield progress
+
+
+def _plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise BenchmarkError(
+            "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
+        ) from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    policies = list(dict.fromkeys(row["policy"] for row in rows if row["policy"] != UNBOUNDED))
+    for policy in policies:
+        points = sorted((row["capacity_blocks"], row["hit_rate"]) for row in rows if row["policy"] == policy)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+    for row in rows:
+        if row["policy"] == UNBOUNDED:
+            ax.axhline(row["hit_rate"], color="grey", linestyle="--", linewidth=1, label="unbounded")
+            break
+    ax.set_xlabel("capacity (blocks)")
+    ax.set_ylabel("hit rate (prompt tokens)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_benchmark(
+    *,
+    policies: Sequence[str],
+    mode: str = "sim",
+    trace: str | Path | None = None,
+    trace_format: str | None = None,
+    workload: str | None = None,
+    requests: int | None = None,
+    tenants: int | None = None,
+    seed: int = 0,
+    capacity_blocks: Sequence[int] | None = None,
+    capacity_ratios: Sequence[float] | None = None,
+    cache_model: str = "radix",
+    duration: float | None = None,
+    output: str | Path | None = None,
+    plot: str | Path | None = None,
+    cost_model: dict[str, Any] | None = None,
+    cost_model_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Run every policy at every capacity on one workload, with the reference rows.
+
+    Args:
+        policies: Policy specs (registry names, optionally ``name:k=v``).
+        mode: ``"sim"``; ``"engine"`` is run by the CLI against a live engine.
+        trace: A trace file; otherwise `workload` is generated.
+        trace_format: ``"mooncake"`` or ``"azure"`` (default: from the file name).
+        workload: ``"synthetic"`` (default) or a preset (``"spec"``).
+        requests: Requests to generate, or to take from the start of the trace.
+        tenants: Tenants of a generated workload.
+        seed: Seed of a generated workload.
+        capacity_blocks: Cache sizes in blocks.
+        capacity_ratios: Cache sizes as fractions of the distinct blocks (default 0.05, 0.10).
+        cache_model: ``"radix"`` or ``"flat"``.
+        duration: Keep only the requests arriving within this many seconds of the first.
+        output: Write the result here as JSON.
+        plot: Write a PNG of hit rate against capacity here (needs matplotlib).
+        cost_model: Cost-model fields (as read from `cost_model_path` by the CLI).
+        cost_model_path: A cost-model YAML file (read when `cost_model` is None).
+
+    Returns:
+        ``{"workload": {...}, "settings": {...}, "results": [row, ...]}``; rows as `SimResult`.
+
+    Raises:
+        BenchmarkError: Options it cannot run with (one-line message).
+    """
+    if mode != "sim":
+        raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
+    if cache_model not in ("radix", "flat"):
+        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: radix, flat")
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise BenchmarkError(
+                "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
+            ) from None
+    costs = _cost_model(cost_model, cost_model_path)
+    built = build_workload(
+        trace=trace,
+        trace_format=trace_format,
+        workload=workload,
+        requests=requests,
+        tenants=tenants,
+        seed=seed,
+        duration=duration,
+    )
+    capacities = capacities_for(built, capacity_blocks, capacity_ratios, cache_model)
+    online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
+    runs: list[tuple[str, int | None]] = [(UNBOUNDED, None)]
+    for size in capacities:
+        runs.extend((policy, size) for policy in online)
+        runs.append((REFERENCE_BELADY, size))
+
+    n_requests = len(built.requests)
+    rows: list[dict[str, Any]] = []
+    with _progress(len(runs) * n_requests) as progress:
+        task = progress.add_task("simulating", total=len(runs) * n_requests)
+        for index, (policy, capacity) in enumerate(runs):
+            label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
+            progress.update(task, description=label)
+            base = index * n_requests
+
+            def tick(done: int, base: int = base) -> None:
+                progress.update(task, completed=base + done)
+
+            try:
+                simulator = Simulator(
+                    built,
+                    policy,
+                    capacity,
+                    cache_model=cache_model,
+                    cost_model=costs,
+                    progress=tick,
+                    progress_every=max(1, min(1000, n_requests // 20 or 1)),
+                    # Every row through CacheManager and the policy itself, so that eviction
+                    # times compare like with like (the lean LRU path decides the same).
+                    fast=False,
+                )
+            except ValueError as exc:
+                raise BenchmarkError(str(exc)) from None
+            result = simulator.run().to_dict()
+            rows.append(result)
+            progress.update(task, completed=base + n_requests)
+
+    reference = rows[0]["throughput_tok_s"]
+    for row in rows:
+        impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0
+        row["throughput_impact"] = 0.0 if math.isclose(impact, 0.0, abs_tol=1e-12) else impact
+    # Rows by capacity, the reference rows after the policies of their capacity.
+    unbounded_row = rows.pop(0)
+    rows.append(unbounded_row)
+    result = {
+        "workload": built.describe(),
+        "settings": {
+            "mode": mode,
+            "cache_model": cache_model,
+            "policies": list(policies),
+            "capacities": capacities,
+            "cost_model": costs.to_dict(),
+        },
+        "results": rows,
+    }
+    if output is not None:
+        try:
+            Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise BenchmarkError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    if plot is not None:
+        _plot(rows, plot, f"{built.source}: hit rate against capacity ({cache_model} model)")
+    return result

@@ -1,0 +1,1015 @@
+"""The trace-driven simulator: a workload through a cache model and a policy on a virtual clock.
+
+One `Simulator` runs one workload against one policy at one capacity and returns a `SimResult`
+(the benchmark's row). The clock jumps from event to event (arrivals, step ends, completions,
+the decode steps at which a sequence needs a new block), never token by token.
+
+Serving model (continuous batching, iteration level, as DESIGN 4):
+
+- Waiting requests are admitted in arrival order (first come, first served; the head of the
+  queue blocks the ones behind it) at the start of a step, while fewer than `max_running` run,
+  the step's prefill tokens stay under `max_prefill_tokens` (the first admission always fits)
+  and the cache can give the request its blocks.
+- A step runs the prefill of the admitted requests' uncached tokens, which yields their first
+  token, and one decode token for every other running request; its duration is the
+  `CostModel`'s `step_time`. Between events the decode-only steps are advanced in one go.
+- A request of `output_len` tokens finishes `output_len - 1` decode steps after its prefill.
+  TTFT = end of its prefill step - arrival; TPOT = (finish - first token) / (output_len - 1).
+
+Cache models (DESIGN 7):
+
+- `radix` (the real one): a `CacheManager` on a ``"meta"`` pool of `capacity` blocks that also
+  holds the running sequences' blocks. A request's prompt blocks are its `block_hashes` given as
+  block keys (a Mooncake request's last, partial block counts as a block); its hit stops at the
+  first missing block; its missed prompt blocks enter the radix tree when it is admitted
+  (locked while it runs), its decode blocks are reserved one by one as it grows into them and
+  freed when it finishes (they are not reusable). Only leaves are evicted. When decode cannot
+  get a block, the policy's `select_victims` picks a running sequence to preempt by recompute
+  (its blocks stay cached; it goes back to the head of the queue and re-prefills). Plain
+  ``lru`` (and the unbounded reference) run on `_LeanLRUCache`, which makes the same decisions
+  as `CacheManager` + `LRUPolicy` with far fewer calls (tested equal); ``fast=False`` opts out.
+- `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
+  `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
+  arrival order; the running sequences' memory is not modelled.
+
+Belady: in the flat model, `BeladyPolicy` with the whole lookup sequence as its future, which
+is libCacheSim's Belady. In the radix model, `RadixBelady`: an evictable leaf's next use is the
+position of its key's next lookup in the arrival-ordered block lookup sequence, counted from the
+request being served when the block was last inserted or hit; the leaf-only constraint is kept
+(so it is a reference, not a proven optimum).
+
+Metrics (DESIGN 6, one definition): `hit_rate` = prompt tokens served from cache / prompt tokens
+looked up (``min(hit_blocks * block_size, input_len)`` for a radix hit; the tokens of each hit
+block in the flat model); `block_hits / block_lookups` the same in blocks; `re_prefill_rate`,
+`memory_utilization`, eviction p50/p99 as `CacheManager.stats`; `fairness_score` = Jain's index
+over per-tenant hit rates (per session when the workload has no tenant). Eviction times are
+wall time and include the interpreter: compare them between rows of one run.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine_adapter.sim.cost_model import CostModel
+from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
+from sage_eviction import EntryMeta, EvictionPolicy, create_policy, get_policy_class
+from sage_eviction.base import HeapPolicy
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, jain_fairness, percentile
+from sage_eviction.policies.belady import BeladyPolicy
+
+__all__ = [
+    "CACHE_MODELS",
+    "RadixBelady",
+    "UNBOUNDED",
+    "SimResult",
+    "Simulator",
+    "min_capacity",
+    "simulate",
+]
+
+CACHE_MODELS = ("radix", "flat")
+UNBOUNDED = "unbounded"
+"""The reference row's policy name: a cache that never evicts."""
+
+
+@dataclass(slots=True)
+class SimResult:
+    """One benchmark row: a policy at a capacity on a workload (keys as `run_benchmark` writes them)."""
+
+    policy: str
+    capacity_blocks: int
+    cache_model: str
+    requests: int
+    block_lookups: int
+    block_hits: int
+    hit_rate: float
+    re_prefill_rate: float
+    fairness_score: float
+    memory_utilization: float
+    evictions: int
+    eviction_p50_us: float
+    eviction_p99_us: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    throughput_tok_s: float
+    throughput_impact: float
+    preemptions: int
+    wall_s: float
+    lookups_per_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-able dict."""
+        return asdict(self)
+
+
+class RadixBelady(BeladyPolicy):
+    """Belady for the radix model: next use by position in the arrival-ordered lookup sequence.
+
+    The simulator sets `cursor` to the position just past the current request's lookups before
+    it allocates; an insert or hit of a key scores it with the key's first occurrence at or after
+    the cursor (never again: evicted first). Scores are not revised between a key's own calls.
+    """
+
+    def __init__(self, lookups: Sequence[Hashable]) -> None:
+        super().__init__()
+        occurrences: dict[Hashable, list[int]] = {}
+        for position, key in enumerate(lookups):
+            positions = occurrences.get(key)
+            if positions is None:
+                occurrences[key] = [position]
+            else:
+                positions.append(position)
+        self._positions = occurrences
+        self._never = len(lookups)
+        self.cursor = 0
+
+    def _next(self, key: Hashable) -> int:
+        positions = self._positions.get(key)
+        if not positions:
+            return self._never
+        at = bisect_left(positions, self.cursor)
+        return positions[at] if at < len(positions) else self._never
+
+    def insert(self, key: Hashable, meta: EntryMeta | None = None, *, evictable: bool = True) -> None:
+        """A block entered the cache; scored by its next lookup after the cursor."""
+        self._incoming = self._next(key)
+        HeapPolicy.insert(self, key, meta, evictable=evictable)
+
+    def access(self, key: Hashable, now: float | None = None) -> None:
+        """A hit; rescored by its next lookup after the cursor."""
+        self._incoming = self._next(key)
+        HeapPolicy.access(self, key, now)
+
+
+class _Seq:
+    """A request in flight (the simulator's bookkeeping)."""
+
+    __slots__ = (
+        "context_base",
+        "decoded",
+        "epoch",
+        "first_token_s",
+        "group",
+        "keys",
+        "lookup_end",
+        "prompt_tokens",
+        "request",
+        "sid",
+        "start_step",
+        "tokens",
+    )
+
+    def __init__(
+        self, request: SimRequest, sid: int, block_size: int, group: Hashable, lookup_end: int
+    ) -> None:
+        self.request = request
+        self.sid = sid
+        self.keys = request.block_hashes
+        # The blocks the prompt occupies: a partial last block of a trace's hash ids counts whole.
+        self.prompt_tokens = max(request.input_len, len(self.keys) * block_size)
+        self.tokens = self.prompt_tokens  # tokens to (re-)prefill: prompt and regenerated output
+        self.decoded = 0  # decode steps done
+        self.first_token_s: float | None = None
+        self.group = group
+        self.lookup_end = lookup_end
+        self.epoch = 0
+        self.start_step = 0  # the step of its (latest) prefill
+        self.context_base = 0
+
+
+def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
+    """Blocks the largest request needs at its full length (prompt and output): the smallest
+    capacity the radix model can run."""
+    requests = workload.requests if isinstance(workload, Workload) else workload
+    bs = workload.block_size if isinstance(workload, Workload) else block_size
+    if bs is None:
+        raise ValueError("give block_size with a list of requests")
+    need = 0
+    for r in requests:
+        prompt = max(r.input_len, len(r.block_hashes) * bs)
+        need = max(need, -(-(prompt + max(r.output_len - 1, 0)) // bs))
+    return need
+
+
+class Simulator:
+    """One workload through one cache model and policy at one capacity.
+
+    Args:
+        workload: The request stream.
+        policy: Policy spec (``"lru"``, ``"slru:protected_threshold=3"``, ``"belady"``), or
+            ``"unbounded"``: a cache that holds everything and never evicts (the capacity is then
+            the workload's distinct blocks and the radix pool grows by the decode blocks).
+        capacity_blocks: Cache size in blocks (ignored for ``"unbounded"``).
+        cache_model: ``"radix"`` or ``"flat"``.
+        cost_model: Step times; `CostModel()` when None.
+        max_running: Most requests running at once.
+        max_prefill_tokens: Prompt tokens one step prefills (one longer prompt runs alone).
+        progress: Called with the number of requests finished so far, every `progress_every`.
+        progress_every: Requests between `progress` calls.
+        fast: Run plain ``lru`` in the radix model on `_LeanLRUCache` (the same decisions as the
+            `CacheManager` path, several times faster); False always uses the `CacheManager`.
+
+    Raises:
+        ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
+            what the largest request needs (`min_capacity`).
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: str = "lru",
+        capacity_blocks: int | None = None,
+        *,
+        cache_model: str = "radix",
+        cost_model: CostModel | None = None,
+        max_running: int = 256,
+        max_prefill_tokens: int = 16384,
+        progress: Callable[[int], None] | None = None,
+        progress_every: int = 1000,
+        fast: bool = True,
+    ) -> None:
+        if cache_model not in CACHE_MODELS:
+            raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
+        if max_running < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_running and max_prefill_tokens must be positive")
+        self.workload = workload
+        self.block_size = workload.block_size
+        self.cache_model = cache_model
+        self.cost = cost_model if cost_model is not None else CostModel()
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.progress = progress
+        self.progress_every = max(1, progress_every)
+        self.unbounded = policy == UNBOUNDED
+        self.policy_spec = "lru" if self.unbounded else policy
+        if self.unbounded:
+            capacity_blocks = max(1, unique_blocks(workload.requests))
+        if capacity_blocks is None or type(capacity_blocks) is not int or capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks={capacity_blocks!r} must be a positive number of blocks")
+        if cache_model == "radix" and not self.unbounded:
+            need = min_capacity(workload)
+            if capacity_blocks < need:
+                raise ValueError(
+                    f"capacity {capacity_blocks} blocks cannot hold the largest request of the workload "
+                    f"({need} blocks with its output); give at least {need}"
+                )
+        self.capacity = capacity_blocks
+        # LRU (and the unbounded cache) in the radix model take the lean path: same decisions.
+        self.fast = fast and cache_model == "radix" and self.policy_spec.strip() == "lru"
+        if cache_model == "radix" and not self.fast:
+            # The pool imports torch (seconds, once): not inside the timed run.
+            import engine_adapter.cache_manager
+            import engine_adapter.pool  # noqa: F401
+        self.policy_name = UNBOUNDED if self.unbounded else get_policy_class(policy.split(":", 1)[0]).name
+        group_by_tenant = any(r.tenant is not None for r in workload.requests)
+        self._group_of: Callable[[SimRequest], Hashable] = (
+            (lambda r: r.tenant) if group_by_tenant else (lambda r: r.session)
+        )
+
+    # ------------------------------------------------------------------ cache models
+
+    def _build_radix(self, lookups: list[Hashable]) -> _ManagerCache | _LeanLRUCache:
+        bs = self.block_size
+        num_blocks = self.capacity
+        if self.unbounded:
+            # Room for every distinct block and every request's private blocks at once.
+            extra = 0
+            for r in self.workload.requests:
+                prompt = max(r.input_len, len(r.block_hashes) * bs)
+                extra += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
+            num_blocks += extra
+        if self.fast:
+            return _LeanLRUCache(num_blocks, bs, self._now)
+
+        from engine_adapter.cache_manager import CacheManager
+        from engine_adapter.pool import PagedKVPool
+
+        pool = PagedKVPool(
+            num_layers=1, num_kv_heads=1, head_dim=1, block_size=bs, num_blocks=num_blocks, device="meta"
+        )
+        manager = CacheManager(pool, policy=self.policy_spec, record_events=False, clock=self._now)
+        belady = None
+        if manager.policy.offline:
+            if not isinstance(manager.policy, BeladyPolicy):
+                raise ValueError(
+                    f"offline policy {manager.policy_name!r} has no future the radix model can give"
+                )
+            belady = RadixBelady(lookups)
+            manager.radix.set_policy(belady)
+        return _ManagerCache(manager, belady)
+
+    def _now(self) -> float:
+        return self._clock
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> SimResult:
+        """Simulate the whole workload; returns the row.
+
+        The cyclic garbage collector is paused during the run: the simulator's records hold no
+        reference cycles, and full collections over a few hundred thousand cached blocks would
+        otherwise take a good part of the time.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        requests = self.workload.requests
+        bs = self.block_size
+        cost = self.cost
+        radix = self.cache_model == "radix"
+        lookups: list[Hashable] = []
+        ends: list[int] = []
+        for r in requests:
+            lookups.extend(r.block_hashes)
+            ends.append(len(lookups))
+        self._clock = 0.0
+
+        cache: _ManagerCache | _LeanLRUCache | None = self._build_radix(lookups) if radix else None
+        flat = None if radix else _FlatModel(self.policy_spec, self.capacity, lookups)
+        allocate = cache.allocate if cache is not None else None
+
+        group_of = self._group_of
+        group_hits: dict[Hashable, list[int]] = {}
+        block_lookups = block_hits = tokens_looked_up = tokens_hit = 0
+        ttfts: list[float] = []
+        tpots: list[float] = []
+        total_tokens = finished = 0
+        progress = self.progress
+        progress_every = self.progress_every
+
+        waiting: deque[_Seq] = deque()
+        running: dict[int, _Seq] = {}  # seq id -> state
+        decoding = 0  # running sequences that decode in the next step
+        context_sum = 0  # sum of their context_base: their KV tokens at step g = context_sum + decoding * g
+        finishes: list[tuple[int, int, int]] = []  # (last step, seq id, epoch)
+        needs: list[tuple[int, int, int]] = []  # (step that needs a new block, seq id, epoch)
+        step = 0  # the next step to run
+        next_arrival = 0
+        n_requests = len(requests)
+        first_arrival = requests[0].arrival_s if requests else 0.0
+        clock = first_arrival
+        max_running = self.max_running
+        budget = self.max_prefill_tokens
+
+        def stop_decoding(seq: _Seq) -> None:
+            nonlocal decoding, context_sum
+            if seq.request.output_len - seq.decoded > 1:
+                decoding -= 1
+                context_sum -= seq.context_base
+
+        def preempt(seq: _Seq) -> None:
+            """Preempt a decoding sequence by recompute: back to the head of the queue."""
+            assert cache is not None
+            del running[seq.sid]
+            stop_decoding(seq)
+            cache.preempt(seq)
+            seq.decoded += step - seq.start_step  # its prefill token and the decode steps before `step`
+            seq.tokens = seq.prompt_tokens + seq.decoded
+            seq.epoch += 1
+            waiting.appendleft(seq)
+
+        while True:
+            while next_arrival < n_requests and requests[next_arrival].arrival_s <= clock:
+                r = requests[next_arrival]
+                waiting.append(_Seq(r, next_arrival, bs, group_of(r), ends[next_arrival]))
+                next_arrival += 1
+            if not running and not waiting:
+                if next_arrival >= n_requests:
+                    break
+                clock = requests[next_arrival].arrival_s
+                continue
+
+            # Admission at the start of the step, first come first served.
+            prefill_tokens = prefill_batch = cached_tokens = 0
+            admitted: list[_Seq] = []
+            while waiting and len(running) < max_running and prefill_tokens < budget:
+                seq = waiting[0]
+                r = seq.request
+                sid = seq.sid
+                keys = seq.keys
+                if allocate is not None:
+                    self._clock = clock
+                    hit = allocate(seq)
+                    if hit is None:
+                        break
+                    hit_blocks = hit
+                    served = min(hit_blocks * bs, r.input_len)
+                else:
+                    assert flat is not None
+                    hit_blocks, served = flat.lookup(keys, r.input_len, bs)
+                waiting.popleft()
+                n_keys = len(keys)
+                block_lookups += n_keys
+                block_hits += hit_blocks
+                tokens_looked_up += r.input_len
+                tokens_hit += served
+                counts = group_hits.get(seq.group)
+                if counts is None:
+                    group_hits[seq.group] = [served, r.input_len]
+                else:
+                    counts[0] += served
+                    counts[1] += r.input_len
+                compute = r.input_len + seq.decoded - served
+                prefill_tokens += compute
+                cached_tokens += served
+                prefill_batch += 1
+                running[sid] = seq
+                admitted.append(seq)
+
+            # Decoding sequences that need a new block in this step get it first (radix).
+            preempted_now = False
+            while needs and needs[0][0] <= step:
+                target, sid, epoch = heapq.heappop(needs)
+                needy = running.get(sid)
+                if needy is None or needy.epoch != epoch:
+                    continue
+                seq = needy
+                assert cache is not None
+                while not cache.reserve(seq, seq.tokens + target - seq.start_step):
+                    exclude = [sid, *(a.sid for a in admitted)]
+                    victims = cache.select_victims(exclude)
+                    preempted_now = True
+                    if not victims:
+                        preempt(seq)  # nothing else to take from: it waits and re-prefills
+                        break
+                    for victim in victims:
+                        preempt(running[victim])
+                else:
+                    nxt = target + bs
+                    if nxt <= seq.start_step + seq.request.output_len - seq.decoded - 1:
+                        heapq.heappush(needs, (nxt, sid, epoch))
+
+            if not admitted and not decoding:
+                if preempted_now or (not running and not waiting):
+                    continue  # a preemption freed blocks: admit again before time moves
+                raise RuntimeError(
+                    "the simulation is stuck: nothing runs and the queue head cannot be admitted"
+                )
+
+            # One step when something was admitted, else decode-only steps up to the next event.
+            if admitted:
+                k = 1
+                duration = cost.step_time(
+                    prefill_tokens=prefill_tokens,
+                    prefill_batch=prefill_batch,
+                    cached_tokens=cached_tokens,
+                    decode_batch=decoding,
+                    context_tokens=context_sum + decoding * step,
+                )
+            else:
+                k = self._steps_to_next(finishes, needs, running, step)
+                if not waiting and next_arrival < n_requests:
+                    arrival = requests[next_arrival].arrival_s
+                    k = self._steps_until(arrival, clock, decoding, context_sum, step, k)
+                duration = self._decode_time(decoding, context_sum, step, k)
+            clock += duration
+            end_step = step + k - 1
+            for seq in admitted:
+                if seq.first_token_s is None:
+                    seq.first_token_s = clock
+                    ttfts.append(clock - seq.request.arrival_s)
+                seq.start_step = step
+                seq.context_base = seq.tokens - step
+                remaining = seq.request.output_len - seq.decoded
+                last = step + max(remaining, 1) - 1
+                heapq.heappush(finishes, (last, seq.sid, seq.epoch))
+                if remaining > 1:
+                    decoding += 1
+                    context_sum += seq.context_base
+                    if radix:
+                        # After decode step j it holds tokens + j tokens; the first j that spills:
+                        first = step + ((1 - seq.tokens) % bs or bs)
+                        if first <= last:
+                            heapq.heappush(needs, (first, seq.sid, seq.epoch))
+            step = end_step + 1
+
+            # Completions at the end of the steps just run.
+            while finishes and finishes[0][0] <= end_step:
+                _, sid, epoch = heapq.heappop(finishes)
+                done = running.get(sid)
+                if done is None or done.epoch != epoch:
+                    continue
+                seq = done
+                del running[sid]
+                stop_decoding(seq)
+                r = seq.request
+                if cache is not None:
+                    self._clock = clock
+                    cache.free(seq)
+                if r.output_len > 1 and seq.first_token_s is not None:
+                    tpots.append((clock - seq.first_token_s) / (r.output_len - 1))
+                total_tokens += r.input_len + r.output_len
+                finished += 1
+                if progress is not None and finished % progress_every == 0:
+                    progress(finished)
+        if progress is not None and finished % progress_every:
+            progress(finished)
+        self._clock = clock
+
+        wall = time.perf_counter() - wall0
+        ttfts.sort()
+        tpots.sort()
+        makespan = clock - first_arrival
+        if cache is not None:
+            re_prefill, utilization, evictions, p50, p99, preemptions = cache.stats()
+        else:
+            assert flat is not None
+            re_prefill = flat.reprefill.rate
+            utilization = 1.0 if flat.evictions else 0.0
+            evictions = flat.evictions
+            q50, q99 = flat.latency.quantiles(0.5, 0.99)
+            p50, p99 = q50 * 1e6, q99 * 1e6
+            preemptions = 0
+        rates = [hits / looked for hits, looked in group_hits.values() if looked]
+        return SimResult(
+            policy=self.policy_name,
+            capacity_blocks=self.capacity,
+            cache_model=self.cache_model,
+            requests=finished,
+            block_lookups=block_lookups,
+            block_hits=block_hits,
+            hit_rate=tokens_hit / tokens_looked_up if tokens_looked_up else 0.0,
+            re_prefill_rate=re_prefill,
+            fairness_score=jain_fairness(rates),
+            memory_utilization=utilization,
+            evictions=evictions,
+            eviction_p50_us=p50,
+            eviction_p99_us=p99,
+            ttft_p50_s=percentile(ttfts, 0.5),
+            ttft_p99_s=percentile(ttfts, 0.99),
+            tpot_p50_s=percentile(tpots, 0.5),
+            tpot_p99_s=percentile(tpots, 0.99),
+            throughput_tok_s=total_tokens / makespan if makespan > 0 else 0.0,
+            throughput_impact=0.0,
+            preemptions=preemptions,
+            wall_s=wall,
+            lookups_per_s=block_lookups / wall if wall > 0 else 0.0,
+        )
+
+    # ------------------------------------------------------------------ time arithmetic
+
+    @staticmethod
+    def _steps_to_next(
+        finishes: list[tuple[int, int, int]],
+        needs: list[tuple[int, int, int]],
+        running: dict[int, _Seq],
+        step: int,
+    ) -> int:
+        """Decode steps to run from `step`: through the next finish, or up to the next block need."""
+        k = 1 << 62
+        for heap, through in ((finishes, 1), (needs, 0)):
+            while heap:
+                target, sid, epoch = heap[0]
+                seq = running.get(sid)
+                if seq is None or seq.epoch != epoch:
+                    heapq.heappop(heap)
+                    continue
+                k = min(k, target - step + through)
+                break
+        return max(k, 1) if k != 1 << 62 else 1
+
+    def _decode_time(self, batch: int, context_sum: int, step: int, k: int) -> float:
+        """Seconds of `k` decode-only steps from `step` (context grows by `batch` a step)."""
+        if batch <= 0:
+            return 0.0
+        cost = self.cost
+        contexts = k * (context_sum + batch * step) + batch * k * (k - 1) // 2
+        return (
+            k * (cost.decode_base_s + cost.decode_per_seq_s * batch)
+            + cost.decode_per_context_token_s * contexts
+        )
+
+    def _steps_until(
+        self, arrival: float, clock: float, batch: int, context_sum: int, step: int, k_max: int
+    ) -> int:
+        """Fewest decode steps (at most `k_max`) after which the clock reaches `arrival`."""
+        if batch <= 0 or arrival <= clock:
+            return 1
+        if clock + self._decode_time(batch, context_sum, step, k_max) < arrival:
+            return k_max
+        lo, hi = 1, k_max
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if clock + self._decode_time(batch, context_sum, step, mid) >= arrival:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+class _FlatModel:
+    """`sage_eviction.flat.FlatCache`'s request loop, with the victims and decision times recorded."""
+
+    def __init__(self, policy: str, capacity: int, lookups: list[Hashable]) -> None:
+        self.policy: EvictionPolicy = create_policy(policy, capacity=capacity)
+        if isinstance(self.policy, BeladyPolicy):
+            self.policy.set_future(lookups)
+        elif self.policy.offline:
+            raise ValueError(f"offline policy {self.policy.name!r} has no future the flat model can give")
+        hook = getattr(self.policy, "prepare_insert", None)
+        self._prepare: Callable[[Hashable], None] | None = hook if callable(hook) else None
+        self.capacity = capacity
+        self.requests = 0
+        self.held = 0  # blocks in the cache (the policy's len, without the call)
+        self.evictions = 0
+        self.reprefill = ReprefillTracker()
+        self.latency = LatencyRecorder()
+
+    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
+        """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
+        policy = self.policy
+        access = policy.access
+        insert = policy.insert
+        evict = policy.evict
+        prepare = self._prepare
+        on_request = self.reprefill.on_request
+        on_evict = self.reprefill.on_evict
+        record = self.latency.record
+        capacity = self.capacity
+        clock = time.perf_counter
+        now = self.requests
+        held = self.held
+        hits = 0
+        last_hit = False
+        for key in keys:
+            if key in policy:
+                access(key, now)
+                hits += 1
+                last_hit = True
+            else:
+                last_hit = False
+                on_request(key)
+                if prepare is not None:
+                    prepare(key)
+                if held >= capacity:
+                    t0 = clock()
+                    victims = evict(1)
+                    record(clock() - t0)
+                    if not victims:
+                        raise RuntimeError(f"flat cache full ({capacity} blocks) and nothing evictable")
+                    self.evictions += 1
+                    on_evict(victims[0])
+                else:
+                    held += 1
+                insert(key)
+            now += 1
+        self.requests = now
+        self.held = held
+        served = hits * block_size
+        if last_hit:
+            served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
+        return hits, max(served, 0)
+
+
+class _ManagerCache:
+    """The radix model through the real `CacheManager` (any policy)."""
+
+    def __init__(self, manager: Any, belady: RadixBelady | None) -> None:
+        self.manager = manager
+        self.belady = belady
+        self._allocate = manager.allocate
+        self._commit = manager.commit_blocks
+        self._reserve = manager.reserve_tokens
+
+    def allocate(self, seq: _Seq) -> int | None:
+        """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
+        if self.belady is not None:
+            self.belady.cursor = seq.lookup_end
+        r = seq.request
+        try:
+            alloc = self._allocate(
+                seq.sid,
+                block_keys=seq.keys,
+                num_tokens=seq.tokens,
+                tenant=r.tenant,
+                priority=r.priority,
+                recompute_last_token=False,
+            )
+        except _NO_ROOM:
+            return None
+        self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+        hits: int = alloc.num_cached_blocks
+        return hits
+
+    def reserve(self, seq: _Seq, tokens: int) -> bool:
+        return self._reserve(seq.sid, tokens) is not None
+
+    def select_victims(self, exclude: list[int]) -> list[int]:
+        victims: list[int] = self.manager.select_preemption_victims(1, exclude=exclude)
+        return victims
+
+    def preempt(self, seq: _Seq) -> None:
+        self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def free(self, seq: _Seq) -> None:
+        self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+        stats = self.manager.stats()
+        utilization = stats["memory_utilization"] if stats["eviction_calls"] else 0.0
+        return (
+            stats["re_prefill_rate"],
+            utilization,
+            stats["total_evictions"],
+            stats["p50_eviction_time_us"],
+            stats["p99_eviction_time_us"],
+            stats["preemptions"],
+        )
+
+
+class _Node:
+    """A cached block of `_LeanLRUCache`."""
+
+    __slots__ = ("children", "key", "live", "parent", "ref", "tick")
+
+    def __init__(self, key: Hashable, parent: _Node | None, tick: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.children = 0
+        self.ref = 1  # inserted by the sequence that computed it, which holds it
+        self.tick = tick
+        self.live = -1  # the tick of its live heap item while evictable, else -1
+
+
+class _LeanRadixSeq:
+    __slots__ = ("created", "num_tokens", "path", "priority", "table")
+
+    def __init__(self, path: list[_Node], table: int, num_tokens: int, created: float, priority: int) -> None:
+        self.path = path
+        self.table = table  # blocks it holds (cached path and private)
+        self.num_tokens = num_tokens
+        self.created = created
+        self.priority = priority
+
+
+class _LeanLRUCache:
+    """The radix model with LRU, without the general machinery: same decisions, fewer calls.
+
+    It does exactly what `CacheManager` + `RadixCache` + `LRUPolicy` do for the calls the
+    simulator makes (allocate then commit at once, reserve, preempt, free; no pins, no salts):
+    the longest cached root path is hit and locked, hits and inserts take a logical tick each,
+    the evictable leaf with the oldest tick goes first (a heap with lazy deletion), a parent
+    whose last child goes becomes evictable, and preemption victims come from the same
+    `select_in_order` with LRU's candidate key. `tests/test_simulator.py` holds the two paths
+    to the same numbers.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, clock: Callable[[], float]) -> None:
+        from sage_eviction.base import select_in_order
+        from sage_eviction.policies.lru import LRUPolicy
+
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free_blocks = num_blocks
+        self.reclaimable = 0  # cached blocks with ref 0
+        self.cache: dict[Hashable, _Node] = {}
+        self.heap: list[tuple[int, _Node]] = []
+        self.live = 0  # evictable blocks
+        self.tick = 0
+        self.clock = clock
+        self.seqs: dict[int, _LeanRadixSeq] = {}
+        self.evicted: set[Hashable] = set()  # evicted and not requested since (ReprefillTracker's rule)
+        self.re_prefilled = 0
+        self.decisions: list[float] = []  # wall time of each eviction call's choice
+        self.evictions = 0
+        self.preemptions = 0
+        self._utilization_sum = 0.0
+        self._select = select_in_order
+        self._candidate_key = LRUPolicy.candidate_key
+
+    def _evict(self, n: int, pending: int) -> None:
+        clock = time.perf_counter
+        t0 = clock()
+        heap = self.heap
+        cache = self.cache
+        evicted = self.evicted
+        pop = heapq.heappop
+        push = heapq.heappush
+        live = self.live
+        count = 0
+        while count < n and live:
+            tick, node = pop(heap)
+            if node.live != tick:
+                continue  # stale
+            node.live = -1
+            live -= 1
+            key = node.key
+            del cache[key]
+            evicted.add(key)  # for the re-prefill rate
+            count += 1
+            parent = node.parent
+            if parent is not None:
+                parent.children -= 1
+                if parent.children == 0 and parent.ref == 0:
+                    parent.live = parent.tick
+                    live += 1
+                    push(heap, (parent.tick, parent))
+        self.decisions.append(clock() - t0)
+        self.live = live
+        if not count:
+            return
+        self.reclaimable -= count
+        self.free_blocks += count
+        self.evictions += count
+        used = self.num_blocks - self.free_blocks
+        self._utilization_sum += min(used + pending, self.num_blocks) / self.num_blocks
+        if len(heap) > 2 * live + 64:  # drop stale items, as HeapPolicy does
+            self.heap = [item for item in heap if item[1].live == item[0]]
+            heapq.heapify(self.heap)
+
+    def allocate(self, seq: _Seq) -> int | None:
+        """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
+        bs = self.block_size
+        keys = seq.keys
+        tokens = seq.tokens
+        n_full = tokens // bs
+        if n_full < len(keys):
+            keys = keys[:n_full]
+        cache = self.cache
+        path: list[_Node] = []
+        parent: _Node | None = None
+        for key in keys:
+            node = cache.get(key)
+            if node is None or node.parent is not parent:
+                break
+            path.append(node)
+            parent = node
+        n_hit = len(path)
+        n_new = -(-tokens // bs) - n_hit
+        deficit = n_new - self.free_blocks
+        if deficit > 0:
+            reclaimable = self.reclaimable - sum(1 for node in path if node.ref == 0)
+            if deficit > reclaimable:
+                return None
+        tick = self.tick
+        for node in path:  # lock and touch
+            if node.ref == 0:
+                self.reclaimable -= 1
+                if node.live >= 0:
+                    node.live = -1
+                    self.live -= 1
+            node.ref += 1
+            tick += 1
+            node.tick = tick
+        self.tick = tick
+        if deficit > 0:
+            self._evict(deficit, n_new)
+        self.free_blocks -= n_new
+        evicted = self.evicted
+        if evicted:
+            for key in keys[n_hit:]:
+                if key in evicted:
+                    evicted.discard(key)
+                    self.re_prefilled += 1
+        # Commit: the missed prompt blocks enter the tree, held by the sequence.
+        if parent is not None and parent.live >= 0:
+            parent.live = -1
+            self.live -= 1
+        for key in keys[n_hit:]:
+            if key in cache:
+                break
+            tick += 1
+            node = _Node(key, parent, tick)
+            cache[key] = node
+            if parent is not None:
+                parent.children += 1
+            path.append(node)
+            parent = node
+        self.tick = tick
+        self.seqs[seq.sid] = _LeanRadixSeq(path, n_hit + n_new, tokens, self.clock(), seq.request.priority)
+        return n_hit
+
+    def reserve(self, seq: _Seq, tokens: int) -> bool:
+        state = self.seqs[seq.sid]
+        needed = -(-tokens // self.block_size) - state.table
+        if needed > 0:
+            if state.table + needed > self.num_blocks:
+                raise ValueError(
+                    f"request {seq.request.request_id} outgrows the pool of {self.num_blocks} blocks"
+                )
+            deficit = needed - self.free_blocks
+            if deficit > self.reclaimable:
+                return False
+            if deficit > 0:
+                self._evict(deficit, needed)
+            self.free_blocks -= needed
+            state.table += needed
+        if tokens > state.num_tokens:
+            state.num_tokens = tokens
+        return True
+
+    def select_victims(self, exclude: list[int]) -> list[int]:
+        from sage_eviction.types import EvictionCandidate
+
+        skip = set(exclude)
+        candidates = [
+            EvictionCandidate(
+                sequence_id=sid,
+                block_ids=[0] * state.table,
+                last_access_time=state.created,
+                access_count=1,
+                priority=state.priority,
+                is_pinned=False,
+                estimated_lifetime=None,
+                sequence_length=state.num_tokens,
+                max_length=0,
+            )
+            for sid, state in self.seqs.items()
+            if sid not in skip
+        ]
+        victims: list[int] = self._select(candidates, 1, self._candidate_key)
+        return victims
+
+    def free(self, seq: _Seq) -> None:
+        state = self.seqs.pop(seq.sid)
+        path = state.path
+        keys = seq.keys
+        cache = self.cache
+        heap = self.heap
+        n_path = len(path)
+        stop = max(len(keys), n_path)
+        duplicates = 0
+        parent = path[-1] if path else None
+        for i in range(n_path, len(keys)):
+            # Blocks the commit could not cache: another sequence cached one of its keys first.
+            key = keys[i]
+            existing = cache.get(key)
+            if existing is None:
+                self.tick += 1
+                node = _Node(key, parent, self.tick)
+                node.ref = 0
+                cache[key] = node
+                if parent is not None:
+                    parent.children += 1
+                    if parent.live >= 0:
+                        parent.live = -1
+                        self.live -= 1
+                self.reclaimable += 1
+                node.live = node.tick
+                self.live += 1
+                heapq.heappush(heap, (node.tick, node))
+                parent = node
+            elif existing.parent is parent:
+                duplicates += 1
+                parent = existing
+            else:
+                stop = i
+                break
+        self.free_blocks += duplicates + state.table - stop
+        for node in path:
+            node.ref -= 1
+            if node.ref == 0:
+                self.reclaimable += 1
+                if node.children == 0:
+                    node.live = node.tick
+                    self.live += 1
+                    heapq.heappush(heap, (node.tick, node))
+
+    def preempt(self, seq: _Seq) -> None:
+        self.free(seq)
+        self.preemptions += 1
+
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+        decisions = sorted(self.decisions)
+        p50, p99 = percentile(decisions, 0.5), percentile(decisions, 0.99)
+        calls = len(decisions)
+        utilization = self._utilization_sum / calls if calls else 0.0
+        re_prefill = self.re_prefilled / self.evictions if self.evictions else 0.0
+        return re_prefill, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
+
+
+def _no_room_errors() -> tuple[type[BaseException], ...]:
+    from engine_adapter.errors import NoEvictableBlocksError
+
+    return (NoEvictableBlocksError,)
+
+
+_NO_ROOM = _no_room_errors()
+
+
+def simulate(
+    workload: Workload,
+    policy: str = "lru",
+    capacity_blocks: int | None = None,
+    **options: Any,
+) -> SimResult:
+    """`Simulator(workload, policy, capacity_blocks, **options).run()`."""
+    return Simulator(workload, policy, capacity_blocks, **options).run()

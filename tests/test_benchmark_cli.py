@@ -1,0 +1,169 @@
+"""``sage llm benchmark --mode sim`` as a real process: the table, the JSON file, the errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROW_KEYS = [
+    "policy",
+    "capacity_blocks",
+    "cache_model",
+    "requests",
+    "block_lookups",
+    "block_hits",
+    "hit_rate",
+    "re_prefill_rate",
+    "fairness_score",
+    "memory_utilization",
+    "evictions",
+    "eviction_p50_us",
+    "eviction_p99_us",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "throughput_tok_s",
+    "throughput_impact",
+    "preemptions",
+    "wall_s",
+    "lookups_per_s",
+]
+
+
+def sage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "SAGE_HOME": str(cwd / "sage-home")}
+    env.pop("SAGE_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "internal error" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def mooncake_trace(path: Path, lines: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+SMALL = [
+    {"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]},
+    {"timestamp": 10, "input_length": 1536, "output_length": 2, "hash_ids": [1, 2, 3]},
+    {"timestamp": 20, "input_length": 512, "output_length": 3, "hash_ids": [4]},
+    {"timestamp": 30, "input_length": 1024, "output_length": 2, "hash_ids": [1, 5]},
+]
+
+
+def test_synthetic_run_prints_the_table_and_writes_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    proc = sage(
+        "--workload",
+        "synthetic",
+        "--requests",
+        "80",
+        "--eviction-policies",
+        "lru,arc",
+        "--capacity-ratio",
+        "0.2,0.5",
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "lru" in proc.stdout and "arc" in proc.stdout and "belady" in proc.stdout
+    assert "unbound" in proc.stdout  # the column may be cut to "unbound…"
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["workload"]["source"] == "synthetic"
+    assert result["workload"]["requests"] == 80
+    rows = result["results"]
+    assert [list(row) for row in rows] == [ROW_KEYS] * len(rows)
+    capacities = result["settings"]["capacities"]
+    assert len(capacities) == 2
+    expected = {(p, c) for c in capacities for p in ("lru", "arc", "belady")}
+    expected.add(("unbounded", result["workload"]["unique_blocks"]))
+    assert {(row["policy"], row["capacity_blocks"]) for row in rows} == expected
+    for row in rows:
+        assert row["requests"] == 80
+        assert 0.0 <= row["hit_rate"] <= 1.0
+        assert row["block_lookups"] == result["workload"]["total_block_lookups"] or row["preemptions"] > 0
+
+
+def test_trace_run_with_capacity_blocks_and_json_output(tmp_path: Path) -> None:
+    trace = mooncake_trace(tmp_path / "t.jsonl", SMALL)
+    proc = sage(
+        "--trace",
+        str(trace),
+        "--eviction-policies",
+        "lru",
+        "--capacity-blocks",
+        "3",
+        "--cache-model",
+        "flat",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    lru = next(row for row in result["results"] if row["policy"] == "lru")
+    assert (lru["block_lookups"], lru["capacity_blocks"], lru["cache_model"]) == (8, 3, "flat")
+
+
+def test_unknown_policy_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = sage(
+        "--workload", "synthetic", "--requests", "10", "--eviction-policies", "lru,nosuch", cwd=tmp_path
+    )
+    assert_one_line_error(proc, "nosuch", "lru")
+
+
+def test_capacity_beyond_the_trace_is_a_one_line_error(tmp_path: Path) -> None:
+    trace = mooncake_trace(tmp_path / "t.jsonl", SMALL)
+    proc = sage("--trace", str(trace), "--capacity-blocks", "50", "--cache-model", "flat", cwd=tmp_path)
+    assert_one_line_error(proc, "50", "5 distinct blocks")
+
+
+def test_unreadable_trace_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = sage("--trace", str(tmp_path / "missing.jsonl"), cwd=tmp_path)
+    assert_one_line_error(proc, "missing.jsonl")
+    folder = tmp_path / "dir.jsonl"
+    folder.mkdir()
+    assert_one_line_error(sage("--trace", str(folder), cwd=tmp_path), "dir.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [("{not json", "bad JSON"), ('{"timestamp": 0, "input_length": 5, "output_length": 1}', "hash_ids")],
+)
+def test_malformed_trace_line_is_a_one_line_error(tmp_path: Path, line: str, what: str) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(json.dumps(SMALL[0]) + "\n" + line + "\n", encoding="utf-8")
+    proc = sage("--trace", str(trace), "--trace-format", "mooncake", cwd=tmp_path)
+    assert_one_line_error(proc, "bad.jsonl:2", what)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra")
+    png = tmp_path / "hit_rate.png"
+    proc = sage(
+        "--workload", "synthetic", "--requests", "60", "--eviction-policies", "lru",
+        "--capacity-ratio", "0.2,0.5", "--cache-model", "flat", "--plot", str(png), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
