@@ -13,7 +13,13 @@ Pure Python; imports nothing from the engine or the CLI and never imports torch.
 
 from __future__ import annotations
 
-from sage_eviction.base import EvictionPolicy, HeapPolicy
+from sage_eviction.base import (
+    EvictionPolicy,
+    FlatHeapPolicy,
+    HeapPolicy,
+    LevelledRecencyPolicy,
+    RecencyPolicy,
+)
 from sage_eviction.errors import (
     DuplicateKeyError,
     PolicyConfigError,
@@ -52,11 +58,14 @@ __all__ = [
     "EvictionPolicyProtocol",
     "EvictionResult",
     "EvictionStrategy",
+    "FlatHeapPolicy",
     "HeapPolicy",
+    "LevelledRecencyPolicy",
     "PolicyConfigError",
     "PolicyEntry",
     "PolicyParamError",
     "PolicyStateError",
+    "RecencyPolicy",
     "SageEvictionError",
     "UnknownKeyError",
     "UnknownPolicyError",

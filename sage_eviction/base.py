@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import time
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, ClassVar, TypeVar
 
@@ -29,7 +30,14 @@ from sage_eviction.types import (
     PolicyEntry,
 )
 
-__all__ = ["EvictionPolicy", "HeapPolicy", "Score"]
+__all__ = [
+    "EvictionPolicy",
+    "FlatHeapPolicy",
+    "HeapPolicy",
+    "LevelledRecencyPolicy",
+    "RecencyPolicy",
+    "Score",
+]
 
 Score = Any  # a float, an int or a tuple of them: anything totally ordered
 P = TypeVar("P", bound="EvictionPolicy")
@@ -268,6 +276,13 @@ class EvictionPolicy(EvictionPolicyProtocol):
         """Sort key of a candidate sequence; smaller is evicted first. LRU unless overridden."""
         return candidate.last_access_time
 
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order, in one list
+        comprehension (no call per candidate). A class that overrides `candidate_key` must
+        override this too, or `select_victims` ignores it and calls `candidate_key` on each."""
+        return [c for c in candidates if c.last_access_time <= bound]
+
     def select_victims(self, candidates: list[EvictionCandidate], required_blocks: int) -> list[int]:
         """Pick sequences in policy order until they free `required_blocks` blocks.
 
@@ -275,7 +290,7 @@ class EvictionPolicy(EvictionPolicyProtocol):
         `required_blocks`, all of them are returned.
         """
         start = time.perf_counter()
-        victims = select_in_order(candidates, required_blocks, self.candidate_key)
+        victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
         self._select_latency.record(time.perf_counter() - start)
         return victims
 
@@ -317,20 +332,72 @@ class EvictionPolicy(EvictionPolicyProtocol):
         }
 
 
+_UP_TO: dict[
+    type[EvictionPolicy], Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None
+] = {}
+
+
+def _up_to_of(
+    cls: type[EvictionPolicy],
+) -> Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None:
+    """`cls.candidates_up_to` when the class that defines it also defines `candidate_key`."""
+    try:
+        return _UP_TO[cls]
+    except KeyError:
+        pass
+    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
+    up_to = cls.candidates_up_to if "candidates_up_to" in owner.__dict__ else None
+    _UP_TO[cls] = up_to
+    return up_to
+
+
 def select_in_order(
-    candidates: list[EvictionCandidate], required_blocks: int, key: Callable[[EvictionCandidate], Any]
+    candidates: list[EvictionCandidate],
+    required_blocks: int,
+    key: Callable[[EvictionCandidate], Any],
+    up_to: Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None = None,
 ) -> list[int]:
     """Greedy victim choice shared by every policy: unpinned candidates by `key` (ties by
     position), until enough blocks are freed.
 
     Only the few candidates that can be chosen are sorted. A sorted sample of about 64 keys
-    gives a threshold below which the candidates should hold twice the blocks needed; one
-    pass of comparisons keeps those, and the rest are sorted only when they turn out to be
-    needed. Besides the key calls this costs about one comparison per candidate, against
-    about two, and a tuple each, for a heap of all of them.
+    gives a threshold below which the candidates should hold twice the blocks needed. With
+    `up_to` (the policy's `candidates_up_to`, which must keep exactly the candidates whose key
+    is <= the threshold, in list order), one list comprehension keeps those, a stable sort
+    orders them, and when they free enough that is the answer: every other candidate's key is
+    larger. Otherwise, or without `up_to`, the keys of all candidates are computed: one pass
+    of comparisons keeps those under the threshold, and the rest are sorted only when they
+    turn out to be needed.
     """
     if required_blocks <= 0:
         return []
+    n = len(candidates)
+    if up_to is not None and n > 128:
+        stride = n // 64
+        sample = candidates[::stride]
+        sample.sort(key=key)  # stable: equal keys keep their positions' order
+        sampled_blocks = 0
+        for candidate in sample:
+            if not candidate.is_pinned:
+                sampled_blocks += len(candidate.block_ids) * stride
+                if sampled_blocks >= 2 * required_blocks:
+                    kept = up_to(candidates, key(candidate))
+                    kept.sort(key=key)
+                    victims: list[int] = []
+                    freed = 0
+                    for chosen in kept:
+                        if not chosen.is_pinned:
+                            victims.append(chosen.sequence_id)
+                            freed += len(chosen.block_ids)
+                            if freed >= required_blocks:
+                                return victims
+                    break  # the sample misled: the general pass below
+    return _select_by_keys(candidates, required_blocks, key)
+
+
+def _select_by_keys(
+    candidates: list[EvictionCandidate], required_blocks: int, key: Callable[[EvictionCandidate], Any]
+) -> list[int]:
     keys = list(map(key, candidates))
     by_key = keys.__getitem__
     n = len(keys)
@@ -456,5 +523,284 @@ class HeapPolicy(EvictionPolicy):
                 evictable_set.add(key)
                 self._pushes += 1
                 live[key] = (self._score(key, meta), self._pushes, key)
+        self._heap = list(live.values())
+        heapq.heapify(self._heap)
+
+
+class _TickQueue:
+    """Evictable keys of one level, ordered by tick (`ticks[key]`), for `RecencyPolicy`.
+
+    `order` holds keys in increasing tick order: a key appended with the newest tick keeps it
+    sorted, and a hit moves a key to the end. A key that comes back with an older tick (made
+    evictable again after being in use) goes into the small heap `side` instead, with lazy
+    deletion (`side_live[key]` is its tick while it is there). The next victim is the better
+    of the two heads. Every key is in `order` or `side_live`, never both.
+    """
+
+    __slots__ = ("level", "newest_first", "order", "side", "side_live", "ticks")
+
+    def __init__(self, level: Any, ticks: dict[Hashable, int], newest_first: bool) -> None:
+        self.level = level
+        self.ticks = ticks
+        self.newest_first = newest_first
+        self.order: OrderedDict[Hashable, None] = OrderedDict()
+        self.side: list[tuple[int, Hashable]] = []  # (tick, key), (-tick, key) when newest first
+        self.side_live: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.order) + len(self.side_live)
+
+    def add_old(self, key: Hashable, tick: int) -> None:
+        """Add a key whose tick may be older than some already here."""
+        order = self.order
+        if not order or tick > self.ticks[next(reversed(order))]:
+            order[key] = None
+            return
+        self.side_live[key] = tick
+        side = self.side
+        heapq.heappush(side, (-tick if self.newest_first else tick, key))
+        if len(side) > 2 * len(self.side_live) + 64:
+            sign = -1 if self.newest_first else 1
+            self.side = [(sign * t, k) for k, t in self.side_live.items()]
+            heapq.heapify(self.side)
+
+    def touch(self, key: Hashable) -> None:
+        """A held key got the newest tick."""
+        order = self.order
+        if key in order:
+            order.move_to_end(key)
+        else:
+            del self.side_live[key]
+            order[key] = None
+
+    def discard(self, key: Hashable) -> None:
+        order = self.order
+        if key in order:
+            del order[key]
+        else:
+            del self.side_live[key]
+
+    def pop(self) -> Hashable:
+        """Unlink and return the key of oldest tick (newest when `newest_first`)."""
+        order = self.order
+        side = self.side
+        if side:
+            side_live = self.side_live
+            newest_first = self.newest_first
+            while side:
+                tick, key = side[0]
+                if newest_first:
+                    tick = -tick
+                if side_live.get(key) == tick:
+                    break
+                heapq.heappop(side)  # stale
+            if side:
+                take_side = not order
+                if not take_side:
+                    head = next(reversed(order)) if newest_first else next(iter(order))
+                    head_tick = self.ticks[head]
+                    take_side = tick > head_tick if newest_first else tick < head_tick
+                if take_side:
+                    heapq.heappop(side)
+                    del side_live[key]
+                    return key
+        return order.popitem(last=self.newest_first)[0]
+
+    def keys(self) -> list[Hashable]:
+        keys = list(self.order)
+        keys.extend(self.side_live)
+        return keys
+
+
+class RecencyPolicy(EvictionPolicy):
+    """A policy that evicts the evictable entry of oldest tick (newest with `newest_first`).
+
+    A key's tick is the clock of its insert, and of each hit when `touch_on_access`. Inserts
+    and hits always carry the newest tick, so evictable keys sit in an `OrderedDict` in tick
+    order and `evict(1)` is O(1); only a key made evictable again with an older tick pays
+    O(log k), k being the number of such keys waiting (see `_TickQueue`).
+    """
+
+    newest_first: ClassVar[bool] = False
+    touch_on_access: ClassVar[bool] = True
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self._tick: dict[Hashable, int] = {}  # key -> tick of its insert (and latest hit)
+        self._queue = _TickQueue(None, self._tick, self.newest_first)
+
+    def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        self._tick[key] = self._clock
+        if evictable:
+            self._queue.order[key] = None
+
+    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
+        if self.touch_on_access:
+            self._tick[key] = self._clock
+            if key in self._evictable:
+                self._queue.touch(key)
+
+    def _on_evictable(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        if evictable:
+            self._queue.add_old(key, self._tick[key])
+        else:
+            self._queue.discard(key)
+
+    def _on_remove(self, key: Hashable, meta: EntryMeta, was_evictable: bool) -> None:
+        del self._tick[key]
+        if was_evictable:
+            self._queue.discard(key)
+
+    def _pop_victim(self) -> Hashable:
+        queue = self._queue
+        key = queue.pop() if queue.side else queue.order.popitem(last=self.newest_first)[0]
+        del self._tick[key]
+        return key
+
+    def _eviction_order(self) -> list[Hashable]:
+        return sorted(self._queue.keys(), key=self._tick.__getitem__, reverse=self.newest_first)
+
+
+class LevelledRecencyPolicy(EvictionPolicy):
+    """A policy that evicts the evictable entry of smallest `(_level(meta), tick)`.
+
+    The level is read when the entry is inserted, hit or made evictable; the tick is the clock
+    of its latest insert or hit. One `_TickQueue` per level holds its evictable keys, and a
+    heap of levels (lazy deletion) finds the lowest: a hit or an insert is O(1) plus
+    O(log levels) when it opens a level, `evict(1)` O(1) amortised while the lowest level
+    stays. Priority (few levels) and LFU (hit counts, in libCacheSim's frequency lists) use it.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self._tick: dict[Hashable, int] = {}  # key -> tick of its latest insert or hit
+        self._queues: dict[Any, _TickQueue] = {}  # level -> its non-empty queue
+        self._levels: list[Any] = []  # heap of levels; those without a queue are stale
+        self._where: dict[Hashable, _TickQueue] = {}  # evictable key -> its queue
+
+    @abstractmethod
+    def _level(self, meta: EntryMeta) -> Any:
+        """The entry's level; lower levels are evicted first."""
+
+    def _queue_of(self, level: Any) -> _TickQueue:
+        queue = self._queues.get(level)
+        if queue is None:
+            queue = self._queues[level] = _TickQueue(level, self._tick, False)
+            levels = self._levels
+            heapq.heappush(levels, level)
+            if len(levels) > 2 * len(self._queues) + 16:
+                self._levels = list(self._queues)
+                heapq.heapify(self._levels)
+        return queue
+
+    def _unlink(self, key: Hashable) -> None:
+        queue = self._where.pop(key)
+        queue.discard(key)
+        if not queue.order and not queue.side_live:
+            del self._queues[queue.level]
+
+    def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        self._tick[key] = self._clock
+        if evictable:
+            queue = self._queue_of(self._level(meta))
+            queue.order[key] = None
+            self._where[key] = queue
+
+    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
+        self._tick[key] = self._clock
+        queue = self._where.get(key)
+        if queue is None:
+            return
+        level = self._level(meta)
+        if level == queue.level:
+            queue.touch(key)
+            return
+        self._unlink(key)
+        queue = self._queue_of(level)
+        queue.order[key] = None
+        self._where[key] = queue
+
+    def _on_evictable(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        if evictable:
+            queue = self._queue_of(self._level(meta))
+            queue.add_old(key, self._tick[key])
+            self._where[key] = queue
+        else:
+            self._unlink(key)
+
+    def _on_remove(self, key: Hashable, meta: EntryMeta, was_evictable: bool) -> None:
+        del self._tick[key]
+        if was_evictable:
+            self._unlink(key)
+
+    def _pop_victim(self) -> Hashable:
+        levels = self._levels
+        queues = self._queues
+        queue = queues.get(levels[0])
+        while queue is None:
+            heapq.heappop(levels)
+            queue = queues.get(levels[0])
+        key = queue.pop() if queue.side else queue.order.popitem(last=False)[0]
+        if not queue.order and not queue.side_live:
+            del queues[queue.level]
+        del self._where[key]
+        del self._tick[key]
+        return key
+
+    def _eviction_order(self) -> list[Hashable]:
+        where = self._where
+        tick = self._tick
+        return sorted(where, key=lambda k: (where[k].level, tick[k]))
+
+
+class FlatHeapPolicy(HeapPolicy):
+    """A `HeapPolicy` whose `_score` is a tuple ending with `self._tick[key]`, unique among
+    live items, so heap items are the flat tuples `(*score, key)`: no push number, and one
+    tuple less to reach per comparison."""
+
+    @abstractmethod
+    def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
+        """Smaller is evicted sooner; a tuple ending with `self._tick[key]` (current)."""
+
+    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+        item = (*self._score(key, meta), key)
+        live = self._live
+        live[key] = item
+        heap = self._heap
+        heapq.heappush(heap, item)
+        if len(heap) > 2 * len(live) + 64:
+            self._heap = list(live.values())
+            heapq.heapify(self._heap)
+
+    def _pop_victim(self) -> Hashable:
+        heap = self._heap
+        live = self._live
+        pop = heapq.heappop
+        while True:
+            item = pop(heap)
+            key: Hashable = item[-1]
+            if live.get(key) is item:
+                del live[key]
+                del self._tick[key]
+                self._on_victim(key, item)
+                return key
+
+    def _eviction_order(self) -> list[Hashable]:
+        return [item[-1] for item in sorted(self._live.values())]
+
+    def _load(self, entries: Iterable[PolicyEntry]) -> None:
+        live = self._live
+        tick = self._tick
+        meta_of = self._meta
+        evictable_set = self._evictable
+        for key, meta, evictable in entries:
+            if key in meta_of:
+                raise DuplicateKeyError(f"{self.name}: key {key!r} appears twice in the entries")
+            self._clock += 1
+            meta_of[key] = meta
+            tick[key] = self._clock
+            if evictable:
+                evictable_set.add(key)
+                live[key] = (*self._score(key, meta), key)
         self._heap = list(live.values())
         heapq.heapify(self._heap)

@@ -218,3 +218,8 @@ class BeladyPolicy(HeapPolicy):
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """Running sequences have no known future here: least recently used first."""
         return candidate.last_access_time
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        return [c for c in candidates if c.last_access_time <= bound]

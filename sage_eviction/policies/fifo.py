@@ -7,16 +7,15 @@ Computer", IBM Systems Journal 1966); SGLang's `FIFOStrategy` (spec/003), priori
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.base import RecencyPolicy
+from sage_eviction.types import EvictionCandidate, EvictionStrategy
 
 __all__ = ["FIFOPolicy"]
 
 
-class FIFOPolicy(HeapPolicy):
+class FIFOPolicy(RecencyPolicy):
     """Evicts the evictable entry with the oldest insert (logical clock, so no ties).
 
     `_tick[key]` holds the insert tick only: a hit changes nothing, and an entry that becomes
@@ -29,20 +28,18 @@ class FIFOPolicy(HeapPolicy):
         "Belady, A Study of Replacement Algorithms for a Virtual-Storage Computer, "
         "IBM Systems Journal 1966"
     )
-    rescore_on_access = False
+    touch_on_access = False
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-
-    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
-        # Keep the insert tick: the order is by insert alone.
-        pass
-
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return self._tick[key]
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The oldest sequence first; sequence ids are given out in arrival order, and a
         candidate carries no creation time."""
         return candidate.sequence_id
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        return [c for c in candidates if c.sequence_id <= bound]

@@ -6,16 +6,15 @@ priority `-creation_time`; the stack discipline that protects long-lived (old) e
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.base import RecencyPolicy
+from sage_eviction.types import EvictionCandidate, EvictionStrategy
 
 __all__ = ["FILOPolicy"]
 
 
-class FILOPolicy(HeapPolicy):
+class FILOPolicy(RecencyPolicy):
     """Evicts the evictable entry with the newest insert (logical clock, so no ties).
 
     `_tick[key]` holds the insert tick only: a hit changes nothing. Not order-preserving:
@@ -27,20 +26,19 @@ class FILOPolicy(HeapPolicy):
     strategy = EvictionStrategy.FILO
     paper = "SGLang FILOStrategy, python/sglang/srt/mem_cache/evict_policy.py (LMSYS, 2024)"
     order_preserving = False
-    rescore_on_access = False
+    touch_on_access = False
+    newest_first = True
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-
-    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
-        # Keep the insert tick: the order is by insert alone.
-        pass
-
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return -self._tick[key]
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The newest sequence first; sequence ids are given out in arrival order, and a
         candidate carries no creation time."""
         return -candidate.sequence_id
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        return [c for c in candidates if -c.sequence_id <= bound]

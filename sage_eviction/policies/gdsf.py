@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import FlatHeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["GDSFPolicy"]
 
 
-class GDSFPolicy(HeapPolicy):
+class GDSFPolicy(FlatHeapPolicy):
     """Evicts the evictable entry of smallest H = L + (hits + 1) * cost / size; L inflates to
     each victim's H.
 
@@ -42,11 +42,11 @@ class GDSFPolicy(HeapPolicy):
         super().__init__(capacity)
         self.inflation = 0.0  # L
 
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+    def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         return (self.inflation + (meta.hits + 1) * meta.cost / max(meta.size, 1), self._tick[key])
 
-    def _on_victim(self, key: Hashable, score: Score) -> None:
-        self.inflation = score[0]
+    def _on_victim(self, key: Hashable, item: tuple[Any, ...]) -> None:
+        self.inflation = item[0]
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
@@ -54,3 +54,15 @@ class GDSFPolicy(HeapPolicy):
         / size (its blocks), i.e. the most tokens per block kept longest; then LRU."""
         blocks = max(len(candidate.block_ids), 1)
         return ((candidate.access_count + 1) * candidate.sequence_length / blocks, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        value, t = bound
+        return [
+            c
+            for c in candidates
+            # `len(...) or 1` is max(len(...), 1) without a call
+            if (v := (c.access_count + 1) * c.sequence_length / (len(c.block_ids) or 1)) < value
+            or (v == value and c.last_access_time <= t)
+        ]

@@ -13,16 +13,15 @@ same order, so a flat cache reproduces libCacheSim's LFU exactly (tests check th
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import LevelledRecencyPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["LFUPolicy"]
 
 
-class LFUPolicy(HeapPolicy):
+class LFUPolicy(LevelledRecencyPolicy):
     """Evicts the evictable entry with the fewest hits since insert; ties by LRU.
 
     The count restarts at 0 when an evicted key is inserted again (no history is kept), as in
@@ -36,10 +35,20 @@ class LFUPolicy(HeapPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return (meta.hits, self._tick[key])
+    def _level(self, meta: EntryMeta) -> Any:
+        return meta.hits
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The least accessed sequence first, the least recently accessed among equals."""
         return (candidate.access_count, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        count, t = bound
+        return [
+            c
+            for c in candidates
+            if (c.last_access_time <= t and c.access_count <= count) or c.access_count < count
+        ]

@@ -6,15 +6,13 @@ vLLM's block-level prefix cache and SGLang's default radix-cache eviction use it
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
-from sage_eviction.base import HeapPolicy, Score
-from sage_eviction.types import EntryMeta, EvictionStrategy
+from sage_eviction.base import RecencyPolicy
+from sage_eviction.types import EvictionStrategy
 
 __all__ = ["LRUPolicy"]
 
 
-class LRUPolicy(HeapPolicy):
+class LRUPolicy(RecencyPolicy):
     """Evicts the evictable entry with the oldest insert or hit (logical clock, so no ties)."""
 
     name = "lru"
@@ -23,6 +21,3 @@ class LRUPolicy(HeapPolicy):
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return self._tick[key]

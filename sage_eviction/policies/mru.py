@@ -7,16 +7,15 @@ Systems", VLDB 1985 (MRU for looping sequential scans); SGLang's `MRUStrategy`
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.base import RecencyPolicy
+from sage_eviction.types import EvictionCandidate, EvictionStrategy
 
 __all__ = ["MRUPolicy"]
 
 
-class MRUPolicy(HeapPolicy):
+class MRUPolicy(RecencyPolicy):
     """Evicts the evictable entry with the newest insert or hit (logical clock, so no ties).
 
     An entry that becomes evictable again keeps the recency of its latest insert or hit.
@@ -31,14 +30,17 @@ class MRUPolicy(HeapPolicy):
         "Database Systems, VLDB 1985"
     )
     order_preserving = False
+    newest_first = True
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return -self._tick[key]
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The most recently accessed sequence first."""
         return -candidate.last_access_time
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        return [c for c in candidates if -c.last_access_time <= bound]

@@ -19,7 +19,7 @@ import math
 from collections.abc import Hashable
 from typing import Any, Protocol, runtime_checkable
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import FlatHeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["LifetimePredictor", "PredictivePolicy", "RemainingTokensPredictor"]
@@ -69,7 +69,7 @@ def _completion(seq_len: int, max_len: int) -> float:
     return seq_len / max_len if max_len > 0 else 0.0
 
 
-class PredictivePolicy(HeapPolicy):
+class PredictivePolicy(FlatHeapPolicy):
     """Evicts the evictable entry predicted to finish first; see the module docstring.
 
     Args:
@@ -110,7 +110,7 @@ class PredictivePolicy(HeapPolicy):
         self.decode_time_per_token = decode_time_per_token
         self.token_estimate_confidence = token_estimate_confidence
 
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+    def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         end = math.inf
         prediction = self.predictor.predict(meta)
         if prediction is not None:
@@ -125,10 +125,7 @@ class PredictivePolicy(HeapPolicy):
         default predictor's token estimate, else none (last); then completion ratio, then LRU."""
         lifetime = candidate.estimated_lifetime
         if lifetime is None:
-            if (
-                candidate.max_length > 0
-                and DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD
-            ):
+            if candidate.max_length > 0 and DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD:
                 remaining = max(candidate.max_length - candidate.sequence_length, 0)
                 lifetime = remaining * DEFAULT_DECODE_TIME_PER_TOKEN
             else:
@@ -138,3 +135,22 @@ class PredictivePolicy(HeapPolicy):
             -_completion(candidate.sequence_length, candidate.max_length),
             candidate.last_access_time,
         )
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        by_tokens = DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD
+        return [
+            c
+            for c in candidates
+            if (
+                c.estimated_lifetime
+                if c.estimated_lifetime is not None
+                else max(c.max_length - c.sequence_length, 0) * DEFAULT_DECODE_TIME_PER_TOKEN
+                if c.max_length > 0 and by_tokens
+                else math.inf,
+                -(c.sequence_length / c.max_length if c.max_length > 0 else 0.0),
+                c.last_access_time,
+            )
+            <= bound
+        ]

@@ -7,16 +7,15 @@ and preemption (spec/001).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import LevelledRecencyPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["PriorityPolicy"]
 
 
-class PriorityPolicy(HeapPolicy):
+class PriorityPolicy(LevelledRecencyPolicy):
     """Evicts the evictable entry of lowest `meta.priority`; LRU within a priority.
 
     The priority is read when the entry is inserted, hit or made evictable; a change to
@@ -33,10 +32,20 @@ class PriorityPolicy(HeapPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
-        return (meta.priority, self._tick[key])
+    def _level(self, meta: EntryMeta) -> Any:
+        return meta.priority
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The lowest priority first, the least recently accessed within a priority."""
         return (candidate.priority, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        priority, t = bound
+        return [
+            c
+            for c in candidates
+            if (c.last_access_time <= t and c.priority <= priority) or c.priority < priority
+        ]

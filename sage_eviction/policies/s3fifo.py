@@ -269,3 +269,20 @@ class S3FIFOPolicy(EvictionPolicy):
         if candidate.access_count < 2:
             return (0, 0, candidate.last_access_time)
         return (1, min(candidate.access_count, _MAX_FREQ), candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        small, freq, t = bound
+        if not small:  # (0, 0, t): the seen-once ones up to t
+            return [c for c in candidates if c.access_count < 2 and c.last_access_time <= t]
+        if freq == _MAX_FREQ:
+            return [c for c in candidates if c.access_count < _MAX_FREQ or c.last_access_time <= t]
+        if freq == 2 < _MAX_FREQ:
+            return [
+                c
+                for c in candidates
+                if c.access_count < 2 or (c.access_count == 2 and c.last_access_time <= t)
+            ]
+        key = S3FIFOPolicy.candidate_key
+        return [c for c in candidates if key(c) <= bound]

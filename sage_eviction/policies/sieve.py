@@ -165,3 +165,11 @@ class SIEVEPolicy(EvictionPolicy):
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """Unvisited sequences (seen once) before visited ones, oldest first within each."""
         return (candidate.access_count > 1, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        again, t = bound
+        if again:  # every first-timer, and the others up to t
+            return [c for c in candidates if c.access_count <= 1 or c.last_access_time <= t]
+        return [c for c in candidates if c.access_count <= 1 and c.last_access_time <= t]

@@ -28,7 +28,7 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import FlatHeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["SLOPolicy"]
@@ -40,7 +40,7 @@ DEFAULT_SLACK = 3600.0  # seconds, for a block with no deadline
 DEFAULT_PROTECT_COMPLETION = 0.9
 
 
-class SLOPolicy(HeapPolicy):
+class SLOPolicy(FlatHeapPolicy):
     """Evicts the evictable entry of lowest urgency plus recompute cost; see the module docstring.
 
     Args:
@@ -85,7 +85,7 @@ class SLOPolicy(HeapPolicy):
         self.default_slack = default_slack
         self.protect_completion = protect_completion
 
-    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+    def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         slack = self.default_slack if meta.deadline is None else meta.deadline - meta.last_access
         urgency = self.priority_base**meta.priority / (slack + self.eps) if slack >= 0.0 else 0.0
         protected = meta.max_len > 0 and meta.seq_len >= self.protect_completion * meta.max_len
@@ -102,3 +102,23 @@ class SLOPolicy(HeapPolicy):
         urgency = DEFAULT_PRIORITY_BASE**candidate.priority / (DEFAULT_SLACK + DEFAULT_EPS)
         cost = DEFAULT_COST_WEIGHT * candidate.sequence_length
         return (protected, urgency + cost, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        protected, value, t = bound
+        slack = DEFAULT_SLACK + DEFAULT_EPS
+        urgency = {p: DEFAULT_PRIORITY_BASE**p / slack for p in {c.priority for c in candidates}}
+        return [
+            c
+            for c in candidates
+            if (p := c.max_length > 0 and c.sequence_length >= DEFAULT_PROTECT_COMPLETION * c.max_length)
+            < protected
+            or (
+                p == protected
+                and (
+                    (v := urgency[c.priority] + DEFAULT_COST_WEIGHT * c.sequence_length) < value
+                    or (v == value and c.last_access_time <= t)
+                )
+            )
+        ]

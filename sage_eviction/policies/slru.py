@@ -158,3 +158,11 @@ class SLRUPolicy(EvictionPolicy):
         """Probationary sequences (fewer than 2 accesses, the default threshold) before
         protected ones, LRU within each."""
         return (candidate.access_count >= 2, candidate.last_access_time)
+
+    @staticmethod
+    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+        """The candidates whose `candidate_key` is <= `bound`, in list order."""
+        again, t = bound
+        if again:  # every first-timer, and the others up to t
+            return [c for c in candidates if c.access_count < 2 or c.last_access_time <= t]
+        return [c for c in candidates if c.access_count < 2 and c.last_access_time <= t]
