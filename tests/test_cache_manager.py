@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from cache_snapshot import snapshot
 
 from engine_adapter.cache_manager import CacheManager, PinnedPrefix
 from engine_adapter.errors import (
@@ -54,18 +55,6 @@ def make(
 
 def tokens(seed: int, n: int) -> list[int]:
     return [seed * 1000 + i for i in range(n)]
-
-
-def snapshot(m: CacheManager) -> Any:
-    """Everything a failed call must leave alone."""
-    stats = m.stats()
-    return (
-        m.pool.free_block_ids(),
-        [(b.key, b.block_id, b.ref_count, b.pin_count, b.evictable) for b in m.radix.blocks()],
-        [(e.key, e.evictable) for e in m.policy.entries()],
-        {s: list(m.sequence(s).block_table) for s in m.sequence_ids()},
-        {k: v for k, v in stats.items() if "time" not in k},
-    )
 
 
 # ---- allocation and prefix hits ------------------------------------------------------------------

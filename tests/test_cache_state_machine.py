@@ -10,9 +10,9 @@ be clear errors that change nothing.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
+from cache_snapshot import snapshot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -32,17 +32,6 @@ ONLINE = available_policies(include_offline=False)
 _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 EXAMPLES = settings().max_examples if _PROFILE == "dev" else max(200, settings().max_examples)
 STEPS = 25
-
-
-def _snapshot(m: CacheManager) -> Any:
-    stats = m.stats()
-    return (
-        m.pool.free_block_ids(),
-        [(b.key, b.block_id, b.ref_count, b.pin_count, b.evictable) for b in m.radix.blocks()],
-        [(e.key, e.evictable) for e in m.policy.entries()],
-        {s: list(m.sequence(s).block_table) for s in m.sequence_ids()},
-        {k: v for k, v in stats.items() if "time" not in k},
-    )
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -110,12 +99,12 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_id += 1
         m = self.m
         expected = m.lookup(prompt, tenant=tenant)
-        before = None if expected.fits else _snapshot(m)
+        before = None if expected.fits else snapshot(m)
         try:
             alloc = m.allocate(seq, prompt, tenant=tenant, priority=priority)
         except (NoEvictableBlocksError, RequestTooLargeError):
             assert not expected.fits
-            assert _snapshot(m) == before
+            assert snapshot(m) == before
             return
         assert expected.fits
         assert alloc.num_cached_blocks == expected.num_cached_blocks
@@ -140,14 +129,14 @@ class CacheMachine(RuleBasedStateMachine):
             needed = -(-(len(toks) + 1) // m.block_size) - len(m.sequence(seq).block_table)
             too_large = len(m.sequence(seq).block_table) + needed > m.num_blocks
             fails = too_large or needed > m.num_available_blocks
-            before = _snapshot(m) if fails else None
+            before = snapshot(m) if fails else None
             try:
                 got = m.reserve_tokens(seq, len(toks) + 1)
             except RequestTooLargeError:
-                assert too_large and _snapshot(m) == before
+                assert too_large and snapshot(m) == before
                 return
             if got is None:
-                assert fails and _snapshot(m) == before
+                assert fails and snapshot(m) == before
                 return
             assert not fails
             toks.append(len(toks) % 4)
@@ -198,11 +187,11 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(prefix=st.integers(1, 3))
     def pin(self, prefix: int) -> None:
-        before = _snapshot(self.m)
+        before = snapshot(self.m)
         try:
             handle = self.m.pin(self.prefixes[prefix])
         except PinLimitError:
-            assert _snapshot(self.m) == before
+            assert snapshot(self.m) == before
             return
         if handle.num_blocks:
             self.pinned.append(handle)

@@ -14,16 +14,14 @@ order of appearance. Capacities: 1, 5, 10 and 25 percent of the unique blocks.
 from __future__ import annotations
 
 import json
-import os
 import random
-import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import pytest
+from oracle_trace import MOONCAKE, ORACLE_POLICIES, libcachesim_class, trace_dir, write_oracle_general
 
 from sage_eviction import available_policies
 from sage_eviction.flat import simulate_flat
@@ -34,22 +32,8 @@ lcs: Any = pytest.importorskip(
 
 pytestmark = pytest.mark.oracle
 
-POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
+POLICIES = ORACLE_POLICIES
 FRACTIONS = [0.01, 0.05, 0.10, 0.25]
-_ORACLE_RECORD = struct.Struct("<IQIq")
-_MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
-
-
-def _libcachesim_class(policy: str) -> Any:
-    return {
-        "lru": lcs.LRU,
-        "fifo": lcs.FIFO,
-        "lfu": lcs.LFU,
-        "arc": lcs.ARC,
-        "s3fifo": lcs.S3FIFO,
-        "sieve": lcs.Sieve,
-        "belady": lcs.Belady,
-    }[policy]
 
 
 @dataclass(frozen=True)
@@ -63,18 +47,6 @@ class Trace:
         return len(set(self.keys))
 
 
-def write_oracle_general(path: Path, keys: Sequence[int]) -> None:
-    """Write `keys` as an oracleGeneral trace of unit-size objects."""
-    n = len(keys)
-    next_access = [-1] * n
-    seen: dict[int, int] = {}
-    for i in range(n - 1, -1, -1):
-        next_access[i] = seen.get(keys[i], -1)
-        seen[keys[i]] = i
-    pack = _ORACLE_RECORD.pack
-    path.write_bytes(b"".join(pack(i, key, 1, next_access[i]) for i, key in enumerate(keys)))
-
-
 def zipf_keys(n: int, objects: int, alpha: float, seed: int) -> list[int]:
     """`n` requests over `objects` ids, popularity ~ 1 / rank**alpha, ids shuffled."""
     rng = random.Random(seed)
@@ -82,13 +54,6 @@ def zipf_keys(n: int, objects: int, alpha: float, seed: int) -> list[int]:
     ids = list(range(objects))
     rng.shuffle(ids)
     return [ids[r] for r in rng.choices(range(objects), cum_weights=cum, k=n)]
-
-
-def _trace_dir() -> Path | None:
-    here = Path(__file__).resolve().parent.parent
-    candidates = [Path(os.environ["SAGE_TRACE_DIR"])] if "SAGE_TRACE_DIR" in os.environ else []
-    candidates += [here / "shared" / "traces", here.parent / "shared" / "traces"]
-    return next((c for c in candidates if (c / _MOONCAKE).is_file()), None)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +66,11 @@ def zipf_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 @pytest.fixture(scope="module")
 def mooncake_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
-    root = _trace_dir()
+    root = trace_dir()
     if root is None:
-        pytest.skip(f"{_MOONCAKE} not found (set SAGE_TRACE_DIR to the folder holding mooncake/)")
+        pytest.skip(f"{MOONCAKE} not found (set SAGE_TRACE_DIR to the folder holding mooncake/)")
     keys: list[int] = []
-    with open(root / _MOONCAKE, encoding="utf-8") as f:
+    with open(root / MOONCAKE, encoding="utf-8") as f:
         for line in f:
             keys.extend(json.loads(line)["hash_ids"])
     path = tmp_path_factory.mktemp("oracle") / "mooncake.oracleGeneral.bin"
@@ -117,7 +82,7 @@ def libcachesim_misses(trace: Trace, policy: str, capacity: int) -> int:
     """libCacheSim's misses for `trace` in a cache of `capacity` unit-size objects."""
     reader = lcs.TraceReader(str(trace.path), lcs.TraceType.ORACLE_GENERAL_TRACE)
     # hashpower: 2**20 hash buckets are plenty here; the default 2**24 costs seconds to allocate.
-    cache = _libcachesim_class(policy)(capacity, hashpower=20)
+    cache = libcachesim_class(policy)(capacity, hashpower=20)
     miss_ratio, byte_miss_ratio = cache.process_trace(reader)
     # Unit sizes: the cache size counts objects, and object and byte miss ratios agree.
     assert cache.cache_size == capacity

@@ -2,8 +2,7 @@
 
 - The flat model reproduces libCacheSim's block misses exactly (LRU, FIFO, LFU, ARC, S3-FIFO,
   SIEVE, Belady) on the Mooncake conversation trace and a small synthetic workload, at 1, 5, 10
-  and 25 percent of the distinct blocks (the oracle file is written as in
-  `test_libcachesim_oracle.py`).
+  and 25 percent of the distinct blocks (the oracle file is written by `oracle_trace.py`).
 - The radix model agrees with a brute-force LRU radix simulation (a dict of cached paths with
   access ticks) on small random traces whose requests run one at a time.
 - Golden numbers: LRU's hits, evictions and preemptions on a fixed synthetic workload.
@@ -11,8 +10,6 @@
 
 from __future__ import annotations
 
-import os
-import struct
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,36 +17,17 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle_trace import MOONCAKE, ORACLE_POLICIES, libcachesim_class, trace_dir, write_oracle_general
 
 from engine_adapter.sim.simulator import Simulator, min_capacity, simulate
 from engine_adapter.sim.workloads import SimRequest, Workload, read_mooncake, synthetic, unique_blocks
 
-POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
+POLICIES = ORACLE_POLICIES
 FRACTIONS = [0.01, 0.05, 0.10, 0.25]
-_MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
-_ORACLE_RECORD = struct.Struct("<IQIq")
-
-
-def _trace_dir() -> Path | None:
-    here = Path(__file__).resolve().parent.parent
-    candidates = [Path(os.environ["SAGE_TRACE_DIR"])] if "SAGE_TRACE_DIR" in os.environ else []
-    candidates += [here / "shared" / "traces", here.parent / "shared" / "traces"]
-    return next((c for c in candidates if (c / _MOONCAKE).is_file()), None)
 
 
 def _keys(workload: Workload) -> list[int]:
     return [key for r in workload.requests for key in r.block_hashes]  # type: ignore[misc]
-
-
-def _write_oracle_general(path: Path, keys: Sequence[int]) -> None:
-    """Unit-size objects in libCacheSim's oracleGeneral format (next access for its Belady)."""
-    n = len(keys)
-    next_access = [-1] * n
-    seen: dict[int, int] = {}
-    for i in range(n - 1, -1, -1):
-        next_access[i] = seen.get(keys[i], -1)
-        seen[keys[i]] = i
-    path.write_bytes(b"".join(_ORACLE_RECORD.pack(i, key, 1, next_access[i]) for i, key in enumerate(keys)))
 
 
 # ---- flat model against libCacheSim --------------------------------------------------------
@@ -60,13 +38,13 @@ def oracle_workloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     pytest.importorskip("libcachesim", reason="libCacheSim is the oracle extra: pip install -e '.[oracle]'")
     folder = tmp_path_factory.mktemp("sim-oracle")
     workloads: dict[str, Workload] = {"synthetic": synthetic(requests=400, seed=11)}
-    root = _trace_dir()
+    root = trace_dir()
     if root is not None:
-        workloads["mooncake"] = read_mooncake(root / _MOONCAKE)
+        workloads["mooncake"] = read_mooncake(root / MOONCAKE)
     out: dict[str, tuple[Workload, Path]] = {}
     for name, workload in workloads.items():
         path = folder / f"{name}.oracleGeneral.bin"
-        _write_oracle_general(path, _keys(workload))
+        write_oracle_general(path, _keys(workload))
         out[name] = (workload, path)
     return out
 
@@ -74,15 +52,7 @@ def oracle_workloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
 def _libcachesim_misses(path: Path, n_requests: int, policy: str, capacity: int) -> int:
     import libcachesim as lcs
 
-    cls: Any = {
-        "lru": lcs.LRU,
-        "fifo": lcs.FIFO,
-        "lfu": lcs.LFU,
-        "arc": lcs.ARC,
-        "s3fifo": lcs.S3FIFO,
-        "sieve": lcs.Sieve,
-        "belady": lcs.Belady,
-    }[policy]
+    cls: Any = libcachesim_class(policy)
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
     miss_ratio, _ = cls(capacity).process_trace(reader)
     return round(miss_ratio * n_requests)
@@ -95,7 +65,7 @@ def test_flat_model_matches_libcachesim(
     oracle_workloads: dict[str, tuple[Workload, Path]], trace: str, policy: str
 ) -> None:
     if trace not in oracle_workloads:
-        pytest.skip(f"{_MOONCAKE} not found (set SAGE_TRACE_DIR)")
+        pytest.skip(f"{MOONCAKE} not found (set SAGE_TRACE_DIR)")
     workload, path = oracle_workloads[trace]
     unique = unique_blocks(workload.requests)
     lookups = sum(len(r.block_hashes) for r in workload.requests)

@@ -1,0 +1,54 @@
+"""Helpers shared by the differential tests against libCacheSim (the `oracle` extra).
+
+libCacheSim's oracleGeneral binary format is little-endian `<IQIq` per request: uint32 time,
+uint64 object id, uint32 size, int64 virtual time of the object's next request (-1 for none);
+its Belady reads the next-access times from there. Every object is written with size 1, so a
+cache size of N bytes is N blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
+ORACLE_RECORD = struct.Struct("<IQIq")
+ORACLE_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
+
+
+def write_oracle_general(path: Path, keys: Sequence[int]) -> None:
+    """Write `keys` as an oracleGeneral trace of unit-size objects."""
+    n = len(keys)
+    next_access = [-1] * n
+    seen: dict[int, int] = {}
+    for i in range(n - 1, -1, -1):
+        next_access[i] = seen.get(keys[i], -1)
+        seen[keys[i]] = i
+    pack = ORACLE_RECORD.pack
+    path.write_bytes(b"".join(pack(i, key, 1, next_access[i]) for i, key in enumerate(keys)))
+
+
+def libcachesim_class(policy: str) -> Any:
+    """libCacheSim's class for one of `ORACLE_POLICIES`."""
+    import libcachesim as lcs
+
+    return {
+        "lru": lcs.LRU,
+        "fifo": lcs.FIFO,
+        "lfu": lcs.LFU,
+        "arc": lcs.ARC,
+        "s3fifo": lcs.S3FIFO,
+        "sieve": lcs.Sieve,
+        "belady": lcs.Belady,
+    }[policy]
+
+
+def trace_dir() -> Path | None:
+    """The folder holding the shared traces: $SAGE_TRACE_DIR, ./shared/traces or ../shared/traces."""
+    here = Path(__file__).resolve().parent.parent
+    candidates = [Path(os.environ["SAGE_TRACE_DIR"])] if "SAGE_TRACE_DIR" in os.environ else []
+    candidates += [here / "shared" / "traces", here.parent / "shared" / "traces"]
+    return next((c for c in candidates if (c / MOONCAKE).is_file()), None)
