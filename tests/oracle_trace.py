@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
+MOONCAKE_SYNTHETIC = Path("mooncake") / "synthetic_trace.jsonl"
 ORACLE_RECORD = struct.Struct("<IQIq")
 ORACLE_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
 

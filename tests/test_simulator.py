@@ -1,8 +1,9 @@
 """The simulator's cache models against independent implementations.
 
 - The flat model reproduces libCacheSim's block misses exactly (LRU, FIFO, LFU, ARC, S3-FIFO,
-  SIEVE, Belady) on the Mooncake conversation trace and a small synthetic workload, at 1, 5, 10
-  and 25 percent of the distinct blocks (the oracle file is written by `oracle_trace.py`).
+  SIEVE, Belady) on the Mooncake conversation and synthetic traces and a small generated
+  workload, at 1, 5, 10 and 25 percent of the distinct blocks (the oracle file is written by
+  `oracle_trace.py`).
 - The radix model agrees with a brute-force LRU radix simulation (a dict of cached paths with
   access ticks) on small random traces whose requests run one at a time.
 - Golden numbers: LRU's hits, evictions and preemptions on a fixed synthetic workload.
@@ -17,7 +18,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle_trace import MOONCAKE, ORACLE_POLICIES, libcachesim_class, trace_dir, write_oracle_general
+from oracle_trace import (
+    MOONCAKE,
+    MOONCAKE_SYNTHETIC,
+    ORACLE_POLICIES,
+    libcachesim_class,
+    trace_dir,
+    write_oracle_general,
+)
 
 from engine_adapter.sim.simulator import Simulator, min_capacity, simulate
 from engine_adapter.sim.workloads import SimRequest, Workload, read_mooncake, synthetic, unique_blocks
@@ -41,6 +49,7 @@ def oracle_workloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     root = trace_dir()
     if root is not None:
         workloads["mooncake"] = read_mooncake(root / MOONCAKE)
+        workloads["mooncake-synthetic"] = read_mooncake(root / MOONCAKE_SYNTHETIC)
     out: dict[str, tuple[Workload, Path]] = {}
     for name, workload in workloads.items():
         path = folder / f"{name}.oracleGeneral.bin"
@@ -59,13 +68,13 @@ def _libcachesim_misses(path: Path, n_requests: int, policy: str, capacity: int)
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("trace", ["synthetic", "mooncake"])
+@pytest.mark.parametrize("trace", ["synthetic", "mooncake", "mooncake-synthetic"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_flat_model_matches_libcachesim(
     oracle_workloads: dict[str, tuple[Workload, Path]], trace: str, policy: str
 ) -> None:
     if trace not in oracle_workloads:
-        pytest.skip(f"{MOONCAKE} not found (set SAGE_TRACE_DIR)")
+        pytest.skip(f"{MOONCAKE.parent} traces not found (set SAGE_TRACE_DIR)")
     workload, path = oracle_workloads[trace]
     unique = unique_blocks(workload.requests)
     lookups = sum(len(r.block_hashes) for r in workload.requests)
