@@ -11,8 +11,11 @@ per evicted block, not per decision). Then, in steady state with the pool full o
 - alloc+free (miss): allocate a new CHAIN-block prompt (evicting exactly CHAIN blocks) and
   free it into the cache; blocks per second.
 - alloc+free (hit): allocate a cached prompt (lock, touch) and free it; blocks per second.
-- hot swap at the largest n: `swap_policy` time split into ``entries()`` and
-  ``from_entries``, for a few policy pairs (target <= 0.5 s at 1e6).
+- hot swap at the largest n: `swap_policy` time split into reading the old policy's entries
+  (``entry_columns()``, the columns of ``entries()``) and building the new one
+  (``from_entry_columns``, i.e. ``from_entries``), for a few policy pairs (target <= 0.5 s at
+  1e6). Pairs timed later in one process run on a more fragmented heap and come out slower:
+  time one pair per process (``--pairs``) to compare pairs.
 
 The filled heap is moved out of the cyclic GC's way with `gc.freeze()`, as a serving engine
 does after start-up.
@@ -20,6 +23,8 @@ does after start-up.
     python benchmarks/cache_ops.py            # 1e4, 1e5, 1e6 (a few minutes)
     python benchmarks/cache_ops.py --quick    # 1e4, 1e5; swap at 1e5
     python benchmarks/cache_ops.py --sizes 1e6 --policies lru --json out.json
+    python benchmarks/cache_ops.py --sizes 1e6 --swap-only --all-pairs   # the swaps alone
+    python benchmarks/cache_ops.py --sizes 1e6 --swap-only --pairs lru:arc,priority:lru
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ BLOCK_SIZE = 16
 CHAIN = 8  # blocks per prompt
 POLICIES = ["lru", "arc", "s3fifo", "priority"]
 SWAP_PAIRS = [("lru", "arc"), ("arc", "s3fifo"), ("s3fifo", "priority"), ("priority", "lru")]
+MORE_SWAP_PAIRS = [("lru", "lfu"), ("lru", "sieve"), ("lru", "slru"), ("lru", "gdsf")]  # --all-pairs
 
 
 @dataclass
@@ -197,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", help=f"comma-separated (default {','.join(POLICIES)})")
     parser.add_argument("--samples", type=int, help="evict(1) samples per cell")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--swap-only", action="store_true", help="skip the per-policy measurements")
+    parser.add_argument("--all-pairs", action="store_true", help="time every swap pair, and a few more")
+    parser.add_argument("--pairs", help="swap pairs to time, e.g. lru:arc,arc:s3fifo (overrides the rest)")
     args = parser.parse_args(argv)
 
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else (
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     rows: list[Row] = []
-    for n in sizes:
+    for n in [] if args.swap_only else sizes:
         for policy in policies:
             row, m, _, _ = measure(policy, n, samples)
             del m
@@ -223,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
 
     n_swap = max(sizes)
     pairs = [(a, b) for a, b in SWAP_PAIRS if a in policies or b in policies] or SWAP_PAIRS[:2]
+    if args.all_pairs:
+        pairs = SWAP_PAIRS + MORE_SWAP_PAIRS
+    if args.pairs:
+        pairs = [(a, b) for a, _, b in (p.partition(":") for p in args.pairs.split(","))]
     print(f"\nhot swap at {n_swap:.0e} cached blocks (median of the old->new swaps; split of the best)")
     print(f"{'swap':<20}{'time s':>8}{'entries() s':>13}{'from_entries s':>16}{'target':>9}")
     swaps = swap_rows(n_swap, pairs, repeats=3)

@@ -951,7 +951,8 @@ class CacheManager:
     # ---- hot swap -----------------------------------------------------------------------------
 
     def swap_policy(self, spec: str, **params: Any) -> SwapResult:
-        """Replace the policy with one built by `from_entries(old.entries(), ...)`.
+        """Replace the policy with one built by `from_entries(old.entries(), ...)`, handed over
+        as three columns (`entry_columns` / `from_entry_columns`, the same entries and state).
 
         Nothing is evicted or lost; on any error the old policy stays. Policies taking
         `capacity` get the pool size.
@@ -971,10 +972,11 @@ class CacheManager:
             gc_was_enabled = gc.isenabled()
             gc.disable()
             try:
+                # `entries()` / `from_entries` as three columns: no record built per entry.
                 t0 = time.perf_counter()
-                entries = old.entries()
+                keys, metas, flags = old.entry_columns()
                 t1 = time.perf_counter()
-                new = resolved.cls.from_entries(entries, **resolved.kwargs)
+                new = resolved.cls.from_entry_columns(keys, metas, flags, **resolved.kwargs)
                 t2 = time.perf_counter()
             finally:
                 if gc_was_enabled:
@@ -985,7 +987,7 @@ class CacheManager:
                     f"({new.num_evictable} evictable); the cache has {len(self.radix)} "
                     f"({old.num_evictable} evictable); kept {old.name!r}"
                 )
-            if entries and new.meta(entries[0].key) is not entries[0].meta:
+            if keys and new.meta(keys[0]) is not metas[0]:
                 # The new policy copied the metas: point the blocks at its records.
                 for block in self.radix.blocks():
                     block.meta = new.meta(block.key)
@@ -996,7 +998,7 @@ class CacheManager:
                 new_name=resolved.cls.name,
                 new_params=dict(resolved.params),
                 swap_time_s=t2 - t0,
-                entries=len(entries),
+                entries=len(keys),
                 entries_time_s=t1 - t0,
                 build_time_s=t2 - t1,
             )

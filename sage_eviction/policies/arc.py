@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from itertools import compress, repeat
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
@@ -178,6 +179,18 @@ class ARCPolicy(EvictionPolicy):
         self._n1 += 1
         if evictable:
             self._t1[key] = None
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # Into an empty ARC with empty ghost lists every insert is a new key: it enters T1
+        # (linked at T1's MRU end when evictable) and no ghost list is trimmed.
+        fresh = not (self._meta or self._b1 or self._b2) and self._pending_key is _NO_KEY
+        if not fresh or not self._inserts_like(ARCPolicy):
+            return False
+        self._add_columns(keys, metas, flags)
+        self._list_of.update(zip(keys, repeat(1)))
+        self._n1 += len(keys)
+        self._t1.update(zip(compress(keys, flags), repeat(None)))
+        return True
 
     def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
         if self._list_of[key] == 1:

@@ -32,6 +32,8 @@ class LFUPolicy(LevelledRecencyPolicy):
     strategy = EvictionStrategy.LFU
     paper = "Aho, Denning and Ullman, Principles of Optimal Page Replacement, JACM 1971"
 
+    level_attr = "hits"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

@@ -29,6 +29,8 @@ class PriorityPolicy(LevelledRecencyPolicy):
         "module spec (spec/000) QoSAwareEvictionPolicy"
     )
 
+    level_attr = "priority"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

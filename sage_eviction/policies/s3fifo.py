@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Hashable
+from itertools import compress, repeat
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
@@ -155,6 +156,25 @@ class S3FIFOPolicy(EvictionPolicy):
             self._n_small += 1
             if evictable:
                 self._small[key] = None
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # Into an empty S3-FIFO that never evicted, with an empty ghost queue, the first
+        # `_small_size` inserts fill S and the rest go to M (the warm-up rule), frequency 0,
+        # each linked at its queue's head when evictable.
+        fresh = not (self._meta or self._ghost or self._has_evicted) and self._pending_key is _NO_KEY
+        if not fresh or not self._inserts_like(S3FIFOPolicy):
+            return False
+        self._add_columns(keys, metas, flags)
+        s = min(self._small_size, len(keys))
+        self._freq.update(zip(keys, repeat(0)))
+        queue_of = self._queue_of
+        queue_of.update(zip(keys[:s], repeat(_SMALL)))
+        queue_of.update(zip(keys[s:], repeat(_MAIN)))
+        self._n_small += s
+        self._n_main += len(keys) - s
+        self._small.update(zip(compress(keys[:s], flags[:s]), repeat(None)))
+        self._main.update(zip(compress(keys[s:], flags[s:]), repeat(None)))
+        return True
 
     def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
         freq = self._freq[key]

@@ -18,7 +18,9 @@ hand rested on an entry that is unlinked or removed, it moves to that entry's ne
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
+from itertools import compress, repeat
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
@@ -108,6 +110,23 @@ class SIEVEPolicy(EvictionPolicy):
         self._nodes[key] = node
         if evictable:
             self._link_head(node)
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # What the one-by-one inserts build: a node per key (bit clear), the evictable ones
+        # linked in entry order, each the new head; the hand at rest (None).
+        if self._meta or not self._inserts_like(SIEVEPolicy):
+            return False
+        self._add_columns(keys, metas, flags)
+        nodes = list(map(_Node, keys))
+        self._nodes.update(zip(keys, nodes, strict=True))
+        linked = list(compress(nodes, flags))
+        if linked:
+            newer = linked[1:]
+            deque(map(setattr, newer, repeat("older"), linked), maxlen=0)
+            deque(map(setattr, linked, repeat("newer"), newer), maxlen=0)
+            self._tail = linked[0]
+            self._head = linked[-1]
+        return True
 
     def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
         self._nodes[key].visited = True

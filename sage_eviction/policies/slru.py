@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from itertools import compress, repeat
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
@@ -103,6 +104,15 @@ class SLRUPolicy(EvictionPolicy):
         self._segment[key] = _PROBATION
         if evictable:
             self._probation[key] = None
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # Every insert enters the probationary segment, linked at its MRU end when evictable.
+        if self._meta or not self._inserts_like(SLRUPolicy):
+            return False
+        self._add_columns(keys, metas, flags)
+        self._segment.update(zip(keys, repeat(_PROBATION)))
+        self._probation.update(zip(compress(keys, flags), repeat(None)))
+        return True
 
     def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
         if self._segment[key] == _PROTECTED:
