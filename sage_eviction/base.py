@@ -33,6 +33,8 @@ from sage_eviction.types import (
 )
 
 __all__ = [
+    "seen_once_first_key",
+    "seen_once_first_up_to",
     "EvictionPolicy",
     "FlatHeapPolicy",
     "HeapPolicy",
@@ -439,6 +441,21 @@ class EvictionPolicy(EvictionPolicyProtocol):
 _UP_TO: dict[
     type[EvictionPolicy], Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None
 ] = {}
+
+
+def seen_once_first_key(candidate: EvictionCandidate) -> tuple[bool, float]:
+    """Sequences seen once before sequences seen again, least recent first within each: the
+    sequence-level order of the policies that split entries by reuse (ARC's T1/T2, SIEVE's
+    visited bit, SLRU's segments) when the candidates carry only counts and times."""
+    return (candidate.access_count > 1, candidate.last_access_time)
+
+
+def seen_once_first_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
+    """The candidates whose `seen_once_first_key` is <= `bound`, in list order."""
+    again, t = bound
+    if again:  # every first-timer, and the others up to t
+        return [c for c in candidates if c.access_count <= 1 or c.last_access_time <= t]
+    return [c for c in candidates if c.access_count <= 1 and c.last_access_time <= t]
 
 
 def _up_to_of(

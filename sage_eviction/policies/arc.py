@@ -43,9 +43,9 @@ from collections.abc import Hashable
 from itertools import compress, repeat
 from typing import Any
 
-from sage_eviction.base import EvictionPolicy
+from sage_eviction.base import EvictionPolicy, seen_once_first_key, seen_once_first_up_to
 from sage_eviction.errors import DuplicateKeyError
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["ARCPolicy"]
 
@@ -270,18 +270,7 @@ class ARCPolicy(EvictionPolicy):
 
     # ---- the module spec's interface ------------------------------------------------------
 
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Sequences seen once (ARC's T1) before sequences seen again (T2), LRU within each.
-
-        A running sequence has no ghost history, so p cannot be applied: T1 goes first.
-        """
-        return (candidate.access_count > 1, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        again, t = bound
-        if again:  # every first-timer, and the others up to t
-            return [c for c in candidates if c.access_count <= 1 or c.last_access_time <= t]
-        return [c for c in candidates if c.access_count <= 1 and c.last_access_time <= t]
+    # Sequences seen once (ARC's T1) before sequences seen again (T2), LRU within each.
+    # A running sequence has no ghost history, so p cannot be applied: T1 goes first.
+    candidate_key = staticmethod(seen_once_first_key)
+    candidates_up_to = staticmethod(seen_once_first_up_to)

@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 from itertools import compress, repeat
-from typing import Any
 
-from sage_eviction.base import EvictionPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.base import EvictionPolicy, seen_once_first_key, seen_once_first_up_to
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["SLRUPolicy"]
 
@@ -163,16 +162,7 @@ class SLRUPolicy(EvictionPolicy):
 
     # ---- the module spec's interface ------------------------------------------------------
 
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Probationary sequences (fewer than 2 accesses, the default threshold) before
-        protected ones, LRU within each."""
-        return (candidate.access_count >= 2, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        again, t = bound
-        if again:  # every first-timer, and the others up to t
-            return [c for c in candidates if c.access_count < 2 or c.last_access_time <= t]
-        return [c for c in candidates if c.access_count < 2 and c.last_access_time <= t]
+    # Probationary sequences (fewer than 2 accesses, the default threshold) before
+    # protected ones, LRU within each.
+    candidate_key = staticmethod(seen_once_first_key)
+    candidates_up_to = staticmethod(seen_once_first_up_to)
