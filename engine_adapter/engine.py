@@ -191,13 +191,16 @@ class Engine:
         )
         self.scheduler.on_admitted = self._on_admitted
         self.scheduler.on_finished = self._on_finished
+        # Mean time per output token, learnt from finished requests (a first guess until then).
+        self.tpot_estimate_s = 0.02
+        if config.enable_lifetime_prediction:
+            self.scheduler.estimate_lifetime = self._estimate_lifetime
         self.started_at = time.time()
         self.draining = False
         self.stopped = False
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count(1)
         self._last_reprefills = 0
         self._steps = 0
@@ -348,29 +351,28 @@ class Engine:
             prompt_ids=ids,
             sampling=sampling,
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids),
-            emit=self._emitter(handle),
+            emit=handle._put,
             priority=priority,
             tenant=tenant,
             cache_salt=cache_salt,
         )
-        self._handles[rid] = handle
         self._inbox.put(("add", seq))
         self._wake.set()
         return handle
 
-    def _emitter(self, handle: RequestHandle) -> Any:
-        def emit(output: RequestOutput) -> None:
-            if output.finished:
-                self._handles.pop(output.request_id, None)
-            handle._put(output)
-
-        return emit
-
     def _on_admitted(self, seq: Sequence, hit_tokens: int) -> None:
         self.metrics.on_lookup(hit_tokens, seq.num_tokens)
 
+    def _estimate_lifetime(self, seq: Sequence) -> float:
+        """Seconds a sequence has left: its remaining output tokens at the learnt time per token."""
+        remaining = max(seq.sampling.max_tokens - len(seq.output_ids), 0)
+        return remaining * self.tpot_estimate_s
+
     def _on_finished(self, seq: Sequence) -> None:
         times = seq.token_times
+        if len(times) > 1:  # an exponential moving average of the time per output token
+            tpot = (times[-1] - times[0]) / (len(times) - 1)
+            self.tpot_estimate_s = 0.8 * self.tpot_estimate_s + 0.2 * tpot
         ttft = seq.first_token_time - seq.arrival if seq.first_token_time is not None else None
         self.metrics.on_request_finished(
             seq.finish_reason or "error",

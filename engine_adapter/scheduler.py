@@ -175,6 +175,8 @@ class Scheduler:
         # Hooks for the engine's metrics: called with the sequence (and its prompt hit in tokens).
         self.on_admitted: Callable[[Sequence, int], None] | None = None
         self.on_finished: Callable[[Sequence], None] | None = None
+        # Lifetime prediction (predictive policies): seconds a sequence has left, at admission.
+        self.estimate_lifetime: Callable[[Sequence], float] | None = None
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -277,6 +279,7 @@ class Scheduler:
                     priority=seq.priority,
                     cache_salt=seq.cache_salt,
                     max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
+                    estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
                 )
             except NoEvictableBlocksError:
                 self.cache_s += time.perf_counter() - t

@@ -238,3 +238,39 @@ def test_offline_policy_is_refused(tmp_path: object) -> None:
         Engine(
             EngineConfig(device="cpu", num_blocks=16, eviction_policy="belady", socket="/tmp/x-unused.sock")
         )
+
+
+def test_lifetime_prediction_feeds_the_predictive_policy(tmp_path: object) -> None:
+    engine = _engine(tmp_path, eviction_policy="predictive", enable_lifetime_prediction=True)
+    try:
+        first = engine.submit(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True)).result(60)
+        learnt = engine.tpot_estimate_s
+        with engine.cache.lock:  # hold the loop: the request is admitted, not yet finished
+            handle = engine.submit(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))
+            engine._drain_inbox()
+            engine.scheduler._admit()
+            (seq,) = engine.scheduler.running
+            state = engine.cache.sequence(seq.seq_id)
+            candidates = engine.cache.preemption_candidates()
+        handle.result(60)
+    finally:
+        engine.shutdown()
+    assert first.completion_tokens == 8
+    assert learnt != 0.02  # learnt from the first request's token times
+    assert state.estimated_lifetime == pytest.approx(8 * learnt)
+    assert candidates[0].estimated_lifetime == pytest.approx(8 * learnt)
+
+
+def test_without_lifetime_prediction_no_lifetime_is_given(tmp_path: object) -> None:
+    engine = _engine(tmp_path, eviction_policy="predictive")
+    try:
+        with engine.cache.lock:
+            handle = engine.submit(PROMPTS[1], SamplingParams(max_tokens=4))
+            engine._drain_inbox()
+            engine.scheduler._admit()
+            (seq,) = engine.scheduler.running
+            lifetime = engine.cache.sequence(seq.seq_id).estimated_lifetime
+        handle.result(60)
+    finally:
+        engine.shutdown()
+    assert lifetime is None
