@@ -91,7 +91,7 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l eviction-threshold
 complete -c sage -n '__fish_sage_at sage llm engine start' -l max-pinned-ratio -x -d 'Most of the pool that pinned prefixes may hold'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l max-num-seqs -x -d 'Most running sequences per step'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l max-num-batched-tokens -x -d 'Most tokens per step'
-complete -c sage -n '__fish_sage_at sage llm engine start' -l seed -x -d 'Seed of the built-in model\'s weights and of sampling'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l seed -x -d 'Seed of sampling for requests that give none'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l timeout -x -d 'With --detach: how long to wait for the engine to answer'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l json -d 'With --detach: print the engine\'s name, pid, socket and log as JSON'
 complete -c sage -n '__fish_sage_at sage llm engine start' -s h -l help -d 'Show the help and exit'

@@ -112,7 +112,7 @@ class EngineConfig:
         max_pinned_ratio: At most this fraction of the pool may be pinned.
         max_num_seqs: Running sequences per step.
         max_num_batched_tokens: Tokens per step (prefill chunks and decodes).
-        seed: Seed of the model weights (``sage-tiny``) and of sampling.
+        seed: Seed of sampling for requests that give none (sampled requests are then reproducible).
     """
 
     model: str = "sage-tiny"

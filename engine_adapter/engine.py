@@ -14,6 +14,7 @@ caller (DESIGN 1); tests drive the facade directly too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import queue
@@ -345,8 +346,12 @@ class Engine:
             )
         rid = request_id or f"cmpl-{uuid.uuid4().hex[:16]}"
         handle = RequestHandle(rid, self)
+        seq_id = next(self._ids)
+        if sampling.seed is None and not sampling.greedy:
+            # The engine's seed makes an unseeded sampled request reproducible, as vLLM's --seed does.
+            sampling = dataclasses.replace(sampling, seed=self.config.seed * 1_000_003 + seq_id)
         seq = Sequence(
-            seq_id=next(self._ids),
+            seq_id=seq_id,
             request_id=rid,
             prompt_ids=ids,
             sampling=sampling,

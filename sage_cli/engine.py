@@ -425,7 +425,7 @@ def start(
             "--seed",
             metavar="N",
             min=0,
-            help="Seed of the built-in model's weights and of sampling.",
+            help="Seed of sampling for requests that give none.",
             default="0",
         ),
     ] = None,

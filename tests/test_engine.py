@@ -274,3 +274,16 @@ def test_without_lifetime_prediction_no_lifetime_is_given(tmp_path: object) -> N
     finally:
         engine.shutdown()
     assert lifetime is None
+
+
+def test_the_engine_seed_makes_unseeded_sampling_reproducible(tmp_path: object) -> None:
+    outputs = []
+    for _ in range(2):
+        engine = _engine(tmp_path, seed=7)
+        try:
+            params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+            outputs.append([engine.submit("sample me", params).result(60).token_ids for _ in range(2)])
+        finally:
+            engine.shutdown()
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] != outputs[0][1]  # each request draws its own stream
