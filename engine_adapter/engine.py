@@ -36,7 +36,7 @@ from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.pool import PagedKVPool
 from engine_adapter.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
-from sage_eviction import available_policies, get_policy_class, policy_params
+from sage_eviction import UnknownPolicyError, available_policies, get_policy_class, policy_params
 from sage_eviction.registry import parse_policy_spec
 
 __all__ = [
@@ -443,7 +443,12 @@ class Engine:
 
     def set_policy(self, policy: str, params: dict[str, Any]) -> dict[str, Any]:
         """Hot swap between two steps; raises `PolicyConfigError` for a bad name or param."""
-        cls = get_policy_class(parse_policy_spec(policy)[0])
+        name = parse_policy_spec(policy)[0]
+        try:
+            cls = get_policy_class(name)
+        except UnknownPolicyError:
+            online = ", ".join(available_policies(include_offline=False))
+            raise UnknownPolicyError(f"unknown eviction policy {name!r}; available: {online}") from None
         if cls.offline:
             raise RequestError(f"policy {cls.name!r} is offline (needs the future): simulation only")
         with self.cache.lock:

@@ -125,6 +125,7 @@ def test_bad_input_is_one_line_and_nothing_is_lost(live: tuple[dict[str, str], P
     bad = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "--policy", "nope")
     assert bad.returncode != 0
     assert "unknown eviction policy 'nope'" in bad.stderr and "lru" in bad.stderr
+    assert "belady" not in bad.stderr  # offline: it cannot serve, so it is not offered
     assert len(bad.stderr.strip().splitlines()) == 1
     param = _sage(
         env, "llm", "eviction", "set-policy", "--name", "live", "--policy", "slru", "--param", "x=1"
