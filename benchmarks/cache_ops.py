@@ -45,8 +45,8 @@ if importlib.util.find_spec("engine_adapter") is None:  # run from a checkout wi
 
 from _machine import machine_line
 
-from engine_adapter.cache_manager import CacheManager
-from engine_adapter.pool import PagedKVPool
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
 from sage_eviction.metrics import percentile
 
 BLOCK_SIZE = 16
@@ -92,11 +92,8 @@ class KeySource:
 
 
 def build(policy: str, n: int) -> tuple[CacheManager, KeySource, list[list[int]]]:
-    pool = PagedKVPool(
-        num_layers=32, num_kv_heads=8, head_dim=128, block_size=BLOCK_SIZE, num_blocks=n, device="meta"
-    )
     rng = random.Random(0)
-    m = CacheManager(pool, policy=policy, record_events=False)
+    m = CacheManager(BlockAllocator(n, BLOCK_SIZE), policy=policy, record_events=False)
     keys = KeySource()
     cached: list[list[int]] = []
     for seq in range(n // CHAIN):

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     log = (folder / "engine.log").open("wb")
     engine = subprocess.Popen(
-        [sys.executable, "-m", "engine_adapter.server", "--config-json", json.dumps(config)],
+        [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

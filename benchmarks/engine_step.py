@@ -69,7 +69,7 @@ def bench_batch(
     step_s: list[float] = []
     for _ in range(repeats + 1):  # the first round warms up
         pool = decoder.make_pool(num_blocks=batch * blocks_per_seq, block_size=block_size)
-        tables = [pool.allocate(blocks_per_seq) for _ in range(batch)]
+        tables = [pool.allocator.allocate(blocks_per_seq) for _ in range(batch)]
         prompts = torch.randint(0, vocab, (batch, prompt_len), generator=generator).tolist()
         _sync(device)
         start = time.perf_counter()
@@ -108,16 +108,16 @@ def bench_scheduler(
     policy: str,
 ) -> dict[str, float | str]:
     """Cache bookkeeping's share of step time, through the real scheduler and cache manager."""
-    from engine_adapter.cache_manager import CacheManager
+    from engine_adapter.cache.cache_manager import CacheManager
     from engine_adapter.model.sampling import SamplingParams
     from engine_adapter.model.tokenizer import IncrementalDetokenizer
-    from engine_adapter.scheduler import Scheduler, SchedulerLimits, Sequence
+    from engine_adapter.serving.scheduler import Scheduler, SchedulerLimits, Sequence
 
     blocks_per_seq = -(-(prompt_len + decode_steps) // block_size)
     pool = decoder.make_pool(
         num_blocks=max(blocks_per_seq + 1, batch * blocks_per_seq * 2 // 3), block_size=block_size
     )
-    cache = CacheManager(pool, policy=policy)
+    cache = CacheManager(pool.allocator, policy=policy)
     scheduler = Scheduler(
         cache, decoder, pool, tokenizer, SchedulerLimits(max_num_seqs=batch, max_num_batched_tokens=8192)
     )

@@ -5,9 +5,9 @@ talk to the engine over its socket.
 
 The server contract ``start`` relies on:
 
-- ``engine_adapter.server.serve(config: EngineConfig) -> int`` runs an engine in the
+- ``engine_adapter.serving.server.serve(config: EngineConfig) -> int`` runs an engine in the
   foreground until SIGINT, SIGTERM or ``POST /v1/engine/shutdown``; its return is the exit code.
-- ``python -m engine_adapter.server --config-json '<EngineConfig.to_json()>'`` does the same in
+- ``python -m engine_adapter.serving.server --config-json '<EngineConfig.to_json()>'`` does the same in
   a new process (``--detach``), its stdout and stderr going to ``<log_dir>/engine.log``.
 - The engine creates ``config.socket`` with mode 0600 and writes its pid to ``config.pid_path``
   (``<name>.pid`` next to the socket) and removes both when it exits; ``GET /health`` answers
@@ -31,7 +31,7 @@ from sage_cli.options import JsonOpt, NameOpt, SocketOpt, client_for
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
-    from engine_adapter.config import EngineConfig
+    from engine_adapter.serving.config import EngineConfig
     from sage_cli.client import ControlClient
 
 __all__ = ["app", "render_status"]
@@ -222,7 +222,7 @@ def _start_detached(config: EngineConfig, timeout: float) -> dict[str, Any]:
     config.socket_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         offset = log.tell()
-        command = [sys.executable, "-m", "engine_adapter.server", "--config-json", config.to_json()]
+        command = [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", config.to_json()]
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -451,7 +451,7 @@ def start(
     one of --num-blocks, --kv-cache-memory or --gpu-memory-utilization (default: the engine
     picks). An engine already answering on the socket is an error: it is never replaced.
     """
-    from engine_adapter.config import resolve_config
+    from engine_adapter.serving.config import resolve_config
 
     flags = {
         "model": model,
@@ -506,7 +506,7 @@ def start(
         return
 
     try:
-        from engine_adapter.server import serve
+        from engine_adapter.serving.server import serve
     except ImportError as exc:
         raise CLIError(f"the engine server cannot be loaded: {exc}") from exc
     Output.note(f"Starting engine {config.name} on {config.socket} (Ctrl-C stops it)")

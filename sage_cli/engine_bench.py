@@ -184,13 +184,13 @@ def _row(
 def start_temporary_engine(
     config: dict[str, Any], timeout: float = 120.0
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start `python -m engine_adapter.server` on a private socket; returns the process and socket."""
+    """Start `python -m engine_adapter.serving.server` on a private socket; returns the process and socket."""
     folder = Path(tempfile.mkdtemp(prefix="sage-bench-", dir="/tmp"))
     socket = folder / "bench.sock"
     values = {"name": "bench", "socket": str(socket), "log_dir": str(folder / "logs"), **config}
     log = open(folder / "engine.log", "wb")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_adapter.server", "--config-json", json.dumps(values)],
+        [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(values)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

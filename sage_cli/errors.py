@@ -86,7 +86,7 @@ _KNOWN: tuple[tuple[str, str, int], ...] = (
     ("sage_cli.client", "EngineUnavailable", EXIT_NO_ENGINE),
     ("sage_cli.client", "EngineTimeout", EXIT_TIMEOUT),
     ("sage_cli.client", "SageClientError", EXIT_FAILURE),
-    ("engine_adapter.config", "ConfigError", EXIT_USAGE),
+    ("engine_adapter.serving.config", "ConfigError", EXIT_USAGE),
     ("sage_eviction.errors", "PolicyConfigError", EXIT_USAGE),
     ("engine_adapter.sim.benchmark", "BenchmarkError", EXIT_USAGE),
 )

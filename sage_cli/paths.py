@@ -10,7 +10,7 @@
 A command finds its engine from, first to last: ``--socket PATH``, ``--name NAME``,
 ``$SAGE_SOCKET``, ``$SAGE_NAME``, then the name ``default``.
 
-`engine_adapter.config` computes the same defaults on the engine side (it may not import this
+`engine_adapter.serving.config` computes the same defaults on the engine side (it may not import this
 package); a test checks that the two agree.
 """
 

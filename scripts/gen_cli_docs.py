@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine_adapter.config import CONFIG_ENV, config_keys, env_var  # noqa: E402
+from engine_adapter.serving.config import CONFIG_ENV, config_keys, env_var  # noqa: E402
 from sage_cli import __version__  # noqa: E402
 from sage_cli import errors as exit_codes  # noqa: E402
 from sage_cli.app import build_command  # noqa: E402

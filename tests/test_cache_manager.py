@@ -11,8 +11,9 @@ import pytest
 import torch
 from cache_snapshot import snapshot
 
-from engine_adapter.cache_manager import CacheManager, PinnedPrefix
-from engine_adapter.errors import (
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager, PinnedPrefix
+from engine_adapter.cache.errors import (
     BlockStateError,
     NoEvictableBlocksError,
     PinLimitError,
@@ -20,7 +21,7 @@ from engine_adapter.errors import (
     SequenceExistsError,
     UnknownSequenceError,
 )
-from engine_adapter.pool import PagedKVPool
+from engine_adapter.model.kv_pool import PagedKVPool
 from sage_eviction import PolicyParamError, UnknownPolicyError, available_policies
 
 ONLINE = available_policies(include_offline=False)
@@ -44,13 +45,11 @@ class Clock:
         return self.t
 
 
-def make(
-    num_blocks: int = 16, block_size: int = 4, policy: str = "lru", device: str = "meta", **kw: Any
-) -> CacheManager:
-    pool = PagedKVPool(
-        num_layers=2, num_kv_heads=2, head_dim=4, block_size=block_size, num_blocks=num_blocks, device=device
+def make(num_blocks: int = 16, block_size: int = 4, policy: str = "lru", **kw: Any) -> CacheManager:
+    """A manager over a bare block allocator: the cache core needs no tensors."""
+    return CacheManager(
+        BlockAllocator(num_blocks, block_size), policy=policy, clock=kw.pop("clock", Clock()), **kw
     )
-    return CacheManager(pool, policy=policy, clock=kw.pop("clock", Clock()), **kw)
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -65,9 +64,9 @@ def test_allocate_fresh_then_hit_after_finish() -> None:
     prompt = tokens(1, 10)  # 2 full blocks and a partial one
     a = m.allocate(1, prompt)
     assert (a.num_cached_blocks, a.num_cached_tokens, a.num_new_blocks) == (0, 0, 3)
-    assert len(a.block_table) == 3 and m.pool.num_used == 3
+    assert len(a.block_table) == 3 and m.allocator.num_used == 3
     assert m.free_sequence(1, prompt) == 2  # the two full blocks are cached
-    assert m.pool.num_used == 2 and m.num_cached_blocks == 2
+    assert m.allocator.num_used == 2 and m.num_cached_blocks == 2
     b = m.allocate(2, [*prompt[:8], 7, 7, 7])
     assert (b.num_cached_blocks, b.num_cached_tokens, b.num_new_blocks) == (2, 8, 1)
     assert b.block_table[:2] == a.block_table[:2]
@@ -132,9 +131,9 @@ def test_allocate_evicts_exactly_the_deficit() -> None:
     for seq in range(4):  # 4 cached chains of 2 blocks: the pool is full of cache
         m.allocate(seq, tokens(seq, 8))
         m.free_sequence(seq, tokens(seq, 8))
-    assert m.pool.num_free == 0 and m.num_cached_blocks == 8
+    assert m.allocator.num_free == 0 and m.num_cached_blocks == 8
     a = m.allocate(10, tokens(10, 12))
-    assert a.num_evicted_blocks == 3 and m.pool.num_free == 0
+    assert a.num_evicted_blocks == 3 and m.allocator.num_free == 0
     assert m.num_cached_blocks == 5
     stats = m.stats()
     assert stats["total_evictions"] == 3 and stats["eviction_calls"] == 1
@@ -202,7 +201,7 @@ def test_extend_evicts_when_short_and_returns_none_when_nothing_can_be_freed() -
     m.free_sequence(1, tokens(1, 8))
     m.allocate(2, tokens(2, 8))
     m.allocate(3, tokens(3, 8))
-    assert m.pool.num_free == 0
+    assert m.allocator.num_free == 0
     got = m.extend(2, 2)  # evicts the two cached blocks of sequence 1
     assert got is not None and len(got) == 2 and m.num_cached_blocks == 0
     before = snapshot(m)
@@ -256,7 +255,7 @@ def test_commit_blocks_shares_a_running_prefix() -> None:
     m.free_sequence(1, prompt)
     m.free_sequence(2)
     m.check_invariants()
-    assert m.pool.num_used == 2 and m.num_cached_blocks == 2
+    assert m.allocator.num_used == 2 and m.num_cached_blocks == 2
 
 
 def test_concurrent_duplicates_keep_one_copy() -> None:
@@ -266,7 +265,7 @@ def test_concurrent_duplicates_keep_one_copy() -> None:
     m.allocate(2, prompt)  # both miss: nothing cached yet
     m.free_sequence(1, prompt)
     m.free_sequence(2, prompt)  # the second copy's blocks are freed, not cached twice
-    assert m.num_cached_blocks == 2 and m.pool.num_used == 2
+    assert m.num_cached_blocks == 2 and m.allocator.num_used == 2
     m.check_invariants()
 
 
@@ -274,7 +273,7 @@ def test_free_without_caching() -> None:
     m = make()
     m.allocate(1, tokens(1, 8))
     assert m.free_sequence(1, tokens(1, 8), cache=False) == 0
-    assert m.pool.num_used == 0
+    assert m.allocator.num_used == 0
     m.check_invariants()
 
 
@@ -332,9 +331,9 @@ def test_evict_to_threshold() -> None:
     for seq in range(4):
         m.allocate(seq, tokens(seq, 8))
         m.free_sequence(seq, tokens(seq, 8))
-    assert m.pool.num_used == 8
+    assert m.allocator.num_used == 8
     assert m.evict_to_threshold() == 3
-    assert m.pool.num_used == 5
+    assert m.allocator.num_used == 5
     assert m.evict_to_threshold() == 0
     assert m.stats()["evictions_by_reason"] == {"watermark": 3}
     assert make(eviction_threshold=None).evict_to_threshold() == 0
@@ -349,7 +348,7 @@ def test_reset_prefix_cache_is_not_an_eviction() -> None:
     m.free_sequence(1, tokens(1, 8))
     m.allocate(2, tokens(2, 5))
     assert m.reset_prefix_cache() == 2
-    assert m.stats()["total_evictions"] == 0 and m.pool.num_used == 2
+    assert m.stats()["total_evictions"] == 0 and m.allocator.num_used == 2
     m.check_invariants()
 
 
@@ -422,13 +421,13 @@ def test_hot_swap_mid_stream_keeps_every_block(old: str, new: str) -> None:
     m.check_invariants()
     cached = {b.key: (b.block_id, b.ref_count, b.pin_count) for b in m.radix.blocks()}
     running = {s: m.block_table(s) for s in m.sequence_ids()}
-    free = m.pool.num_free
+    free = m.allocator.num_free
     result = m.swap_policy(new)
     assert result.entries == len(cached)
     assert result.swap_time_s >= 0.0
     assert {b.key: (b.block_id, b.ref_count, b.pin_count) for b in m.radix.blocks()} == cached
     assert {s: m.block_table(s) for s in m.sequence_ids()} == running
-    assert m.pool.num_free == free
+    assert m.allocator.num_free == free
     m.check_invariants()
     drive(m, range(20, 40), shared)
     m.check_invariants()
@@ -465,9 +464,8 @@ def test_swap_to_a_bad_spec_changes_nothing() -> None:
 
 
 def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
-    m = make(num_blocks=24, device="cpu")
-    pool = m.pool
-    assert isinstance(pool, PagedKVPool)
+    pool = PagedKVPool(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, num_blocks=24, device="cpu")
+    m = CacheManager(pool.allocator, policy="lru", clock=Clock())
     gen = torch.Generator().manual_seed(7)
     prompt = tokens(1, 10)
     a = m.allocate(1, prompt)
@@ -554,9 +552,8 @@ def test_lock_is_reentrant_and_usable_from_another_thread() -> None:
 
 
 def test_block_size_must_match_the_pool() -> None:
-    pool = PagedKVPool(num_layers=1, num_kv_heads=1, head_dim=2, block_size=4, num_blocks=4, device="meta")
     with pytest.raises(ValueError, match="block_size=8"):
-        CacheManager(pool, 8)
+        CacheManager(BlockAllocator(4, 4), 8)
 
 
 def test_policies_that_need_capacity_get_the_pool_size() -> None:
@@ -569,7 +566,7 @@ def test_policies_that_need_capacity_get_the_pool_size() -> None:
 def test_check_invariants_catches_a_leak() -> None:
     m = make()
     m.allocate(1, tokens(1, 4))
-    m.pool.allocate(1)  # a block nobody owns
+    m.allocator.allocate(1)  # a block nobody owns
     with pytest.raises(AssertionError, match="leak"):
         m.check_invariants()
 
@@ -580,8 +577,8 @@ def test_the_cache_layer_imports_no_torch() -> None:
     from pathlib import Path
 
     code = (
-        "import sys, engine_adapter, engine_adapter.cache_manager, engine_adapter.radix_cache, "
-        "engine_adapter.events, engine_adapter.sizes, engine_adapter.errors; "
+        "import sys, engine_adapter, engine_adapter.cache.cache_manager, engine_adapter.cache.radix_cache, "
+        "engine_adapter.cache.events, engine_adapter.cache.sizes, engine_adapter.cache.errors; "
         "print('torch' in sys.modules)"
     )
     root = Path(__file__).resolve().parent.parent

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine_adapter.cache_manager import CacheManager, PinnedPrefix
-from engine_adapter.errors import (
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager, PinnedPrefix
+from engine_adapter.cache.errors import (
     NoEvictableBlocksError,
     PinLimitError,
     RequestTooLargeError,
 )
-from engine_adapter.pool import PagedKVPool
 from sage_eviction import available_policies
 
 ONLINE = available_policies(include_offline=False)
@@ -60,16 +60,8 @@ class CacheMachine(RuleBasedStateMachine):
         threshold=st.sampled_from([None, 0.5, 0.75]),
     )
     def setup(self, num_blocks: int, block_size: int, ratio: float, threshold: float | None) -> None:
-        pool = PagedKVPool(
-            num_layers=1,
-            num_kv_heads=1,
-            head_dim=1,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            device="meta",
-        )
         self.m = CacheManager(
-            pool,
+            BlockAllocator(num_blocks, block_size),
             policy=self.policy_name,
             max_pinned_ratio=ratio,
             eviction_threshold=threshold,
@@ -153,9 +145,9 @@ class CacheMachine(RuleBasedStateMachine):
     def finish(self, data: st.DataObject, cache: bool) -> None:
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
         toks = self.tokens.pop(seq)
-        used = self.m.pool.num_used
+        used = self.m.allocator.num_used
         added = self.m.free_sequence(seq, toks, cache=cache)
-        assert self.m.pool.num_used <= used
+        assert self.m.allocator.num_used <= used
         if cache:  # every full block it computed is now cached
             n_full = len(toks) // self.m.block_size
             found = self.m.lookup([*toks, 0], tenant=self.tenants.pop(seq), recompute_last_token=False)
@@ -179,9 +171,9 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(prefix=st.integers(0, 3), suffix=st.lists(st.integers(0, 3), max_size=6))
     def lookup(self, prefix: int, suffix: list[int]) -> None:
         m = self.m
-        before = (m.pool.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"])
+        before = (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"])
         m.lookup(self._prompt(prefix, suffix) or [0])
-        assert (m.pool.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"]) == before
+        assert (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"]) == before
 
     # ---- pins --------------------------------------------------------------------------------
 
@@ -212,17 +204,17 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 8))
     def evict(self, n: int) -> None:
         reclaimable = self.m.radix.num_reclaimable
-        free = self.m.pool.num_free
+        free = self.m.allocator.num_free
         got = self.m.evict(n)
         assert got == min(n, reclaimable)
-        assert self.m.pool.num_free == free + got
+        assert self.m.allocator.num_free == free + got
 
     @rule()
     def background_eviction(self) -> None:
         self.m.evict_to_threshold()
         threshold = self.m.eviction_threshold
         if threshold is not None and self.m.radix.num_reclaimable:
-            assert self.m.pool.num_used <= int(threshold * self.m.num_blocks)
+            assert self.m.allocator.num_used <= int(threshold * self.m.num_blocks)
 
     @precondition(lambda self: self.tokens)
     @rule(required=st.integers(0, 10))

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from engine_adapter.config import EngineConfig
-from engine_adapter.engine import Engine, EngineClosedError, RequestError
 from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.engine import Engine, EngineClosedError, RequestError
 
 SYSTEM = "You are a careful assistant. "
 PROMPTS = [

@@ -1,4 +1,4 @@
-"""`engine_adapter.config`: YAML keys, unknown keys, precedence flags > env > file > defaults, sizes."""
+"""`engine_adapter.serving.config`: YAML keys, unknown keys, precedence flags > env > file > defaults."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.config import (
+from engine_adapter.serving.config import (
     ConfigError,
     EngineConfig,
     config_keys,

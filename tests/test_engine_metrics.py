@@ -1,11 +1,11 @@
-"""`engine_adapter.metrics.EngineMetrics`: the `sage:*` Prometheus metrics, parsed back from text."""
+"""`engine_adapter.serving.metrics.EngineMetrics`: the `sage:*` Prometheus metrics, parsed back from text."""
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_adapter.metrics import EVICTION_DURATION_BUCKETS, EngineMetrics
+from engine_adapter.serving.metrics import EVICTION_DURATION_BUCKETS, EngineMetrics
 
 EXPECTED = {
     # family name as the parser reports it (counters lose `_total`) -> type

@@ -10,16 +10,13 @@ from typing import Any
 import pytest
 import structlog
 
-from engine_adapter.cache_manager import CacheManager
-from engine_adapter.events import EVICT_KEYS, FREED_KEYS, EvictionEventLog, default_log_path
-from engine_adapter.pool import PagedKVPool
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.events import EVICT_KEYS, FREED_KEYS, EvictionEventLog, default_log_path
 
 
 def make(log: EvictionEventLog | None = None, num_blocks: int = 4, **kw: Any) -> CacheManager:
-    pool = PagedKVPool(
-        num_layers=1, num_kv_heads=1, head_dim=2, block_size=4, num_blocks=num_blocks, device="meta"
-    )
-    return CacheManager(pool, event_log=log, **kw)
+    return CacheManager(BlockAllocator(num_blocks, 4), event_log=log, **kw)
 
 
 def churn(m: CacheManager, n: int = 4) -> None:

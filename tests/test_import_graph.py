@@ -87,7 +87,7 @@ def test_sources_import_no_engine_or_cli_and_no_torch_at_module_level(path: Path
 def test_the_ast_scan_sees_every_kind_of_import() -> None:
     tree = ast.parse(
         "import os, torch.nn\n"
-        "from engine_adapter.pool import Pool\n"
+        "from engine_adapter.model.kv_pool import Pool\n"
         "from . import base\n"
         "def f():\n"
         "    import torch\n"
@@ -97,7 +97,7 @@ def test_the_ast_scan_sees_every_kind_of_import() -> None:
     assert _imports(tree) == [
         ("os", 1, True),
         ("torch.nn", 1, True),
-        ("engine_adapter.pool", 2, True),
+        ("engine_adapter.model.kv_pool", 2, True),
         ("torch", 5, False),
         ("sage_cli", 7, True),
     ]

@@ -15,8 +15,8 @@ import torch
 
 from engine_adapter.model import SAGE_TINY, ByteTokenizer, ForwardBatch, load_model
 from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import weights_digest
-from engine_adapter.pool import PagedKVPool
 
 ATOL = RTOL = 1e-5
 BLOCK_SIZE = 4
@@ -44,7 +44,7 @@ def _blocks(n_tokens: int) -> int:
 
 def _prefill(decoder: Decoder, pool: PagedKVPool, ids: list[int]) -> tuple[list[int], torch.Tensor]:
     """Fresh prefill of `ids` in `pool`; returns the block table and the logits of every position."""
-    table = pool.allocate(_blocks(len(ids)))
+    table = pool.allocator.allocate(_blocks(len(ids)))
     out = decoder(ForwardBatch([ids], [0], [table], return_all_logits=True), pool)
     assert out.all_logits is not None
     return table, out.all_logits[0]
@@ -52,7 +52,7 @@ def _prefill(decoder: Decoder, pool: PagedKVPool, ids: list[int]) -> tuple[list[
 
 def _greedy(decoder: Decoder, pool: PagedKVPool, ids: list[int], steps: int) -> list[int]:
     """Greedy continuation of `ids`, one decode step at a time."""
-    table = pool.allocate(_blocks(len(ids) + steps))
+    table = pool.allocator.allocate(_blocks(len(ids) + steps))
     logits = decoder(ForwardBatch([ids], [0], [table]), pool).logits[0]
     generated: list[int] = []
     for _ in range(steps):
@@ -113,7 +113,7 @@ def test_batched_forward_equals_per_sequence_forward(tiny: tuple[Decoder, ByteTo
 
     def run_alone(i: int) -> torch.Tensor:
         pool = _pool(decoder)
-        table = pool.allocate(_blocks(len(contexts[i]) + len(new_tokens[i])))
+        table = pool.allocator.allocate(_blocks(len(contexts[i]) + len(new_tokens[i])))
         if contexts[i]:
             decoder(ForwardBatch([contexts[i]], [0], [table]), pool)
         out = decoder(
@@ -125,7 +125,9 @@ def test_batched_forward_equals_per_sequence_forward(tiny: tuple[Decoder, ByteTo
     alone = [run_alone(i) for i in range(len(contexts))]
 
     pool = _pool(decoder)
-    tables = [pool.allocate(_blocks(len(c) + len(n))) for c, n in zip(contexts, new_tokens, strict=True)]
+    tables = [
+        pool.allocator.allocate(_blocks(len(c) + len(n))) for c, n in zip(contexts, new_tokens, strict=True)
+    ]
     for context, table in zip(contexts, tables, strict=True):
         if context:
             decoder(ForwardBatch([context], [0], [table]), pool)
@@ -142,7 +144,7 @@ def test_uniform_decode_batch_equals_single_decodes(tiny: tuple[Decoder, ByteTok
     decoder, tokenizer = tiny
     prompts = [tokenizer.encode(t) for t in ("abcdefgh", "ijklmnop", "qrstuvwx")]  # equal lengths
     pool = _pool(decoder)
-    tables = [pool.allocate(_blocks(len(p) + 1)) for p in prompts]
+    tables = [pool.allocator.allocate(_blocks(len(p) + 1)) for p in prompts]
     decoder(ForwardBatch(prompts, [0, 0, 0], tables), pool)
     batched = decoder(ForwardBatch([[1], [2], [3]], [len(p) for p in prompts], tables), pool).logits
     for i, prompt in enumerate(prompts):
@@ -161,13 +163,13 @@ def test_shared_prefix_blocks_give_the_logits_of_a_fresh_prefill(tiny: tuple[Dec
     pool = _pool(decoder)
     # The first sequence is prefilled in a batch with an unrelated one, as it would be in the engine.
     other = tokenizer.encode("unrelated traffic")
-    table_first = pool.allocate(_blocks(len(first)))
-    table_other = pool.allocate(_blocks(len(other)))
+    table_first = pool.allocator.allocate(_blocks(len(first)))
+    table_other = pool.allocator.allocate(_blocks(len(other)))
     decoder(ForwardBatch([first, other], [0, 0], [table_first, table_other]), pool)
 
     # The second reuses the first's prefix blocks and prefills only its own suffix.
     shared = table_first[: len(prefix) // BLOCK_SIZE]
-    table_second = shared + pool.allocate(_blocks(len(second)) - len(shared))
+    table_second = shared + pool.allocator.allocate(_blocks(len(second)) - len(shared))
     hit = decoder(
         ForwardBatch([second[len(prefix) :]], [len(prefix)], [table_second], return_all_logits=True), pool
     )
@@ -199,7 +201,7 @@ def test_stale_values_in_unwritten_slots_never_reach_the_logits(tiny: tuple[Deco
     for cache in (*pool.k_cache, *pool.v_cache):  # what a diverged fp16 sequence could leave behind
         cache.fill_(float("nan"))
     short, long = tokenizer.encode("hi"), tokenizer.encode("a longer prompt, padded past")
-    tables = [pool.allocate(_blocks(len(short))), pool.allocate(_blocks(len(long)))]
+    tables = [pool.allocator.allocate(_blocks(len(short))), pool.allocator.allocate(_blocks(len(long)))]
     out = decoder(ForwardBatch([short, long], [0, 0], tables), pool)
     assert torch.isfinite(out.logits).all()
     for row, ids in zip(out.logits, (short, long), strict=True):
@@ -209,7 +211,7 @@ def test_stale_values_in_unwritten_slots_never_reach_the_logits(tiny: tuple[Deco
 def test_forward_rejects_an_inconsistent_batch(tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, _ = tiny
     pool = _pool(decoder, num_blocks=8)
-    table = pool.allocate(2)
+    table = pool.allocator.allocate(2)
     with pytest.raises(ValueError, match="empty ForwardBatch"):
         decoder(ForwardBatch([], [], []), pool)
     with pytest.raises(ValueError, match="differ in length"):
@@ -237,7 +239,7 @@ def test_forward_rejects_a_pool_that_does_not_fit(tiny: tuple[Decoder, ByteToken
         device="cpu",
     )
     with pytest.raises(ValueError, match="does not fit the model"):
-        decoder(ForwardBatch([[1]], [0], [wrong.allocate(1)]), wrong)
+        decoder(ForwardBatch([[1]], [0], [wrong.allocator.allocate(1)]), wrong)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 from engine_adapter.model import ForwardBatch, HFTokenizer, load_model  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402
-from engine_adapter.pool import PagedKVPool  # noqa: E402
+from engine_adapter.model.kv_pool import PagedKVPool  # noqa: E402
 
 ATOL = RTOL = 1e-4
 BLOCK_SIZE = 4
@@ -127,7 +127,7 @@ def _reference_logits(reference: Any, ids: list[int]) -> torch.Tensor:
 def _scattered_tables(pool: PagedKVPool, lengths: list[int]) -> list[list[int]]:
     """Block tables whose blocks are interleaved across sequences and out of order."""
     needed = [-(-n // BLOCK_SIZE) for n in lengths]
-    free = pool.allocate(sum(needed))[::-1]
+    free = pool.allocator.allocate(sum(needed))[::-1]
     tables: list[list[int]] = [[] for _ in lengths]
     while free:
         for table, n in zip(tables, needed, strict=True):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_adapter.errors import BlockStateError, PoolExhaustedError
-from engine_adapter.pool import PagedKVPool, resolve_device
-from engine_adapter.sizes import format_bytes, parse_bytes
+from engine_adapter.cache.errors import BlockStateError, PoolExhaustedError
+from engine_adapter.cache.sizes import format_bytes, parse_bytes
+from engine_adapter.model.kv_pool import PagedKVPool, resolve_device
 
 SHAPE = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 4, "block_size": 4}
 
@@ -22,65 +22,65 @@ def make_pool(num_blocks: int = 8, device: str = "cpu", **kw: object) -> PagedKV
 
 def test_fresh_pool_hands_out_ids_in_order_and_counts() -> None:
     pool = make_pool(8)
-    assert (pool.num_free, pool.num_used) == (8, 0)
-    assert pool.allocate(3) == [0, 1, 2]
-    assert pool.allocate(0) == []
-    assert (pool.num_free, pool.num_used) == (5, 3)
-    pool.free([1])
-    assert pool.allocate(1) == [1]  # the most recently freed goes out first
+    assert (pool.allocator.num_free, pool.allocator.num_used) == (8, 0)
+    assert pool.allocator.allocate(3) == [0, 1, 2]
+    assert pool.allocator.allocate(0) == []
+    assert (pool.allocator.num_free, pool.allocator.num_used) == (5, 3)
+    pool.allocator.free([1])
+    assert pool.allocator.allocate(1) == [1]  # the most recently freed goes out first
 
 
 def test_allocate_more_than_free_raises_and_changes_nothing() -> None:
     pool = make_pool(4)
-    pool.allocate(3)
-    before = pool.free_block_ids()
+    pool.allocator.allocate(3)
+    before = pool.allocator.free_block_ids()
     with pytest.raises(PoolExhaustedError, match="cannot allocate 2 blocks: 1 of 4 are free"):
-        pool.allocate(2)
-    assert pool.free_block_ids() == before
+        pool.allocator.allocate(2)
+    assert pool.allocator.free_block_ids() == before
     assert isinstance(PoolExhaustedError("x"), MemoryError)
 
 
 def test_negative_allocate_is_an_error() -> None:
     with pytest.raises(ValueError):
-        make_pool().allocate(-1)
+        make_pool().allocator.allocate(-1)
 
 
 def test_double_free_raises_and_changes_nothing() -> None:
     pool = make_pool(4)
-    ids = pool.allocate(2)
-    pool.free([ids[0]])
+    ids = pool.allocator.allocate(2)
+    pool.allocator.free([ids[0]])
     with pytest.raises(BlockStateError, match="double free of block 0"):
-        pool.free([ids[1], ids[0]])
+        pool.allocator.free([ids[1], ids[0]])
     # ids[1] was not freed by the failed call
-    assert not pool.is_free(ids[1])
-    assert pool.num_free == 3
+    assert not pool.allocator.is_free(ids[1])
+    assert pool.allocator.num_free == 3
 
 
 def test_repeated_id_in_one_free_is_a_double_free() -> None:
     pool = make_pool(4)
-    ids = pool.allocate(2)
+    ids = pool.allocator.allocate(2)
     with pytest.raises(BlockStateError):
-        pool.free([ids[0], ids[0]])
-    assert pool.num_used == 2
+        pool.allocator.free([ids[0], ids[0]])
+    assert pool.allocator.num_used == 2
 
 
 def test_free_out_of_range_raises() -> None:
     pool = make_pool(4)
     with pytest.raises(BlockStateError, match="outside the pool"):
-        pool.free([4])
+        pool.allocator.free([4])
     with pytest.raises(BlockStateError, match="outside the pool"):
-        pool.free([-1])
+        pool.allocator.free([-1])
 
 
 def test_every_block_can_be_allocated_and_freed() -> None:
     pool = make_pool(16)
-    ids = pool.allocate(16)
+    ids = pool.allocator.allocate(16)
     assert sorted(ids) == list(range(16))
     with pytest.raises(PoolExhaustedError):
-        pool.allocate(1)
-    pool.free(ids)
-    assert pool.num_free == 16
-    assert sorted(pool.free_block_ids()) == list(range(16))
+        pool.allocator.allocate(1)
+    pool.allocator.free(ids)
+    assert pool.allocator.num_free == 16
+    assert sorted(pool.allocator.free_block_ids()) == list(range(16))
 
 
 @pytest.mark.parametrize("bad", [0, -3, 1.5, True])
@@ -100,7 +100,7 @@ def test_tensors_have_the_documented_shape_and_are_allocated_once() -> None:
         assert t.dtype == torch.float16
         assert t.device.type == "cpu"
     ptr = pool.k_cache[0].data_ptr()
-    pool.free(pool.allocate(5))
+    pool.allocator.free(pool.allocator.allocate(5))
     assert pool.k_cache[0].data_ptr() == ptr
     assert pool.bytes_per_block == 2 * 2 * 4 * 2 * 4 * 2
 
@@ -181,10 +181,10 @@ def test_meta_device_allocates_no_memory() -> None:
     assert pool.total_bytes > 10**12
     assert all(t.is_meta for t in (*pool.k_cache, *pool.v_cache))
     assert pool.k_cache[0].shape == (1_000_000, 16, 8, 128)
-    ids = pool.allocate(1000)
+    ids = pool.allocator.allocate(1000)
     assert len(ids) == 1000
-    pool.free(ids)
-    assert pool.num_free == 1_000_000
+    pool.allocator.free(ids)
+    assert pool.allocator.num_free == 1_000_000
 
 
 def test_auto_device_is_cpu_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +221,7 @@ def test_blocks_for_memory_too_small_or_malformed() -> None:
 
 
 def test_blocks_for_utilization_on_cpu_reads_meminfo(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine_adapter.pool as pool_module
+    import engine_adapter.model.kv_pool as pool_module
 
     monkeypatch.setattr(pool_module, "_mem_available_bytes", lambda: 1024**3)
     per_block = PagedKVPool.bytes_for_block(**SHAPE, dtype=torch.float32)

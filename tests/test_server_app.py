@@ -1,4 +1,4 @@
-"""The control API (`engine_adapter.server.build_app`) over a real engine, in process.
+"""The control API (`engine_adapter.serving.server.build_app`) over a real engine, in process.
 
 A real `Engine` (sage-tiny on the CPU, a pool of 16 blocks so that a few prompts evict) behind
 Starlette's TestClient: every endpoint of `.notes/API.md`, and every error answered as
@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 from structlog.testing import capture_logs
 
-from engine_adapter.config import EngineConfig
-from engine_adapter.engine import Engine
-from engine_adapter.server import build_app
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.server import build_app
 
 NUM_BLOCKS = 16
 BLOCK_SIZE = 16

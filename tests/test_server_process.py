@@ -1,4 +1,4 @@
-"""The engine server as a real process: ``python -m engine_adapter.server`` on a temporary socket.
+"""The engine server as a real process: ``python -m engine_adapter.serving.server`` on a temporary socket.
 
 Talks HTTP over the Unix socket with httpx, as the CLI does: concurrent completions with shared
 prefixes while the policy is hot-swapped, stats, logs (tail and follow), metrics, a second
@@ -75,7 +75,7 @@ def _launch(home: Path, sock: Path, **config: Any) -> tuple[subprocess.Popen[byt
     stderr_path = home / f"stderr-{time.monotonic_ns()}.log"
     with stderr_path.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "engine_adapter.server", "--config-json", json.dumps(values)],
+            [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(values)],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ A step of the engine::
     decoder, tokenizer, config = load_model("sage-tiny", device="cpu")
     pool = decoder.make_pool(num_blocks=64, block_size=16)
     ids = tokenizer.encode("hello")
-    table = pool.allocate(1)
+    table = pool.allocator.allocate(1)
     out = decoder(ForwardBatch(token_ids=[ids], start_positions=[0], block_tables=[table]), pool)
     next_id = sample(out.logits[0], SamplingParams())            # prefill -> first token
     out = decoder(ForwardBatch([[next_id]], [len(ids)], [table]), pool)  # one decode step

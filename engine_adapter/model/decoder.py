@@ -24,7 +24,7 @@ from torch import nn
 from engine_adapter.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from engine_adapter.pool import PagedKVPool
+    from engine_adapter.model.kv_pool import PagedKVPool
 
 __all__ = ["Decoder", "ForwardBatch", "ForwardOutput"]
 
@@ -274,7 +274,7 @@ class Decoder(nn.Module):
 
     def make_pool(self, *, num_blocks: int, block_size: int) -> PagedKVPool:
         """A `PagedKVPool` that fits this model (layers, kv heads, head size, dtype, device)."""
-        from engine_adapter.pool import PagedKVPool
+        from engine_adapter.model.kv_pool import PagedKVPool
 
         cfg = self.config
         return PagedKVPool(

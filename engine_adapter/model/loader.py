@@ -26,8 +26,8 @@ import torch
 
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.kv_pool import resolve_device, resolve_dtype
 from engine_adapter.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from engine_adapter.pool import resolve_device, resolve_dtype
 
 __all__ = [
     "BUILTIN_MODELS",

@@ -57,6 +57,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import EntryMeta, EvictionPolicy, create_policy, get_policy_class
@@ -265,10 +267,6 @@ class Simulator:
         self.capacity = capacity_blocks
         # LRU (and the unbounded cache) in the radix model take the lean path: same decisions.
         self.fast = fast and cache_model == "radix" and self.policy_spec.strip() == "lru"
-        if cache_model == "radix" and not self.fast:
-            # The pool imports torch (seconds, once): not inside the timed run.
-            import engine_adapter.cache_manager
-            import engine_adapter.pool  # noqa: F401
         self.policy_name = UNBOUNDED if self.unbounded else get_policy_class(policy.split(":", 1)[0]).name
         group_by_tenant = any(r.tenant is not None for r in workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (
@@ -290,13 +288,9 @@ class Simulator:
         if self.fast:
             return _LeanLRUCache(num_blocks, bs, self._now)
 
-        from engine_adapter.cache_manager import CacheManager
-        from engine_adapter.pool import PagedKVPool
-
-        pool = PagedKVPool(
-            num_layers=1, num_kv_heads=1, head_dim=1, block_size=bs, num_blocks=num_blocks, device="meta"
+        manager = CacheManager(
+            BlockAllocator(num_blocks, bs), policy=self.policy_spec, record_events=False, clock=self._now
         )
-        manager = CacheManager(pool, policy=self.policy_spec, record_events=False, clock=self._now)
         belady = None
         if manager.policy.offline:
             if not isinstance(manager.policy, BeladyPolicy):
@@ -997,7 +991,7 @@ class _LeanLRUCache:
 
 
 def _no_room_errors() -> tuple[type[BaseException], ...]:
-    from engine_adapter.errors import NoEvictableBlocksError
+    from engine_adapter.cache.errors import NoEvictableBlocksError
 
     return (NoEvictableBlocksError,)
 

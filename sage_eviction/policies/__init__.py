@@ -15,6 +15,7 @@ from sage_eviction.policies.mru import MRUPolicy
 from sage_eviction.policies.predictive import PredictivePolicy
 from sage_eviction.policies.priority import PriorityPolicy
 from sage_eviction.policies.slo import SLOPolicy
+
 # isort: on
 # end group A
 # policies: group B (adaptive, queue-based, offline)

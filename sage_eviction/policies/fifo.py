@@ -25,8 +25,7 @@ class FIFOPolicy(RecencyPolicy):
     name = "fifo"
     strategy = EvictionStrategy.FIFO
     paper = (
-        "Belady, A Study of Replacement Algorithms for a Virtual-Storage Computer, "
-        "IBM Systems Journal 1966"
+        "Belady, A Study of Replacement Algorithms for a Virtual-Storage Computer, IBM Systems Journal 1966"
     )
     touch_on_access = False
 

@@ -1,7 +1,7 @@
 """The engine's configuration: one dataclass, from flags, the environment, a YAML file, defaults.
 
 Pure Python (no torch): ``sage llm engine start`` builds an `EngineConfig` and hands it to
-``engine_adapter.server.serve(config)``, or as JSON to ``python -m engine_adapter.server
+``engine_adapter.serving.server.serve(config)``, or as JSON to ``python -m engine_adapter.serving.server
 --config-json '...'``.
 
 Precedence, first wins::
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.sizes import parse_bytes
+from engine_adapter.cache.sizes import parse_bytes
 
 __all__ = [
     "CONFIG_ENV",
@@ -197,7 +197,7 @@ class EngineConfig:
 
     @classmethod
     def from_json(cls, text: str) -> EngineConfig:
-        """The inverse of `to_json` (``python -m engine_adapter.server --config-json``)."""
+        """The inverse of `to_json` (``python -m engine_adapter.serving.server --config-json``)."""
         try:
             values = json.loads(text)
         except json.JSONDecodeError as exc:

@@ -17,8 +17,8 @@ Block ids are the pool's; ``alloc.block_table[i]`` holds tokens ``[i*block_size,
 Threading: one thread at a time. Every public method takes `lock` (a re-entrant lock), so the
 engine can hold it across a step and the server can take it for `stats` or `swap_policy`.
 
-This module does not import torch: the pool is anything with the `BlockPool` shape
-(`engine_adapter.pool.PagedKVPool`, on any device including ``"meta"``).
+This module does not import torch: it hands out block ids from a `BlockAllocator`; the engine's
+`PagedKVPool` (`engine_adapter.model.kv_pool`) holds the tensors those ids index.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from engine_adapter.errors import (
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.errors import (
     BlockStateError,
     CacheInvariantError,
     NoEvictableBlocksError,
@@ -39,8 +40,8 @@ from engine_adapter.errors import (
     SequenceExistsError,
     UnknownSequenceError,
 )
-from engine_adapter.events import EvictionEventLog
-from engine_adapter.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
 from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy, create_policy, get_policy_class
 from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
 from sage_eviction.registry import ParamSpec, parse_policy_spec
@@ -48,34 +49,12 @@ from sage_eviction.registry import policy_params as param_specs
 
 __all__ = [
     "Allocation",
-    "BlockPool",
     "CacheManager",
     "LookupResult",
     "PinnedPrefix",
     "SequenceState",
     "SwapResult",
 ]
-
-
-class BlockPool(Protocol):
-    """What the manager needs of a pool (`PagedKVPool` has it)."""
-
-    num_blocks: int
-    block_size: int
-
-    @property
-    def num_free(self) -> int: ...
-
-    @property
-    def num_used(self) -> int: ...
-
-    def allocate(self, n: int) -> list[int]: ...
-
-    def free(self, block_ids: Iterable[int]) -> None: ...
-
-    def is_free(self, block_id: int) -> bool: ...
-
-    def free_block_ids(self) -> list[int]: ...
 
 
 @dataclass(slots=True)
@@ -229,7 +208,7 @@ class CacheManager:
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses.
 
     Args:
-        pool: The block pool (a `PagedKVPool`, possibly on ``"meta"``).
+        allocator: The free list of block ids (`PagedKVPool.allocator` in the engine).
         block_size: Tokens per block; must equal the pool's (defaults to it).
         policy: Policy spec, e.g. ``"lru"`` or ``"slru:protected_threshold=3"``; policies that take
             `capacity` get the pool size.
@@ -249,7 +228,7 @@ class CacheManager:
 
     def __init__(
         self,
-        pool: BlockPool,
+        allocator: BlockAllocator,
         block_size: int | None = None,
         policy: str = "lru",
         *,
@@ -262,14 +241,16 @@ class CacheManager:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if block_size is None:
-            block_size = pool.block_size
-        if block_size != pool.block_size:
-            raise ValueError(f"block_size={block_size} differs from the pool's block_size={pool.block_size}")
+            block_size = allocator.block_size
+        if block_size != allocator.block_size:
+            raise ValueError(
+                f"block_size={block_size} differs from the pool's block_size={allocator.block_size}"
+            )
         if eviction_threshold is not None and not 0.0 <= eviction_threshold <= 1.0:
             raise ValueError(f"eviction_threshold={eviction_threshold!r} must be within [0, 1]")
-        self.pool = pool
+        self.allocator = allocator
         self.block_size = block_size
-        self.num_blocks = pool.num_blocks
+        self.num_blocks = allocator.num_blocks
         self.eviction_threshold = eviction_threshold
         self.isolate_tenants = isolate_tenants
         self.clock = clock
@@ -310,12 +291,12 @@ class CacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks on the pool's free list."""
-        return self.pool.num_free
+        return self.allocator.num_free
 
     @property
     def num_available_blocks(self) -> int:
         """Free blocks plus cached blocks that eviction could reclaim now."""
-        return self.pool.num_free + self.radix.num_reclaimable
+        return self.allocator.num_free + self.radix.num_reclaimable
 
     @property
     def num_cached_blocks(self) -> int:
@@ -413,7 +394,7 @@ class CacheManager:
             keys = self._request_keys(token_ids, block_keys, n_tokens, self._salt(cache_salt, tenant))
             path = self.radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
             n_new = -(-n_tokens // self.block_size) - len(path)
-            available = self.pool.num_free + self.radix.num_reclaimable - self._reclaimable_in(path)
+            available = self.allocator.num_free + self.radix.num_reclaimable - self._reclaimable_in(path)
             return LookupResult(
                 num_cached_blocks=len(path),
                 num_cached_tokens=len(path) * self.block_size,
@@ -493,19 +474,20 @@ class CacheManager:
             radix = self.radix
             path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
             n_new = n_blocks - len(path)
-            deficit = n_new - self.pool.num_free
+            deficit = n_new - self.allocator.num_free
             if deficit > 0:
                 reclaimable = radix.num_reclaimable - self._reclaimable_in(path)
                 if deficit > reclaimable:
                     raise NoEvictableBlocksError(
-                        f"sequence {sequence_id} needs {n_new} new blocks: {self.pool.num_free} free and "
+                        f"sequence {sequence_id} needs {n_new} new blocks: "
+                        f"{self.allocator.num_free} free and "
                         f"{reclaimable} reclaimable of {self.num_blocks}"
                     )
             now = self.clock()
             radix.lock(path)
             radix.touch(path, now)
             evicted = self._evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
-            new_ids = self.pool.allocate(n_new)
+            new_ids = self.allocator.allocate(n_new)
             seq = SequenceState(
                 sequence_id=sequence_id,
                 block_table=[b.block_id for b in path] + new_ids,
@@ -561,12 +543,12 @@ class CacheManager:
                     f"sequence {sequence_id} would need {len(seq.block_table) + num_blocks} blocks "
                     f"but the pool has {self.num_blocks}"
                 )
-            deficit = num_blocks - self.pool.num_free
+            deficit = num_blocks - self.allocator.num_free
             if deficit > self.radix.num_reclaimable:
                 return None
             if deficit > 0:
                 self._evict(deficit, "alloc", pending=num_blocks)
-            new_ids = self.pool.allocate(num_blocks)
+            new_ids = self.allocator.allocate(num_blocks)
             seq.block_table.extend(new_ids)
             return new_ids
 
@@ -721,7 +703,7 @@ class CacheManager:
             radix.unlock(path)
             del self._sequences[sequence_id]
             if to_free:
-                self.pool.free(to_free)
+                self.allocator.free(to_free)
             return added
 
     def preempt(
@@ -834,7 +816,7 @@ class CacheManager:
         victims, decision = self.radix.evict(n)
         if not victims:
             return 0
-        self.pool.free([b.block_id for b in victims])
+        self.allocator.free([b.block_id for b in victims])
         count = len(victims)
         policy_name = self.policy_name
         self.eviction_calls += 1
@@ -842,7 +824,7 @@ class CacheManager:
         self._evictions_by_reason[reason] = self._evictions_by_reason.get(reason, 0) + count
         self._evictions_by_policy[policy_name] = self._evictions_by_policy.get(policy_name, 0) + count
         self._evict_latency.record(decision)
-        self._utilization_sum += min(self.pool.num_used + pending, self.num_blocks) / self.num_blocks
+        self._utilization_sum += min(self.allocator.num_used + pending, self.num_blocks) / self.num_blocks
         self._utilization_samples += 1
         on_evict = self._reprefill.on_evict
         for block in victims:
@@ -889,7 +871,7 @@ class CacheManager:
             if self.eviction_threshold is None:
                 return 0
             target = math.floor(self.eviction_threshold * self.num_blocks)
-            excess = min(self.pool.num_used - target, self.radix.num_reclaimable)
+            excess = min(self.allocator.num_used - target, self.radix.num_reclaimable)
             return self._evict(excess, "watermark") if excess > 0 else 0
 
     def reset_prefix_cache(self) -> int:
@@ -903,7 +885,7 @@ class CacheManager:
             self._reprefill.forget()
             removed = self.radix.reclaim_all()
             if removed:
-                self.pool.free([b.block_id for b in removed])
+                self.allocator.free([b.block_id for b in removed])
             return len(removed)
 
     # ---- preemption -------------------------------------------------------------------------
@@ -1019,7 +1001,7 @@ class CacheManager:
         """The metrics of DESIGN 6 in the shape of ``GET /v1/eviction/stats`` (API.md)."""
         with self.lock:
             p50, p99 = self._evict_latency.quantiles(0.5, 0.99)
-            used = self.pool.num_used
+            used = self.allocator.num_used
             return {
                 "strategy": self.policy_name.upper(),
                 "policy": self.policy_name,
@@ -1039,7 +1021,7 @@ class CacheManager:
                 ),
                 "total_blocks": self.num_blocks,
                 "used_blocks": used,
-                "free_blocks": self.pool.num_free,
+                "free_blocks": self.allocator.num_free,
                 "cached_blocks": len(self.radix),
                 "evictable_blocks": self.radix.num_evictable,
                 "pinned_blocks": self.radix.num_pinned,
@@ -1077,7 +1059,7 @@ class CacheManager:
             CacheInvariantError: With what is wrong.
         """
         with self.lock:
-            pool = self.pool
+            pool = self.allocator
             total = self.num_blocks
             if pool.num_free + pool.num_used != total:
                 raise CacheInvariantError(f"free {pool.num_free} + used {pool.num_used} != total {total}")

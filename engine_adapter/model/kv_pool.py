@@ -1,23 +1,24 @@
-"""The paged KV pool: one K and one V tensor per layer, allocated once, and a free list of blocks.
+"""The paged KV pool: one K and one V tensor per layer, allocated once, beside its block allocator.
 
 A block holds the keys and values of `block_size` consecutive tokens of one sequence in every
 layer. Token position `p` of a sequence whose block table is `bt` lives in slot
 `bt[p // block_size] * block_size + p % block_size` of the flattened
 `[num_blocks * block_size, num_kv_heads, head_dim]` view of each layer's tensor.
 
-On the ``"meta"`` device the tensors have shapes but no storage, so a simulation can run the
-same cache manager over millions of blocks without memory.
+Which block ids are free lives in `engine_adapter.cache.block_allocator.BlockAllocator`
+(`pool.allocator`), pure Python, so the cache manager and the simulator never need torch. On the
+``"meta"`` device the tensors have shapes but no storage (tests of shapes and sizing).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from engine_adapter.errors import BlockStateError, PoolExhaustedError
-from engine_adapter.sizes import parse_bytes
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.sizes import parse_bytes
 
 __all__ = ["PagedKVPool", "resolve_device", "resolve_dtype"]
 
@@ -75,7 +76,7 @@ def _mem_available_bytes() -> int:
 
 
 class PagedKVPool:
-    """Fixed-size K/V block storage for every layer plus an O(1) free list of block ids.
+    """Fixed-size K/V block storage for every layer, with the `BlockAllocator` of its block ids.
 
     Args:
         num_layers: Decoder layers.
@@ -90,6 +91,7 @@ class PagedKVPool:
     Attributes:
         k_cache: One tensor per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         v_cache: Same for values.
+        allocator: The free list of block ids, for the cache manager.
     """
 
     def __init__(
@@ -133,86 +135,13 @@ class PagedKVPool:
         self._k_flat = [t.view(flat) for t in self.k_cache]
         self._v_flat = [t.view(flat) for t in self.v_cache]
 
-        # A stack: the next block handed out is the last element. Reversed so that a fresh
-        # pool hands out 0, 1, 2, ... (easier to read in logs and tests).
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._is_free = bytearray(b"\x01") * num_blocks
-
-    # ---- the free list ------------------------------------------------------------------
-
-    @property
-    def num_free(self) -> int:
-        """Blocks on the free list."""
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        """Blocks handed out and not yet freed."""
-        return self.num_blocks - len(self._free)
+        # Which blocks are free is the cache core's business: the manager takes this allocator.
+        self.allocator = BlockAllocator(num_blocks, block_size)
 
     @property
     def total_bytes(self) -> int:
         """Bytes of K and V over all layers and blocks (0 allocated on meta)."""
         return self.bytes_per_block * self.num_blocks
-
-    def is_free(self, block_id: int) -> bool:
-        """Whether `block_id` is on the free list."""
-        self._check_id(block_id)
-        return bool(self._is_free[block_id])
-
-    def allocate(self, n: int) -> list[int]:
-        """Take `n` blocks off the free list, O(1) each.
-
-        Raises:
-            PoolExhaustedError: Fewer than `n` blocks are free; nothing changed.
-            ValueError: `n` is negative.
-        """
-        if n <= 0:
-            if n < 0:
-                raise ValueError(f"cannot allocate n={n} blocks")
-            return []
-        free = self._free
-        if n > len(free):
-            raise PoolExhaustedError(f"cannot allocate {n} blocks: {len(free)} of {self.num_blocks} are free")
-        ids = free[-n:]
-        del free[-n:]
-        ids.reverse()
-        is_free = self._is_free
-        for block_id in ids:
-            is_free[block_id] = 0
-        return ids
-
-    def free(self, block_ids: Iterable[int]) -> None:
-        """Return blocks to the free list.
-
-        Raises:
-            BlockStateError: An id is out of range, already free, or repeated; nothing changed.
-        """
-        ids = list(block_ids)
-        is_free = self._is_free
-        num_blocks = self.num_blocks
-        for i, block_id in enumerate(ids):
-            if not 0 <= block_id < num_blocks:
-                self._undo_marks(ids[:i])
-                raise BlockStateError(f"block id {block_id} is outside the pool (0..{num_blocks - 1})")
-            if is_free[block_id]:
-                self._undo_marks(ids[:i])
-                raise BlockStateError(f"double free of block {block_id}")
-            is_free[block_id] = 1
-        # Push in reverse so that the first freed is the next handed out again.
-        self._free.extend(reversed(ids))
-
-    def _undo_marks(self, ids: list[int]) -> None:
-        for block_id in ids:
-            self._is_free[block_id] = 0
-
-    def _check_id(self, block_id: int) -> None:
-        if not 0 <= block_id < self.num_blocks:
-            raise BlockStateError(f"block id {block_id} is outside the pool (0..{self.num_blocks - 1})")
-
-    def free_block_ids(self) -> list[int]:
-        """The free list, next to be handed out last (O(n): for checks and tests)."""
-        return list(self._free)
 
     # ---- K/V access -----------------------------------------------------------------------
 
@@ -377,5 +306,5 @@ class PagedKVPool:
         return (
             f"PagedKVPool(num_layers={self.num_layers}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, block_size={self.block_size}, num_blocks={self.num_blocks}, "
-            f"dtype={self.dtype}, device={self.device}, free={self.num_free})"
+            f"dtype={self.dtype}, device={self.device}, free={self.allocator.num_free})"
         )

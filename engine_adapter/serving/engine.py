@@ -26,16 +26,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from engine_adapter.cache_manager import CacheManager
-from engine_adapter.config import EngineConfig
-from engine_adapter.errors import SageCacheError
-from engine_adapter.events import EvictionEventLog
-from engine_adapter.metrics import EngineMetrics
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.errors import SageCacheError
+from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
-from engine_adapter.pool import PagedKVPool
-from engine_adapter.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.metrics import EngineMetrics
+from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
 from sage_eviction import UnknownPolicyError, available_policies, get_policy_class, policy_params
 from sage_eviction.registry import parse_policy_spec
 
@@ -169,7 +169,7 @@ class Engine:
             config.eviction_log_path if config.log_evictions else None, ring_size=10_000
         )
         self.cache = CacheManager(
-            self.pool,
+            self.pool.allocator,
             policy=config.eviction_policy,
             policy_params=dict(config.policy_params),
             max_pinned_ratio=config.max_pinned_ratio,
@@ -282,7 +282,7 @@ class Engine:
 
     def _update_gauges(self) -> None:
         cache = self.cache
-        self.metrics.set_usage(cache.pool.num_used / cache.num_blocks if cache.num_blocks else 0.0)
+        self.metrics.set_usage(cache.allocator.num_used / cache.num_blocks if cache.num_blocks else 0.0)
         self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
         reprefills = cache._reprefill.re_prefilled
         if reprefills > self._last_reprefills:

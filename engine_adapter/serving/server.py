@@ -22,7 +22,7 @@ daemon threads of their own (`_ThreadPump`), so the event loop keeps serving.
 exists), writes ``<stem>.pid`` next to it, builds and starts the `Engine`, runs uvicorn on the
 bound socket, and on SIGTERM, SIGINT or ``POST /v1/engine/shutdown`` drains the engine, stops
 uvicorn, removes the socket and the pid file and returns 0. Run it as
-``python -m engine_adapter.server --config-json '{"name": "default", ...}'``.
+``python -m engine_adapter.serving.server --config-json '{"name": "default", ...}'``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from engine_adapter.config import EngineConfig
-    from engine_adapter.engine import Engine
+    from engine_adapter.serving.config import EngineConfig
+    from engine_adapter.serving.engine import Engine
 
 __all__ = ["ApiError", "build_app", "main", "serve"]
 
@@ -428,7 +428,7 @@ def build_app(
     """The control API of `engine` as a Starlette app.
 
     Args:
-        engine: the engine facade (`engine_adapter.engine.Engine`), already started.
+        engine: the engine facade (`engine_adapter.serving.engine.Engine`), already started.
         socket_path: the socket it is served on, reported by ``GET /v1/engine``; defaults to
             ``engine.config.socket``.
         request_shutdown: called (once, after the answer is sent) by ``POST /v1/engine/shutdown``;
@@ -568,7 +568,7 @@ def build_app(
         except ValueError as exc:  # RequestError: it can never be served
             raise ApiError(400, "invalid_request", str(exc)) from None
         except RuntimeError as exc:
-            from engine_adapter.engine import EngineClosedError
+            from engine_adapter.serving.engine import EngineClosedError
 
             if isinstance(exc, EngineClosedError):  # it began draining between the check and the submit
                 raise ApiError(503, "unavailable", str(exc)) from None
@@ -972,7 +972,7 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt_startup)
-        from engine_adapter.engine import Engine
+        from engine_adapter.serving.engine import Engine
 
         try:
             engine = Engine(config)
@@ -1028,9 +1028,9 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engine_adapter.server --config-json '<json>'``: build the config and `serve`."""
+    """``python -m engine_adapter.serving.server --config-json '<json>'``: build the config and `serve`."""
     parser = argparse.ArgumentParser(
-        prog="python -m engine_adapter.server", description=__doc__.splitlines()[0]
+        prog="python -m engine_adapter.serving.server", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--config-json", required=True, help="the EngineConfig as a JSON object")
     parser.add_argument("--log-level", default=os.environ.get("SAGE_LOG_LEVEL", "info"))
@@ -1043,7 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(raw, dict):
         print("sage engine: --config-json must be a JSON object", file=sys.stderr)
         return 2
-    from engine_adapter.config import EngineConfig
+    from engine_adapter.serving.config import EngineConfig
 
     try:
         config = EngineConfig.from_dict(raw, source="--config-json")

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_adapter.cache_manager import CacheManager
-from engine_adapter.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
 from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import SamplingParams, make_generator, sample_batch
 from engine_adapter.model.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine_adapter.pool import PagedKVPool
 
 __all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "SequenceStatus", "StepStats"]
 

@@ -27,7 +27,7 @@ import struct
 import time
 from collections.abc import Hashable, Iterable, Sequence
 
-from engine_adapter.errors import BlockStateError, CacheInvariantError, PinLimitError
+from engine_adapter.cache.errors import BlockStateError, CacheInvariantError, PinLimitError
 from sage_eviction import EntryMeta, EvictionPolicy
 
 __all__ = ["CachedBlock", "RadixCache", "block_hashes", "format_block_key", "root_key"]

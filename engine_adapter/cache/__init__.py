@@ -1,0 +1,17 @@
+"""The cache core: pure Python, never torch.
+
+    block_allocator.py  BlockAllocator: the free list of the pool's block ids
+    radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
+                        leaf-only eviction through the policy
+    cache_manager.py    CacheManager: the one object the scheduler, server and simulator drive
+    stats.py            CacheStats: the typed snapshot of the cache's metrics
+    events.py           EvictionEventLog: eviction events as JSON lines, ring buffer, subscribers
+    errors.py           the cache's exception tree
+    sizes.py            byte sizes such as "2GiB"
+
+Importing this package imports no submodule; import what you need.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
