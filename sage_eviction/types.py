@@ -33,6 +33,7 @@ class EvictionStrategy(Enum):
     FILO = "filo"
     LFU = "lfu"
     ARC = "arc"
+    MQ = "mq"
     SLRU = "slru"
     PRIORITY = "priority"
     QOS_AWARE = "priority"  # the module spec's name for the same policy
