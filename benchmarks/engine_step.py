@@ -8,7 +8,14 @@ manager and a policy, on a pool a third too small so that it evicts and preempts
 of step time spent outside the forward (admission, block reservation, policy decisions,
 sampling bookkeeping, caching) is reported against the 2 % target.
 
+With a real model (``--model smollm2-135m``, a ``.gguf`` file or a folder) and transformers
+installed, the same prompts also go through transformers' greedy ``generate`` (batch 1 and 8, same
+dtype and threads): its prefill is a generate of one token, its decode rate the remaining tokens
+over the remaining time. ``--startup`` times a new engine process from its start to the answer
+of its first request.
+
     python benchmarks/engine_step.py                       # sage-tiny on the CPU, batch 1, 8, 32
+    python benchmarks/engine_step.py --model smollm2-135m --startup
     python benchmarks/engine_step.py --batch-sizes 1,4 --prompt-len 512 --device cuda
     python benchmarks/engine_step.py --model /path/to/Qwen2.5-0.5B-Instruct --dtype bf16 --json
 """
@@ -98,6 +105,99 @@ def bench_batch(
     }
 
 
+def _transformers_model(name: str, dtype: torch.dtype) -> Any:
+    """The same model through transformers, or None when there is no such reference."""
+    from engine_adapter.model.builtin import SMOLLM2_NAME, smollm2_gguf_path
+
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    path = smollm2_gguf_path() if name == SMOLLM2_NAME else Path(name)
+    if path is None or not path.exists():
+        return None
+    if path.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.eval()
+
+
+def bench_transformers(
+    model: Any, batch: int, prompt_len: int, decode_steps: int, vocab: int
+) -> dict[str, Any]:
+    """transformers' greedy generate on B random prompts of `prompt_len` tokens (best of 2)."""
+    generator = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=generator)
+
+    def run(new_tokens: int) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(
+                prompts,
+                attention_mask=torch.ones_like(prompts),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return time.perf_counter() - start
+
+    run(2)  # warm-up
+    prefill = min(run(1) for _ in range(2))
+    full = min(run(decode_steps) for _ in range(2))
+    return {
+        "batch": batch,
+        "prefill_tokens_per_s": batch * prompt_len / prefill,
+        "decode_tokens_per_s": batch * (decode_steps - 1) / max(full - prefill, 1e-9),
+    }
+
+
+def bench_startup(model: str, device: str) -> dict[str, float]:
+    """Seconds from starting an engine process to the answer of its first request."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import httpx
+
+    folder = Path(tempfile.mkdtemp(prefix="sage-startup-", dir="/tmp"))
+    sock = folder / "e.sock"
+    config = {
+        "model": model,
+        "socket": str(sock),
+        "log_dir": str(folder),
+        "device": device,
+        "num_blocks": 256,
+    }
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://sage") as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the engine exited with {proc.returncode}")
+                try:
+                    answer = http.post(
+                        "/v1/completions", json={"prompt": "Hello", "max_tokens": 1}, timeout=120
+                    )
+                    answer.raise_for_status()
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        first_answer = time.perf_counter() - start
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"start_to_first_answer_s": first_answer}
+
+
 def bench_scheduler(
     decoder: Decoder,
     tokenizer: Any,
@@ -173,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--policies", default="lru,arc,s3fifo", help="policies for the bookkeeping share")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--startup", action="store_true", help="also time engine start to first answer")
+    parser.add_argument(
+        "--no-transformers", action="store_true", help="skip the comparison with transformers' generate"
+    )
     args = parser.parse_args(argv)
 
     if args.threads is not None:
@@ -192,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         "decode_steps": args.decode_steps,
         "block_size": args.block_size,
     }
+    reference = None if args.no_transformers else _transformers_model(args.model, decoder.dtype)
+    theirs = []
+    if reference is not None:
+        vocab = min(config.vocab_size, 256)
+        theirs = [
+            bench_transformers(reference, int(b), args.prompt_len, args.decode_steps, vocab)
+            for b in args.batch_sizes.split(",")
+            if int(b) <= 8
+        ]
+    startup = bench_startup(args.model, args.device) if args.startup else None
     shares = [
         bench_scheduler(
             decoder, tokenizer, int(b), args.prompt_len, args.decode_steps, args.block_size, policy
@@ -201,7 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.json:
         print(
-            json.dumps({"machine": machine, "setup": setup, "results": rows, "bookkeeping": shares}, indent=2)
+            json.dumps(
+                {
+                    "machine": machine,
+                    "setup": setup,
+                    "results": rows,
+                    "transformers": theirs,
+                    "startup": startup,
+                    "bookkeeping": shares,
+                },
+                indent=2,
+            )
         )
         return 0
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
@@ -212,6 +336,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['batch']:>5}  {r['prefill_tokens_per_s']:>13.0f}  {r['prefill_ms']:>10.1f}  "
             f"{r['decode_tokens_per_s']:>12.0f}  {r['decode_step_ms']:>8.2f}"
         )
+    if theirs:
+        ours = {r["batch"]: r for r in rows}
+        print()
+        print("transformers' greedy generate on the same prompts (target: decode at batch 8 >= 2x theirs,")
+        print("batch 1 no slower)")
+        print(f"{'batch':>5}  {'prefill tok/s':>13}  {'decode tok/s':>12}  {'sage/theirs decode':>18}")
+        for r in theirs:
+            ratio = ours[r["batch"]]["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+            print(
+                f"{r['batch']:>5}  {r['prefill_tokens_per_s']:>13.0f}  {r['decode_tokens_per_s']:>12.0f}  "
+                f"{ratio:>17.2f}x"
+            )
+    if startup is not None:
+        print(f"\nengine start to first answer: {startup['start_to_first_answer_s']:.2f} s (target <= 10 s)")
     print()
     print("step time through the scheduler (pool a third too small): in the cache manager and policy")
     print("(target <= 2 %), and in all of the scheduler outside the forward (sampling, detokenizing too)")

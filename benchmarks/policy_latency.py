@@ -1,4 +1,4 @@
-"""Latency of the policy decisions, per online policy, against the targets of DESIGN 8.
+"""Latency of the policy decisions, per online policy, against the targets of docs/architecture.md, "Targets".
 
 - `evict(1)` in steady state at n evictable entries: fill n entries, then loop: evict(1),
   insert a new key, hit a few random live keys. Each evict is timed alone with
@@ -172,7 +172,7 @@ def bench_evict(name: str, n: int, samples: int, accesses: int, overhead_ns: int
 
 
 def spec_candidates(seed: int = 0) -> list[EvictionCandidate]:
-    """The module spec's benchmark scenario (spec/000, "Benchmark 场景")."""
+    """The module spec's benchmark scenario ("Benchmark 场景" of the module spec)."""
     rng = random.Random(seed)
     return [
         EvictionCandidate(

@@ -1,12 +1,12 @@
 """Plain conversion of option values, so that a command does not import pydantic.
 
 Typer (0.2x) converts every non-flag value through a pydantic ``TypeAdapter``: importing
-pydantic and building the adapters costs about 0.1 s of CPU per run, a third of the cold start
-of ``sage llm eviction stats`` (DESIGN 8: <= 0.4 s in a new process). The options of ``sage``
-are plain ``str``, ``int``, ``float``, ``Path`` or ``list[str]``; this module converts those
-itself, with Click's messages, and leaves every other parameter to Typer. It relies on Typer's
-per-parameter hook ``_runtime_param``; if a Typer release drops it, nothing is installed and
-Typer converts as usual (slower, same results).
+pydantic and building the adapters costs about 0.1 s of CPU per run, a third of the cold start of
+``sage llm eviction stats`` (target: <= 0.4 s in a new process, docs/architecture.md, "Targets").
+The options of ``sage`` are plain ``str``, ``int``, ``float``, ``Path`` or ``list[str]``; this
+module converts those itself, with Click's messages, and leaves every other parameter to Typer. It
+relies on Typer's per-parameter hook ``_runtime_param``; if a Typer release drops it, nothing is
+installed and Typer converts as usual (slower, same results).
 """
 
 from __future__ import annotations

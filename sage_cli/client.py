@@ -1,4 +1,4 @@
-"""The control client: HTTP/1.1 JSON over the engine's Unix socket (DESIGN 5, .notes/API.md).
+"""The control client: HTTP/1.1 JSON over the engine's Unix socket (docs/architecture.md, "Control API").
 
 Transport errors are translated once, here, into a small tree; nothing above this module
 sees an httpx exception::

@@ -148,7 +148,7 @@ def render_event(event: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
     ``[2026-01-02 10:15:33] EVICTION: Freed 10 blocks, total freed: 127 blocks``
 
     Args:
-        event: One event of the eviction log (.notes/API.md).
+        event: One event of the eviction log (docs/architecture.md, "Control API").
         tz: The time zone of the timestamp; the local one by default.
     """
     stamp = f"[{_timestamp(event.get('ts'), tz)}]"

@@ -10,8 +10,9 @@
 A command finds its engine from, first to last: ``--socket PATH``, ``--name NAME``,
 ``$SAGE_SOCKET``, ``$SAGE_NAME``, then the name ``default``.
 
-`engine_adapter.serving.config` computes the same defaults on the engine side (it may not import this
-package); a test checks that the two agree.
+`engine_adapter.paths` is the engine side's definition of the same (the engine may not import this
+package, nor may the light commands import the engine); tests/test_engine_config.py checks that the
+two agree.
 """
 
 from __future__ import annotations

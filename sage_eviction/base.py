@@ -1,4 +1,6 @@
-"""The incremental policy interface (DESIGN 2.1) and the heap base most policies build on.
+"""The incremental policy interface and the heap base most policies build on.
+
+The contract is drawn in docs/architecture.md, "Policy interface".
 
 `EvictionPolicy` owns what every policy needs: the entries' metadata, which entries are
 evictable, argument checking with clear errors, the counters behind `get_metrics`, and the
@@ -375,7 +377,7 @@ class EvictionPolicy(EvictionPolicyProtocol):
     def _eviction_order(self) -> list[Hashable]:
         """The evictable keys, next victim first (for `entries()`; may be O(n log n))."""
 
-    # ---- the module spec's interface (DESIGN 2.2) ----------------------------------------
+    # ---- the module spec's interface (docs/architecture.md) ------------------------------
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

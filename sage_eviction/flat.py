@@ -3,7 +3,7 @@
 This is the cache model libCacheSim simulates (demand paging with forced admission), so the
 policies that both have (LRU, FIFO, LFU, ARC, S3-FIFO, SIEVE, Belady) must give the same
 misses here as there; `tests/test_libcachesim_oracle.py` checks it. The simulator uses it as
-its `flat` cache model (DESIGN 7).
+its `flat` cache model (docs/architecture.md, "Simulator").
 
 One request for key k:
 

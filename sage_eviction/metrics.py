@@ -1,4 +1,6 @@
-"""The metrics of DESIGN 6, defined once and used by the policies, the cache and the benchmark.
+"""The metrics, defined once and used by the policies, the cache and the benchmark.
+
+Their definitions: docs/architecture.md, "Metrics".
 
 - `jain_fairness`: Jain's index (sum x)^2 / (n * sum x^2); 1.0 for zero or one value.
 - `ReprefillTracker`: evicted keys that were requested again later / evicted keys.

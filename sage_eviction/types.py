@@ -1,8 +1,8 @@
 """The records that cross the policy boundary.
 
-`EntryMeta` is what the cache tells a policy about one cached block (DESIGN 2.1). The rest are
-the module spec's names (spec/000, DESIGN 2.2): `EvictionStrategy`, `EvictionCandidate`,
-`EvictionPolicyProtocol`, `EvictionResult` and `EvictionMetrics`.
+`EntryMeta` is what the cache tells a policy about one cached block. The rest are the module
+spec's names: `EvictionStrategy`, `EvictionCandidate`, `EvictionPolicyProtocol`, `EvictionResult`
+and `EvictionMetrics` (docs/architecture.md, "Policy interface").
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class EvictionResult:
 class EvictionMetrics:
     """Eviction counters (module spec); `avg_eviction_time` is in ms.
 
-    The extra fields carry the rest of DESIGN 6 where the producer knows them.
+    The extra fields carry the rest of docs/architecture.md, "Metrics" where the producer knows them.
     """
 
     total_evictions: int = 0
@@ -135,7 +135,7 @@ class EvictionMetrics:
 
 
 class EvictionPolicyProtocol(ABC):
-    """The module spec's sequence-level interface (DESIGN 2.2)."""
+    """The module spec's sequence-level interface (docs/architecture.md, "The module spec's interface")."""
 
     @abstractmethod
     def select_victims(self, candidates: list[EvictionCandidate], required_blocks: int) -> list[int]:

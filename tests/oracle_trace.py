@@ -17,7 +17,7 @@ from typing import Any
 MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
 MOONCAKE_SYNTHETIC = Path("mooncake") / "synthetic_trace.jsonl"
 ORACLE_RECORD = struct.Struct("<IQIq")
-ORACLE_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
+ORACLE_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "mq", "belady"]
 
 
 def write_oracle_general(path: Path, keys: Sequence[int]) -> None:
@@ -43,6 +43,7 @@ def libcachesim_class(policy: str) -> Any:
         "arc": lcs.ARC,
         "s3fifo": lcs.S3FIFO,
         "sieve": lcs.Sieve,
+        "mq": lcs.MQ,
         "belady": lcs.Belady,
     }[policy]
 

@@ -2,7 +2,7 @@
 
 Each model keeps its entries in a dict and finds the victim with a linear scan over them
 (O(n)), with no heap, no lazy deletion and no linked list: only the policy's definition.
-The interface every model has (helper models in `reference_models_b` share it):
+The interface every model has (helper models in `reference_models_adaptive` share it):
 
     Model(capacity: int | None, **params)      the policy's params, defaults filled in
     insert(key, meta, evictable)               meta is copied; the model keeps its own hits
@@ -15,13 +15,11 @@ The interface every model has (helper models in `reference_models_b` share it):
 A "tick" is a logical clock that advances on every insert and every access, so that "least
 recent" is the entry whose latest insert or access came first; becoming evictable is not an
 access. `REFERENCE_MODELS` maps registry names to models; it includes `REFERENCE_MODELS_B`
-from `reference_models_b` (ARC, SLRU, S3-FIFO, SIEVE) when that module exists.
+from `reference_models_adaptive` (ARC, SLRU, S3-FIFO, SIEVE).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
@@ -257,9 +255,9 @@ REFERENCE_MODELS: dict[str, type] = {
     "slo": SLOModel,
 }
 
-if importlib.util.find_spec("reference_models_b") is not None:
-    _models_b: dict[str, type] = importlib.import_module("reference_models_b").REFERENCE_MODELS_B
-    _overlap = set(_models_b) & set(REFERENCE_MODELS)
-    if _overlap:
-        raise RuntimeError(f"reference_models_b redefines {sorted(_overlap)}")
-    REFERENCE_MODELS.update(_models_b)
+from reference_models_adaptive import REFERENCE_MODELS_ADAPTIVE  # noqa: E402 (its models use the above)
+
+_overlap = set(REFERENCE_MODELS_ADAPTIVE) & set(REFERENCE_MODELS)
+if _overlap:
+    raise RuntimeError(f"reference_models_adaptive redefines {sorted(_overlap)}")
+REFERENCE_MODELS.update(REFERENCE_MODELS_ADAPTIVE)

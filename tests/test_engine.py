@@ -1,7 +1,7 @@
 """The engine facade with the real model, pool, cache manager and scheduler (no server).
 
-The central property (DESIGN 4): greedy outputs with a pool small enough to force evictions and
-preemptions equal the outputs with an unbounded pool, for several policies.
+The central property (docs/architecture.md, "Engine"): greedy outputs with a pool small enough
+to force evictions and preemptions equal the outputs with an unbounded pool, for several policies.
 """
 
 from __future__ import annotations
@@ -287,3 +287,34 @@ def test_the_engine_seed_makes_unseeded_sampling_reproducible(tmp_path: object) 
             engine.shutdown()
     assert outputs[0] == outputs[1]
     assert outputs[0][0] != outputs[0][1]  # each request draws its own stream
+
+
+def test_a_failed_step_logs_its_traceback_with_the_request_ids_and_the_engine_serves_on(
+    tmp_path: object,
+) -> None:
+    from structlog.testing import capture_logs
+
+    engine = _engine(tmp_path)
+    real_step = engine.scheduler.step
+    calls = {"n": 0}
+
+    def failing_once() -> object:
+        # The second step: the first has admitted and prefilled the request, so it is running.
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("a bug in the step")
+        return real_step()
+
+    engine.scheduler.step = failing_once  # type: ignore[method-assign]
+    try:
+        with capture_logs() as logs:
+            failed = engine.submit("Short.", SamplingParams(max_tokens=4, ignore_eos=True)).result(timeout=60)
+        served = engine.submit("Short.", SamplingParams(max_tokens=4, ignore_eos=True)).result(timeout=60)
+    finally:
+        engine.shutdown()
+    assert failed.finish_reason == "error" and "RuntimeError: a bug in the step" in (failed.error or "")
+    [entry] = [e for e in logs if e["event"] == "engine step failed"]
+    assert entry["log_level"] == "error"
+    assert failed.request_id in entry["request_ids"]
+    assert isinstance(entry["exc_info"], RuntimeError)
+    assert served.finish_reason == "length" and served.completion_tokens == 4

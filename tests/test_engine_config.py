@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_adapter import paths as engine_paths
 from engine_adapter.serving.config import (
     ConfigError,
     EngineConfig,
@@ -66,6 +67,14 @@ def test_paths_agree_with_the_cli(sage_home: Path) -> None:
     assert config.pid_path == paths.pid_path(paths.socket_path("blue"))
     assert config.eviction_log_path == paths.eviction_log_path("blue")
     assert config.engine_log_path == paths.engine_log_path("blue")
+    assert engine_paths.DEFAULT_NAME == paths.DEFAULT_NAME
+    for name in ("a", "blue-1.x_y", "9", "x" * 64, "", ".hidden", "a/b", "x" * 65, "é", "-a"):
+        cli_accepts = True
+        try:
+            paths.validate_name(name)
+        except ValueError:
+            cli_accepts = False
+        assert engine_paths.is_engine_name(name) is cli_accepts, name
 
 
 def test_every_key_is_an_env_var_and_a_flag() -> None:

@@ -1,4 +1,4 @@
-"""Eviction events: the API.md shapes, the ring buffer, subscribers, the rotated JSONL file."""
+"""Eviction events: their documented shapes, the ring buffer, subscribers, the rotated JSONL file."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The layering of DESIGN 1: `sage_eviction` stands alone (no engine, no CLI, no torch)."""
+"""The layering (docs/architecture.md, "Layers"): `sage_eviction` stands alone (no torch)."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,12 +14,17 @@ import sage_eviction
 
 PACKAGE_DIR = Path(sage_eviction.__file__).resolve().parent
 FORBIDDEN = ("torch", "engine_adapter", "sage_cli")
-# The modules a user of the library imports; `sage_eviction.flat` only once it exists.
-ENTRY_MODULES = [
-    m
-    for m in ("sage_eviction", "sage_eviction.policies", "sage_eviction.registry", "sage_eviction.flat")
-    if importlib.util.find_spec(m) is not None
-]
+# The modules a user of the library imports.
+ENTRY_MODULES = ["sage_eviction", "sage_eviction.policies", "sage_eviction.registry", "sage_eviction.flat"]
+# The torch-free layers of the engine, and the layers each must not load: the cache core, and
+# the simulator over it (docs/architecture.md, "Layers").
+_ABOVE_CACHE = ("engine_adapter.model", "engine_adapter.serving", "engine_adapter.sim")
+TORCH_FREE = {
+    "engine_adapter.cache.cache_manager": _ABOVE_CACHE,
+    "engine_adapter.cache.events": _ABOVE_CACHE,
+    "engine_adapter.sim.simulator": ("engine_adapter.model", "engine_adapter.serving"),
+    "engine_adapter.sim.benchmark": ("engine_adapter.model", "engine_adapter.serving"),
+}
 
 _PROBE = """
 import importlib, json, sys
@@ -48,6 +52,13 @@ def _loaded_by(*modules: str) -> set[str]:
 def test_importing_the_library_loads_no_engine_cli_or_torch(module: str) -> None:
     loaded = _loaded_by(module)
     leaked = sorted(m for m in loaded if m.split(".")[0] in FORBIDDEN)
+    assert not leaked, f"import {module} loads {leaked}"
+
+
+@pytest.mark.parametrize("module", sorted(TORCH_FREE))
+def test_the_torch_free_layers_load_no_torch_and_no_layer_above(module: str) -> None:
+    loaded = _loaded_by(module)
+    leaked = sorted(m for m in loaded if m == "torch" or m.startswith(TORCH_FREE[module]))
     assert not leaked, f"import {module} loads {leaked}"
 
 

@@ -1,4 +1,4 @@
-"""Differential tests: the flat cache reproduces libCacheSim's misses exactly (DESIGN 7).
+"""Differential tests: the flat cache reproduces libCacheSim's misses exactly.
 
 libCacheSim (GPL, the `oracle` extra) is used only here, as an independent implementation.
 Each trace is written once in libCacheSim's oracleGeneral binary format (little-endian

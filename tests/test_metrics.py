@@ -1,4 +1,4 @@
-"""The metric definitions of DESIGN 6 on hand-computed values."""
+"""The metric definitions of docs/architecture.md, "Metrics" on hand-computed values."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def test_policy_state_machine(name: str) -> None:
 
 
 def test_models_exist_for_the_policies_with_a_definition_simple_enough() -> None:
-    """The reference models cover at least the group A policies that are registered."""
+    """The reference models cover at least the policies ordered by a simple key."""
     simple = {"lru", "mru", "fifo", "filo", "lfu", "priority", "gdsf", "predictive", "slo"}
     missing = sorted((simple & set(ONLINE_POLICIES)) - set(REFERENCE_MODELS))
     assert not missing

@@ -183,7 +183,7 @@ def test_eviction_cascades_from_leaf_to_root() -> None:
     chain(cache, ["a", "b", "c"])
     victims, seconds = cache.evict(3)
     assert [v.key for v in victims] == ["c", "b", "a"]
-    assert seconds >= 0.0
+    assert 0.0 < seconds < 1.0  # the wall time of the policy's decision, measured
     assert len(cache) == 0 and len(policy) == 0
     cache.check()
 

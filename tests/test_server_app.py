@@ -1,7 +1,7 @@
 """The control API (`engine_adapter.serving.server.build_app`) over a real engine, in process.
 
 A real `Engine` (sage-tiny on the CPU, a pool of 16 blocks so that a few prompts evict) behind
-Starlette's TestClient: every endpoint of `.notes/API.md`, and every error answered as
+Starlette's TestClient: every endpoint of docs/architecture.md, "Control API", and every error answered as
 ``{"error": {"type", "message"}}``. The server as a process (socket, signals, follow streams)
 is tested in test_server_process.py.
 """
@@ -237,7 +237,10 @@ def test_bad_policy_param_and_offline_policy_are_400(client: TestClient) -> None
     r = client.put("/v1/eviction/policy", json={"policy": "s3fifo", "params": {"no_such_param": 1}})
     _assert_error(r, 400, "invalid_policy", "no_such_param")
     r = client.put("/v1/eviction/policy", json={"policy": "belady"})
-    _assert_error(r, 400, "invalid_policy", "offline")
+    _assert_error(r, 400, "invalid_policy", "offline", "available: arc, fifo")
+    # The pool's size is the engine's to give: a 400 naming it, not a 500 from a duplicate keyword.
+    r = client.put("/v1/eviction/policy", json={"policy": "arc", "params": {"capacity": 64}})
+    _assert_error(r, 400, "invalid_policy", "'capacity'", "leave it out")
     r = client.put("/v1/eviction/policy", json={"policy": "arc", "params": [1]})
     _assert_error(r, 400, "invalid_value", "params")
     r = client.put("/v1/eviction/policy", json={"params": {}})

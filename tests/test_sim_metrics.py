@@ -1,4 +1,4 @@
-"""Every metric of DESIGN 6 in the simulator, on tiny traces computed by hand.
+"""Every metric of docs/architecture.md, "Metrics" in the simulator, on tiny traces computed by hand.
 
 The cost model used here makes times easy to add up: a prefill step costs 0.01 s per computed
 prompt token, a decode step 0.1 s, nothing else. Blocks hold 4 tokens.

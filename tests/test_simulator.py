@@ -226,29 +226,6 @@ def test_capacity_below_the_largest_request_is_an_error() -> None:
         Simulator(workload, "lru", need, cache_model="tree")
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_lean_lru_path_makes_the_cache_managers_decisions(seed: int) -> None:
-    # Overlapping requests, tight pools: evictions, cascades and preemptions on both paths.
-    workload = synthetic(requests=120, seed=seed, rate=20.0, tenants=2)
-    need = min_capacity(workload)
-    for capacity in (need, need + 25, 3 * need):
-        lean = simulate(workload, "lru", capacity).to_dict()
-        manager = simulate(workload, "lru", capacity, fast=False).to_dict()
-        for timing in ("wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us"):
-            del lean[timing], manager[timing]
-        assert lean == manager, capacity
-
-
-def test_lean_path_is_taken_for_plain_lru_only() -> None:
-    workload = synthetic(requests=20, seed=1)
-    need = min_capacity(workload)
-    assert Simulator(workload, "lru", need).fast
-    assert Simulator(workload, "unbounded").fast
-    assert not Simulator(workload, "lru", need, fast=False).fast
-    assert not Simulator(workload, "lru", need, cache_model="flat").fast
-    assert not Simulator(workload, "arc", need).fast
-
-
 # ---- golden numbers ----------------------------------------------------------------------
 
 GOLDEN_LRU = {

@@ -4,7 +4,6 @@
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
     cache_manager.py    CacheManager: the one object the scheduler, server and simulator drive
-    stats.py            CacheStats: the typed snapshot of the cache's metrics
     events.py           EvictionEventLog: eviction events as JSON lines, ring buffer, subscribers
     errors.py           the cache's exception tree
     sizes.py            byte sizes such as "2GiB"

@@ -1,7 +1,7 @@
 """The cache manager: the one object the scheduler, the server and the simulator talk to.
 
 It owns the block pool's free list, the radix prefix cache and the eviction policy, and keeps
-the metrics of DESIGN 6. The request lifecycle::
+the metrics of docs/architecture.md, "Metrics". The request lifecycle::
 
     alloc = manager.allocate(seq_id, prompt_ids)        # match, lock the hit, allocate the rest
     manager.reserve_tokens(seq_id, n)  -> ids | None    # grow during decode; None: preempt someone
@@ -267,7 +267,7 @@ class CacheManager:
             self.events = event_log if event_log is not None else EvictionEventLog()
         self._sequences: dict[int, SequenceState] = {}
 
-        # metrics (DESIGN 6)
+        # metrics (docs/architecture.md, "Metrics")
         self._hits = HitCounter()
         self._reprefill = ReprefillTracker()
         self._evict_latency = LatencyRecorder()
@@ -998,7 +998,7 @@ class CacheManager:
         return self._hits.hit_rate
 
     def stats(self) -> dict[str, Any]:
-        """The metrics of DESIGN 6 in the shape of ``GET /v1/eviction/stats`` (API.md)."""
+        """The metrics in the shape of ``GET /v1/eviction/stats`` (docs/architecture.md, "Metrics")."""
         with self.lock:
             p50, p99 = self._evict_latency.quantiles(0.5, 0.99)
             used = self.allocator.num_used
@@ -1031,7 +1031,7 @@ class CacheManager:
                 "preemptions": self.preemptions,
                 "policy_swaps": self.policy_swaps,
                 "last_swap_time_s": self.last_swap_time_s,
-                # beyond API.md: what the metric counters count
+                # beyond the documented shape: what the metric counters count
                 "prefix_cache_queries_tokens": self._hits.lookups,
                 "prefix_cache_hits_tokens": self._hits.hits,
                 "re_prefill_blocks": self._reprefill.re_prefilled,

@@ -1,5 +1,5 @@
-"""Structured eviction events (API.md): one ``evict`` event per victim block, one ``freed`` per
-eviction call.
+"""Structured eviction events: one ``evict`` event per victim block, one ``freed`` per eviction
+call (their shapes: docs/architecture.md, "Control API").
 
 Events go through a structlog processor chain of plain callables:
 
@@ -32,13 +32,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from engine_adapter.paths import default_log_dir, is_engine_name
+
 __all__ = [
     "EVICT_KEYS",
     "FREED_KEYS",
     "EventSubscriber",
     "EvictionEventLog",
     "default_log_path",
-    "sage_home",
 ]
 
 EVICT_KEYS = (
@@ -64,16 +65,15 @@ class _PutNowait(Protocol):
 EventSubscriber = Callable[[dict[str, Any]], None] | _PutNowait
 
 
-def sage_home() -> Path:
-    """``$SAGE_HOME``, or ``~/.sage``."""
-    return Path(os.environ.get("SAGE_HOME") or "~/.sage").expanduser()
-
-
 def default_log_path(name: str) -> Path:
-    """``$SAGE_HOME/logs/<name>/evictions.jsonl``."""
-    if not name or "/" in name or name in (".", ".."):
+    """``$SAGE_HOME/logs/<name>/evictions.jsonl``.
+
+    Raises:
+        ValueError: `name` is not an engine name (`engine_adapter.paths`).
+    """
+    if not is_engine_name(name):
         raise ValueError(f"engine name {name!r} cannot name a log folder")
-    return sage_home() / "logs" / name / "evictions.jsonl"
+    return default_log_dir(name) / "evictions.jsonl"
 
 
 class _NullSink:

@@ -1,4 +1,4 @@
-"""A radix prefix cache at block granularity (DESIGN 3).
+"""A radix prefix cache at block granularity (docs/architecture.md, "Cache core").
 
 One node (`CachedBlock`) per full block of `block_size` tokens. A block's key is a hash of its
 parent's key, its token ids and an isolation key (``cache_salt`` or tenant), so equal keys mean
@@ -12,9 +12,9 @@ cover whole root paths, which means a block with ref count 0 and no pin has no l
 block below it: every such block can be reclaimed by cascading eviction, and
 `num_reclaimable` counts them in O(1).
 
-The policy is told every change through its incremental interface (DESIGN 2.1) and is the only
-thing that orders blocks; no method here passes over all blocks, except `check` and
-`reclaim_all`, which are not on a hot path.
+The policy is told every change through its incremental interface (docs/architecture.md,
+"Policy interface") and is the only thing that orders blocks; no method here passes over all
+blocks, except `check` and `reclaim_all`, which are not on a hot path.
 
 The cache does not own pool memory: `evict` returns the evicted nodes and the caller frees
 their block ids.

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.cache.sizes import parse_bytes
+from engine_adapter.paths import DEFAULT_NAME, default_log_dir, default_socket, is_engine_name, sage_home
 
 __all__ = [
     "CONFIG_ENV",
@@ -61,30 +62,14 @@ ENV_PREFIX = "SAGE_"
 CONFIG_ENV = "SAGE_CONFIG"
 ENGINE_KINDS = ("llm",)
 SIZING_KEYS = ("num_blocks", "kv_cache_memory", "gpu_memory_utilization")
-DEFAULT_NAME = "default"
 # sun_path holds 108 bytes on Linux and 104 on the BSDs and macOS, the final NUL included.
 MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:[0-9]+)?)$")
 
 
 class ConfigError(ValueError):
     """A config value, key or file that cannot be used; the message names it and its source."""
-
-
-def sage_home() -> Path:
-    """``$SAGE_HOME``, or ``~/.sage``."""
-    home = os.environ.get("SAGE_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".sage"
-
-
-def default_socket(name: str) -> Path:
-    return sage_home() / "run" / f"{name}.sock"
-
-
-def default_log_dir(name: str) -> Path:
-    return sage_home() / "logs" / name
 
 
 @dataclass(frozen=True)
@@ -279,7 +264,7 @@ def _device(value: Any, where: str) -> str:
 
 def _name(value: Any, where: str) -> str:
     name = _text(value, where)
-    if not _NAME.match(name):
+    if not is_engine_name(name):
         raise _fail(where, value, "an engine name: up to 64 letters, digits, '.', '_' or '-'")
     return name
 
@@ -550,5 +535,5 @@ def resolve_config(
     merged["policy_params"] = params
     if "socket" in merged and "name" not in merged:
         stem = Path(merged["socket"]).stem
-        merged["name"] = stem if _NAME.match(stem) else DEFAULT_NAME
+        merged["name"] = stem if is_engine_name(stem) else DEFAULT_NAME
     return EngineConfig(**merged)

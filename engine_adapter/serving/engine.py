@@ -3,7 +3,7 @@
 The engine loop runs in its own thread and calls `Scheduler.step()` with the cache manager's
 lock held, so a hot swap (`set_policy`), which takes the same lock, happens between two steps:
 no step sees half a swap, and no cached block or request is lost. The server is the only
-caller (DESIGN 1); tests drive the facade directly too.
+caller (docs/architecture.md, "Layers"); tests drive the facade directly too.
 
     engine = Engine(EngineConfig(num_blocks=256, device="cpu"))
     engine.start()
@@ -24,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry
 
 from engine_adapter.cache.cache_manager import CacheManager
@@ -37,7 +38,13 @@ from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
-from sage_eviction import UnknownPolicyError, available_policies, get_policy_class, policy_params
+from sage_eviction import (
+    PolicyParamError,
+    UnknownPolicyError,
+    available_policies,
+    get_policy_class,
+    policy_params,
+)
 from sage_eviction.registry import parse_policy_spec
 
 __all__ = [
@@ -52,6 +59,9 @@ __all__ = [
 # The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
 # --kv-cache-memory or --gpu-memory-utilization for a real model.
 DEFAULT_NUM_BLOCKS = 2048
+
+
+log = structlog.get_logger("sage.engine")
 
 
 class RequestError(ValueError):
@@ -241,6 +251,13 @@ class Engine:
                         stats = self.scheduler.step()
                     except Exception as exc:  # keep serving: fail the running requests, not the engine
                         self.loop_error = f"{type(exc).__name__}: {exc}"
+                        # The traceback and the requests it ended go to the engine's log, so the
+                        # cause survives the one-line error the clients get.
+                        log.error(
+                            "engine step failed",
+                            request_ids=[seq.request_id for seq in self.scheduler.running],
+                            exc_info=exc,
+                        )
                         self._fail_running(self.loop_error)
                         continue
                     self._steps += 1
@@ -467,15 +484,28 @@ class Engine:
         return {"active": self.cache.policy_name, "policies": listing}
 
     def set_policy(self, policy: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Hot swap between two steps; raises `PolicyConfigError` for a bad name or param."""
+        """Hot swap between two steps.
+
+        Raises:
+            UnknownPolicyError: No such policy; the message lists those an engine can serve.
+            PolicyParamError: A bad param, or `capacity`, which is the pool's to give.
+            RequestError: An offline policy (it needs the future); the message lists the others.
+        """
         name = parse_policy_spec(policy)[0]
+        online = ", ".join(available_policies(include_offline=False))
         try:
             cls = get_policy_class(name)
         except UnknownPolicyError:
-            online = ", ".join(available_policies(include_offline=False))
             raise UnknownPolicyError(f"unknown eviction policy {name!r}; available: {online}") from None
         if cls.offline:
-            raise RequestError(f"policy {cls.name!r} is offline (needs the future): simulation only")
+            raise RequestError(
+                f"policy {cls.name!r} is offline (needs the future): simulation only; available: {online}"
+            )
+        if "capacity" in params:
+            raise PolicyParamError(
+                f"policy {cls.name!r}: 'capacity' is the pool's size ({self.cache.num_blocks} blocks) and "
+                "the engine gives it; leave it out"
+            )
         with self.cache.lock:
             result = self.cache.swap_policy(policy, **params)
         self.metrics.on_swap(result.new_name)

@@ -1,4 +1,4 @@
-"""The engine's Prometheus metrics (DESIGN 6), served as text at `GET /metrics`.
+"""The engine's Prometheus metrics (docs/architecture.md, "Metrics"), served as text at `GET /metrics`.
 
 `EngineMetrics` owns a private `prometheus_client.CollectorRegistry` (never the global one, so
 two engines in one process, or a test beside a server, never collide) and exposes one method per

@@ -1,4 +1,4 @@
-"""Iteration-level continuous batching over the cache manager and the model (DESIGN 4).
+"""Iteration-level continuous batching over the cache manager and the model (docs/architecture.md, "Engine").
 
 Each `Scheduler.step()`:
 

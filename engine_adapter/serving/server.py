@@ -1,8 +1,8 @@
-"""The engine's control server: a Starlette app over a Unix socket (DESIGN 5, `.notes/API.md`).
+"""The engine's control server: a Starlette app over a Unix socket (docs/architecture.md, "Control API").
 
     GET  /health                   {"status", "name", "pid"}
     GET  /v1/engine                engine info, plus "socket" and "pid"
-    GET  /v1/eviction/stats        eviction statistics (DESIGN 6)
+    GET  /v1/eviction/stats        eviction statistics (docs/architecture.md, "Metrics")
     GET  /v1/eviction/policies     the policies and their params, and the active one
     PUT  /v1/eviction/policy       hot swap: {"policy", "params"} -> {"old", "new", "swap_time_s", "entries"}
     GET  /v1/eviction/logs         ?tail=N (default 100) -> {"events"}; &follow=true streams NDJSON
@@ -550,14 +550,13 @@ def build_app(
             params = {}
         if not isinstance(params, dict):
             raise _bad_value("params", f"must be an object of policy params, got {params!r}")
+        from engine_adapter.serving.engine import RequestError
+        from sage_eviction.errors import PolicyConfigError
+
         try:
             answer = await asyncio.to_thread(engine.set_policy, policy, params)
-        except ValueError as exc:  # PolicyConfigError (unknown name, bad param), or an offline policy
-            message = str(exc)
-            if "available" not in message:
-                names = [p["name"] for p in (await asyncio.to_thread(engine.policies))["policies"]]
-                message = f"{message}; available: {', '.join(names)}"
-            raise ApiError(400, "invalid_policy", message) from None
+        except (PolicyConfigError, RequestError) as exc:  # their messages say what exists
+            raise ApiError(400, "invalid_policy", str(exc)) from None
         log.info(
             "policy swapped",
             old=answer.get("old"),
@@ -630,16 +629,14 @@ def build_app(
         sampling = completion.sampling_params()
         if getattr(engine, "draining", False) or getattr(engine, "stopped", False):
             raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")
+        from engine_adapter.serving.engine import EngineClosedError, RequestError
+
         try:
             handle = await asyncio.to_thread(submit, completion, sampling)
-        except ValueError as exc:  # RequestError: it can never be served
+        except RequestError as exc:  # it can never be served
             raise ApiError(400, "invalid_request", str(exc)) from None
-        except RuntimeError as exc:
-            from engine_adapter.serving.engine import EngineClosedError
-
-            if isinstance(exc, EngineClosedError):  # it began draining between the check and the submit
-                raise ApiError(503, "unavailable", str(exc)) from None
-            raise
+        except EngineClosedError as exc:  # it began draining between the check and the submit
+            raise ApiError(503, "unavailable", str(exc)) from None
         if completion.stream:
             return StreamingResponse(
                 _stream_completion(completion, handle),

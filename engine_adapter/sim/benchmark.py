@@ -6,7 +6,7 @@ module spec's preset), runs a `Simulator` for each policy and capacity, and adds
 rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
 its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
 `engine_adapter.sim.simulator` for its radix variant). `throughput_impact` of a row is
-``1 - throughput / throughput(unbounded)`` on the same workload (DESIGN 6).
+``1 - throughput / throughput(unbounded)`` on the same workload (docs/architecture.md, "Metrics").
 
 Every row runs through `CacheManager` and the registered policy (not the simulator's lean LRU
 path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in every row.
@@ -291,7 +291,6 @@ def run_benchmark(
                     progress_every=max(1, min(1000, n_requests // 20 or 1)),
                     # Every row through CacheManager and the policy itself, so that eviction
                     # times compare like with like (the lean LRU path decides the same).
-                    fast=False,
                 )
             except ValueError as exc:
                 raise BenchmarkError(str(exc)) from None

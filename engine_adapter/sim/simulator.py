@@ -4,7 +4,7 @@ One `Simulator` runs one workload against one policy at one capacity and returns
 (the benchmark's row). The clock jumps from event to event (arrivals, step ends, completions,
 the decode steps at which a sequence needs a new block), never token by token.
 
-Serving model (continuous batching, iteration level, as DESIGN 4):
+Serving model (continuous batching, iteration level, as docs/architecture.md, "Engine"):
 
 - Waiting requests are admitted in arrival order (first come, first served; the head of the
   queue blocks the ones behind it) at the start of a step, while fewer than `max_running` run,
@@ -16,18 +16,17 @@ Serving model (continuous batching, iteration level, as DESIGN 4):
 - A request of `output_len` tokens finishes `output_len - 1` decode steps after its prefill.
   TTFT = end of its prefill step - arrival; TPOT = (finish - first token) / (output_len - 1).
 
-Cache models (DESIGN 7):
+Cache models (docs/architecture.md, "Simulator"):
 
-- `radix` (the real one): a `CacheManager` on a ``"meta"`` pool of `capacity` blocks that also
+- `radix` (the real one): a `CacheManager` over a `BlockAllocator` of `capacity` blocks that also
   holds the running sequences' blocks. A request's prompt blocks are its `block_hashes` given as
   block keys (a Mooncake request's last, partial block counts as a block); its hit stops at the
   first missing block; its missed prompt blocks enter the radix tree when it is admitted
   (locked while it runs), its decode blocks are reserved one by one as it grows into them and
   freed when it finishes (they are not reusable). Only leaves are evicted. When decode cannot
   get a block, the policy's `select_victims` picks a running sequence to preempt by recompute
-  (its blocks stay cached; it goes back to the head of the queue and re-prefills). Plain
-  ``lru`` (and the unbounded reference) run on `_LeanLRUCache`, which makes the same decisions
-  as `CacheManager` + `LRUPolicy` with far fewer calls (tested equal); ``fast=False`` opts out.
+  (its blocks stay cached; it goes back to the head of the queue and re-prefills). Every policy,
+  the unbounded reference too, runs through the same `CacheManager` the engine uses.
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.
@@ -38,11 +37,11 @@ position of its key's next lookup in the arrival-ordered block lookup sequence, 
 request being served when the block was last inserted or hit; the leaf-only constraint is kept
 (so it is a reference, not a proven optimum).
 
-Metrics (DESIGN 6, one definition): `hit_rate` = prompt tokens served from cache / prompt tokens
-looked up (``min(hit_blocks * block_size, input_len)`` for a radix hit; the tokens of each hit
-block in the flat model); `block_hits / block_lookups` the same in blocks; `re_prefill_rate`,
-`memory_utilization`, eviction p50/p99 as `CacheManager.stats`; `fairness_score` = Jain's index
-over per-tenant hit rates (per session when the workload has no tenant). Eviction times are
+Metrics (one definition: docs/architecture.md, "Metrics"): `hit_rate` = prompt tokens served from
+cache / prompt tokens looked up (``min(hit_blocks * block_size, input_len)`` for a radix hit; the
+tokens of each hit block in the flat model); `block_hits / block_lookups` the same in blocks;
+`re_prefill_rate`, `memory_utilization`, eviction p50/p99 as `CacheManager.stats`; `fairness_score`
+= Jain's index over per-tenant hit rates (per session when the workload has no tenant). Eviction times are
 wall time and include the interpreter: compare them between rows of one run.
 """
 
@@ -217,8 +216,6 @@ class Simulator:
         max_prefill_tokens: Prompt tokens one step prefills (one longer prompt runs alone).
         progress: Called with the number of requests finished so far, every `progress_every`.
         progress_every: Requests between `progress` calls.
-        fast: Run plain ``lru`` in the radix model on `_LeanLRUCache` (the same decisions as the
-            `CacheManager` path, several times faster); False always uses the `CacheManager`.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -237,7 +234,6 @@ class Simulator:
         max_prefill_tokens: int = 16384,
         progress: Callable[[int], None] | None = None,
         progress_every: int = 1000,
-        fast: bool = True,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -265,8 +261,6 @@ class Simulator:
                     f"({need} blocks with its output); give at least {need}"
                 )
         self.capacity = capacity_blocks
-        # LRU (and the unbounded cache) in the radix model take the lean path: same decisions.
-        self.fast = fast and cache_model == "radix" and self.policy_spec.strip() == "lru"
         self.policy_name = UNBOUNDED if self.unbounded else get_policy_class(policy.split(":", 1)[0]).name
         group_by_tenant = any(r.tenant is not None for r in workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (
@@ -275,7 +269,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ cache models
 
-    def _build_radix(self, lookups: list[Hashable]) -> _ManagerCache | _LeanLRUCache:
+    def _build_radix(self, lookups: list[Hashable]) -> _ManagerCache:
         bs = self.block_size
         num_blocks = self.capacity
         if self.unbounded:
@@ -285,8 +279,6 @@ class Simulator:
                 prompt = max(r.input_len, len(r.block_hashes) * bs)
                 extra += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
             num_blocks += extra
-        if self.fast:
-            return _LeanLRUCache(num_blocks, bs, self._now)
 
         manager = CacheManager(
             BlockAllocator(num_blocks, bs), policy=self.policy_spec, record_events=False, clock=self._now
@@ -334,7 +326,7 @@ class Simulator:
             ends.append(len(lookups))
         self._clock = 0.0
 
-        cache: _ManagerCache | _LeanLRUCache | None = self._build_radix(lookups) if radix else None
+        cache: _ManagerCache | None = self._build_radix(lookups) if radix else None
         flat = None if radix else _FlatModel(self.policy_spec, self.capacity, lookups)
         allocate = cache.allocate if cache is not None else None
 
@@ -726,268 +718,6 @@ class _ManagerCache:
             stats["p99_eviction_time_us"],
             stats["preemptions"],
         )
-
-
-class _Node:
-    """A cached block of `_LeanLRUCache`."""
-
-    __slots__ = ("children", "key", "live", "parent", "ref", "tick")
-
-    def __init__(self, key: Hashable, parent: _Node | None, tick: int) -> None:
-        self.key = key
-        self.parent = parent
-        self.children = 0
-        self.ref = 1  # inserted by the sequence that computed it, which holds it
-        self.tick = tick
-        self.live = -1  # the tick of its live heap item while evictable, else -1
-
-
-class _LeanRadixSeq:
-    __slots__ = ("created", "num_tokens", "path", "priority", "table")
-
-    def __init__(self, path: list[_Node], table: int, num_tokens: int, created: float, priority: int) -> None:
-        self.path = path
-        self.table = table  # blocks it holds (cached path and private)
-        self.num_tokens = num_tokens
-        self.created = created
-        self.priority = priority
-
-
-class _LeanLRUCache:
-    """The radix model with LRU, without the general machinery: same decisions, fewer calls.
-
-    It does exactly what `CacheManager` + `RadixCache` + `LRUPolicy` do for the calls the
-    simulator makes (allocate then commit at once, reserve, preempt, free; no pins, no salts):
-    the longest cached root path is hit and locked, hits and inserts take a logical tick each,
-    the evictable leaf with the oldest tick goes first (a heap with lazy deletion), a parent
-    whose last child goes becomes evictable, and preemption victims come from the same
-    `select_in_order` with LRU's candidate key. `tests/test_simulator.py` holds the two paths
-    to the same numbers.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int, clock: Callable[[], float]) -> None:
-        from sage_eviction.base import select_in_order
-        from sage_eviction.policies.lru import LRUPolicy
-
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.free_blocks = num_blocks
-        self.reclaimable = 0  # cached blocks with ref 0
-        self.cache: dict[Hashable, _Node] = {}
-        self.heap: list[tuple[int, _Node]] = []
-        self.live = 0  # evictable blocks
-        self.tick = 0
-        self.clock = clock
-        self.seqs: dict[int, _LeanRadixSeq] = {}
-        self.evicted: set[Hashable] = set()  # evicted and not requested since (ReprefillTracker's rule)
-        self.re_prefilled = 0
-        self.decisions: list[float] = []  # wall time of each eviction call's choice
-        self.evictions = 0
-        self.preemptions = 0
-        self._utilization_sum = 0.0
-        self._select = select_in_order
-        self._candidate_key = LRUPolicy.candidate_key
-
-    def _evict(self, n: int, pending: int) -> None:
-        clock = time.perf_counter
-        t0 = clock()
-        heap = self.heap
-        cache = self.cache
-        evicted = self.evicted
-        pop = heapq.heappop
-        push = heapq.heappush
-        live = self.live
-        count = 0
-        while count < n and live:
-            tick, node = pop(heap)
-            if node.live != tick:
-                continue  # stale
-            node.live = -1
-            live -= 1
-            key = node.key
-            del cache[key]
-            evicted.add(key)  # for the re-prefill rate
-            count += 1
-            parent = node.parent
-            if parent is not None:
-                parent.children -= 1
-                if parent.children == 0 and parent.ref == 0:
-                    parent.live = parent.tick
-                    live += 1
-                    push(heap, (parent.tick, parent))
-        self.decisions.append(clock() - t0)
-        self.live = live
-        if not count:
-            return
-        self.reclaimable -= count
-        self.free_blocks += count
-        self.evictions += count
-        used = self.num_blocks - self.free_blocks
-        self._utilization_sum += min(used + pending, self.num_blocks) / self.num_blocks
-        if len(heap) > 2 * live + 64:  # drop stale items, as HeapPolicy does
-            self.heap = [item for item in heap if item[1].live == item[0]]
-            heapq.heapify(self.heap)
-
-    def allocate(self, seq: _Seq) -> int | None:
-        """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
-        bs = self.block_size
-        keys = seq.keys
-        tokens = seq.tokens
-        n_full = tokens // bs
-        if n_full < len(keys):
-            keys = keys[:n_full]
-        cache = self.cache
-        path: list[_Node] = []
-        parent: _Node | None = None
-        for key in keys:
-            node = cache.get(key)
-            if node is None or node.parent is not parent:
-                break
-            path.append(node)
-            parent = node
-        n_hit = len(path)
-        n_new = -(-tokens // bs) - n_hit
-        deficit = n_new - self.free_blocks
-        if deficit > 0:
-            reclaimable = self.reclaimable - sum(1 for node in path if node.ref == 0)
-            if deficit > reclaimable:
-                return None
-        tick = self.tick
-        for node in path:  # lock and touch
-            if node.ref == 0:
-                self.reclaimable -= 1
-                if node.live >= 0:
-                    node.live = -1
-                    self.live -= 1
-            node.ref += 1
-            tick += 1
-            node.tick = tick
-        self.tick = tick
-        if deficit > 0:
-            self._evict(deficit, n_new)
-        self.free_blocks -= n_new
-        evicted = self.evicted
-        if evicted:
-            for key in keys[n_hit:]:
-                if key in evicted:
-                    evicted.discard(key)
-                    self.re_prefilled += 1
-        # Commit: the missed prompt blocks enter the tree, held by the sequence.
-        if parent is not None and parent.live >= 0:
-            parent.live = -1
-            self.live -= 1
-        for key in keys[n_hit:]:
-            if key in cache:
-                break
-            tick += 1
-            node = _Node(key, parent, tick)
-            cache[key] = node
-            if parent is not None:
-                parent.children += 1
-            path.append(node)
-            parent = node
-        self.tick = tick
-        self.seqs[seq.sid] = _LeanRadixSeq(path, n_hit + n_new, tokens, self.clock(), seq.request.priority)
-        return n_hit
-
-    def reserve(self, seq: _Seq, tokens: int) -> bool:
-        state = self.seqs[seq.sid]
-        needed = -(-tokens // self.block_size) - state.table
-        if needed > 0:
-            if state.table + needed > self.num_blocks:
-                raise ValueError(
-                    f"request {seq.request.request_id} outgrows the pool of {self.num_blocks} blocks"
-                )
-            deficit = needed - self.free_blocks
-            if deficit > self.reclaimable:
-                return False
-            if deficit > 0:
-                self._evict(deficit, needed)
-            self.free_blocks -= needed
-            state.table += needed
-        if tokens > state.num_tokens:
-            state.num_tokens = tokens
-        return True
-
-    def select_victims(self, exclude: list[int]) -> list[int]:
-        from sage_eviction.types import EvictionCandidate
-
-        skip = set(exclude)
-        candidates = [
-            EvictionCandidate(
-                sequence_id=sid,
-                block_ids=[0] * state.table,
-                last_access_time=state.created,
-                access_count=1,
-                priority=state.priority,
-                is_pinned=False,
-                estimated_lifetime=None,
-                sequence_length=state.num_tokens,
-                max_length=0,
-            )
-            for sid, state in self.seqs.items()
-            if sid not in skip
-        ]
-        victims: list[int] = self._select(candidates, 1, self._candidate_key)
-        return victims
-
-    def free(self, seq: _Seq) -> None:
-        state = self.seqs.pop(seq.sid)
-        path = state.path
-        keys = seq.keys
-        cache = self.cache
-        heap = self.heap
-        n_path = len(path)
-        stop = max(len(keys), n_path)
-        duplicates = 0
-        parent = path[-1] if path else None
-        for i in range(n_path, len(keys)):
-            # Blocks the commit could not cache: another sequence cached one of its keys first.
-            key = keys[i]
-            existing = cache.get(key)
-            if existing is None:
-                self.tick += 1
-                node = _Node(key, parent, self.tick)
-                node.ref = 0
-                cache[key] = node
-                if parent is not None:
-                    parent.children += 1
-                    if parent.live >= 0:
-                        parent.live = -1
-                        self.live -= 1
-                self.reclaimable += 1
-                node.live = node.tick
-                self.live += 1
-                heapq.heappush(heap, (node.tick, node))
-                parent = node
-            elif existing.parent is parent:
-                duplicates += 1
-                parent = existing
-            else:
-                stop = i
-                break
-        self.free_blocks += duplicates + state.table - stop
-        for node in path:
-            node.ref -= 1
-            if node.ref == 0:
-                self.reclaimable += 1
-                if node.children == 0:
-                    node.live = node.tick
-                    self.live += 1
-                    heapq.heappush(heap, (node.tick, node))
-
-    def preempt(self, seq: _Seq) -> None:
-        self.free(seq)
-        self.preemptions += 1
-
-    def stats(self) -> tuple[float, float, int, float, float, int]:
-        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
-        decisions = sorted(self.decisions)
-        p50, p99 = percentile(decisions, 0.5), percentile(decisions, 0.99)
-        calls = len(decisions)
-        utilization = self._utilization_sum / calls if calls else 0.0
-        re_prefill = self.re_prefilled / self.evictions if self.evictions else 0.0
-        return re_prefill, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
 
 
 def _no_room_errors() -> tuple[type[BaseException], ...]:

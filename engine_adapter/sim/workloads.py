@@ -14,7 +14,7 @@ full blocks only (`input_len // block_size`), as a paged cache does.
 
 Sources:
 
-- `read_mooncake(path)`: the native format (DESIGN 7), one JSON object per line.
+- `read_mooncake(path)`: the native format (docs/architecture.md, "Simulator"), one JSON object per line.
 - `read_azure(path, prefix_model=PrefixModel())`: the Azure LLM inference CSV; it has arrival
   times and lengths only, so a seeded `PrefixModel` supplies the prefix structure.
 - `synthetic(...)`: Poisson, bursty or periodic arrivals over the same `PrefixModel`, with
@@ -825,7 +825,7 @@ def spec_benchmark(
     tenants: int = 0,
     seed: int = 0,
 ) -> Workload:
-    """The module spec's benchmark scenario (spec/000, "Benchmark 场景") as a request stream.
+    """The module spec's benchmark scenario ("Benchmark 场景" of the module spec) as a request stream.
 
     Sequence `i` owns blocks `i*10 .. i*10+9` (the spec's `block_ids`), has a priority drawn
     uniformly from `0 .. priorities-1` and an access count drawn uniformly from

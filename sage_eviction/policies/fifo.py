@@ -1,7 +1,7 @@
 """First In, First Out: evict the block inserted longest ago; hits do not reorder.
 
 Source: the classic policy (Belady, "A Study of Replacement Algorithms for a Virtual-Storage
-Computer", IBM Systems Journal 1966); SGLang's `FIFOStrategy` (spec/003), priority
+Computer", IBM Systems Journal 1966); SGLang's `FIFOStrategy`, priority
 `creation_time`; libCacheSim's `FIFO`.
 """
 

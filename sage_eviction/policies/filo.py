@@ -1,6 +1,6 @@
 """First In, Last Out: evict the block inserted most recently; hits do not reorder.
 
-Source: SGLang's `FILOStrategy` (`python/sglang/srt/mem_cache/evict_policy.py`, spec/003),
+Source: SGLang's `FILOStrategy` (`python/sglang/srt/mem_cache/evict_policy.py`),
 priority `-creation_time`; the stack discipline that protects long-lived (old) entries.
 """
 

@@ -3,7 +3,7 @@
 Source: the classic policy (Aho, Denning and Ullman, "Principles of Optimal Page
 Replacement", JACM 1971); the O(1) frequency-list form of Shah, Mitra and Matani, "An O(1)
 algorithm for implementing the LFU cache eviction scheme", 2010, as in libCacheSim's
-`LFU.c`; SGLang's `LFUStrategy` (spec/003), priority `(hit_count, last_access_time)`.
+`LFU.c`; SGLang's `LFUStrategy`, priority `(hit_count, last_access_time)`.
 
 Ties: libCacheSim keeps one list per frequency, appends an object to the tail of its new
 frequency's list on insert and on every hit, and evicts the head of the lowest frequency's

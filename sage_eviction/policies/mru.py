@@ -2,7 +2,7 @@
 
 Source: Chou and DeWitt, "An Evaluation of Buffer Management Strategies for Relational Database
 Systems", VLDB 1985 (MRU for looping sequential scans); SGLang's `MRUStrategy`
-(`python/sglang/srt/mem_cache/evict_policy.py`, spec/003), priority `-last_access_time`.
+(`python/sglang/srt/mem_cache/evict_policy.py`), priority `-last_access_time`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Predictive: evict the block whose owning sequence is expected to finish soonest.
 
 Source: the module spec's `PredictiveEvictionPolicy` and `PredictiveEvictionWithML`
-(spec/000: estimated remaining lifetime first, then sequence_length / max_length, then
+(the module spec: estimated remaining lifetime first, then sequence_length / max_length, then
 recency; use a prediction only above a confidence threshold such as 90 %), ordered
-lexicographically as in DESIGN 2.3.
+lexicographically as in docs/architecture.md, "Policies and the registry".
 
 The order is: shortest predicted remaining lifetime first (entries with no prediction, or
 one below `confidence_threshold`, come after every predicted one), then the highest
@@ -84,7 +84,7 @@ class PredictivePolicy(FlatHeapPolicy):
 
     name = "predictive"
     strategy = EvictionStrategy.PREDICTIVE
-    paper = "sageLLM KV eviction module spec (spec/000), PredictiveEvictionPolicy with a lifetime predictor"
+    paper = "sageLLM KV eviction module spec, PredictiveEvictionPolicy with a lifetime predictor"
 
     def __init__(
         self,

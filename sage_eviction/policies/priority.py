@@ -1,8 +1,8 @@
 """Priority (QoS-aware): evict the block of lowest priority, the least recent within a priority.
 
-Source: the module spec's `QoSAwareEvictionPolicy` (spec/000, sort key `(priority,
-last_access_time)`); SGLang's `PriorityStrategy` (spec/003); SGLang's priority scheduling
-and preemption (spec/001).
+Source: the module spec's `QoSAwareEvictionPolicy` (sort key `(priority,
+last_access_time)`); SGLang's `PriorityStrategy`; SGLang's priority scheduling
+and preemption (the SGLang radix-cache tutorial).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class PriorityPolicy(LevelledRecencyPolicy):
     strategy = EvictionStrategy.PRIORITY
     paper = (
         "SGLang PriorityStrategy, python/sglang/srt/mem_cache/evict_policy.py; "
-        "module spec (spec/000) QoSAwareEvictionPolicy"
+        "module spec QoSAwareEvictionPolicy"
     )
 
     level_attr = "priority"

@@ -1,7 +1,7 @@
 """SLO-aware: evict the block whose request is least urgent and cheapest to recompute.
 
 Source: "SLO-Aware KV Cache Management for Collocated LLM-Embedding Services" (research
-proposal, 2025, spec/004), Algorithm 3: eviction cost = priority_factor / (slack + eps) +
+proposal, 2025), Algorithm 3: eviction cost = priority_factor / (slack + eps) +
 recompute_cost, evict in ascending cost, and protect requests about to complete.
 
 Here, per block:
@@ -56,7 +56,7 @@ class SLOPolicy(FlatHeapPolicy):
     strategy = EvictionStrategy.SLO
     paper = (
         "SLO-Aware KV Cache Management for Collocated LLM-Embedding Services, "
-        "research proposal 2025 (spec/004), Algorithm 3"
+        "research proposal 2025, Algorithm 3"
     )
 
     def __init__(

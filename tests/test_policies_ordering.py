@@ -1,10 +1,10 @@
-"""The group A policies against their definitions (DESIGN 2.3): hand-computed victim orders.
+"""Recency, frequency, priority and cost policies against their definitions: hand-computed victim orders.
 
 mru, fifo, filo, lfu, priority, predictive, slo and gdsf, at block level (`insert`, `access`,
 `set_evictable`, `evict`) and at sequence level (`select_victims`). What every policy must do
 (the interface contract) and the libCacheSim golden numbers live in their own suites; here
 each test follows one clause of a definition. LFU is also checked against libCacheSim's LFU
-on a seeded random trace, since DESIGN 7 asks the flat cache to reproduce it exactly.
+on a seeded random trace, since docs/architecture.md, "Simulator" asks the flat cache to reproduce it exactly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Group B policies (arc, slru, s3fifo, sieve, belady) and the flat driver: the orderings each
+"""Adaptive policies (arc, slru, s3fifo, sieve, belady) and the flat driver: the orderings each
 paper defines, the documented handling of non-evictable entries, and agreement with the
-list-based reference models of `reference_models_b.py`."""
+list-based reference models of `reference_models_adaptive.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import pytest
-from reference_models_b import REFERENCE_MODELS_B
+from reference_models_adaptive import REFERENCE_MODELS_ADAPTIVE
 
 from sage_eviction import (
     DuplicateKeyError,
@@ -455,7 +455,7 @@ def _evict_both(
     return got
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCE_MODELS_B))
+@pytest.mark.parametrize("name", sorted(REFERENCE_MODELS_ADAPTIVE))
 @pytest.mark.parametrize("capacity", [3, 8, 20])
 def test_policy_matches_its_reference_model(name: str, capacity: int) -> None:
     """Random inserts, hits, pins, unpins, removals and evictions (with and without
@@ -463,7 +463,7 @@ def test_policy_matches_its_reference_model(name: str, capacity: int) -> None:
     for seed in range(15):
         rng = random.Random(seed)
         policy = create_policy(name, capacity=capacity)
-        model = REFERENCE_MODELS_B[name](capacity)
+        model = REFERENCE_MODELS_ADAPTIVE[name](capacity)
         prepare = getattr(policy, "prepare_insert", None)
         evictable: dict[Hashable, bool] = {}
 

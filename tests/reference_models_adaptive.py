@@ -1,4 +1,4 @@
-"""Slow, list-based reference models of the group B policies (arc, slru, s3fifo, sieve).
+"""Slow, list-based reference models of the adaptive policies (arc, slru, s3fifo, sieve).
 
 Each model restates its policy's documented semantics (the module docstrings of
 `sage_eviction/policies/{arc,slru,s3fifo,sieve}.py`) with plain lists scanned end to end, so
@@ -20,7 +20,7 @@ from typing import Any
 
 from sage_eviction import EntryMeta
 
-__all__ = ["REFERENCE_MODELS_B", "ARCModel", "S3FIFOModel", "SIEVEModel", "SLRUModel"]
+__all__ = ["REFERENCE_MODELS_ADAPTIVE", "ARCModel", "S3FIFOModel", "SIEVEModel", "SLRUModel"]
 
 _NONE: Any = object()
 
@@ -378,7 +378,7 @@ class SIEVEModel:
         return key
 
 
-REFERENCE_MODELS_B: dict[str, type] = {
+REFERENCE_MODELS_ADAPTIVE: dict[str, type] = {
     "arc": ARCModel,
     "slru": SLRUModel,
     "s3fifo": S3FIFOModel,
