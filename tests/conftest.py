@@ -1,8 +1,8 @@
 """Shared fixtures: the registered policies, how to build one, and the hypothesis profiles.
 
 Profiles (`HYPOTHESIS_PROFILE=...`): `ci` (the default: 100 examples, no deadline, since CI
-machines are slow and shared), `dev` (20 examples, for a quick local loop) and `thorough`
-(1000 examples).
+machines are slow and shared), `dev` (20 examples: the quick loop, `pytest -m "not slow"`, takes
+it unless told otherwise) and `thorough` (1000 examples).
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True
 settings.register_profile("dev", max_examples=20, deadline=None)
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The quick loop (`pytest -m "not slow"`) draws the `dev` profile's fewer examples, unless
+    HYPOTHESIS_PROFILE says otherwise; the full run keeps `ci`'s."""
+    if "not slow" in (config.option.markexpr or "") and "HYPOTHESIS_PROFILE" not in os.environ:
+        settings.load_profile("dev")
 
 CAPACITY = 64  # blocks, for the policies that need a capacity
 

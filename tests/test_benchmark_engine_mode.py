@@ -8,6 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
+
 SAGE = [sys.executable, "-m", "sage_cli.app"]
 
 

@@ -26,6 +26,8 @@ from engine_adapter.cache.errors import (
 )
 from sage_eviction import available_policies
 
+pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
+
 ONLINE = available_policies(include_offline=False)
 
 # At least 200 examples per policy in CI; the dev profile keeps its quick loop.

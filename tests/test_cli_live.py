@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_adapter.model.builtin import default_model_name
 
+pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
+
 REPO = Path(__file__).resolve().parent.parent
 SAGE = [sys.executable, "-m", "sage_cli.app"]
 

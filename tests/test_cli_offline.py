@@ -258,10 +258,12 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str, env: dict[st
         (["--config", "/nonexistent/engine.yaml"], ["cannot read config file /nonexistent/engine.yaml"]),
     ],
 )
+@pytest.mark.slow
 def test_engine_start_rejects_bad_settings(args: list[str], needles: list[str], env: dict[str, str]) -> None:
     assert_one_line_error(sage(["llm", "engine", "start", *args], env), errors.EXIT_USAGE, *needles)
 
 
+@pytest.mark.slow
 def test_engine_start_names_the_bad_key_of_a_config_file(env: dict[str, str], short_dir: Path) -> None:
     config = short_dir / "engine.yaml"
     config.write_text("eviction_policy: lru\nnum_block: 3\n")
@@ -318,6 +320,7 @@ def files(short_dir: Path) -> dict[str, Path]:
         (["--eviction-policies", "belady", "--mode", "engine"], ["runs only with --mode sim"]),
     ],
 )
+@pytest.mark.slow
 def test_benchmark_option_checks(
     args: list[str], needles: list[str], env: dict[str, str], files: dict[str, Path]
 ) -> None:

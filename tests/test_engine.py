@@ -15,6 +15,8 @@ from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine, EngineClosedError, RequestError
 
+pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
+
 SYSTEM = "You are a careful assistant. "
 PROMPTS = [
     SYSTEM + "Tell me about caches.",

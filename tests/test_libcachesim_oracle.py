@@ -156,6 +156,7 @@ def test_flat_cache_matches_libcachesim_at_tiny_capacities(small_trace: Trace, p
         assert ours == libcachesim_misses(small_trace, policy, capacity), f"{policy} at {capacity} blocks"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", FRACTIONS, ids=lambda f: f"{f:.0%}")
 @pytest.mark.parametrize("policy", POLICIES)
 def test_flat_cache_matches_libcachesim_on_mooncake(

@@ -130,6 +130,7 @@ def _hf_model(path: Path) -> Any:
     return model.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", [None, "Q8_0"], ids=["f32", "q8_0"])
 def test_a_written_llama_gguf_loads_like_transformers_loads_it(tmp_path: Path, qtype: str | None) -> None:
     path = tmp_path / "tiny.gguf"
@@ -205,6 +206,7 @@ def reference_tokenizer() -> Any:
     return transformers.AutoTokenizer.from_pretrained(str(SMOLLM2.parent), gguf_file=SMOLLM2.name)
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_smollm2_config_comes_from_the_gguf_metadata() -> None:
     _decoder, tokenizer, config = load_model(SMOLLM2_NAME, device="cpu")

@@ -208,6 +208,7 @@ def machine_for(name: str) -> type[RuleBasedStateMachine]:
     return PolicyMachine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ONLINE_POLICIES)
 def test_policy_state_machine(name: str) -> None:
     run_state_machine_as_test(machine_for(name), settings=settings(stateful_step_count=STEPS))

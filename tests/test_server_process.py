@@ -29,6 +29,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
+
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
