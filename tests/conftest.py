@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if "not slow" in (config.option.markexpr or "") and "HYPOTHESIS_PROFILE" not in os.environ:
         settings.load_profile("dev")
 
+
 CAPACITY = 64  # blocks, for the policies that need a capacity
 
 ONLINE_POLICIES = available_policies(include_offline=False)
