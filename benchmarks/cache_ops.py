@@ -158,8 +158,8 @@ def measure(policy: str, n: int, samples: int) -> tuple[Row, CacheManager, KeySo
         fill_s=fill_s,
         evict_p50_us=percentile(times, 0.5),
         evict_p99_us=percentile(times, 0.99),
-        decision_p50_us=stats["p50_eviction_time_us"],
-        decision_p99_us=stats["p99_eviction_time_us"],
+        decision_p50_us=stats.p50_eviction_time_us,
+        decision_p99_us=stats.p99_eviction_time_us,
         miss_blocks_per_s=miss_rate,
         hit_blocks_per_s=hit_rate,
     )

@@ -15,5 +15,5 @@ def snapshot(m: CacheManager) -> Any:
         [(b.key, b.block_id, b.ref_count, b.pin_count, b.evictable) for b in m.radix.blocks()],
         [(e.key, e.evictable) for e in m.policy.entries()],
         {s: list(m.sequence(s).block_table) for s in m.sequence_ids()},
-        {k: v for k, v in stats.items() if "time" not in k},
+        {k: v for k, v in stats.to_dict().items() if "time" not in k},
     )

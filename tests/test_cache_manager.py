@@ -3,6 +3,7 @@ preemption choice, hot swap, metrics and clear errors that change nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from typing import Any
@@ -21,17 +22,11 @@ from engine_adapter.cache.errors import (
     SequenceExistsError,
     UnknownSequenceError,
 )
+from engine_adapter.cache.stats import CacheStats
 from engine_adapter.model.kv_pool import PagedKVPool
 from sage_eviction import PolicyParamError, UnknownPolicyError, available_policies
 
 ONLINE = available_policies(include_offline=False)
-API_STATS_KEYS = {
-    "strategy", "policy", "params", "total_evictions", "eviction_calls", "avg_eviction_time_us",
-    "p50_eviction_time_us", "p99_eviction_time_us", "re_prefill_rate", "fairness_score", "hit_rate",
-    "memory_utilization", "total_blocks", "used_blocks", "free_blocks", "cached_blocks",
-    "evictable_blocks", "pinned_blocks", "total_freed_blocks", "evictions_by_reason",
-    "evictions_by_policy", "preemptions", "policy_swaps", "last_swap_time_s",
-}  # fmt: skip
 
 
 class Clock:
@@ -70,7 +65,7 @@ def test_allocate_fresh_then_hit_after_finish() -> None:
     b = m.allocate(2, [*prompt[:8], 7, 7, 7])
     assert (b.num_cached_blocks, b.num_cached_tokens, b.num_new_blocks) == (2, 8, 1)
     assert b.block_table[:2] == a.block_table[:2]
-    assert m.stats()["hit_rate"] == pytest.approx(8 / 21)
+    assert m.stats().hit_rate == pytest.approx(8 / 21)
     m.check_invariants()
 
 
@@ -136,10 +131,10 @@ def test_allocate_evicts_exactly_the_deficit() -> None:
     assert a.num_evicted_blocks == 3 and m.allocator.num_free == 0
     assert m.num_cached_blocks == 5
     stats = m.stats()
-    assert stats["total_evictions"] == 3 and stats["eviction_calls"] == 1
-    assert stats["evictions_by_reason"] == {"alloc": 3}
-    assert stats["evictions_by_policy"] == {"lru": 3}
-    assert stats["memory_utilization"] == 1.0
+    assert stats.total_evictions == 3 and stats.eviction_calls == 1
+    assert stats.evictions_by_reason == {"alloc": 3}
+    assert stats.evictions_by_policy == {"lru": 3}
+    assert stats.memory_utilization == 1.0
     m.check_invariants()
 
 
@@ -237,7 +232,7 @@ def test_preempted_mid_prefill_caches_only_computed_blocks() -> None:
     prompt = tokens(1, 16)
     m.allocate(1, prompt)
     assert m.preempt(1, prompt, num_computed_tokens=9) == 2
-    assert m.stats()["preemptions"] == 1
+    assert m.stats().preemptions == 1
     assert m.lookup(prompt).num_cached_blocks == 2
     m.check_invariants()
 
@@ -287,7 +282,7 @@ def test_pinned_prefix_is_never_evicted() -> None:
     m.free_sequence(1, [*system, 1])
     handle = m.pin(system)
     assert isinstance(handle, PinnedPrefix) and handle.num_blocks == 2
-    assert m.stats()["pinned_blocks"] == 2
+    assert m.stats().pinned_blocks == 2
     for seq in range(2, 8):
         m.allocate(seq, tokens(seq, 12))
         m.free_sequence(seq, tokens(seq, 12))
@@ -335,7 +330,7 @@ def test_evict_to_threshold() -> None:
     assert m.evict_to_threshold() == 3
     assert m.allocator.num_used == 5
     assert m.evict_to_threshold() == 0
-    assert m.stats()["evictions_by_reason"] == {"watermark": 3}
+    assert m.stats().evictions_by_reason == {"watermark": 3}
     assert make(eviction_threshold=None).evict_to_threshold() == 0
     with pytest.raises(ValueError):
         make(eviction_threshold=1.5)
@@ -348,7 +343,7 @@ def test_reset_prefix_cache_is_not_an_eviction() -> None:
     m.free_sequence(1, tokens(1, 8))
     m.allocate(2, tokens(2, 5))
     assert m.reset_prefix_cache() == 2
-    assert m.stats()["total_evictions"] == 0 and m.allocator.num_used == 2
+    assert m.stats().total_evictions == 0 and m.allocator.num_used == 2
     m.check_invariants()
 
 
@@ -358,10 +353,10 @@ def test_reset_prefix_cache_forgets_earlier_evictions_for_the_re_prefill_rate() 
     m.free_sequence(1, tokens(1, 8))  # two cached blocks
     m.allocate(2, tokens(2, 16))  # needs all four: evicts both
     m.free_sequence(2, tokens(2, 16))
-    assert m.stats()["total_evictions"] == 2
+    assert m.stats().total_evictions == 2
     m.reset_prefix_cache()
     m.allocate(3, tokens(1, 8))  # blocks evicted before the reset come back
-    assert m.stats()["re_prefill_blocks"] == 0
+    assert m.stats().re_prefill_blocks == 0
     m.check_invariants()
 
 
@@ -426,7 +421,7 @@ def test_hot_swap_mid_stream_keeps_every_block(old: str, new: str) -> None:
     assert result.entries == len(cached)
     # A real wall time, the one the stats report.
     assert 0.0 < result.swap_time_s < 60.0
-    assert m.stats()["last_swap_time_s"] == result.swap_time_s
+    assert m.stats().last_swap_time_s == result.swap_time_s
     assert {b.key: (b.block_id, b.ref_count, b.pin_count) for b in m.radix.blocks()} == cached
     assert {s: m.block_table(s) for s in m.sequence_ids()} == running
     assert m.allocator.num_free == free
@@ -434,8 +429,8 @@ def test_hot_swap_mid_stream_keeps_every_block(old: str, new: str) -> None:
     drive(m, range(20, 40), shared)
     m.check_invariants()
     stats = m.stats()
-    assert stats["policy"] == result.new_name and stats["policy_swaps"] == 1
-    assert stats["last_swap_time_s"] == result.swap_time_s
+    assert stats.policy == result.new_name and stats.policy_swaps == 1
+    assert stats.last_swap_time_s == result.swap_time_s
 
 
 def test_swap_response_shape_and_params() -> None:
@@ -443,8 +438,8 @@ def test_swap_response_shape_and_params() -> None:
     r = m.swap_policy("slru:protected_threshold=3")
     assert r.to_dict()["new"] == {"name": "slru", "params": {"protected_threshold": 3}}
     assert r.to_dict()["old"] == {"name": "lru", "params": {}}
-    assert m.stats()["params"] == {"protected_threshold": 3}
-    assert m.stats()["strategy"] == "SLRU"
+    assert m.stats().params == {"protected_threshold": 3}
+    assert m.stats().strategy == "SLRU"
     r2 = m.swap_policy("arc")
     assert r2.new_params == {}  # capacity comes from the pool and is not shown
     assert m.policy.capacity == 16
@@ -490,7 +485,7 @@ def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
         m.free_sequence(i, p)
         if i % 5 == 0:
             m.swap_policy(name)
-    assert m.stats()["total_evictions"] > 0
+    assert m.stats().total_evictions > 0
     m.check_invariants()
 
     hit = m.allocate(100, prompt)
@@ -506,11 +501,14 @@ def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
 def test_stats_have_the_api_shape() -> None:
     m = make()
     stats = m.stats()
-    assert set(stats) >= API_STATS_KEYS
-    assert stats["strategy"] == "LRU" and stats["policy"] == "lru" and stats["params"] == {}
-    assert stats["total_blocks"] == 16 and stats["free_blocks"] == 16 and stats["used_blocks"] == 0
-    assert stats["last_swap_time_s"] is None
-    assert stats["hit_rate"] == 0.0 and stats["re_prefill_rate"] == 0.0 and stats["fairness_score"] == 1.0
+    as_json = stats.to_dict()
+    assert list(as_json) == [f.name for f in dataclasses.fields(CacheStats)]
+    as_json["params"]["x"] = 1  # the JSON holds copies: the snapshot stays as it was
+    assert stats.params == {}
+    assert stats.strategy == "LRU" and stats.policy == "lru" and stats.params == {}
+    assert stats.total_blocks == 16 and stats.free_blocks == 16 and stats.used_blocks == 0
+    assert stats.last_swap_time_s is None
+    assert stats.hit_rate == 0.0 and stats.re_prefill_rate == 0.0 and stats.fairness_score == 1.0
 
 
 def test_re_prefill_rate_counts_evicted_blocks_requested_again() -> None:
@@ -520,11 +518,11 @@ def test_re_prefill_rate_counts_evicted_blocks_requested_again() -> None:
     m.free_sequence(1, [*a, 0])  # 2 cached
     m.allocate(2, [*b, 0])  # 3 needed, 2 free: evicts 1 block of a
     m.free_sequence(2, [*b, 0])
-    assert m.stats()["total_evictions"] == 1
+    assert m.stats().total_evictions == 1
     m.allocate(3, [*a, 0])  # a's evicted block is requested again
     stats = m.stats()
-    assert stats["re_prefill_rate"] == pytest.approx(stats["re_prefill_blocks"] / stats["total_evictions"])
-    assert stats["re_prefill_blocks"] >= 1
+    assert stats.re_prefill_rate == pytest.approx(stats.re_prefill_blocks / stats.total_evictions)
+    assert stats.re_prefill_blocks >= 1
 
 
 def test_fairness_over_tenants() -> None:
@@ -536,7 +534,7 @@ def test_fairness_over_tenants() -> None:
     m.allocate(3, tokens(3, 9), tenant="b")  # b: misses
     rates = m.tenant_hit_rates()
     assert rates["b"] == 0.0 and rates["a"] > 0.0
-    assert m.stats()["fairness_score"] == pytest.approx(0.5)
+    assert m.stats().fairness_score == pytest.approx(0.5)
 
 
 def test_lock_is_reentrant_and_usable_from_another_thread() -> None:
@@ -550,7 +548,7 @@ def test_lock_is_reentrant_and_usable_from_another_thread() -> None:
     t = threading.Thread(target=lambda: result.append(m.stats()))
     t.start()
     t.join(5)
-    assert result and result[0]["used_blocks"] == 1
+    assert result and result[0].used_blocks == 1
 
 
 def test_block_size_must_match_the_pool() -> None:

@@ -173,9 +173,9 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(prefix=st.integers(0, 3), suffix=st.lists(st.integers(0, 3), max_size=6))
     def lookup(self, prefix: int, suffix: list[int]) -> None:
         m = self.m
-        before = (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"])
+        before = (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats().hit_rate)
         m.lookup(self._prompt(prefix, suffix) or [0])
-        assert (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats()["hit_rate"]) == before
+        assert (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats().hit_rate) == before
 
     # ---- pins --------------------------------------------------------------------------------
 
@@ -249,12 +249,12 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def stats_are_sane(self) -> None:
         stats = self.m.stats()
-        assert 0.0 <= stats["hit_rate"] <= 1.0
-        assert 0.0 <= stats["re_prefill_rate"] <= 1.0
-        assert 0.0 <= stats["fairness_score"] <= 1.0 + 1e-9
-        assert 0.0 <= stats["memory_utilization"] <= 1.0
-        assert stats["used_blocks"] + stats["free_blocks"] == stats["total_blocks"]
-        assert stats["pinned_blocks"] <= stats["cached_blocks"]
+        assert 0.0 <= stats.hit_rate <= 1.0
+        assert 0.0 <= stats.re_prefill_rate <= 1.0
+        assert 0.0 <= stats.fairness_score <= 1.0 + 1e-9
+        assert 0.0 <= stats.memory_utilization <= 1.0
+        assert stats.used_blocks + stats.free_blocks == stats.total_blocks
+        assert stats.pinned_blocks <= stats.cached_blocks
 
     def teardown(self) -> None:
         # drain: every running sequence can be released, and then nothing is referenced

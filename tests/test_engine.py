@@ -54,8 +54,8 @@ def reference_outputs(tmp_path_factory: pytest.TempPathFactory) -> list[list[int
     try:
         outputs = _run_all(engine, PROMPTS)
         stats = engine.eviction_stats()
-        assert stats["total_evictions"] == 0
-        assert stats["preemptions"] == 0
+        assert stats.total_evictions == 0
+        assert stats.preemptions == 0
     finally:
         engine.shutdown()
     return outputs
@@ -75,8 +75,8 @@ def test_greedy_outputs_equal_unbounded_pool_under_eviction_and_preemption(
     finally:
         engine.shutdown()
     assert outputs == reference_outputs
-    assert stats["total_evictions"] > 0
-    assert stats["preemptions"] > 0
+    assert stats.total_evictions > 0
+    assert stats.preemptions > 0
 
 
 def test_repeated_prompt_is_served_from_the_prefix_cache(tmp_path: object) -> None:

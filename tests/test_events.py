@@ -34,8 +34,8 @@ def test_events_have_the_api_keys_in_order() -> None:
     events = m.events.tail()
     evicts = [e for e in events if e["event"] == "evict"]
     freed = [e for e in events if e["event"] == "freed"]
-    assert len(evicts) == m.stats()["total_evictions"] == 4
-    assert len(freed) == m.stats()["eviction_calls"] == 2
+    assert len(evicts) == m.stats().total_evictions == 4
+    assert len(freed) == m.stats().eviction_calls == 2
     for e in evicts:
         assert tuple(e) == EVICT_KEYS
         assert e["policy"] == "lru" and e["reason"] == "alloc"
@@ -135,7 +135,7 @@ def test_extra_processors_see_every_event() -> None:
 def test_events_can_be_turned_off() -> None:
     m = make(record_events=False)
     churn(m)
-    assert m.events is None and m.stats()["total_evictions"] == 4
+    assert m.events is None and m.stats().total_evictions == 4
 
 
 def test_watermark_reason_and_policy_name_after_a_swap() -> None:

@@ -64,7 +64,7 @@ def reference_outputs(tmp_path_factory: pytest.TempPathFactory) -> list[list[int
         stats = engine.eviction_stats()
     finally:
         engine.shutdown()
-    assert stats["total_evictions"] == 0 and stats["preemptions"] == 0
+    assert stats.total_evictions == 0 and stats.preemptions == 0
     return outputs
 
 
@@ -90,5 +90,5 @@ def test_greedy_outputs_on_the_real_model_equal_an_unbounded_pool(
     after = small_engine.eviction_stats()
     small_engine.cache.check_invariants()
     assert outputs == reference_outputs
-    assert after["total_evictions"] > before["total_evictions"]
-    assert after["preemptions"] > before["preemptions"]
+    assert after.total_evictions > before.total_evictions
+    assert after.preemptions > before.preemptions

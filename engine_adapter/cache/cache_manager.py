@@ -42,6 +42,7 @@ from engine_adapter.cache.errors import (
 )
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from engine_adapter.cache.stats import CacheStats
 from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy, create_policy, get_policy_class
 from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
 from sage_eviction.registry import ParamSpec, parse_policy_spec
@@ -997,46 +998,50 @@ class CacheManager:
         """Prompt tokens served from cache / prompt tokens looked up."""
         return self._hits.hit_rate
 
-    def stats(self) -> dict[str, Any]:
-        """The metrics in the shape of ``GET /v1/eviction/stats`` (docs/architecture.md, "Metrics")."""
+    @property
+    def re_prefill_blocks(self) -> int:
+        """Evicted blocks that were requested again so far (cheap: the engine reads it each step)."""
+        return self._reprefill.re_prefilled
+
+    def stats(self) -> CacheStats:
+        """The metrics as a `CacheStats` (docs/architecture.md, "Metrics")."""
         with self.lock:
             p50, p99 = self._evict_latency.quantiles(0.5, 0.99)
             used = self.allocator.num_used
-            return {
-                "strategy": self.policy_name.upper(),
-                "policy": self.policy_name,
-                "params": dict(self.policy_params),
-                "total_evictions": self.total_evictions,
-                "eviction_calls": self.eviction_calls,
-                "avg_eviction_time_us": self._evict_latency.mean * 1e6,
-                "p50_eviction_time_us": p50 * 1e6,
-                "p99_eviction_time_us": p99 * 1e6,
-                "re_prefill_rate": self._reprefill.rate,
-                "fairness_score": self._hits.fairness,
-                "hit_rate": self._hits.hit_rate,
-                "memory_utilization": (
+            return CacheStats(
+                strategy=self.policy_name.upper(),
+                policy=self.policy_name,
+                params=dict(self.policy_params),
+                total_evictions=self.total_evictions,
+                eviction_calls=self.eviction_calls,
+                avg_eviction_time_us=self._evict_latency.mean * 1e6,
+                p50_eviction_time_us=p50 * 1e6,
+                p99_eviction_time_us=p99 * 1e6,
+                re_prefill_rate=self._reprefill.rate,
+                fairness_score=self._hits.fairness,
+                hit_rate=self._hits.hit_rate,
+                memory_utilization=(
                     self._utilization_sum / self._utilization_samples
                     if self._utilization_samples
                     else used / self.num_blocks
                 ),
-                "total_blocks": self.num_blocks,
-                "used_blocks": used,
-                "free_blocks": self.allocator.num_free,
-                "cached_blocks": len(self.radix),
-                "evictable_blocks": self.radix.num_evictable,
-                "pinned_blocks": self.radix.num_pinned,
-                "total_freed_blocks": self.total_evictions,
-                "evictions_by_reason": dict(self._evictions_by_reason),
-                "evictions_by_policy": dict(self._evictions_by_policy),
-                "preemptions": self.preemptions,
-                "policy_swaps": self.policy_swaps,
-                "last_swap_time_s": self.last_swap_time_s,
-                # beyond the documented shape: what the metric counters count
-                "prefix_cache_queries_tokens": self._hits.lookups,
-                "prefix_cache_hits_tokens": self._hits.hits,
-                "re_prefill_blocks": self._reprefill.re_prefilled,
-                "running_sequences": len(self._sequences),
-            }
+                total_blocks=self.num_blocks,
+                used_blocks=used,
+                free_blocks=self.allocator.num_free,
+                cached_blocks=len(self.radix),
+                evictable_blocks=self.radix.num_evictable,
+                pinned_blocks=self.radix.num_pinned,
+                total_freed_blocks=self.total_evictions,
+                evictions_by_reason=dict(self._evictions_by_reason),
+                evictions_by_policy=dict(self._evictions_by_policy),
+                preemptions=self.preemptions,
+                policy_swaps=self.policy_swaps,
+                last_swap_time_s=self.last_swap_time_s,
+                prefix_cache_queries_tokens=self._hits.lookups,
+                prefix_cache_hits_tokens=self._hits.hits,
+                re_prefill_blocks=self._reprefill.re_prefilled,
+                running_sequences=len(self._sequences),
+            )
 
     def tenant_hit_rates(self) -> dict[str | None, float]:
         """Hit rate per tenant (the inputs of `fairness_score`)."""

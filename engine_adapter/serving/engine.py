@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.stats import CacheStats
 from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
@@ -302,7 +303,7 @@ class Engine:
         cache = self.cache
         self.metrics.set_usage(cache.allocator.num_used / cache.num_blocks if cache.num_blocks else 0.0)
         self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
-        reprefills = cache._reprefill.re_prefilled
+        reprefills = cache.re_prefill_blocks
         if reprefills > self._last_reprefills:
             self.metrics.on_re_prefill(reprefills - self._last_reprefills)
             self._last_reprefills = reprefills
@@ -461,10 +462,9 @@ class Engine:
                 "loop_error": self.loop_error,
             }
 
-    def eviction_stats(self) -> dict[str, Any]:
-        """GET /v1/eviction/stats."""
-        with self.cache.lock:
-            return self.cache.stats()
+    def eviction_stats(self) -> CacheStats:
+        """GET /v1/eviction/stats (its JSON is `CacheStats.to_dict()`)."""
+        return self.cache.stats()
 
     def policies(self) -> dict[str, Any]:
         """GET /v1/eviction/policies: the online policies with their params and defaults."""

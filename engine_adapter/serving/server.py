@@ -528,7 +528,8 @@ def build_app(
 
     @_endpoint
     async def eviction_stats(request: Request) -> Response:
-        return _json_response(await asyncio.to_thread(engine.eviction_stats))
+        stats = await asyncio.to_thread(engine.eviction_stats)
+        return _json_response(stats.to_dict())
 
     @_endpoint
     async def reset_cache(request: Request) -> Response:

@@ -709,14 +709,14 @@ class _ManagerCache:
     def stats(self) -> tuple[float, float, int, float, float, int]:
         """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
         stats = self.manager.stats()
-        utilization = stats["memory_utilization"] if stats["eviction_calls"] else 0.0
+        utilization = stats.memory_utilization if stats.eviction_calls else 0.0
         return (
-            stats["re_prefill_rate"],
+            stats.re_prefill_rate,
             utilization,
-            stats["total_evictions"],
-            stats["p50_eviction_time_us"],
-            stats["p99_eviction_time_us"],
-            stats["preemptions"],
+            stats.total_evictions,
+            stats.p50_eviction_time_us,
+            stats.p99_eviction_time_us,
+            stats.preemptions,
         )
 
 

@@ -1,0 +1,87 @@
+"""`CacheStats`: one typed snapshot of the cache's metrics, what `CacheManager.stats()` returns.
+
+`to_dict()` is the JSON of ``GET /v1/eviction/stats`` (docs/architecture.md, "Control API"); the
+metrics are defined in docs/architecture.md, "Metrics". The engine, the server, the simulator and
+the tests read the fields, never keys by string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CacheStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """The cache's metrics at one moment.
+
+    Attributes:
+        strategy: The policy's name in capitals, as the module spec prints it.
+        policy: The registry name of the active policy.
+        params: Its params.
+        total_evictions: Blocks evicted (by every reason).
+        eviction_calls: Times the policy was asked for victims.
+        avg_eviction_time_us: Mean wall time of a policy decision.
+        p50_eviction_time_us: Its median.
+        p99_eviction_time_us: Its 99th percentile.
+        re_prefill_rate: Evicted blocks requested again later / evicted blocks.
+        fairness_score: Jain's index over per-tenant hit rates.
+        hit_rate: Prompt tokens served from cache / prompt tokens looked up.
+        memory_utilization: Used / total blocks right after each eviction, averaged (used / total
+            before the first eviction).
+        total_blocks: Blocks in the pool.
+        used_blocks: Blocks handed out.
+        free_blocks: Blocks on the free list.
+        cached_blocks: Blocks in the radix cache.
+        evictable_blocks: Cached blocks the policy may choose now.
+        pinned_blocks: Cached blocks pinned.
+        total_freed_blocks: Blocks evicted (the module spec's name for `total_evictions`).
+        evictions_by_reason: Evicted blocks per reason (``alloc``, ``watermark`` ...).
+        evictions_by_policy: Evicted blocks per policy (it changes with hot swaps).
+        preemptions: Running sequences preempted.
+        policy_swaps: Hot swaps so far.
+        last_swap_time_s: The last swap's pause, or None.
+        prefix_cache_queries_tokens: Prompt tokens looked up.
+        prefix_cache_hits_tokens: Of those, tokens served from cache.
+        re_prefill_blocks: Evicted blocks that came back.
+        running_sequences: Sequences holding blocks now.
+    """
+
+    strategy: str
+    policy: str
+    params: dict[str, Any]
+    total_evictions: int
+    eviction_calls: int
+    avg_eviction_time_us: float
+    p50_eviction_time_us: float
+    p99_eviction_time_us: float
+    re_prefill_rate: float
+    fairness_score: float
+    hit_rate: float
+    memory_utilization: float
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    evictable_blocks: int
+    pinned_blocks: int
+    total_freed_blocks: int
+    evictions_by_reason: dict[str, int]
+    evictions_by_policy: dict[str, int]
+    preemptions: int
+    policy_swaps: int
+    last_swap_time_s: float | None
+    prefix_cache_queries_tokens: int
+    prefix_cache_hits_tokens: int
+    re_prefill_blocks: int
+    running_sequences: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
+        return {
+            f.name: dict(value) if isinstance(value := getattr(self, f.name), dict) else value
+            for f in dataclasses.fields(self)
+        }
