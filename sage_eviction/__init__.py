@@ -31,10 +31,12 @@ from sage_eviction.errors import (
 )
 from sage_eviction.registry import (
     ENTRY_POINT_GROUP,
+    ResolvedPolicy,
     available_policies,
     create_policy,
     get_policy_class,
     policy_params,
+    resolve_policy,
 )
 from sage_eviction.types import (
     EntryMeta,
@@ -66,6 +68,7 @@ __all__ = [
     "PolicyParamError",
     "PolicyStateError",
     "RecencyPolicy",
+    "ResolvedPolicy",
     "SageEvictionError",
     "UnknownKeyError",
     "UnknownPolicyError",
@@ -74,4 +77,5 @@ __all__ = [
     "create_policy",
     "get_policy_class",
     "policy_params",
+    "resolve_policy",
 ]

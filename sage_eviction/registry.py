@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+from collections.abc import Hashable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -17,16 +18,19 @@ from typing import Any
 from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import PolicyParamError, UnknownPolicyError
 from sage_eviction.policies import POLICIES
+from sage_eviction.types import EntryMeta
 
 __all__ = [
     "ALIASES",
     "ENTRY_POINT_GROUP",
     "ParamSpec",
     "available_policies",
+    "ResolvedPolicy",
     "create_policy",
     "get_policy_class",
     "parse_policy_spec",
     "policy_params",
+    "resolve_policy",
 ]
 
 ENTRY_POINT_GROUP = "sage_eviction.policies"
@@ -177,35 +181,97 @@ def parse_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
-def create_policy(spec: str, capacity: int | None = None, **params: Any) -> EvictionPolicy:
-    """Build a policy from `name` or `name:k=v,...`, plus keyword params.
+@dataclass(frozen=True, slots=True)
+class ResolvedPolicy:
+    """A policy spec checked and converted, ready to build: the one way specs are read.
+
+    Attributes:
+        cls: The policy class.
+        params: The chosen params, converted to their declared types (never `capacity`): what a
+            cache reports as the policy's params.
+        capacity: The cache size passed to the constructor, or None.
+    """
+
+    cls: type[EvictionPolicy]
+    params: dict[str, Any]
+    capacity: int | None
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The constructor's keyword arguments."""
+        return dict(self.params) if self.capacity is None else {**self.params, "capacity": self.capacity}
+
+    def build(
+        self, columns: tuple[list[Hashable], list[EntryMeta], list[bool]] | None = None
+    ) -> EvictionPolicy:
+        """A new instance: empty, or holding the entries of a hot swap (`entry_columns()`).
+
+        Raises:
+            PolicyParamError: The constructor refused the values; the message lists the params.
+        """
+        try:
+            if columns is None:
+                return self.cls(**self.kwargs)
+            return self.cls.from_entry_columns(*columns, **self.kwargs)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, PolicyParamError):
+                raise
+            listing = ", ".join(s.describe() for s in policy_params(self.cls).values())
+            raise PolicyParamError(f"policy {self.cls.name!r}: {exc}; params: {listing}") from exc
+
+
+def resolve_policy(spec: str, capacity: int | None = None, /, **params: Any) -> ResolvedPolicy:
+    """Read `name` or `name:k=v,...` plus keyword params into a `ResolvedPolicy`.
+
+    Values are converted by the param's annotation the same way wherever they come from (a spec
+    string, a YAML file, JSON): ``"3"`` is 3 for an int; ``true``/``yes``/``on``/``1`` and their
+    opposites for a bool; ``none``/``null`` for an optional param.
 
     Args:
         spec: Registry name, optionally with params, e.g. `"slru:protected_threshold=3"`.
-        capacity: Cache size in blocks, for the policies that need it; ignored by none.
+        capacity: The cache's size in blocks, when a cache builds the policy: it is then the
+            cache's to give, and a `capacity` param is an error. Positional only, so that a
+            `capacity` among user params reaches the check rather than colliding with it.
+        **params: More params; they override the ones in `spec`.
+
+    Raises:
+        UnknownPolicyError: Unknown name.
+        PolicyParamError: Unknown or ill-typed param, or `capacity` given twice; the message lists
+            the params with defaults.
+    """
+    name, raw = parse_policy_spec(spec)
+    cls = get_policy_class(name)
+    merged: dict[str, Any] = {**raw, **params}
+    specs = policy_params(cls)
+    if capacity is not None and "capacity" in merged:
+        raise PolicyParamError(
+            f"policy {cls.name!r}: 'capacity' is the cache's size ({capacity} blocks), which the cache "
+            "gives; leave it out"
+        )
+    converted: dict[str, Any] = {}
+    for pname, value in merged.items():
+        pspec = specs.get(pname)
+        if pspec is None:
+            listing = ", ".join(s.describe() for s in specs.values()) or "none"
+            raise PolicyParamError(f"policy {cls.name!r} has no param {pname!r}; params: {listing}")
+        converted[pname] = _coerce(cls.name, pspec, value, specs)
+    if capacity is None:
+        capacity = converted.pop("capacity", None)
+    elif "capacity" in specs:  # the cache's size is checked like any param
+        capacity = _coerce(cls.name, specs["capacity"], capacity, specs)
+    return ResolvedPolicy(cls, converted, capacity)
+
+
+def create_policy(spec: str, capacity: int | None = None, **params: Any) -> EvictionPolicy:
+    """Build a policy from `name` or `name:k=v,...`, plus keyword params (`resolve_policy`).
+
+    Args:
+        spec: Registry name, optionally with params, e.g. `"slru:protected_threshold=3"`.
+        capacity: Cache size in blocks, for the policies that need it.
         **params: More params; they override the ones in `spec`.
 
     Raises:
         UnknownPolicyError: Unknown name.
         PolicyParamError: Unknown or ill-typed param; the message lists the params with defaults.
     """
-    name, raw = parse_policy_spec(spec)
-    cls = get_policy_class(name)
-    merged: dict[str, Any] = {**raw, **params}
-    if capacity is not None:
-        merged["capacity"] = capacity
-    specs = policy_params(cls)
-    kwargs: dict[str, Any] = {}
-    for pname, value in merged.items():
-        pspec = specs.get(pname)
-        if pspec is None:
-            listing = ", ".join(s.describe() for s in specs.values()) or "none"
-            raise PolicyParamError(f"policy {cls.name!r} has no param {pname!r}; params: {listing}")
-        kwargs[pname] = _coerce(cls.name, pspec, value, specs)
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, PolicyParamError):
-            raise
-        listing = ", ".join(s.describe() for s in specs.values())
-        raise PolicyParamError(f"policy {cls.name!r}: {exc}; params: {listing}") from exc
+    return resolve_policy(spec, capacity, **params).build()

@@ -237,3 +237,34 @@ def test_plugin_registration_was_undone() -> None:
     """Runs after the plugin tests in file order: nothing of the plugin is left behind."""
     assert PLUGIN_NAME not in POLICIES
     assert PLUGIN_NAME not in available_policies()
+
+
+# ---- one resolver ----------------------------------------------------------------------------
+
+
+def test_resolve_policy_converts_once_for_every_caller() -> None:
+    from engine_adapter.cache.block_allocator import BlockAllocator
+    from engine_adapter.cache.cache_manager import CacheManager
+    from sage_eviction import resolve_policy
+
+    resolved = resolve_policy("slru:protected_threshold=3", 64, protected_ratio="0.5")
+    assert resolved.params == {"protected_threshold": 3, "protected_ratio": 0.5}
+    assert resolved.capacity == 64
+    policy = resolved.build()
+    assert type(policy) is get_policy_class("slru") and policy.capacity == 64
+    # The cache reports exactly what the resolver read, and builds the policy with its own size.
+    manager = CacheManager(
+        BlockAllocator(16, 4), policy="slru:protected_threshold=3", policy_params={"protected_ratio": "0.5"}
+    )
+    assert manager.policy_params == resolved.params and manager.policy.capacity == 16
+
+
+def test_capacity_is_the_caches_when_a_cache_gives_it() -> None:
+    from sage_eviction import resolve_policy
+
+    with pytest.raises(PolicyParamError, match="'capacity' is the cache's size"):
+        resolve_policy("arc:capacity=5", 64)
+    with pytest.raises(PolicyParamError, match="'capacity' is the cache's size"):
+        resolve_policy("arc", 64, capacity=5)
+    alone = resolve_policy("arc:capacity=5")  # a library user sizes the policy itself
+    assert alone.capacity == 5 and alone.params == {}

@@ -43,10 +43,9 @@ from engine_adapter.cache.errors import (
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
 from engine_adapter.cache.stats import CacheStats
-from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy, create_policy, get_policy_class
+from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy
 from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
-from sage_eviction.registry import ParamSpec, parse_policy_spec
-from sage_eviction.registry import policy_params as param_specs
+from sage_eviction.registry import resolve_policy
 
 __all__ = [
     "Allocation",
@@ -162,49 +161,6 @@ class SequenceState:
         return len(self.cached_path)
 
 
-def _coerce(spec: ParamSpec, value: Any) -> Any:
-    """A param value already accepted by `create_policy`, converted as it converts it."""
-    if isinstance(value, str):
-        text = value.strip()
-        if spec.optional and text.lower() in ("none", "null"):
-            return None
-        if spec.type is bool:
-            return text.lower() in ("1", "true", "yes", "on")
-        if spec.type is int:
-            return int(text)
-        if spec.type is float:
-            return float(text)
-        return value
-    if spec.type is int and isinstance(value, float) and not isinstance(value, bool):
-        return int(value)
-    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
-
-
-@dataclass(slots=True)
-class _ResolvedPolicy:
-    cls: type[EvictionPolicy]
-    kwargs: dict[str, Any]  # constructor kwargs, capacity included
-    params: dict[str, Any]  # what the user chose, for display
-
-
-def _resolve_policy(spec: str, capacity: int, params: dict[str, Any]) -> _ResolvedPolicy:
-    """Class and constructor kwargs of a policy spec; errors are `create_policy`'s."""
-    name, raw = parse_policy_spec(spec)
-    cls = get_policy_class(name)
-    specs = param_specs(cls)
-    merged: dict[str, Any] = {**raw, **params}
-    takes_capacity = "capacity" in specs and "capacity" not in merged
-    # create_policy is the one place that validates specs: same errors, same messages
-    create_policy(spec, capacity=capacity if takes_capacity else None, **params)
-    kwargs = {k: _coerce(specs[k], v) for k, v in merged.items()}
-    shown = {k: v for k, v in kwargs.items() if k != "capacity"}
-    if takes_capacity:
-        kwargs["capacity"] = capacity
-    return _ResolvedPolicy(cls, kwargs, shown)
-
-
 class CacheManager:
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses.
 
@@ -257,11 +213,11 @@ class CacheManager:
         self.clock = clock
         self.lock = threading.RLock()
 
-        resolved = _resolve_policy(policy, self.num_blocks, dict(policy_params or {}))
+        resolved = resolve_policy(policy, self.num_blocks, **dict(policy_params or {}))
         self.policy_name = resolved.cls.name
         self.policy_params = resolved.params
         self.radix = RadixCache(
-            resolved.cls(**resolved.kwargs), num_blocks=self.num_blocks, max_pinned_ratio=max_pinned_ratio
+            resolved.build(), num_blocks=self.num_blocks, max_pinned_ratio=max_pinned_ratio
         )
         self.events: EvictionEventLog | None = None
         if record_events:
@@ -945,10 +901,10 @@ class CacheManager:
             **params: More params (override the spec's).
 
         Raises:
-            UnknownPolicyError, PolicyParamError: As `create_policy`; nothing changed.
+            UnknownPolicyError, PolicyParamError: As `resolve_policy`; nothing changed.
         """
         with self.lock:
-            resolved = _resolve_policy(spec, self.num_blocks, params)
+            resolved = resolve_policy(spec, self.num_blocks, **params)
             old = self.radix.policy
             # Building millions of entries would trigger many cyclic-GC passes over the whole
             # heap (about half the swap time at 1e6 blocks); nothing here makes cycles to collect.
@@ -959,7 +915,7 @@ class CacheManager:
                 t0 = time.perf_counter()
                 keys, metas, flags = old.entry_columns()
                 t1 = time.perf_counter()
-                new = resolved.cls.from_entry_columns(keys, metas, flags, **resolved.kwargs)
+                new = resolved.build((keys, metas, flags))
                 t2 = time.perf_counter()
             finally:
                 if gc_was_enabled:

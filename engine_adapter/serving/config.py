@@ -201,7 +201,7 @@ class EngineConfig:
             sage_eviction.PolicyParamError: Unknown or ill-typed param; lists the params.
             ConfigError: An offline policy (it needs the future: simulation only).
         """
-        from sage_eviction import create_policy, get_policy_class
+        from sage_eviction import get_policy_class, resolve_policy
 
         cls = get_policy_class(self.eviction_policy)
         if cls.offline:
@@ -209,10 +209,8 @@ class EngineConfig:
                 f"eviction policy {self.eviction_policy!r} needs the future and runs only in "
                 "simulation (sage llm benchmark --mode sim)"
             )
-        params = dict(self.policy_params)
-        if cls.needs_capacity and "capacity" not in params:
-            params["capacity"] = self.num_blocks or 1024  # the engine passes the pool's size
-        create_policy(self.eviction_policy, **params)
+        # The cache resolves the spec the same way with the pool's size, known only at start.
+        resolve_policy(self.eviction_policy, self.num_blocks or 1, **self.policy_params)
 
 
 def config_keys() -> list[str]:

@@ -40,7 +40,6 @@ from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
 from sage_eviction import (
-    PolicyParamError,
     UnknownPolicyError,
     available_policies,
     get_policy_class,
@@ -488,7 +487,8 @@ class Engine:
 
         Raises:
             UnknownPolicyError: No such policy; the message lists those an engine can serve.
-            PolicyParamError: A bad param, or `capacity`, which is the pool's to give.
+            PolicyParamError: A bad param, or `capacity`, which is the pool's to give
+                (`sage_eviction.resolve_policy`).
             RequestError: An offline policy (it needs the future); the message lists the others.
         """
         name = parse_policy_spec(policy)[0]
@@ -500,11 +500,6 @@ class Engine:
         if cls.offline:
             raise RequestError(
                 f"policy {cls.name!r} is offline (needs the future): simulation only; available: {online}"
-            )
-        if "capacity" in params:
-            raise PolicyParamError(
-                f"policy {cls.name!r}: 'capacity' is the pool's size ({self.cache.num_blocks} blocks) and "
-                "the engine gives it; leave it out"
             )
         with self.cache.lock:
             result = self.cache.swap_policy(policy, **params)
