@@ -13,13 +13,7 @@ Pure Python; imports nothing from the engine or the CLI and never imports torch.
 
 from __future__ import annotations
 
-from sage_eviction.base import (
-    EvictionPolicy,
-    FlatHeapPolicy,
-    HeapPolicy,
-    LevelledRecencyPolicy,
-    RecencyPolicy,
-)
+from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import (
     DuplicateKeyError,
     PolicyConfigError,
@@ -29,6 +23,8 @@ from sage_eviction.errors import (
     UnknownKeyError,
     UnknownPolicyError,
 )
+from sage_eviction.heap import FlatHeapPolicy, HeapPolicy
+from sage_eviction.recency import LevelledRecencyPolicy, RecencyPolicy
 from sage_eviction.registry import (
     ENTRY_POINT_GROUP,
     ResolvedPolicy,

@@ -16,8 +16,8 @@ import pytest
 from conftest import CAPACITY, ONLINE_POLICIES, build_policy, policy_capacity
 
 from sage_eviction import DuplicateKeyError, EntryMeta, EvictionPolicy, PolicyEntry, get_policy_class
-from sage_eviction.base import _TickQueue
 from sage_eviction.policies.sieve import _Node
+from sage_eviction.recency import _TickQueue
 
 # Counters of lookups and re-prefills: `insert` counts them, a swap's load does not.
 _NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted"}

@@ -61,7 +61,7 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import EntryMeta, EvictionPolicy, create_policy, get_policy_class
-from sage_eviction.base import HeapPolicy
+from sage_eviction.heap import HeapPolicy
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, jain_fairness, percentile
 from sage_eviction.policies.belady import BeladyPolicy
 

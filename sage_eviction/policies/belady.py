@@ -30,8 +30,9 @@ from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
-from sage_eviction.base import HeapPolicy, Score
+from sage_eviction.base import Score
 from sage_eviction.errors import PolicyStateError
+from sage_eviction.heap import HeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy, PolicyEntry
 
 __all__ = ["BeladyPolicy"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from sage_eviction.base import FlatHeapPolicy
+from sage_eviction.heap import FlatHeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["GDSFPolicy"]

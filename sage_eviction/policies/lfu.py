@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sage_eviction.base import LevelledRecencyPolicy
+from sage_eviction.recency import LevelledRecencyPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["LFUPolicy"]

@@ -6,7 +6,7 @@ vLLM's block-level prefix cache and SGLang's default radix-cache eviction use it
 
 from __future__ import annotations
 
-from sage_eviction.base import RecencyPolicy
+from sage_eviction.recency import RecencyPolicy
 from sage_eviction.types import EvictionStrategy
 
 __all__ = ["LRUPolicy"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sage_eviction.base import RecencyPolicy
+from sage_eviction.recency import RecencyPolicy
 from sage_eviction.types import EvictionCandidate, EvictionStrategy
 
 __all__ = ["MRUPolicy"]

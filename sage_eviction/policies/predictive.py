@@ -19,7 +19,7 @@ import math
 from collections.abc import Hashable
 from typing import Any, Protocol, runtime_checkable
 
-from sage_eviction.base import FlatHeapPolicy
+from sage_eviction.heap import FlatHeapPolicy
 from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
 
 __all__ = ["LifetimePredictor", "PredictivePolicy", "RemainingTokensPredictor"]

@@ -1,0 +1,172 @@
+"""`HeapPolicy`: evictable entries ordered by a score in a binary heap with lazy deletion.
+
+A stale heap item is skipped when popped, and the heap is rebuilt when stale items outnumber live
+ones, so every operation is O(log n) amortised. `FlatHeapPolicy` keeps the score tuples flat (one
+tuple less per comparison) for the policies whose score ends with a unique tick.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import abstractmethod
+from collections.abc import Hashable
+from itertools import compress
+from typing import Any, ClassVar
+
+from sage_eviction.base import EvictionPolicy, Score
+from sage_eviction.types import EntryMeta
+
+__all__ = ["FlatHeapPolicy", "HeapPolicy"]
+
+
+class HeapPolicy(EvictionPolicy):
+    """A policy that evicts the evictable entry of smallest `_score`.
+
+    The heap holds `(score, push number, key)` items; `_live[key]` is the item that currently
+    stands for an evictable key, and an item popped that is not its key's live item is stale.
+    The push number is unique, so keys are never compared. Subclasses implement `_score`; set
+    `rescore_on_access = False` when a hit does not change the order (FIFO).
+    """
+
+    rescore_on_access: ClassVar[bool] = True
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__(capacity)
+        self._heap: list[tuple[Score, int, Hashable]] = []
+        self._live: dict[Hashable, tuple[Score, int, Hashable]] = {}
+        self._tick: dict[Hashable, int] = {}  # key -> tick of its latest insert or access
+        self._pushes = 0  # unique tie-breaker of heap items
+
+    @abstractmethod
+    def _score(self, key: Hashable, meta: EntryMeta) -> Score:
+        """Smaller is evicted sooner; `self._clock` and `self._tick[key]` are current."""
+
+    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+        self._pushes += 1
+        item = (self._score(key, meta), self._pushes, key)
+        self._live[key] = item
+        heap = self._heap
+        heapq.heappush(heap, item)
+        if len(heap) > 2 * len(self._live) + 64:
+            self._heap = list(self._live.values())
+            heapq.heapify(self._heap)
+
+    def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        self._tick[key] = self._clock
+        if evictable:
+            self._push(key, meta)
+
+    def _on_access(self, key: Hashable, meta: EntryMeta) -> None:
+        self._tick[key] = self._clock
+        if self.rescore_on_access and key in self._live:
+            self._push(key, meta)
+
+    def _on_evictable(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
+        if evictable:
+            self._push(key, meta)
+        else:
+            del self._live[key]
+
+    def _on_remove(self, key: Hashable, meta: EntryMeta, was_evictable: bool) -> None:
+        del self._tick[key]
+        if was_evictable:
+            del self._live[key]
+
+    def _pop_victim(self) -> Hashable:
+        heap = self._heap
+        live = self._live
+        pop = heapq.heappop
+        while True:
+            item = pop(heap)
+            key = item[2]
+            if live.get(key) is item:
+                del live[key]
+                del self._tick[key]
+                self._on_victim(key, item[0])
+                return key
+
+    def _on_victim(self, key: Hashable, score: Score) -> None:
+        """Called with each victim's score (GDSF inflates its clock with it)."""
+
+    def _eviction_order(self) -> list[Hashable]:
+        return [item[2] for item in sorted(self._live.values())]
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # Build the heap once instead of pushing n times; the same live items, each scored with
+        # `self._clock` at its own tick, as the one-by-one inserts score them. (Subclasses'
+        # `_on_insert` is not called, as before: Belady's `_load` sets its own state.)
+        if self._meta:
+            return False
+        first = self._add_columns(keys, metas, flags)
+        end = self._clock
+        ticks = range(first, end + 1)
+        self._tick.update(zip(keys, ticks, strict=True))
+        live = self._live
+        score = self._score
+        pushes = self._pushes
+        for key, meta, tick in zip(
+            compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True
+        ):
+            self._clock = tick
+            pushes += 1
+            live[key] = (score(key, meta), pushes, key)
+        self._clock = end
+        self._pushes = pushes
+        self._heap = list(live.values())
+        heapq.heapify(self._heap)
+        return True
+
+
+class FlatHeapPolicy(HeapPolicy):
+    """A `HeapPolicy` whose `_score` is a tuple ending with `self._tick[key]`, unique among
+    live items, so heap items are the flat tuples `(*score, key)`: no push number, and one
+    tuple less to reach per comparison."""
+
+    @abstractmethod
+    def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
+        """Smaller is evicted sooner; a tuple ending with `self._tick[key]` (current)."""
+
+    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+        item = (*self._score(key, meta), key)
+        live = self._live
+        live[key] = item
+        heap = self._heap
+        heapq.heappush(heap, item)
+        if len(heap) > 2 * len(live) + 64:
+            self._heap = list(live.values())
+            heapq.heapify(self._heap)
+
+    def _pop_victim(self) -> Hashable:
+        heap = self._heap
+        live = self._live
+        pop = heapq.heappop
+        while True:
+            item = pop(heap)
+            key: Hashable = item[-1]
+            if live.get(key) is item:
+                del live[key]
+                del self._tick[key]
+                self._on_victim(key, item)
+                return key
+
+    def _eviction_order(self) -> list[Hashable]:
+        return [item[-1] for item in sorted(self._live.values())]
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        if self._meta:
+            return False
+        first = self._add_columns(keys, metas, flags)
+        end = self._clock
+        ticks = range(first, end + 1)
+        self._tick.update(zip(keys, ticks, strict=True))
+        live = self._live
+        score = self._score
+        for key, meta, tick in zip(
+            compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True
+        ):
+            self._clock = tick
+            live[key] = (*score(key, meta), key)
+        self._clock = end
+        self._heap = list(live.values())
+        heapq.heapify(self._heap)
+        return True
