@@ -28,7 +28,8 @@ from oracle_trace import (
 )
 
 from engine_adapter.sim.simulator import Simulator, min_capacity, simulate
-from engine_adapter.sim.workloads import SimRequest, Workload, read_mooncake, synthetic, unique_blocks
+from engine_adapter.sim.synthetic import synthetic
+from engine_adapter.sim.workloads import SimRequest, Workload, read_mooncake, unique_blocks
 
 POLICIES = ORACLE_POLICIES
 FRACTIONS = [0.01, 0.05, 0.10, 0.25]

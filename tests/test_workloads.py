@@ -14,18 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_adapter.sim.sources import load
+from engine_adapter.sim.synthetic import preset, spec_benchmark, synthetic
 from engine_adapter.sim.workloads import (
     MOONCAKE_BLOCK_SIZE,
     PrefixModel,
     SimRequest,
     Workload,
     WorkloadError,
-    load,
-    preset,
     read_azure,
     read_mooncake,
-    spec_benchmark,
-    synthetic,
     total_block_lookups,
     unique_blocks,
 )

@@ -1,8 +1,11 @@
 """The trace-driven simulator.
 
-    workloads.py   request streams: Mooncake and Azure traces, the synthetic generator, presets
+    workloads.py   requests and workloads; the Mooncake and Azure trace readers, the prefix model
+    synthetic.py   the seeded synthetic generator and the presets
+    sources.py     workloads by name, for the CLI
     cost_model.py  prefill and decode step times on the virtual clock
-    simulator.py   the event-driven simulation over the cache manager (radix) or a flat cache
+    simulator.py   the event-driven simulation on the virtual clock
+    cache_models.py  the radix model (the real CacheManager) and the flat model
     benchmark.py   `sage llm benchmark --mode sim`: every policy at every capacity, plus references
 
 Importing this package imports no submodule and never torch; import what you need, e.g.

@@ -31,7 +31,9 @@ from typing import Any
 
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.simulator import UNBOUNDED, Simulator, min_capacity
-from engine_adapter.sim.workloads import Workload, WorkloadError, load, preset, synthetic, unique_blocks
+from engine_adapter.sim.sources import load
+from engine_adapter.sim.synthetic import preset, synthetic
+from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
 
 __all__ = ["DEFAULT_CAPACITY_RATIOS", "BenchmarkError", "build_workload", "capacities_for", "run_benchmark"]
 

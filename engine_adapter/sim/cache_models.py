@@ -1,0 +1,186 @@
+"""The simulator's two cache models, behind the calls the event loop makes.
+
+- `RadixModel`: the real `CacheManager` (the engine's cache) over a bare block allocator: a hit
+  stops at a request's first missing block, only leaves are evicted, running sequences hold
+  blocks and can be preempted. `RadixBelady` gives the radix model Belady's decisions.
+- `FlatModel`: independent blocks, `sage_eviction.flat.FlatCache` with forced admission, the
+  model libCacheSim simulates.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine_adapter.cache.errors import NoEvictableBlocksError
+from sage_eviction import EntryMeta, EvictionPolicy, create_policy
+from sage_eviction.heap import HeapPolicy
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
+from sage_eviction.policies.belady import BeladyPolicy
+
+if TYPE_CHECKING:
+    from engine_adapter.sim.simulator import _Seq
+
+__all__ = ["FlatModel", "RadixBelady", "RadixModel"]
+
+
+class RadixBelady(BeladyPolicy):
+    """Belady for the radix model: next use by position in the arrival-ordered lookup sequence.
+
+    The simulator sets `cursor` to the position just past the current request's lookups before
+    it allocates; an insert or hit of a key scores it with the key's first occurrence at or after
+    the cursor (never again: evicted first). Scores are not revised between a key's own calls.
+    """
+
+    def __init__(self, lookups: Sequence[Hashable]) -> None:
+        super().__init__()
+        occurrences: dict[Hashable, list[int]] = {}
+        for position, key in enumerate(lookups):
+            positions = occurrences.get(key)
+            if positions is None:
+                occurrences[key] = [position]
+            else:
+                positions.append(position)
+        self._positions = occurrences
+        self._never = len(lookups)
+        self.cursor = 0
+
+    def _next(self, key: Hashable) -> int:
+        positions = self._positions.get(key)
+        if not positions:
+            return self._never
+        at = bisect_left(positions, self.cursor)
+        return positions[at] if at < len(positions) else self._never
+
+    def insert(self, key: Hashable, meta: EntryMeta | None = None, *, evictable: bool = True) -> None:
+        """A block entered the cache; scored by its next lookup after the cursor."""
+        self._incoming = self._next(key)
+        HeapPolicy.insert(self, key, meta, evictable=evictable)
+
+    def access(self, key: Hashable, now: float | None = None) -> None:
+        """A hit; rescored by its next lookup after the cursor."""
+        self._incoming = self._next(key)
+        HeapPolicy.access(self, key, now)
+
+
+class FlatModel:
+    """`sage_eviction.flat.FlatCache`'s request loop, with the victims and decision times recorded."""
+
+    def __init__(self, policy: str, capacity: int, lookups: list[Hashable]) -> None:
+        self.policy: EvictionPolicy = create_policy(policy, capacity=capacity)
+        if isinstance(self.policy, BeladyPolicy):
+            self.policy.set_future(lookups)
+        elif self.policy.offline:
+            raise ValueError(f"offline policy {self.policy.name!r} has no future the flat model can give")
+        hook = getattr(self.policy, "prepare_insert", None)
+        self._prepare: Callable[[Hashable], None] | None = hook if callable(hook) else None
+        self.capacity = capacity
+        self.requests = 0
+        self.held = 0  # blocks in the cache (the policy's len, without the call)
+        self.evictions = 0
+        self.reprefill = ReprefillTracker()
+        self.latency = LatencyRecorder()
+
+    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
+        """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
+        policy = self.policy
+        access = policy.access
+        insert = policy.insert
+        evict = policy.evict
+        prepare = self._prepare
+        on_request = self.reprefill.on_request
+        on_evict = self.reprefill.on_evict
+        record = self.latency.record
+        capacity = self.capacity
+        clock = time.perf_counter
+        now = self.requests
+        held = self.held
+        hits = 0
+        last_hit = False
+        for key in keys:
+            if key in policy:
+                access(key, now)
+                hits += 1
+                last_hit = True
+            else:
+                last_hit = False
+                on_request(key)
+                if prepare is not None:
+                    prepare(key)
+                if held >= capacity:
+                    t0 = clock()
+                    victims = evict(1)
+                    record(clock() - t0)
+                    if not victims:
+                        raise RuntimeError(f"flat cache full ({capacity} blocks) and nothing evictable")
+                    self.evictions += 1
+                    on_evict(victims[0])
+                else:
+                    held += 1
+                insert(key)
+            now += 1
+        self.requests = now
+        self.held = held
+        served = hits * block_size
+        if last_hit:
+            served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
+        return hits, max(served, 0)
+
+
+class RadixModel:
+    """The radix model through the real `CacheManager` (any policy)."""
+
+    def __init__(self, manager: Any, belady: RadixBelady | None) -> None:
+        self.manager = manager
+        self.belady = belady
+        self._allocate = manager.allocate
+        self._commit = manager.commit_blocks
+        self._reserve = manager.reserve_tokens
+
+    def allocate(self, seq: _Seq) -> int | None:
+        """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
+        if self.belady is not None:
+            self.belady.cursor = seq.lookup_end
+        r = seq.request
+        try:
+            alloc = self._allocate(
+                seq.sid,
+                block_keys=seq.keys,
+                num_tokens=seq.tokens,
+                tenant=r.tenant,
+                priority=r.priority,
+                recompute_last_token=False,
+            )
+        except NoEvictableBlocksError:
+            return None
+        self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+        hits: int = alloc.num_cached_blocks
+        return hits
+
+    def reserve(self, seq: _Seq, tokens: int) -> bool:
+        return self._reserve(seq.sid, tokens) is not None
+
+    def select_victims(self, exclude: list[int]) -> list[int]:
+        victims: list[int] = self.manager.select_preemption_victims(1, exclude=exclude)
+        return victims
+
+    def preempt(self, seq: _Seq) -> None:
+        self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def free(self, seq: _Seq) -> None:
+        self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+        stats = self.manager.stats()
+        utilization = stats.memory_utilization if stats.eviction_calls else 0.0
+        return (
+            stats.re_prefill_rate,
+            utilization,
+            stats.total_evictions,
+            stats.p50_eviction_time_us,
+            stats.p99_eviction_time_us,
+            stats.preemptions,
+        )

@@ -1,0 +1,333 @@
+"""Generated request streams: seeded synthetic workloads and the presets.
+
+`synthetic(...)` draws Poisson, bursty or periodic arrivals, lognormal lengths and multi-turn
+sessions over a seeded `PrefixModel`; `preset("spec")` is the module spec's benchmark scenario.
+Both return a `Workload` like the trace readers of `engine_adapter.sim.workloads`.
+
+Pure Python and numpy; imports neither torch nor the rest of `engine_adapter`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from engine_adapter.sim.workloads import (
+    PrefixModel,
+    SimRequest,
+    Workload,
+    WorkloadError,
+    _check_float,
+    _check_int,
+    _PrefixBuilder,
+)
+
+__all__ = ["ARRIVALS", "PRESETS", "preset", "spec_benchmark", "synthetic"]
+
+ARRIVALS = ("poisson", "bursty", "periodic")
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def _arrival_times(
+    kind: str,
+    rate: float,
+    burstiness: float,
+    requests: int | None,
+    duration: float | None,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Arrival times from 0: `requests` of them, or those before `duration`, whichever ends first."""
+
+    def gaps(n: int) -> np.ndarray:
+        if kind == "poisson":
+            drawn: np.ndarray = rng.exponential(1.0 / rate, size=n)
+        elif kind == "bursty":  # gamma inter-arrivals with coefficient of variation `burstiness`
+            shape = 1.0 / burstiness**2
+            drawn = rng.gamma(shape, 1.0 / (rate * shape), size=n)
+        else:
+            drawn = np.full(n, 1.0 / rate)
+        return drawn
+
+    if requests is not None:
+        times = np.concatenate(([0.0], np.cumsum(gaps(requests - 1)))) if requests else np.zeros(0)
+        if duration is not None:
+            times = times[times < duration]
+        return times
+    assert duration is not None  # checked by the caller
+    chunk = int(rate * duration * 1.1) + 64
+    times = np.concatenate(([0.0], np.cumsum(gaps(chunk))))
+    while times[-1] < duration:
+        times = np.concatenate((times, times[-1] + np.cumsum(gaps(chunk))))
+    end: int = int(np.searchsorted(times, duration, side="left"))
+    return times[:end]
+
+
+def _lognormal_tokens(rng: np.random.Generator, mean: float, sigma: float, n: int, low: int) -> np.ndarray:
+    """Integer lengths from a lognormal with the given mean, at least `low`."""
+    mu = math.log(mean) - sigma**2 / 2
+    drawn: np.ndarray = np.maximum(np.rint(rng.lognormal(mu, sigma, size=n)), low).astype(np.int64)
+    return drawn
+
+
+def synthetic(
+    *,
+    requests: int | None = 1000,
+    rate: float = 10.0,
+    duration: float | None = None,
+    arrival: str = "poisson",
+    burstiness: float = 4.0,
+    input_tokens: float = 512.0,
+    input_sigma: float = 1.0,
+    turn_tokens: float = 128.0,
+    output_tokens: float = 128.0,
+    output_sigma: float = 0.8,
+    max_input_tokens: int = 32768,
+    seed: int = 0,
+    block_size: int = 16,
+    sessions: int = 64,
+    session_skew: float = 1.0,
+    turns: float = 4.0,
+    system_prompts: int = 4,
+    system_prompt_tokens: int = 1024,
+    p_system: float = 0.8,
+    tenants: int = 1,
+    priority_weights: Sequence[float] = (1.0,),
+) -> Workload:
+    """A seeded synthetic workload: arrivals, lengths and the `PrefixModel`'s prefix structure.
+
+    A first turn's prompt is its system prompt (if any) plus lognormal user tokens (mean
+    `input_tokens`); a later turn's prompt is the previous prompt, the previous output and
+    lognormal new tokens (mean `turn_tokens`), so it extends the previous prompt's blocks. A
+    turn that would exceed `max_input_tokens` opens a new conversation instead. Outputs are
+    lognormal (mean `output_tokens`, at least 1). Arrivals, lengths and prefixes use separate
+    random streams derived from `seed`, so changing the rate does not change the prefixes.
+
+    Args:
+        requests: Number of requests (None: as many as arrive within `duration`).
+        rate: Mean arrival rate, requests per second.
+        duration: Stop at this many seconds (None: stop after `requests`).
+        arrival: `"poisson"` (exponential gaps), `"bursty"` (gamma gaps with coefficient of
+            variation `burstiness`) or `"periodic"` (a request every `1 / rate` seconds).
+        burstiness: Coefficient of variation of the gaps for `"bursty"` (> 1 is burstier than
+            Poisson).
+        input_tokens: Mean user tokens of a first turn.
+        input_sigma: Sigma of the lognormal of user tokens (first and later turns).
+        turn_tokens: Mean new user tokens of a later turn.
+        output_tokens: Mean output tokens.
+        output_sigma: Sigma of the lognormal of output tokens.
+        max_input_tokens: Longest prompt a conversation may grow to.
+        seed: Seed of everything random.
+        block_size, sessions, session_skew, turns, system_prompts, system_prompt_tokens,
+            p_system, tenants, priority_weights: The `PrefixModel` fields (`tenants` defaults
+            to 1 here: a single tenant `"t0"`).
+
+    Returns:
+        The workload, sorted by arrival.
+
+    Raises:
+        WorkloadError: A parameter is out of range.
+    """
+    if requests is None and duration is None:
+        raise WorkloadError("synthetic needs requests or duration (or both)")
+    if requests is not None:
+        _check_int("requests", requests, 1)
+    if duration is not None:
+        _check_float("duration", duration, 0.0)
+        if duration <= 0:
+            raise WorkloadError(f"duration must be > 0, got {duration!r}")
+    _check_float("rate", rate, 0.0)
+    if rate <= 0:
+        raise WorkloadError(f"rate must be > 0 requests/s, got {rate!r}")
+    if arrival not in ARRIVALS:
+        raise WorkloadError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    _check_float("burstiness", burstiness, 0.0)
+    if burstiness <= 0:
+        raise WorkloadError(f"burstiness must be > 0, got {burstiness!r}")
+    for name, value in (
+        ("input_tokens", input_tokens),
+        ("turn_tokens", turn_tokens),
+        ("output_tokens", output_tokens),
+    ):
+        _check_float(name, value, 1.0)
+    _check_float("input_sigma", input_sigma, 0.0)
+    _check_float("output_sigma", output_sigma, 0.0)
+    _check_int("max_input_tokens", max_input_tokens, 1)
+    _check_int("seed", seed, 0)
+    model = PrefixModel(
+        seed=seed,
+        block_size=block_size,
+        sessions=sessions,
+        session_skew=session_skew,
+        turns=turns,
+        system_prompts=system_prompts,
+        system_prompt_tokens=system_prompt_tokens,
+        p_system=p_system,
+        tenants=tenants,
+        priority_weights=tuple(priority_weights),
+    )
+    arrival_rng, length_rng, prefix_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    arrivals = _arrival_times(arrival, rate, burstiness, requests, duration, arrival_rng).tolist()
+    n = len(arrivals)
+    user_tokens = _lognormal_tokens(length_rng, input_tokens, input_sigma, n, 1).tolist()
+    new_tokens = _lognormal_tokens(length_rng, turn_tokens, input_sigma, n, 1).tolist()
+    output_lens = _lognormal_tokens(length_rng, output_tokens, output_sigma, n, 1).tolist()
+
+    builder = _PrefixBuilder(model, n, prefix_rng)
+    system_tokens = model.system_prompt_tokens
+    out: list[SimRequest] = []
+    for i, arrival_s in enumerate(arrivals):
+        slot, conversation = builder.slot(i)
+        if conversation is not None:
+            input_len = conversation.input_len + conversation.output_len + new_tokens[i]
+            if input_len > max_input_tokens:
+                conversation = None
+            else:
+                blocks = builder.next_turn(conversation, input_len)
+        if conversation is None:
+            conversation, system = builder.start(slot)
+            input_len = min((system_tokens if system else 0) + user_tokens[i], max_input_tokens)
+            blocks = builder.first_turn(conversation, system, input_len)
+        out.append(builder.request(i, arrival_s, blocks, input_len, output_lens[i], conversation))
+    params: dict[str, Any] = {
+        "requests": requests,
+        "rate": rate,
+        "duration": duration,
+        "arrival": arrival,
+        "burstiness": burstiness,
+        "input_tokens": input_tokens,
+        "input_sigma": input_sigma,
+        "turn_tokens": turn_tokens,
+        "output_tokens": output_tokens,
+        "output_sigma": output_sigma,
+        "max_input_tokens": max_input_tokens,
+        **model.to_dict(),
+    }
+    return Workload(requests=out, block_size=model.block_size, source="synthetic", params=params)
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def spec_benchmark(
+    *,
+    sequences: int = 1000,
+    blocks_per_sequence: int = 10,
+    max_access_count: int = 10,
+    priorities: int = 3,
+    duration: float = 60.0,
+    output_tokens: int = 32,
+    block_size: int = 16,
+    tenants: int = 0,
+    seed: int = 0,
+) -> Workload:
+    """The module spec's benchmark scenario ("Benchmark 场景" of the module spec) as a request stream.
+
+    Sequence `i` owns blocks `i*10 .. i*10+9` (the spec's `block_ids`), has a priority drawn
+    uniformly from `0 .. priorities-1` and an access count drawn uniformly from
+    `1 .. max_access_count`. Each access is one request for the whole sequence prefix (session
+    `"seq{i}"`), at a time uniform over `[0, duration)` (the spec's `--duration 60`); an access
+    after the first finds the blocks in cache unless they were evicted, which is the
+    re-prefill the spec measures. The spec names no tenants; `tenants > 0` assigns sequence
+    `i` to tenant `"t{i % tenants}"`.
+
+    Args:
+        sequences: Number of sequences.
+        blocks_per_sequence: Blocks of each sequence's prompt.
+        max_access_count: Largest access count (the spec's `random.randint(1, 10)`).
+        priorities: Number of priority levels (the spec's `random.randint(0, 2)`).
+        duration: Seconds over which the accesses arrive.
+        output_tokens: Output tokens of every request (the spec names none).
+        block_size: Tokens per block.
+        tenants: Tenants to spread the sequences over (0: none).
+        seed: Seed of the draws.
+
+    Returns:
+        The workload, sorted by arrival.
+    """
+    for name, value, low in (
+        ("sequences", sequences, 1),
+        ("blocks_per_sequence", blocks_per_sequence, 1),
+        ("max_access_count", max_access_count, 1),
+        ("priorities", priorities, 1),
+        ("output_tokens", output_tokens, 0),
+        ("block_size", block_size, 1),
+        ("tenants", tenants, 0),
+        ("seed", seed, 0),
+    ):
+        _check_int(name, value, low)
+    _check_float("duration", duration, 0.0)
+    rng = np.random.default_rng(seed)
+    priority_of = rng.integers(0, priorities, size=sequences).tolist()
+    count_of = rng.integers(1, max_access_count + 1, size=sequences)
+    sequence_of = np.repeat(np.arange(sequences), count_of)
+    arrivals = rng.uniform(0.0, duration, size=len(sequence_of))
+    order = np.argsort(arrivals, kind="stable")
+    blocks = [tuple(range(i * blocks_per_sequence, (i + 1) * blocks_per_sequence)) for i in range(sequences)]
+    input_len = blocks_per_sequence * block_size
+    requests = [
+        SimRequest(
+            request_id=request_id,
+            arrival_s=float(arrivals[k]),
+            block_hashes=blocks[seq],
+            input_len=input_len,
+            output_len=output_tokens,
+            tenant=f"t{seq % tenants}" if tenants else None,
+            priority=priority_of[seq],
+            session=f"seq{seq}",
+        )
+        for request_id, (k, seq) in enumerate(zip(order.tolist(), sequence_of[order].tolist(), strict=True))
+    ]
+    params = {
+        "sequences": sequences,
+        "blocks_per_sequence": blocks_per_sequence,
+        "max_access_count": max_access_count,
+        "priorities": priorities,
+        "duration": duration,
+        "output_tokens": output_tokens,
+        "block_size": block_size,
+        "tenants": tenants,
+        "seed": seed,
+    }
+    return Workload(requests=requests, block_size=block_size, source="spec", params=params)
+
+
+PRESETS: dict[str, Callable[..., Workload]] = {"spec": spec_benchmark}
+"""Named workloads: name -> function taking keyword params (all with defaults) and `seed`."""
+
+
+def preset(name: str, *, seed: int = 0, **params: Any) -> Workload:
+    """A named workload from `PRESETS`, e.g. ``preset("spec", seed=1)``.
+
+    Raises:
+        WorkloadError: An unknown name or param.
+    """
+    try:
+        build = PRESETS[name]
+    except KeyError:
+        raise WorkloadError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}") from None
+    _reject_unknown(_annotations(build), params, f"preset {name!r}")
+    return build(seed=seed, **params)
+
+
+def _annotations(build: Callable[..., Any]) -> dict[str, str]:
+    """Keyword params of `build` (a source function) and their annotations, as strings."""
+    return {
+        name: str(param.annotation)
+        for name, param in inspect.signature(build).parameters.items()
+        if param.kind is param.KEYWORD_ONLY
+    }
+
+
+def _reject_unknown(accepted: Iterable[str], params: dict[str, Any], what: str) -> None:
+    names = list(accepted)
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise WorkloadError(f"{what} takes no param(s) {', '.join(unknown)}; params: {', '.join(names)}")
