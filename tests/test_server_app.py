@@ -1,4 +1,4 @@
-"""The control API (`engine_adapter.serving.server.build_app`) over a real engine, in process.
+"""The control API (`engine_adapter.serving.app.build_app`) over a real engine, in process.
 
 A real `Engine` (sage-tiny on the CPU, a pool of 16 blocks so that a few prompts evict) behind
 Starlette's TestClient: every endpoint of docs/architecture.md, "Control API", and every error answered as
@@ -22,9 +22,9 @@ from starlette.testclient import TestClient
 from structlog.testing import capture_logs
 
 from engine_adapter.cache.stats import CacheStats
+from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine
-from engine_adapter.serving.server import build_app
 
 NUM_BLOCKS = 16
 BLOCK_SIZE = 16

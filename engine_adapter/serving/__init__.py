@@ -3,7 +3,9 @@
     config.py     EngineConfig: flags > environment > YAML > defaults, checked in one place
     scheduler.py  continuous batching with chunked prefill and preemption by recompute
     engine.py     Engine: the model, the pool, the cache manager and the scheduler on one loop
-    server.py     the control server: OpenAI-style completions, eviction control, metrics
+    requests.py   the control API's request parsing, errors as JSON, OpenAI-shaped answers
+    app.py        the control API: one handler per endpoint over the engine (`AppState`)
+    server.py     the engine process: socket, pid file, uvicorn, signals, draining shutdown
     metrics.py    Prometheus metrics of the engine and its cache
 
 Importing this package imports no submodule (the engine imports torch); import what you need.

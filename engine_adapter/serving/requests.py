@@ -1,0 +1,395 @@
+"""The control API's request parsing and JSON: bodies checked field by field, errors as JSON.
+
+Every error, from a malformed body to a value out of range, is an `ApiError`, answered as
+``{"error": {"type": str, "message": str}}`` with a 4xx or 5xx status. `_Completion` and
+`_ChatCompletion` are the parsed bodies of ``POST /v1/completions`` and
+``POST /v1/chat/completions`` and build the OpenAI-shaped answers and stream chunks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["ApiError"]
+
+log = structlog.get_logger("sage.server")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_LOG_TAIL = 1_000_000
+FOLLOW_POLL_S = 0.5  # how long a follow stream waits on the event queue before checking the engine
+
+# The top-level fields of POST /v1/completions: OpenAI's that we serve, and sage's extensions.
+_COMPLETION_FIELDS = frozenset(
+    {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+        "stream_options", "user", "n", "logprobs", "echo",
+        "priority", "tenant", "cache_salt", "ignore_eos",
+    }
+)  # fmt: skip
+_CHAT_FIELDS = (_COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
+_POLICY_FIELDS = frozenset({"policy", "params"})
+_LOGS_QUERY = frozenset({"tail", "follow"})
+
+
+# --------------------------------------------------------------------------------------------
+# Errors and JSON
+
+
+class ApiError(Exception):
+    """An error answered to the client as ``{"error": {"type", "message"}}`` with `status`."""
+
+    def __init__(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.headers = headers
+
+    def response(self) -> Response:
+        return _error_response(self.status, self.type, self.message, self.headers)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # a NaN or an infinity somewhere: send null rather than fail the request
+        return json.dumps(_finite(value), allow_nan=False, separators=(",", ":"))
+
+
+def _json_response(value: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(_dumps(value), status_code=status, headers=headers, media_type="application/json")
+
+
+def _error_response(
+    status: int, type_: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    return _json_response({"error": {"type": type_, "message": message}}, status, headers)
+
+
+_HTTP_ERROR_TYPES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    503: "unavailable",
+}
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route) and 405 (route without this method), as JSON."""
+    assert isinstance(exc, HTTPException)
+    status = exc.status_code
+    if status == 404:
+        message = f"no route {request.url.path}"
+    elif status == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"method {request.method} not allowed on {request.url.path}; allowed: {allowed}"
+    else:
+        message = str(exc.detail)
+    return _error_response(status, _HTTP_ERROR_TYPES.get(status, "http_error"), message, exc.headers)
+
+
+async def _unhandled_exception(request: Request, exc: Exception) -> Response:
+    """The last resort, for an exception raised outside an endpoint (a middleware)."""
+    log.error("unhandled exception", path=request.url.path, exc_info=exc)
+    return _error_response(500, "internal_error", f"internal server error: {type(exc).__name__}: {exc}")
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _endpoint(fn: Endpoint) -> Endpoint:
+    """Turn `ApiError` into its answer and any other exception into a logged 500, both as JSON."""
+
+    @functools.wraps(fn)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except ApiError as exc:
+            return exc.response()
+        except Exception as exc:
+            log.error("request failed", method=request.method, path=request.url.path, exc_info=exc)
+            return _error_response(
+                500, "internal_error", f"internal server error: {type(exc).__name__}: {exc}"
+            )
+
+    return wrapper
+
+
+async def _json_body(request: Request, allowed: frozenset[str], what: str) -> dict[str, Any]:
+    """The request's body as a JSON object with no field outside `allowed`."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise ApiError(413, "request_too_large", f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, "request_too_large", f"body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+    if not raw.strip():
+        raise ApiError(400, "invalid_json", f"{what}: the body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"{what}: malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "invalid_request", f"{what}: the body must be a JSON object, not {type(body).__name__}"
+        )
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(
+            400,
+            "unknown_field",
+            f"{what}: unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"accepted: {', '.join(sorted(allowed))}",
+        )
+    return body
+
+
+def _bad_value(field: str, message: str) -> ApiError:
+    return ApiError(400, "invalid_value", f"{field!r}: {message}")
+
+
+def _opt_int(body: dict[str, Any], field: str, *, minimum: int | None = None) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad_value(field, f"must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise _bad_value(field, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _opt_float(body: dict[str, Any], field: str) -> float | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad_value(field, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _opt_str(body: dict[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad_value(field, f"must be a string, got {value!r}")
+    return value
+
+
+def _opt_bool(body: dict[str, Any], field: str, default: bool) -> bool:
+    value = body.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad_value(field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    """`prompt`: a string or a list of token ids; a batch of exactly one of either is unwrapped."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise ApiError(400, "invalid_value", "'prompt' is required: a string or a list of token ids")
+    prompt = body["prompt"]
+    if (
+        isinstance(prompt, list)
+        and len(prompt) == 1
+        and (isinstance(prompt[0], str) or _is_token_ids(prompt[0]))
+    ):
+        prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise _bad_value("prompt", f"batches of prompts are not served ({len(prompt)} given); send one")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad_value("prompt", "must not be empty")
+        return prompt
+    if _is_token_ids(prompt):
+        if not prompt:
+            raise _bad_value("prompt", "must not be empty")
+        if any(t < 0 for t in prompt):
+            raise _bad_value("prompt", "token ids must be >= 0")
+        return list(prompt)
+    raise _bad_value("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
+
+
+def _stop(body: dict[str, Any]) -> list[str] | None:
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise _bad_value("stop", f"must be a string or a list of strings, got {stop!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Completions
+
+
+class _Completion:
+    """A parsed POST /v1/completions body."""
+
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        model = _opt_str(body, "model")
+        if model is not None and model != served_model:
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"model {model!r} is not served here; this engine serves {served_model!r}",
+            )
+        self.model = served_model
+        self.prompt: Any = self._read_prompt(body)
+        n = _opt_int(body, "n")
+        if n is not None and n != 1:
+            raise _bad_value("n", f"only n=1 is served, got {n}")
+        if body.get("logprobs") not in (None, 0):
+            raise _bad_value("logprobs", "log probabilities are not served; send null")
+        if _opt_bool(body, "echo", False):
+            raise _bad_value("echo", "echo is not served; send false")
+        self.stream = _opt_bool(body, "stream", False)
+        options = body.get("stream_options")
+        if options is not None:
+            if not isinstance(options, dict) or set(options) - {"include_usage"}:
+                raise _bad_value("stream_options", f'must be {{"include_usage": bool}}, got {options!r}')
+            if not self.stream:
+                raise _bad_value("stream_options", "only allowed with stream=true")
+        self.include_usage = bool(options and _opt_bool(options, "include_usage", False))
+        sampling: dict[str, Any] = {}
+        max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        if max_tokens is None:  # the chat API's newer name
+            max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
+        if max_tokens is not None:
+            sampling["max_tokens"] = max_tokens
+        for field in ("temperature", "top_p"):
+            value = _opt_float(body, field)
+            if value is not None:
+                sampling[field] = value
+        top_k = _opt_int(body, "top_k", minimum=-1)
+        if top_k is not None:
+            sampling["top_k"] = max(top_k, 0)  # vLLM's -1 and sage's 0 both mean "no top-k"
+        stop = _stop(body)
+        if stop is not None:
+            sampling["stop"] = stop
+        seed = _opt_int(body, "seed")
+        if seed is not None:
+            sampling["seed"] = seed
+        if _opt_bool(body, "ignore_eos", False):  # vLLM's extension: benchmarks fix output lengths
+            sampling["ignore_eos"] = True
+        self.sampling_kwargs = sampling
+        self.user = _opt_str(body, "user")
+        self.priority = _opt_int(body, "priority") or 0
+        tenant = _opt_str(body, "tenant")
+        self.tenant = tenant if tenant is not None else self.user
+        self.cache_salt = _opt_str(body, "cache_salt")
+        if self.cache_salt == "":
+            raise _bad_value("cache_salt", "must not be empty; leave it out for no salt")
+        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        return _prompt(body)
+
+    def sampling_params(self) -> Any:
+        from engine_adapter.model.sampling import SamplingParams
+
+        try:
+            return SamplingParams(**self.sampling_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, "invalid_value", str(exc)) from None
+
+    def _envelope(self, object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, **choice, "logprobs": None}],
+        }
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """One server-sent event's object."""
+        return self._envelope(self.object_name, {"text": text, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """The whole answer of a request that does not stream."""
+        return self.chunk(text, finish_reason)
+
+
+class _ChatCompletion(_Completion):
+    """A parsed POST /v1/chat/completions body: the same fields as a completion, with messages
+    instead of a prompt; the engine renders them with the model's chat template."""
+
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        super().__init__(body, served_model)
+        self._role_sent = False
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        from engine_adapter.model.chat_template import ChatTemplateError, parse_messages
+
+        try:
+            return parse_messages(body.get("messages"))
+        except ChatTemplateError as exc:
+            raise _bad_value("messages", str(exc)) from None
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {"content": text} if text or finish_reason is None else {}
+        if not self._role_sent:  # OpenAI's first delta names the role
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        return self._envelope(self.object_name, {"delta": delta, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return self._envelope("chat.completion", {"message": message, "finish_reason": finish_reason})
+
+
+def _usage(output: Any) -> dict[str, Any]:
+    prompt_tokens = int(output.prompt_tokens)
+    completion_tokens = int(output.completion_tokens)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": int(output.cached_tokens)},
+    }
+
+
+def _sse(value: Any) -> str:
+    return f"data: {_dumps(value)}\n\n"
