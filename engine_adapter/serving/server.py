@@ -8,6 +8,8 @@
     GET  /v1/eviction/logs         ?tail=N (default 100) -> {"events"}; &follow=true streams NDJSON
     POST /v1/completions           OpenAI-compatible text completion; "stream": true sends SSE
                                    (sage extensions: priority, tenant, cache_salt, ignore_eos)
+    POST /v1/chat/completions      OpenAI-compatible chat, rendered with the model's chat template
+    GET  /v1/models                the served model
     POST /v1/cache/reset           drop every unreferenced cached block -> {"freed_blocks"}
     POST /v1/engine/shutdown       {"status": "draining"}, then a draining shutdown
     GET  /metrics                  Prometheus text
@@ -228,8 +230,6 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
         0 after a clean (drained) shutdown; 1 when the socket is held by a live engine or
         cannot be bound, or the engine fails to start.
     """
-    import uvicorn
-
     _configure_logging(log_level or os.environ.get("SAGE_LOG_LEVEL", "info"))
     socket_path = config.socket_path  # EngineConfig fills $SAGE_HOME/run/<name>.sock when unset
     pid_path = config.pid_path
@@ -249,56 +249,14 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
     engine: Engine | None = None
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        tmp = pid_path.with_name(f".{pid_path.name}.{os.getpid()}")
-        tmp.write_text(f"{os.getpid()}\n", encoding="utf-8")
-        os.replace(tmp, pid_path)
-        pid_inode = pid_path.lstat().st_ino
-
+        pid_inode = _write_pid_file(pid_path)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt_startup)
-        from engine_adapter.serving.engine import Engine
-
-        try:
-            engine = Engine(config)
-            engine.start()
-        except _StartupInterrupted as exc:
-            log.info("stopped while starting", signal=str(exc))
-            return 0
-        except Exception as exc:
-            log.error("engine failed to start", error=f"{type(exc).__name__}: {exc}")
-            print(f"sage engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-
-        stopper = _Stopper(engine)
-        app = build_app(engine, socket_path=socket_path, request_shutdown=lambda: stopper.request("api"))
-        uv_config = uvicorn.Config(
-            app,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=30,  # after the drain: time for the answers to be written
-            timeout_keep_alive=5,
-        )
-        stopper.server = _uvicorn_server(uv_config, stopper.on_signal)
-        info = engine.info()
-        log.info(
-            "engine serving",
-            socket=str(socket_path),
-            pid=os.getpid(),
-            name=engine.name,
-            model=info.get("model"),
-            policy=(info.get("policy") or {}).get("name"),
-            device=info.get("device"),
-            num_blocks=info.get("num_blocks"),
-        )
-        # _StartupInterrupted: a SIGTERM in the instant before uvicorn took the signals over.
-        with contextlib.suppress(_StartupInterrupted):
-            stopper.server.run(sockets=[sock])
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # already stopping; the cleanup is short
-        if not engine.stopped:  # uvicorn stopped on its own: still drain what is running
-            engine.shutdown(drain=True)
-        log.info("engine stopped", socket=str(socket_path))
+        started = _start_engine(config)
+        if isinstance(started, int):
+            return started
+        engine = started
+        _serve_until_stopped(engine, sock, socket_path)
         return 0
     finally:
         if threading.current_thread() is threading.main_thread():
@@ -309,6 +267,68 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
         sock.close()
         _remove_if_ours(socket_path, socket_inode)
         _remove_if_ours(pid_path, pid_inode)
+
+
+def _write_pid_file(pid_path: Path) -> int:
+    """Write our pid atomically next to the socket; returns the file's inode (to remove only ours)."""
+    tmp = pid_path.with_name(f".{pid_path.name}.{os.getpid()}")
+    tmp.write_text(f"{os.getpid()}\n", encoding="utf-8")
+    os.replace(tmp, pid_path)
+    return pid_path.lstat().st_ino
+
+
+def _start_engine(config: EngineConfig) -> Engine | int:
+    """The started engine, or the exit code: 0 when a signal stopped it while starting, 1 when
+    it failed (the error is logged and printed)."""
+    from engine_adapter.serving.engine import Engine
+
+    try:
+        engine = Engine(config)
+        engine.start()
+    except _StartupInterrupted as exc:
+        log.info("stopped while starting", signal=str(exc))
+        return 0
+    except Exception as exc:
+        log.error("engine failed to start", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        print(f"sage engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return engine
+
+
+def _serve_until_stopped(engine: Engine, sock: socket.socket, socket_path: Path) -> None:
+    """Run uvicorn on the bound socket until a signal or the API stops it, then drain."""
+    import uvicorn
+
+    stopper = _Stopper(engine)
+    app = build_app(engine, socket_path=socket_path, request_shutdown=lambda: stopper.request("api"))
+    uv_config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=30,  # after the drain: time for the answers to be written
+        timeout_keep_alive=5,
+    )
+    stopper.server = _uvicorn_server(uv_config, stopper.on_signal)
+    info = engine.info()
+    log.info(
+        "engine serving",
+        socket=str(socket_path),
+        pid=os.getpid(),
+        name=engine.name,
+        model=info.get("model"),
+        policy=(info.get("policy") or {}).get("name"),
+        device=info.get("device"),
+        num_blocks=info.get("num_blocks"),
+    )
+    # _StartupInterrupted: a SIGTERM in the instant before uvicorn took the signals over.
+    with contextlib.suppress(_StartupInterrupted):
+        stopper.server.run(sockets=[sock])
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # already stopping; the cleanup is short
+    if not engine.stopped:  # uvicorn stopped on its own: still drain what is running
+        engine.shutdown(drain=True)
+    log.info("engine stopped", socket=str(socket_path))
 
 
 def main(argv: list[str] | None = None) -> int:
