@@ -28,7 +28,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -41,7 +40,9 @@ from engine_adapter.cache.errors import (
     UnknownSequenceError,
 )
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.invariants import check_manager_invariants
 from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.stats import CacheStats
 from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy
 from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
@@ -55,110 +56,6 @@ __all__ = [
     "SequenceState",
     "SwapResult",
 ]
-
-
-@dataclass(slots=True)
-class Allocation:
-    """What `allocate` gives the scheduler.
-
-    Attributes:
-        sequence_id: The sequence.
-        block_table: Its pool block ids in token order (a copy).
-        num_cached_blocks: Leading blocks served from the prefix cache (already computed).
-        num_cached_tokens: ``num_cached_blocks * block_size``: the prefill starts here.
-        num_new_blocks: Blocks freshly allocated.
-        num_evicted_blocks: Blocks evicted to make room.
-    """
-
-    sequence_id: int
-    block_table: list[int]
-    num_cached_blocks: int
-    num_cached_tokens: int
-    num_new_blocks: int
-    num_evicted_blocks: int
-
-
-@dataclass(slots=True)
-class LookupResult:
-    """What `lookup` finds, without changing anything.
-
-    Attributes:
-        num_cached_blocks: Leading full blocks cached now.
-        num_cached_tokens: Tokens they hold.
-        num_new_blocks: Blocks an `allocate` would have to take from the pool.
-        num_available_blocks: Free blocks plus blocks eviction could reclaim (not counting the hit).
-        fits: Whether `allocate` would succeed now.
-    """
-
-    num_cached_blocks: int
-    num_cached_tokens: int
-    num_new_blocks: int
-    num_available_blocks: int
-    fits: bool
-
-
-@dataclass(slots=True)
-class PinnedPrefix:
-    """A pinned prefix, to hand back to `unpin`."""
-
-    keys: tuple[Hashable, ...]
-    num_blocks: int
-    num_newly_pinned: int
-
-
-@dataclass(slots=True)
-class SwapResult:
-    """The outcome of a hot swap (`PUT /v1/eviction/policy`)."""
-
-    old_name: str
-    old_params: dict[str, Any]
-    new_name: str
-    new_params: dict[str, Any]
-    swap_time_s: float
-    entries: int
-    entries_time_s: float
-    build_time_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """The API's response shape."""
-        return {
-            "old": {"name": self.old_name, "params": dict(self.old_params)},
-            "new": {"name": self.new_name, "params": dict(self.new_params)},
-            "swap_time_s": self.swap_time_s,
-            "entries": self.entries,
-        }
-
-
-@dataclass(slots=True)
-class SequenceState:
-    """A running sequence's blocks, as the manager keeps them (read-only for callers).
-
-    ``block_table[:len(cached_path)]`` are cached blocks this sequence holds a reference on
-    (a root path of the tree); the rest are private to it until it is freed.
-    """
-
-    sequence_id: int
-    block_table: list[int]
-    cached_path: list[CachedBlock]
-    keys: list[Hashable]  # known keys of its full blocks
-    salt: str | None
-    num_prompt_tokens: int
-    num_tokens: int  # tokens its blocks are reserved for
-    tenant: str | None = None
-    priority: int = 0
-    max_tokens: int = 0
-    deadline: float | None = None
-    estimated_lifetime: float | None = None
-    non_preemptible: bool = False
-    created_at: float = 0.0
-    last_access: float = 0.0
-    access_count: int = 1
-    block_keys_given: bool = False
-
-    @property
-    def num_cached_blocks(self) -> int:
-        """Leading blocks shared with the prefix cache."""
-        return len(self.cached_path)
 
 
 class CacheManager:
@@ -431,15 +328,7 @@ class CacheManager:
             radix = self.radix
             path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
             n_new = n_blocks - len(path)
-            deficit = n_new - self.allocator.num_free
-            if deficit > 0:
-                reclaimable = radix.num_reclaimable - self._reclaimable_in(path)
-                if deficit > reclaimable:
-                    raise NoEvictableBlocksError(
-                        f"sequence {sequence_id} needs {n_new} new blocks: "
-                        f"{self.allocator.num_free} free and "
-                        f"{reclaimable} reclaimable of {self.num_blocks}"
-                    )
+            deficit = self._deficit(sequence_id, path, n_new)
             now = self.clock()
             radix.lock(path)
             radix.touch(path, now)
@@ -465,10 +354,7 @@ class CacheManager:
             )
             self._sequences[sequence_id] = seq
             n_cached_tokens = len(path) * bs
-            self._hits.record(tenant, n_cached_tokens, n_tokens)
-            on_request = self._reprefill.on_request
-            for key in keys[len(path) :]:
-                on_request(key)
+            self._record_lookup(tenant, keys, len(path), n_cached_tokens, n_tokens)
             return Allocation(
                 sequence_id=sequence_id,
                 block_table=list(seq.block_table),
@@ -477,6 +363,31 @@ class CacheManager:
                 num_new_blocks=n_new,
                 num_evicted_blocks=evicted,
             )
+
+    def _deficit(self, sequence_id: int, path: Sequence[CachedBlock], n_new: int) -> int:
+        """Blocks to evict before `n_new` can be allocated beside the locked `path` (0 or more).
+
+        Raises:
+            NoEvictableBlocksError: The free and reclaimable blocks together fall short.
+        """
+        deficit = n_new - self.allocator.num_free
+        if deficit > 0:
+            reclaimable = self.radix.num_reclaimable - self._reclaimable_in(path)
+            if deficit > reclaimable:
+                raise NoEvictableBlocksError(
+                    f"sequence {sequence_id} needs {n_new} new blocks: {self.allocator.num_free} free "
+                    f"and {reclaimable} reclaimable of {self.num_blocks}"
+                )
+        return max(deficit, 0)
+
+    def _record_lookup(
+        self, tenant: str | None, keys: list[Hashable], n_hit: int, hit_tokens: int, n_tokens: int
+    ) -> None:
+        """Count an admitted lookup: its hit tokens, and its missed blocks for the re-prefill rate."""
+        self._hits.record(tenant, hit_tokens, n_tokens)
+        on_request = self._reprefill.on_request
+        for key in keys[n_hit:]:
+            on_request(key)
 
     def extend(self, sequence_id: int, num_blocks: int = 1) -> list[int] | None:
         """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short.
@@ -1020,62 +931,4 @@ class CacheManager:
             CacheInvariantError: With what is wrong.
         """
         with self.lock:
-            pool = self.allocator
-            total = self.num_blocks
-            if pool.num_free + pool.num_used != total:
-                raise CacheInvariantError(f"free {pool.num_free} + used {pool.num_used} != total {total}")
-            free_ids = pool.free_block_ids()
-            free_set = set(free_ids)
-            if len(free_set) != len(free_ids):
-                raise CacheInvariantError("the free list holds a block twice")
-            if len(free_ids) != pool.num_free:
-                raise CacheInvariantError(f"free list of {len(free_ids)} but num_free={pool.num_free}")
-            for block_id in free_ids:
-                if not 0 <= block_id < total or not pool.is_free(block_id):
-                    raise CacheInvariantError(f"block {block_id} is on the free list but not marked free")
-
-            self.radix.check()
-            owner: dict[int, str] = {}
-            for block in self.radix.blocks():
-                if block.block_id in owner:
-                    raise CacheInvariantError(f"block id {block.block_id} backs two cached blocks")
-                owner[block.block_id] = "tree"
-            refs: dict[int, int] = {}
-            for seq in self._sequences.values():
-                path = seq.cached_path
-                parent = None
-                for i, block in enumerate(path):
-                    if self.radix.get(block.key) is not block:
-                        raise CacheInvariantError(
-                            f"sequence {seq.sequence_id} holds {block!r}, which was evicted or removed"
-                        )
-                    if block.parent is not parent:
-                        raise CacheInvariantError(
-                            f"sequence {seq.sequence_id}'s cached blocks are not a root path"
-                        )
-                    if seq.block_table[i] != block.block_id:
-                        raise CacheInvariantError(
-                            f"sequence {seq.sequence_id}'s block table disagrees with its cached path at {i}"
-                        )
-                    refs[id(block)] = refs.get(id(block), 0) + 1
-                    parent = block
-                for block_id in seq.block_table[len(path) :]:
-                    if block_id in owner:
-                        raise CacheInvariantError(
-                            f"block id {block_id} of sequence {seq.sequence_id} "
-                            f"is also owned by {owner[block_id]}"
-                        )
-                    owner[block_id] = f"sequence {seq.sequence_id}"
-            for block in self.radix.blocks():
-                if block.ref_count != refs.get(id(block), 0):
-                    raise CacheInvariantError(
-                        f"{block!r} has ref count {block.ref_count} "
-                        f"but {refs.get(id(block), 0)} sequences hold it"
-                    )
-            both = free_set.intersection(owner)
-            if both:
-                raise CacheInvariantError(f"blocks {sorted(both)[:8]} are both free and in use")
-            if len(owner) != pool.num_used:
-                raise CacheInvariantError(
-                    f"{pool.num_used} blocks are used but {len(owner)} are owned (a leak or a double count)"
-                )
+            check_manager_invariants(self)

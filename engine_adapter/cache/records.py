@@ -1,0 +1,115 @@
+"""The records the cache manager hands across its boundary: allocations, lookups, swaps, sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter.cache.radix_cache import CachedBlock
+
+__all__ = ["Allocation", "LookupResult", "PinnedPrefix", "SequenceState", "SwapResult"]
+
+
+@dataclass(slots=True)
+class Allocation:
+    """What `allocate` gives the scheduler.
+
+    Attributes:
+        sequence_id: The sequence.
+        block_table: Its pool block ids in token order (a copy).
+        num_cached_blocks: Leading blocks served from the prefix cache (already computed).
+        num_cached_tokens: ``num_cached_blocks * block_size``: the prefill starts here.
+        num_new_blocks: Blocks freshly allocated.
+        num_evicted_blocks: Blocks evicted to make room.
+    """
+
+    sequence_id: int
+    block_table: list[int]
+    num_cached_blocks: int
+    num_cached_tokens: int
+    num_new_blocks: int
+    num_evicted_blocks: int
+
+
+@dataclass(slots=True)
+class LookupResult:
+    """What `lookup` finds, without changing anything.
+
+    Attributes:
+        num_cached_blocks: Leading full blocks cached now.
+        num_cached_tokens: Tokens they hold.
+        num_new_blocks: Blocks an `allocate` would have to take from the pool.
+        num_available_blocks: Free blocks plus blocks eviction could reclaim (not counting the hit).
+        fits: Whether `allocate` would succeed now.
+    """
+
+    num_cached_blocks: int
+    num_cached_tokens: int
+    num_new_blocks: int
+    num_available_blocks: int
+    fits: bool
+
+
+@dataclass(slots=True)
+class PinnedPrefix:
+    """A pinned prefix, to hand back to `unpin`."""
+
+    keys: tuple[Hashable, ...]
+    num_blocks: int
+    num_newly_pinned: int
+
+
+@dataclass(slots=True)
+class SwapResult:
+    """The outcome of a hot swap (`PUT /v1/eviction/policy`)."""
+
+    old_name: str
+    old_params: dict[str, Any]
+    new_name: str
+    new_params: dict[str, Any]
+    swap_time_s: float
+    entries: int
+    entries_time_s: float
+    build_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The API's response shape."""
+        return {
+            "old": {"name": self.old_name, "params": dict(self.old_params)},
+            "new": {"name": self.new_name, "params": dict(self.new_params)},
+            "swap_time_s": self.swap_time_s,
+            "entries": self.entries,
+        }
+
+
+@dataclass(slots=True)
+class SequenceState:
+    """A running sequence's blocks, as the manager keeps them (read-only for callers).
+
+    ``block_table[:len(cached_path)]`` are cached blocks this sequence holds a reference on
+    (a root path of the tree); the rest are private to it until it is freed.
+    """
+
+    sequence_id: int
+    block_table: list[int]
+    cached_path: list[CachedBlock]
+    keys: list[Hashable]  # known keys of its full blocks
+    salt: str | None
+    num_prompt_tokens: int
+    num_tokens: int  # tokens its blocks are reserved for
+    tenant: str | None = None
+    priority: int = 0
+    max_tokens: int = 0
+    deadline: float | None = None
+    estimated_lifetime: float | None = None
+    non_preemptible: bool = False
+    created_at: float = 0.0
+    last_access: float = 0.0
+    access_count: int = 1
+    block_keys_given: bool = False
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Leading blocks shared with the prefix cache."""
+        return len(self.cached_path)
