@@ -52,7 +52,7 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -144,6 +144,51 @@ class _Seq:
         self.epoch = 0
         self.start_step = 0  # the step of its (latest) prefill
         self.context_base = 0
+
+
+@dataclass(slots=True)
+class _Admission:
+    """The requests one step admits and the prefill work they bring."""
+
+    admitted: list[_Seq] = field(default_factory=list)
+    prefill_tokens: int = 0
+    prefill_batch: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _RunState:
+    """Everything one run changes: the queues, the step counter, the virtual clock, the counters.
+
+    `finishes` and `needs` are heaps of (step, sequence id, epoch): the last step of a running
+    sequence, and the step at which a decoding one needs a new block; a preemption bumps the
+    sequence's epoch, so its stale entries are skipped when popped. The decoding sequences'
+    KV tokens at step g are ``context_sum + decoding * g``.
+    """
+
+    requests: list[SimRequest]
+    ends: list[int]  # per request: its blocks' end in the whole lookup sequence
+    cache: RadixModel | None
+    flat: FlatModel | None
+    clock: float
+    first_arrival: float
+    waiting: deque[_Seq] = field(default_factory=deque)
+    running: dict[int, _Seq] = field(default_factory=dict)
+    decoding: int = 0
+    context_sum: int = 0
+    finishes: list[tuple[int, int, int]] = field(default_factory=list)
+    needs: list[tuple[int, int, int]] = field(default_factory=list)
+    step: int = 0  # the next step to run
+    next_arrival: int = 0
+    group_hits: dict[Hashable, list[int]] = field(default_factory=dict)
+    block_lookups: int = 0
+    block_hits: int = 0
+    tokens_looked_up: int = 0
+    tokens_hit: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    total_tokens: int = 0
+    finished: int = 0
 
 
 def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
@@ -274,237 +319,243 @@ class Simulator:
 
     def _run(self) -> SimResult:
         wall0 = time.perf_counter()
+        st = self._start_run()
+        n_requests = len(st.requests)
+        while True:
+            self._arrive(st)
+            if not st.running and not st.waiting:
+                if st.next_arrival >= n_requests:
+                    break
+                st.clock = st.requests[st.next_arrival].arrival_s
+                continue
+            batch = self._admit(st)
+            preempted_now = self._grow_decoding(st, batch.admitted)
+            if not batch.admitted and not st.decoding:
+                if preempted_now or (not st.running and not st.waiting):
+                    continue  # a preemption freed blocks: admit again before time moves
+                raise RuntimeError(
+                    "the simulation is stuck: nothing runs and the queue head cannot be admitted"
+                )
+            end_step = self._run_steps(st, batch)
+            self._finish(st, end_step)
+        if self.progress is not None and st.finished % self.progress_every:
+            self.progress(st.finished)
+        self._clock = st.clock
+        return self._result(st, time.perf_counter() - wall0)
+
+    # ------------------------------------------------------------------ the steps of a run
+
+    def _start_run(self) -> _RunState:
+        """The cache model and the empty queues; every request's blocks as one lookup sequence."""
         requests = self.workload.requests
-        bs = self.block_size
-        cost = self.cost
-        radix = self.cache_model == "radix"
         lookups: list[Hashable] = []
         ends: list[int] = []
         for r in requests:
             lookups.extend(r.block_hashes)
             ends.append(len(lookups))
         self._clock = 0.0
-
-        cache: RadixModel | None = self._build_radix(lookups) if radix else None
+        radix = self.cache_model == "radix"
+        cache = self._build_radix(lookups) if radix else None
         flat = None if radix else FlatModel(self.policy_spec, self.capacity, lookups)
-        allocate = cache.allocate if cache is not None else None
-
-        group_of = self._group_of
-        group_hits: dict[Hashable, list[int]] = {}
-        block_lookups = block_hits = tokens_looked_up = tokens_hit = 0
-        ttfts: list[float] = []
-        tpots: list[float] = []
-        total_tokens = finished = 0
-        progress = self.progress
-        progress_every = self.progress_every
-
-        waiting: deque[_Seq] = deque()
-        running: dict[int, _Seq] = {}  # seq id -> state
-        decoding = 0  # running sequences that decode in the next step
-        context_sum = 0  # sum of their context_base: their KV tokens at step g = context_sum + decoding * g
-        finishes: list[tuple[int, int, int]] = []  # (last step, seq id, epoch)
-        needs: list[tuple[int, int, int]] = []  # (step that needs a new block, seq id, epoch)
-        step = 0  # the next step to run
-        next_arrival = 0
-        n_requests = len(requests)
         first_arrival = requests[0].arrival_s if requests else 0.0
-        clock = first_arrival
-        max_running = self.max_running
-        budget = self.max_prefill_tokens
+        return _RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
 
-        def stop_decoding(seq: _Seq) -> None:
-            nonlocal decoding, context_sum
-            if seq.request.output_len - seq.decoded > 1:
-                decoding -= 1
-                context_sum -= seq.context_base
+    def _arrive(self, st: _RunState) -> None:
+        """Queue the requests that have arrived by now."""
+        requests = st.requests
+        while st.next_arrival < len(requests) and requests[st.next_arrival].arrival_s <= st.clock:
+            r = requests[st.next_arrival]
+            st.waiting.append(
+                _Seq(r, st.next_arrival, self.block_size, self._group_of(r), st.ends[st.next_arrival])
+            )
+            st.next_arrival += 1
 
-        def preempt(seq: _Seq) -> None:
-            """Preempt a decoding sequence by recompute: back to the head of the queue."""
-            assert cache is not None
-            del running[seq.sid]
-            stop_decoding(seq)
-            cache.preempt(seq)
-            seq.decoded += step - seq.start_step  # its prefill token and the decode steps before `step`
-            seq.tokens = seq.prompt_tokens + seq.decoded
-            seq.epoch += 1
-            waiting.appendleft(seq)
-
-        while True:
-            while next_arrival < n_requests and requests[next_arrival].arrival_s <= clock:
-                r = requests[next_arrival]
-                waiting.append(_Seq(r, next_arrival, bs, group_of(r), ends[next_arrival]))
-                next_arrival += 1
-            if not running and not waiting:
-                if next_arrival >= n_requests:
+    def _admit(self, st: _RunState) -> _Admission:
+        """Admission at the start of a step, first come first served, within the running and
+        prefill limits; each admitted request's lookup is counted."""
+        bs = self.block_size
+        batch = _Admission()
+        while (
+            st.waiting
+            and len(st.running) < self.max_running
+            and batch.prefill_tokens < self.max_prefill_tokens
+        ):
+            seq = st.waiting[0]
+            r = seq.request
+            if st.cache is not None:
+                self._clock = st.clock
+                hit = st.cache.allocate(seq)
+                if hit is None:
                     break
-                clock = requests[next_arrival].arrival_s
-                continue
-
-            # Admission at the start of the step, first come first served.
-            prefill_tokens = prefill_batch = cached_tokens = 0
-            admitted: list[_Seq] = []
-            while waiting and len(running) < max_running and prefill_tokens < budget:
-                seq = waiting[0]
-                r = seq.request
-                sid = seq.sid
-                keys = seq.keys
-                if allocate is not None:
-                    self._clock = clock
-                    hit = allocate(seq)
-                    if hit is None:
-                        break
-                    hit_blocks = hit
-                    served = min(hit_blocks * bs, r.input_len)
-                else:
-                    assert flat is not None
-                    hit_blocks, served = flat.lookup(keys, r.input_len, bs)
-                waiting.popleft()
-                n_keys = len(keys)
-                block_lookups += n_keys
-                block_hits += hit_blocks
-                tokens_looked_up += r.input_len
-                tokens_hit += served
-                counts = group_hits.get(seq.group)
-                if counts is None:
-                    group_hits[seq.group] = [served, r.input_len]
-                else:
-                    counts[0] += served
-                    counts[1] += r.input_len
-                compute = r.input_len + seq.decoded - served
-                prefill_tokens += compute
-                cached_tokens += served
-                prefill_batch += 1
-                running[sid] = seq
-                admitted.append(seq)
-
-            # Decoding sequences that need a new block in this step get it first (radix).
-            preempted_now = False
-            while needs and needs[0][0] <= step:
-                target, sid, epoch = heapq.heappop(needs)
-                needy = running.get(sid)
-                if needy is None or needy.epoch != epoch:
-                    continue
-                seq = needy
-                assert cache is not None
-                while not cache.reserve(seq, seq.tokens + target - seq.start_step):
-                    exclude = [sid, *(a.sid for a in admitted)]
-                    victims = cache.select_victims(exclude)
-                    preempted_now = True
-                    if not victims:
-                        preempt(seq)  # nothing else to take from: it waits and re-prefills
-                        break
-                    for victim in victims:
-                        preempt(running[victim])
-                else:
-                    nxt = target + bs
-                    if nxt <= seq.start_step + seq.request.output_len - seq.decoded - 1:
-                        heapq.heappush(needs, (nxt, sid, epoch))
-
-            if not admitted and not decoding:
-                if preempted_now or (not running and not waiting):
-                    continue  # a preemption freed blocks: admit again before time moves
-                raise RuntimeError(
-                    "the simulation is stuck: nothing runs and the queue head cannot be admitted"
-                )
-
-            # One step when something was admitted, else decode-only steps up to the next event.
-            if admitted:
-                k = 1
-                duration = cost.step_time(
-                    prefill_tokens=prefill_tokens,
-                    prefill_batch=prefill_batch,
-                    cached_tokens=cached_tokens,
-                    decode_batch=decoding,
-                    context_tokens=context_sum + decoding * step,
-                )
+                hit_blocks = hit
+                served = min(hit_blocks * bs, r.input_len)
             else:
-                k = self._steps_to_next(finishes, needs, running, step)
-                if not waiting and next_arrival < n_requests:
-                    arrival = requests[next_arrival].arrival_s
-                    k = self._steps_until(arrival, clock, decoding, context_sum, step, k)
-                duration = self._decode_time(decoding, context_sum, step, k)
-            clock += duration
-            end_step = step + k - 1
-            for seq in admitted:
-                if seq.first_token_s is None:
-                    seq.first_token_s = clock
-                    ttfts.append(clock - seq.request.arrival_s)
-                seq.start_step = step
-                seq.context_base = seq.tokens - step
-                remaining = seq.request.output_len - seq.decoded
-                last = step + max(remaining, 1) - 1
-                heapq.heappush(finishes, (last, seq.sid, seq.epoch))
-                if remaining > 1:
-                    decoding += 1
-                    context_sum += seq.context_base
-                    if radix:
-                        # After decode step j it holds tokens + j tokens; the first j that spills:
-                        first = step + ((1 - seq.tokens) % bs or bs)
-                        if first <= last:
-                            heapq.heappush(needs, (first, seq.sid, seq.epoch))
-            step = end_step + 1
+                assert st.flat is not None
+                hit_blocks, served = st.flat.lookup(seq.keys, r.input_len, bs)
+            st.waiting.popleft()
+            st.block_lookups += len(seq.keys)
+            st.block_hits += hit_blocks
+            st.tokens_looked_up += r.input_len
+            st.tokens_hit += served
+            counts = st.group_hits.get(seq.group)
+            if counts is None:
+                st.group_hits[seq.group] = [served, r.input_len]
+            else:
+                counts[0] += served
+                counts[1] += r.input_len
+            batch.prefill_tokens += r.input_len + seq.decoded - served
+            batch.cached_tokens += served
+            batch.prefill_batch += 1
+            st.running[seq.sid] = seq
+            batch.admitted.append(seq)
+        return batch
 
-            # Completions at the end of the steps just run.
-            while finishes and finishes[0][0] <= end_step:
-                _, sid, epoch = heapq.heappop(finishes)
-                done = running.get(sid)
-                if done is None or done.epoch != epoch:
-                    continue
-                seq = done
-                del running[sid]
-                stop_decoding(seq)
-                r = seq.request
-                if cache is not None:
-                    self._clock = clock
-                    cache.free(seq)
-                if r.output_len > 1 and seq.first_token_s is not None:
-                    tpots.append((clock - seq.first_token_s) / (r.output_len - 1))
-                total_tokens += r.input_len + r.output_len
-                finished += 1
-                if progress is not None and finished % progress_every == 0:
-                    progress(finished)
-        if progress is not None and finished % progress_every:
-            progress(finished)
-        self._clock = clock
+    def _grow_decoding(self, st: _RunState, admitted: list[_Seq]) -> bool:
+        """Decoding sequences that need a new block in this step get it first (radix), preempting
+        others by the policy's choice when the pool is short; True when anything was preempted."""
+        preempted_now = False
+        while st.needs and st.needs[0][0] <= st.step:
+            target, sid, epoch = heapq.heappop(st.needs)
+            seq = st.running.get(sid)
+            if seq is None or seq.epoch != epoch:
+                continue
+            cache = st.cache
+            assert cache is not None
+            while not cache.reserve(seq, seq.tokens + target - seq.start_step):
+                victims = cache.select_victims([sid, *(a.sid for a in admitted)])
+                preempted_now = True
+                if not victims:
+                    self._preempt(st, seq)  # nothing else to take from: it waits and re-prefills
+                    break
+                for victim in victims:
+                    self._preempt(st, st.running[victim])
+            else:
+                nxt = target + self.block_size
+                if nxt <= seq.start_step + seq.request.output_len - seq.decoded - 1:
+                    heapq.heappush(st.needs, (nxt, sid, epoch))
+        return preempted_now
 
-        wall = time.perf_counter() - wall0
-        ttfts.sort()
-        tpots.sort()
-        makespan = clock - first_arrival
-        if cache is not None:
-            re_prefill, utilization, evictions, p50, p99, preemptions = cache.stats()
+    def _preempt(self, st: _RunState, seq: _Seq) -> None:
+        """Preempt a decoding sequence by recompute: back to the head of the queue."""
+        assert st.cache is not None
+        del st.running[seq.sid]
+        self._stop_decoding(st, seq)
+        st.cache.preempt(seq)
+        seq.decoded += st.step - seq.start_step  # its prefill token and the decode steps before now
+        seq.tokens = seq.prompt_tokens + seq.decoded
+        seq.epoch += 1
+        st.waiting.appendleft(seq)
+
+    @staticmethod
+    def _stop_decoding(st: _RunState, seq: _Seq) -> None:
+        if seq.request.output_len - seq.decoded > 1:
+            st.decoding -= 1
+            st.context_sum -= seq.context_base
+
+    def _run_steps(self, st: _RunState, batch: _Admission) -> int:
+        """One step when something was admitted, else decode-only steps up to the next event;
+        advances the clock and returns the last step run."""
+        step = st.step
+        if batch.admitted:
+            k = 1
+            duration = self.cost.step_time(
+                prefill_tokens=batch.prefill_tokens,
+                prefill_batch=batch.prefill_batch,
+                cached_tokens=batch.cached_tokens,
+                decode_batch=st.decoding,
+                context_tokens=st.context_sum + st.decoding * step,
+            )
         else:
-            assert flat is not None
-            re_prefill = flat.reprefill.rate
-            utilization = 1.0 if flat.evictions else 0.0
-            evictions = flat.evictions
-            q50, q99 = flat.latency.quantiles(0.5, 0.99)
+            k = self._steps_to_next(st.finishes, st.needs, st.running, step)
+            if not st.waiting and st.next_arrival < len(st.requests):
+                arrival = st.requests[st.next_arrival].arrival_s
+                k = self._steps_until(arrival, st.clock, st.decoding, st.context_sum, step, k)
+            duration = self._decode_time(st.decoding, st.context_sum, step, k)
+        st.clock += duration
+        for seq in batch.admitted:
+            self._start_decoding(st, seq, step)
+        st.step = step + k
+        return step + k - 1
+
+    def _start_decoding(self, st: _RunState, seq: _Seq, step: int) -> None:
+        """An admitted sequence got its first token at this step: schedule its finish and, in the
+        radix model, the first step at which it needs a new block."""
+        if seq.first_token_s is None:
+            seq.first_token_s = st.clock
+            st.ttfts.append(st.clock - seq.request.arrival_s)
+        seq.start_step = step
+        seq.context_base = seq.tokens - step
+        remaining = seq.request.output_len - seq.decoded
+        last = step + max(remaining, 1) - 1
+        heapq.heappush(st.finishes, (last, seq.sid, seq.epoch))
+        if remaining > 1:
+            st.decoding += 1
+            st.context_sum += seq.context_base
+            if st.cache is not None:
+                # After decode step j it holds tokens + j tokens; the first j that spills:
+                first = step + ((1 - seq.tokens) % self.block_size or self.block_size)
+                if first <= last:
+                    heapq.heappush(st.needs, (first, seq.sid, seq.epoch))
+
+    def _finish(self, st: _RunState, end_step: int) -> None:
+        """Completions at the end of the steps just run: free their blocks, count their times."""
+        while st.finishes and st.finishes[0][0] <= end_step:
+            _, sid, epoch = heapq.heappop(st.finishes)
+            seq = st.running.get(sid)
+            if seq is None or seq.epoch != epoch:
+                continue
+            del st.running[sid]
+            self._stop_decoding(st, seq)
+            r = seq.request
+            if st.cache is not None:
+                self._clock = st.clock
+                st.cache.free(seq)
+            if r.output_len > 1 and seq.first_token_s is not None:
+                st.tpots.append((st.clock - seq.first_token_s) / (r.output_len - 1))
+            st.total_tokens += r.input_len + r.output_len
+            st.finished += 1
+            if self.progress is not None and st.finished % self.progress_every == 0:
+                self.progress(st.finished)
+
+    def _result(self, st: _RunState, wall: float) -> SimResult:
+        """The run's figures (docs/architecture.md, "Metrics")."""
+        st.ttfts.sort()
+        st.tpots.sort()
+        makespan = st.clock - st.first_arrival
+        if st.cache is not None:
+            re_prefill, utilization, evictions, p50, p99, preemptions = st.cache.stats()
+        else:
+            assert st.flat is not None
+            re_prefill = st.flat.reprefill.rate
+            utilization = 1.0 if st.flat.evictions else 0.0
+            evictions = st.flat.evictions
+            q50, q99 = st.flat.latency.quantiles(0.5, 0.99)
             p50, p99 = q50 * 1e6, q99 * 1e6
             preemptions = 0
-        rates = [hits / looked for hits, looked in group_hits.values() if looked]
+        rates = [hits / looked for hits, looked in st.group_hits.values() if looked]
         return SimResult(
             policy=self.policy_name,
             capacity_blocks=self.capacity,
             cache_model=self.cache_model,
-            requests=finished,
-            block_lookups=block_lookups,
-            block_hits=block_hits,
-            hit_rate=tokens_hit / tokens_looked_up if tokens_looked_up else 0.0,
+            requests=st.finished,
+            block_lookups=st.block_lookups,
+            block_hits=st.block_hits,
+            hit_rate=st.tokens_hit / st.tokens_looked_up if st.tokens_looked_up else 0.0,
             re_prefill_rate=re_prefill,
             fairness_score=jain_fairness(rates),
             memory_utilization=utilization,
             evictions=evictions,
             eviction_p50_us=p50,
             eviction_p99_us=p99,
-            ttft_p50_s=percentile(ttfts, 0.5),
-            ttft_p99_s=percentile(ttfts, 0.99),
-            tpot_p50_s=percentile(tpots, 0.5),
-            tpot_p99_s=percentile(tpots, 0.99),
-            throughput_tok_s=total_tokens / makespan if makespan > 0 else 0.0,
+            ttft_p50_s=percentile(st.ttfts, 0.5),
+            ttft_p99_s=percentile(st.ttfts, 0.99),
+            tpot_p50_s=percentile(st.tpots, 0.5),
+            tpot_p99_s=percentile(st.tpots, 0.99),
+            throughput_tok_s=st.total_tokens / makespan if makespan > 0 else 0.0,
             throughput_impact=0.0,
             preemptions=preemptions,
             wall_s=wall,
-            lookups_per_s=block_lookups / wall if wall > 0 else 0.0,
+            lookups_per_s=st.block_lookups / wall if wall > 0 else 0.0,
         )
 
     # ------------------------------------------------------------------ time arithmetic
