@@ -321,8 +321,8 @@ class Decoder(nn.Module):
                 f"{found} in the pool, {expected} in the model; build it with Decoder.make_pool"
             )
 
-    def _index(self, batch: ForwardBatch, block_size: int) -> _StepIndex:
-        """Validate `batch` and build the index tensors of its forward (on CPU, then one copy each)."""
+    def _check_batch(self, batch: ForwardBatch, block_size: int) -> None:
+        """Raise ValueError naming what is wrong with `batch`: lengths, positions, block tables."""
         num_seqs = len(batch.token_ids)
         if num_seqs == 0:
             raise ValueError("empty ForwardBatch: no sequence to run")
@@ -333,7 +333,6 @@ class Decoder(nn.Module):
             )
         lengths = [len(t) for t in batch.token_ids]
         starts = list(batch.start_positions)
-        totals = [s + n for s, n in zip(starts, lengths, strict=True)]
         for i, (start, n, table) in enumerate(zip(starts, lengths, batch.block_tables, strict=True)):
             if n == 0:
                 raise ValueError(f"sequence {i} of the batch has no new token")
@@ -345,12 +344,21 @@ class Decoder(nn.Module):
                     f"sequence {i}: block table of {len(table)} blocks cannot hold {start + n} tokens "
                     f"(block_size={block_size})"
                 )
-        max_total = max(totals)
+        max_total = max(s + n for s, n in zip(starts, lengths, strict=True))
         if max_total > self.config.max_position_embeddings:
             raise ValueError(
                 f"a sequence reaches {max_total} tokens, beyond max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
+
+    def _index(self, batch: ForwardBatch, block_size: int) -> _StepIndex:
+        """Validate `batch` and build the index tensors of its forward (on CPU, then one copy each)."""
+        self._check_batch(batch, block_size)
+        num_seqs = len(batch.token_ids)
+        lengths = [len(t) for t in batch.token_ids]
+        starts = list(batch.start_positions)
+        totals = [s + n for s, n in zip(starts, lengths, strict=True)]
+        max_total = max(totals)
 
         device = self.device
         input_ids = torch.tensor([t for ids in batch.token_ids for t in ids], dtype=torch.long)

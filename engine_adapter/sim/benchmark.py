@@ -197,6 +197,53 @@ def _plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     plt.close(fig)
 
 
+def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None:
+    if mode != "sim":
+        raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
+    if cache_model not in ("radix", "flat"):
+        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: radix, flat")
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise BenchmarkError(
+                "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
+            ) from None
+
+
+def _simulate_rows(
+    built: Workload, runs: list[tuple[str, int | None]], cache_model: str, costs: CostModel
+) -> list[dict[str, Any]]:
+    """One simulation per (policy, capacity), under one progress bar; rows in `runs`' order."""
+    n_requests = len(built.requests)
+    rows: list[dict[str, Any]] = []
+    with _progress(len(runs) * n_requests) as progress:
+        task = progress.add_task("simulating", total=len(runs) * n_requests)
+        for index, (policy, capacity) in enumerate(runs):
+            label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
+            progress.update(task, description=label)
+            base = index * n_requests
+
+            def tick(done: int, base: int = base) -> None:
+                progress.update(task, completed=base + done)
+
+            try:
+                simulator = Simulator(
+                    built,
+                    policy,
+                    capacity,
+                    cache_model=cache_model,
+                    cost_model=costs,
+                    progress=tick,
+                    progress_every=max(1, min(1000, n_requests // 20 or 1)),
+                )
+            except ValueError as exc:
+                raise BenchmarkError(str(exc)) from None
+            rows.append(simulator.run().to_dict())
+            progress.update(task, completed=base + n_requests)
+    return rows
+
+
 def run_benchmark(
     *,
     policies: Sequence[str],
@@ -242,17 +289,7 @@ def run_benchmark(
     Raises:
         BenchmarkError: Options it cannot run with (one-line message).
     """
-    if mode != "sim":
-        raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
-    if cache_model not in ("radix", "flat"):
-        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: radix, flat")
-    if plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise BenchmarkError(
-                "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
-            ) from None
+    _check_options(mode, cache_model, plot)
     costs = _cost_model(cost_model, cost_model_path)
     built = build_workload(
         trace=trace,
@@ -269,37 +306,7 @@ def run_benchmark(
     for size in capacities:
         runs.extend((policy, size) for policy in online)
         runs.append((REFERENCE_BELADY, size))
-
-    n_requests = len(built.requests)
-    rows: list[dict[str, Any]] = []
-    with _progress(len(runs) * n_requests) as progress:
-        task = progress.add_task("simulating", total=len(runs) * n_requests)
-        for index, (policy, capacity) in enumerate(runs):
-            label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
-            progress.update(task, description=label)
-            base = index * n_requests
-
-            def tick(done: int, base: int = base) -> None:
-                progress.update(task, completed=base + done)
-
-            try:
-                simulator = Simulator(
-                    built,
-                    policy,
-                    capacity,
-                    cache_model=cache_model,
-                    cost_model=costs,
-                    progress=tick,
-                    progress_every=max(1, min(1000, n_requests // 20 or 1)),
-                    # Every row through CacheManager and the policy itself, so that eviction
-                    # times compare like with like (the lean LRU path decides the same).
-                )
-            except ValueError as exc:
-                raise BenchmarkError(str(exc)) from None
-            result = simulator.run().to_dict()
-            rows.append(result)
-            progress.update(task, completed=base + n_requests)
-
+    rows = _simulate_rows(built, runs, cache_model, costs)
     reference = rows[0]["throughput_tok_s"]
     for row in rows:
         impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0
