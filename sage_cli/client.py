@@ -187,17 +187,9 @@ class ControlClient:
         """``GET /v1/eviction/logs?tail=N&follow=true``: the last `tail` events, then new ones as
         they happen (NDJSON), until the engine stops or the caller stops iterating."""
         params: dict[str, str | int] = {"tail": tail, "follow": "true"}
-        timeout = httpx.Timeout(self.timeout, read=None)
-        try:
-            with self._http().stream("GET", "/v1/eviction/logs", params=params, timeout=timeout) as answer:
-                if answer.status_code >= 400:
-                    answer.read()
-                    self._decode(answer, "GET /v1/eviction/logs")
-                for line in answer.iter_lines():
-                    if line.strip():
-                        yield self._decode_event(line)
-        except httpx.TransportError as exc:
-            raise self._translate(exc) from exc
+        for line in self._stream_lines("GET", "/v1/eviction/logs", params=params, read_timeout=None):
+            if line.strip():
+                yield self._decode_event(line)
 
     def reset_cache(self) -> JSONObject:
         """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
@@ -216,24 +208,36 @@ class ControlClient:
         Raises:
             EngineError: The engine refused the request (4xx/5xx) or sent an error event.
         """
-        read_timeout = httpx.Timeout(self.timeout, read=timeout)
         body = {**body, "stream": True}
+        for line in self._stream_lines("POST", "/v1/completions", json_body=body, read_timeout=timeout):
+            if not line.startswith("data: "):
+                continue
+            payload = line.removeprefix("data: ")
+            if payload == "[DONE]":
+                return
+            chunk = self._decode_event(payload)
+            error = chunk.get("error")
+            if isinstance(error, dict):
+                raise EngineError(500, str(error.get("type")), str(error.get("message")))
+            yield chunk
+
+    def _stream_lines(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str | int] | None = None,
+        json_body: dict[str, Any] | None = None,
+        read_timeout: float | None,
+    ) -> Iterator[str]:
+        """The lines of a streamed answer; an error answer raises as `_request`'s do."""
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
         try:
-            with self._http().stream("POST", "/v1/completions", json=body, timeout=read_timeout) as answer:
+            with self._http().stream(method, path, params=params, json=json_body, timeout=timeout) as answer:
                 if answer.status_code >= 400:
                     answer.read()
-                    self._decode(answer, "POST /v1/completions")
-                for line in answer.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line.removeprefix("data: ")
-                    if payload == "[DONE]":
-                        return
-                    chunk = self._decode_event(payload)
-                    error = chunk.get("error")
-                    if isinstance(error, dict):
-                        raise EngineError(500, str(error.get("type")), str(error.get("message")))
-                    yield chunk
+                    self._decode(answer, f"{method} {path}")
+                yield from answer.iter_lines()
         except httpx.TransportError as exc:
             raise self._translate(exc) from exc
 
