@@ -12,12 +12,14 @@ One request for key k:
   to see a ghost hit before evicting, as their papers do), then `policy.evict(1)` when the
   cache is full, then `policy.insert(k)`.
 
-An offline policy (Belady) gets the whole key sequence through `set_future` from
-`simulate_flat`; with `FlatCache`, call `policy.set_future(keys)` yourself.
+An offline policy (Belady) gets the whole key sequence as `future`. `FlatCache.request` is the
+one loop: `simulate_flat` drives it over a key sequence, and the simulator's flat model over each
+request's blocks, observing misses and evictions through its hooks.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,21 +70,49 @@ def _prepare_hook(policy: EvictionPolicy) -> Callable[[Hashable], None] | None:
 
 
 class FlatCache:
-    """A cache of `capacity` independent unit-size blocks ordered by `policy`.
+    """A cache of `capacity` independent unit-size blocks ordered by `policy`: the one flat loop.
 
     Args:
         policy: A policy instance (empty) or a spec for `create_policy`, e.g. `"slru:protected_threshold=3"`.
         capacity: Blocks the cache holds.
+        future: The whole key sequence, handed to Belady (`set_future`; or call it yourself);
+            ignored by the other policies.
+        on_miss: Called with each missed key before the evictions that make room for it.
+        on_evict: Called with each victim and the wall seconds of the policy's decision (it is
+            timed only when this is given).
         **params: Params for a policy given by name.
+
+    Raises:
+        ValueError: An offline policy other than Belady, or a policy that is not empty.
     """
 
-    def __init__(self, policy: EvictionPolicy | str, capacity: int, **params: Any) -> None:
+    def __init__(
+        self,
+        policy: EvictionPolicy | str,
+        capacity: int,
+        *,
+        future: Sequence[Hashable] | None = None,
+        on_miss: Callable[[Hashable], object] | None = None,
+        on_evict: Callable[[Hashable, float], None] | None = None,
+        **params: Any,
+    ) -> None:
         self.policy = _build(policy, capacity, params)
+        if len(self.policy):
+            raise ValueError(
+                f"the policy already holds {len(self.policy)} entries; a flat cache starts empty"
+            )
+        if isinstance(self.policy, BeladyPolicy) and future is not None:
+            self.policy.set_future(future)
+        elif self.policy.offline and not isinstance(self.policy, BeladyPolicy):
+            raise ValueError(f"offline policy {self.policy.name!r} needs a future the flat cache cannot give")
         self.capacity = capacity
         self.requests = 0
         self.hits = 0
         self.evictions = 0
+        self._held = 0  # the policy's len, without the call
         self._prepare = _prepare_hook(self.policy)
+        self._on_miss = on_miss  # its result, if any, is not used
+        self._on_evict = on_evict
 
     @property
     def misses(self) -> int:
@@ -108,12 +138,24 @@ class FlatCache:
             policy.access(key, now)
             self.hits += 1
             return True
+        if self._on_miss is not None:
+            self._on_miss(key)
         if self._prepare is not None:
             self._prepare(key)
-        if len(policy) >= self.capacity:
-            if not policy.evict(1):
+        if self._held >= self.capacity:
+            if self._on_evict is None:
+                victims = policy.evict(1)
+            else:
+                start = time.perf_counter()
+                victims = policy.evict(1)
+                seconds = time.perf_counter() - start
+            if not victims:
                 raise PolicyStateError(f"flat cache full ({self.capacity} blocks) and nothing evictable")
+            if self._on_evict is not None:
+                self._on_evict(victims[0], seconds)
             self.evictions += 1
+        else:
+            self._held += 1
         policy.insert(key)
         return False
 
@@ -127,8 +169,8 @@ class FlatCache:
 def simulate_flat(
     keys: Iterable[Hashable], policy: EvictionPolicy | str, capacity: int, **params: Any
 ) -> FlatResult:
-    """Run `keys` through a flat cache of `capacity` blocks; an offline policy gets `keys` as
-    its future.
+    """Run `keys` through a `FlatCache` of `capacity` blocks; an offline policy gets `keys` as its
+    future.
 
     Args:
         keys: The block lookups, in order.
@@ -139,47 +181,9 @@ def simulate_flat(
     Returns:
         Requests, hits, misses and evictions.
     """
-    cache_policy = _build(policy, capacity, params)
-    if isinstance(cache_policy, BeladyPolicy):
-        if not isinstance(keys, Sequence):
-            keys = list(keys)
-        cache_policy.set_future(keys)
-    elif cache_policy.offline:
-        raise ValueError(f"offline policy {cache_policy.name!r} needs a future the flat driver cannot give")
-    prepare = _prepare_hook(cache_policy)
-    access = cache_policy.access
-    insert = cache_policy.insert
-    evict = cache_policy.evict
-    held = len(cache_policy)
-    if held:
-        raise ValueError(f"the policy already holds {held} entries; the flat driver starts empty")
-    hits = evictions = requests = 0
-    # Two copies of the loop keep the per-request work minimal.
-    if prepare is None:
-        for requests, key in enumerate(keys, 1):
-            if key in cache_policy:
-                access(key, requests)
-                hits += 1
-                continue
-            if held >= capacity:
-                if not evict(1):
-                    raise PolicyStateError(f"flat cache full ({capacity} blocks) and nothing evictable")
-                evictions += 1
-            else:
-                held += 1
-            insert(key)
-    else:
-        for requests, key in enumerate(keys, 1):
-            if key in cache_policy:
-                access(key, requests)
-                hits += 1
-                continue
-            prepare(key)
-            if held >= capacity:
-                if not evict(1):
-                    raise PolicyStateError(f"flat cache full ({capacity} blocks) and nothing evictable")
-                evictions += 1
-            else:
-                held += 1
-            insert(key)
-    return FlatResult(cache_policy.name, capacity, requests, hits, requests - hits, evictions)
+    keys = keys if isinstance(keys, Sequence) else list(keys)
+    cache = FlatCache(policy, capacity, future=keys, **params)
+    request = cache.request
+    for key in keys:
+        request(key)
+    return cache.result()

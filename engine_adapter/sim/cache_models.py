@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
-from sage_eviction import EntryMeta, EvictionPolicy, create_policy
+from sage_eviction import EntryMeta
+from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.belady import BeladyPolicy
@@ -66,63 +66,36 @@ class RadixBelady(BeladyPolicy):
 
 
 class FlatModel:
-    """`sage_eviction.flat.FlatCache`'s request loop, with the victims and decision times recorded."""
+    """A `sage_eviction.flat.FlatCache` looked up block by block, with the re-prefill rate and the
+    decision times recorded through its hooks."""
 
     def __init__(self, policy: str, capacity: int, lookups: list[Hashable]) -> None:
-        self.policy: EvictionPolicy = create_policy(policy, capacity=capacity)
-        if isinstance(self.policy, BeladyPolicy):
-            self.policy.set_future(lookups)
-        elif self.policy.offline:
-            raise ValueError(f"offline policy {self.policy.name!r} has no future the flat model can give")
-        hook = getattr(self.policy, "prepare_insert", None)
-        self._prepare: Callable[[Hashable], None] | None = hook if callable(hook) else None
-        self.capacity = capacity
-        self.requests = 0
-        self.held = 0  # blocks in the cache (the policy's len, without the call)
-        self.evictions = 0
         self.reprefill = ReprefillTracker()
         self.latency = LatencyRecorder()
+        self.cache = FlatCache(
+            policy,
+            capacity,
+            future=lookups,
+            on_miss=self.reprefill.on_request,
+            on_evict=self._on_evict,
+        )
+
+    def _on_evict(self, victim: Hashable, seconds: float) -> None:
+        self.latency.record(seconds)
+        self.reprefill.on_evict(victim)
+
+    @property
+    def evictions(self) -> int:
+        return self.cache.evictions
 
     def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
         """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
-        policy = self.policy
-        access = policy.access
-        insert = policy.insert
-        evict = policy.evict
-        prepare = self._prepare
-        on_request = self.reprefill.on_request
-        on_evict = self.reprefill.on_evict
-        record = self.latency.record
-        capacity = self.capacity
-        clock = time.perf_counter
-        now = self.requests
-        held = self.held
+        request = self.cache.request
         hits = 0
         last_hit = False
         for key in keys:
-            if key in policy:
-                access(key, now)
-                hits += 1
-                last_hit = True
-            else:
-                last_hit = False
-                on_request(key)
-                if prepare is not None:
-                    prepare(key)
-                if held >= capacity:
-                    t0 = clock()
-                    victims = evict(1)
-                    record(clock() - t0)
-                    if not victims:
-                        raise RuntimeError(f"flat cache full ({capacity} blocks) and nothing evictable")
-                    self.evictions += 1
-                    on_evict(victims[0])
-                else:
-                    held += 1
-                insert(key)
-            now += 1
-        self.requests = now
-        self.held = held
+            last_hit = request(key)
+            hits += last_hit
         served = hits * block_size
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
