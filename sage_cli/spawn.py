@@ -9,6 +9,7 @@ parent closes at once, and `TemporaryEngine` removes its private folder when it 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,9 +44,11 @@ def spawn_engine(config_json: str, *, socket: Path, log_path: Path, timeout: flo
         CLIError: The engine exited while starting; the message gives its last log line.
         CLITimeout: It did not answer within `timeout` seconds; the message gives the log.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The log may carry prompts and tenants: the folder and the file are the user's alone.
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     socket.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with open(fd, "ab") as log:  # the child keeps its own copy of the descriptor
         offset = log.tell()
         process = subprocess.Popen(
             [sys.executable, "-m", "engine_adapter.serving.server", "--config-json", config_json],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,22 @@ def test_file_rotates_by_size(tmp_path: Path) -> None:
     assert path.stat().st_size <= 1000
     for line in path.read_text().splitlines():
         assert json.loads(line)["event"] == "freed"
+
+
+def test_the_log_folder_and_files_are_private(tmp_path: Path) -> None:
+    # Events carry tenants: the folder 0700, the files 0600 (rotated ones too), whatever the umask.
+    path = tmp_path / "logs" / "eng" / "evictions.jsonl"
+    old_umask = os.umask(0o022)
+    try:
+        log = EvictionEventLog(path, max_bytes=500, backup_count=2)
+        for i in range(50):
+            log.freed(policy="lru", reason="alloc", blocks_freed=1, total_freed=i, duration_us=1.0)
+        log.close()
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    for file in (path, path.with_name("evictions.jsonl.1")):
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
 
 def test_extra_processors_see_every_event() -> None:

@@ -121,3 +121,21 @@ def test_bad_values_are_rejected_by_name(kwargs: dict[str, object], named: str) 
 def test_sample_rejects_a_batch_of_logits() -> None:
     with pytest.raises(ValueError, match="one row"):
         sample(LOGITS[None, :], SamplingParams())
+
+
+@pytest.mark.parametrize(
+    "extreme",
+    [
+        {"temperature": 1e-300},
+        {"temperature": 1.0, "top_p": 1e-300},
+        {"temperature": 5e-324, "top_p": 5e-324, "top_k": 2},
+    ],
+)
+def test_extreme_but_valid_values_sample_the_argmax_and_spare_the_batch(extreme: dict[str, float]) -> None:
+    # Such values used to give inf/nan probabilities and fail every request of the step.
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0)) * 5
+    params = [SamplingParams(**extreme), SamplingParams(temperature=0.7, seed=1), SamplingParams()]  # type: ignore[arg-type]
+    tokens = sample_batch(logits, params, [make_generator(1), make_generator(1), None])
+    assert tokens[0] == int(logits[0].argmax())
+    assert tokens[2] == int(logits[2].argmax())
+    assert 0 <= tokens[1] < 300

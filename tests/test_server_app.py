@@ -285,6 +285,35 @@ def test_malformed_json_is_400(client: TestClient) -> None:
     _assert_error(r, 400, "invalid_request", "JSON object")
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        # These were 500s: a ValueError from int parsing, a RecursionError, and a lone surrogate
+        # that failed later, while hashing the cache salt, and wedged the engine.
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", "malformed JSON"),
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"prompt": "hello", "max_tokens": 2, "cache_salt": "\\ud800"}', "lone UTF-16 surrogate"),
+        (b'{"prompt": "\\udfff", "max_tokens": 2}', "lone UTF-16 surrogate"),
+    ],
+    ids=["5000-digit int", "deep prompt", "deep body", "surrogate salt", "surrogate prompt"],
+)
+def test_hostile_json_is_a_400_and_the_engine_serves_on(
+    client: TestClient, content: bytes, needle: str
+) -> None:
+    r = client.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+    _assert_error(r, 400, "invalid_json", needle)
+    ok = client.post("/v1/completions", json={"prompt": "still serving", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
+def test_extreme_sampling_values_do_not_fail_the_request(client: TestClient) -> None:
+    for body in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 1e-300}):
+        r = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, **body})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+
+
 def test_unknown_fields_are_400_naming_them(client: TestClient) -> None:
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokenz": 3})
     _assert_error(r, 400, "unknown_field", "'max_tokenz'")

@@ -7,6 +7,7 @@ stopping it leaves no process, no folder and no open log handle in the parent.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ def test_a_temporary_engine_answers_resets_and_leaves_nothing_behind() -> None:
     with TemporaryEngine(config, timeout=120) as engine:
         folder, process = engine.folder, engine.engine.process
         assert str(engine.engine.log_path) not in _open_files()  # the child has it, not us
+        assert stat.S_IMODE(engine.engine.log_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(engine.engine.log_path.parent.stat().st_mode) == 0o700
         with ControlClient(engine.socket) as client:
             answer = client.complete({"prompt": "Hello, cache", "max_tokens": 2})
             assert answer["choices"][0]["finish_reason"] in {"stop", "length"}

@@ -76,6 +76,14 @@ def default_log_path(name: str) -> Path:
     return default_log_dir(name) / "evictions.jsonl"
 
 
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log whose files are created mode 0600, whatever the umask (rotations too)."""
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+
+
 class _NullSink:
     """The end of the chain when no file is kept."""
 
@@ -120,8 +128,9 @@ class EvictionEventLog:
         chain: list[Callable[..., Any]] = [self._fan_out]
         sink: Any
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(
+            # Events carry tenants: the folder and the files are the engine user's alone.
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            handler = _PrivateRotatingFileHandler(
                 self.path, maxBytes=max_bytes, backupCount=backup_count, encoding="utf-8"
             )
             handler.setFormatter(logging.Formatter("%(message)s"))

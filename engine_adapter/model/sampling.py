@@ -121,8 +121,14 @@ def sample_batch(
 
 
 def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k and top-p; removed tokens have probability 0."""
-    scaled = logits / params.temperature
+    """Probabilities after temperature, top-k and top-p; removed tokens have probability 0.
+
+    Always a distribution `torch.multinomial` accepts, whatever valid params say: the logits are
+    shifted so that their maximum is 0 before the temperature divides them (a tiny temperature
+    then gives -inf, never inf - inf), top-p always keeps the most likely token (a tiny top_p
+    rounds to 0 in float32), and a row that is still not finite falls back to its argmax.
+    """
+    scaled = (logits - logits.max()) / params.temperature
     vocab = scaled.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(scaled, params.top_k).values[-1]
@@ -133,6 +139,10 @@ def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         cumulative = torch.cumsum(sorted_probs, dim=-1)
         # Drop a token when the ones before it already reach top_p; the first is always kept.
         drop_sorted = (cumulative - sorted_probs) >= params.top_p
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+        probs = torch.zeros_like(probs)
+        probs[int(torch.argmax(logits))] = 1.0
     return probs

@@ -153,8 +153,16 @@ async def _json_body(request: Request, allowed: frozenset[str], what: str) -> di
         raise ApiError(400, "invalid_json", f"{what}: the body is empty; send a JSON object")
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise ApiError(400, "invalid_json", f"{what}: JSON nested too deeply") from None
+    except ValueError as exc:  # malformed, not UTF-8, or an integer of thousands of digits
         raise ApiError(400, "invalid_json", f"{what}: malformed JSON: {exc}") from None
+    try:
+        # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer, hash or log can
+        # encode: refuse them here rather than fail later, inside the engine.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid_json", f"{what}: a string holds a lone UTF-16 surrogate") from None
     if not isinstance(body, dict):
         raise ApiError(
             400, "invalid_request", f"{what}: the body must be a JSON object, not {type(body).__name__}"
