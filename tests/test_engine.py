@@ -320,3 +320,29 @@ def test_a_failed_step_logs_its_traceback_with_the_request_ids_and_the_engine_se
     assert failed.request_id in entry["request_ids"]
     assert isinstance(entry["exc_info"], RuntimeError)
     assert served.finish_reason == "length" and served.completion_tokens == 4
+
+
+def test_a_request_whose_admission_fails_ends_alone_and_the_queue_moves_on(tmp_path: object) -> None:
+    from structlog.testing import capture_logs
+
+    engine = _engine(tmp_path)
+    real_allocate = engine.cache.allocate
+
+    def allocate(*args: object, **kwargs: object) -> object:
+        if kwargs.get("cache_salt") == "poison":
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real_allocate(*args, **kwargs)  # type: ignore[arg-type]
+
+    engine.cache.allocate = allocate  # type: ignore[method-assign]
+    try:
+        with capture_logs() as logs:
+            poison = engine.submit("Short.", SamplingParams(max_tokens=4), cache_salt="poison")
+            others = [engine.submit(p, SamplingParams(max_tokens=4, ignore_eos=True)) for p in PROMPTS[:3]]
+            failed = poison.result(timeout=60)
+            served = [h.result(timeout=120) for h in others]
+    finally:
+        engine.shutdown()
+    assert failed.finish_reason == "error" and "UnicodeEncodeError" in (failed.error or "")
+    assert all(s.finish_reason == "length" and s.completion_tokens == 4 for s in served)
+    [entry] = [e for e in logs if e["event"] == "admission failed"]
+    assert entry["request_id"] == failed.request_id and isinstance(entry["exc_info"], UnicodeEncodeError)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
 import torch
 
 from engine_adapter.cache.cache_manager import CacheManager
@@ -38,6 +39,8 @@ from engine_adapter.model.sampling import SamplingParams, make_generator, sample
 from engine_adapter.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "SequenceStatus", "StepStats"]
+
+log = structlog.get_logger("sage.scheduler")
 
 
 class SequenceStatus(enum.Enum):
@@ -288,6 +291,14 @@ class Scheduler:
                 self.cache_s += time.perf_counter() - t
                 self.waiting.pop(0)
                 self._finish(seq, "error", str(exc))
+                continue
+            except Exception as exc:
+                # Any other failure is this request's alone: it leaves the queue with the error,
+                # so that it cannot fail every later step, and the rest are admitted as usual.
+                self.cache_s += time.perf_counter() - t
+                self.waiting.pop(0)
+                log.error("admission failed", request_id=seq.request_id, exc_info=exc)
+                self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 continue
             self.cache_s += time.perf_counter() - t
             self.waiting.pop(0)
