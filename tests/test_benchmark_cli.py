@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # `sage llm benchmark` as real processes: out of the quick loop
+
 ROW_KEYS = [
     "policy",
     "capacity_blocks",

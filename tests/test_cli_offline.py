@@ -120,6 +120,7 @@ def test_the_tree_has_the_commands_of_the_spec() -> None:
     } <= names
 
 
+@pytest.mark.slow  # every command's help as a new process
 @pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "sage")
 def test_help(path: list[str], program: list[str], env: dict[str, str]) -> None:
@@ -162,6 +163,7 @@ def test_no_engine_running(args: list[str], env: dict[str, str]) -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_no_engine_on_a_named_or_given_socket(env: dict[str, str], short_dir: Path) -> None:
     result = sage(["llm", "eviction", "stats", "--name", "blue"], env)
     assert_one_line_error(result, 3, "run/blue.sock", "`sage llm engine start --name blue --detach`")

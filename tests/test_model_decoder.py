@@ -63,6 +63,7 @@ def _greedy(decoder: Decoder, pool: PagedKVPool, ids: list[int], steps: int) -> 
     return generated
 
 
+@pytest.mark.slow
 def test_sage_tiny_loads_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("sage-tiny tried to open a network connection")

@@ -318,6 +318,7 @@ def test_smollm2_chat_template_renders_as_transformers(
     assert ours == theirs
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_smollm2_answers_a_real_question(smollm2: tuple[Decoder, Tokenizer]) -> None:
     decoder, tokenizer = smollm2

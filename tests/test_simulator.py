@@ -69,15 +69,8 @@ def _libcachesim_misses(path: Path, n_requests: int, policy: str, capacity: int)
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize(
-    "trace",
-    [
-        "synthetic",
-        # The whole Mooncake traces take seconds per policy: out of the quick loop.
-        pytest.param("mooncake", marks=pytest.mark.slow),
-        pytest.param("mooncake-synthetic", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.slow  # seconds per policy; the quick loop keeps tests/test_libcachesim_oracle.py's Zipf cells
+@pytest.mark.parametrize("trace", ["synthetic", "mooncake", "mooncake-synthetic"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_flat_model_matches_libcachesim(
     oracle_workloads: dict[str, tuple[Workload, Path]], trace: str, policy: str
