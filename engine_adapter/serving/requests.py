@@ -1,8 +1,8 @@
-"""The control API's request parsing and JSON: bodies checked field by field, errors as JSON.
+"""The control API's request parsing and JSON: bodies and queries checked field by field, errors as JSON.
 
 Every error, from a malformed body to a value out of range, is an `ApiError`, answered as
-``{"error": {"type": str, "message": str}}`` with a 4xx or 5xx status. `_Completion` and
-`_ChatCompletion` are the parsed bodies of ``POST /v1/completions`` and
+``{"error": {"type": str, "message": str}}`` with a 4xx or 5xx status. `Completion` and
+`ChatCompletion` are the parsed bodies of ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` and build the OpenAI-shaped answers and stream chunks.
 """
 
@@ -14,17 +14,31 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["ApiError"]
+__all__ = [
+    "CHAT_FIELDS",
+    "COMPLETION_FIELDS",
+    "POLICY_FIELDS",
+    "ApiError",
+    "ChatCompletion",
+    "Completion",
+    "bad_value",
+    "dumps",
+    "endpoint",
+    "http_exception",
+    "json_body",
+    "json_response",
+    "logs_query",
+    "policy_swap",
+    "unhandled_exception",
+    "usage",
+]
 
 log = structlog.get_logger("sage.server")
 
@@ -33,16 +47,16 @@ MAX_LOG_TAIL = 1_000_000
 FOLLOW_POLL_S = 0.5  # how long a follow stream waits on the event queue before checking the engine
 
 # The top-level fields of POST /v1/completions: OpenAI's that we serve, and sage's extensions.
-_COMPLETION_FIELDS = frozenset(
+COMPLETION_FIELDS = frozenset(
     {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
         "stream_options", "user", "n", "logprobs", "echo",
         "priority", "tenant", "cache_salt", "ignore_eos",
     }
 )  # fmt: skip
-_CHAT_FIELDS = (_COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
-_POLICY_FIELDS = frozenset({"policy", "params"})
-_LOGS_QUERY = frozenset({"tail", "follow"})
+CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
+POLICY_FIELDS = frozenset({"policy", "params"})
+LOGS_QUERY = frozenset({"tail", "follow"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,21 +88,21 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
     try:
         return json.dumps(value, allow_nan=False, separators=(",", ":"))
     except ValueError:  # a NaN or an infinity somewhere: send null rather than fail the request
         return json.dumps(_finite(value), allow_nan=False, separators=(",", ":"))
 
 
-def _json_response(value: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(_dumps(value), status_code=status, headers=headers, media_type="application/json")
+def json_response(value: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(dumps(value), status_code=status, headers=headers, media_type="application/json")
 
 
 def _error_response(
     status: int, type_: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return _json_response({"error": {"type": type_, "message": message}}, status, headers)
+    return json_response({"error": {"type": type_, "message": message}}, status, headers)
 
 
 _HTTP_ERROR_TYPES = {
@@ -100,7 +114,7 @@ _HTTP_ERROR_TYPES = {
 }
 
 
-async def _http_exception(request: Request, exc: Exception) -> Response:
+async def http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 (no route) and 405 (route without this method), as JSON."""
     assert isinstance(exc, HTTPException)
     status = exc.status_code
@@ -114,7 +128,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return _error_response(status, _HTTP_ERROR_TYPES.get(status, "http_error"), message, exc.headers)
 
 
-async def _unhandled_exception(request: Request, exc: Exception) -> Response:
+async def unhandled_exception(request: Request, exc: Exception) -> Response:
     """The last resort, for an exception raised outside an endpoint (a middleware)."""
     log.error("unhandled exception", path=request.url.path, exc_info=exc)
     return _error_response(500, "internal_error", f"internal server error: {type(exc).__name__}: {exc}")
@@ -123,7 +137,7 @@ async def _unhandled_exception(request: Request, exc: Exception) -> Response:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _endpoint(fn: Endpoint) -> Endpoint:
+def endpoint(fn: Endpoint) -> Endpoint:
     """Turn `ApiError` into its answer and any other exception into a logged 500, both as JSON."""
 
     @functools.wraps(fn)
@@ -141,7 +155,7 @@ def _endpoint(fn: Endpoint) -> Endpoint:
     return wrapper
 
 
-async def _json_body(request: Request, allowed: frozenset[str], what: str) -> dict[str, Any]:
+async def json_body(request: Request, allowed: frozenset[str], what: str) -> dict[str, Any]:
     """The request's body as a JSON object with no field outside `allowed`."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
@@ -178,7 +192,7 @@ async def _json_body(request: Request, allowed: frozenset[str], what: str) -> di
     return body
 
 
-def _bad_value(field: str, message: str) -> ApiError:
+def bad_value(field: str, message: str) -> ApiError:
     return ApiError(400, "invalid_value", f"{field!r}: {message}")
 
 
@@ -187,9 +201,9 @@ def _opt_int(body: dict[str, Any], field: str, *, minimum: int | None = None) ->
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad_value(field, f"must be an integer, got {value!r}")
+        raise bad_value(field, f"must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
-        raise _bad_value(field, f"must be >= {minimum}, got {value}")
+        raise bad_value(field, f"must be >= {minimum}, got {value}")
     return value
 
 
@@ -198,7 +212,7 @@ def _opt_float(body: dict[str, Any], field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad_value(field, f"must be a number, got {value!r}")
+        raise bad_value(field, f"must be a number, got {value!r}")
     return float(value)
 
 
@@ -207,7 +221,7 @@ def _opt_str(body: dict[str, Any], field: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _bad_value(field, f"must be a string, got {value!r}")
+        raise bad_value(field, f"must be a string, got {value!r}")
     return value
 
 
@@ -216,7 +230,7 @@ def _opt_bool(body: dict[str, Any], field: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad_value(field, f"must be true or false, got {value!r}")
+        raise bad_value(field, f"must be true or false, got {value!r}")
     return value
 
 
@@ -236,18 +250,18 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     ):
         prompt = prompt[0]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise _bad_value("prompt", f"batches of prompts are not served ({len(prompt)} given); send one")
+        raise bad_value("prompt", f"batches of prompts are not served ({len(prompt)} given); send one")
     if isinstance(prompt, str):
         if not prompt:
-            raise _bad_value("prompt", "must not be empty")
+            raise bad_value("prompt", "must not be empty")
         return prompt
     if _is_token_ids(prompt):
         if not prompt:
-            raise _bad_value("prompt", "must not be empty")
+            raise bad_value("prompt", "must not be empty")
         if any(t < 0 for t in prompt):
-            raise _bad_value("prompt", "token ids must be >= 0")
+            raise bad_value("prompt", "token ids must be >= 0")
         return list(prompt)
-    raise _bad_value("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
+    raise bad_value("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
 
 
 def _stop(body: dict[str, Any]) -> list[str] | None:
@@ -258,14 +272,49 @@ def _stop(body: dict[str, Any]) -> list[str] | None:
         return [stop] if stop else []
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return [s for s in stop if s]
-    raise _bad_value("stop", f"must be a string or a list of strings, got {stop!r}")
+    raise bad_value("stop", f"must be a string or a list of strings, got {stop!r}")
+
+
+def policy_swap(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The policy name and params of a ``PUT /v1/eviction/policy`` body, checked."""
+    policy = body.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise bad_value("policy", f"must be a policy name, got {policy!r}")
+    params = body.get("params")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise bad_value("params", f"must be an object of policy params, got {params!r}")
+    return policy, params
+
+
+def logs_query(request: Request) -> tuple[int, bool]:
+    """``tail`` and ``follow`` of ``GET /v1/eviction/logs``, checked."""
+    unknown = sorted(set(request.query_params) - LOGS_QUERY)
+    if unknown:
+        raise ApiError(
+            400,
+            "unknown_field",
+            f"unknown query parameter {', '.join(map(repr, unknown))}; accepted: follow, tail",
+        )
+    raw_tail = request.query_params.get("tail", "100")
+    try:
+        tail = int(raw_tail)
+    except ValueError:
+        raise bad_value("tail", f"must be an integer, got {raw_tail!r}") from None
+    if not 0 <= tail <= MAX_LOG_TAIL:
+        raise bad_value("tail", f"must be between 0 and {MAX_LOG_TAIL}, got {tail}")
+    raw_follow = request.query_params.get("follow", "false").lower()
+    if raw_follow not in ("true", "false", "1", "0"):
+        raise bad_value("follow", f"must be true or false, got {raw_follow!r}")
+    return tail, raw_follow in ("true", "1")
 
 
 # --------------------------------------------------------------------------------------------
 # Completions
 
 
-class _Completion:
+class Completion:
     """A parsed POST /v1/completions body."""
 
     object_name = "text_completion"
@@ -283,18 +332,18 @@ class _Completion:
         self.prompt: Any = self._read_prompt(body)
         n = _opt_int(body, "n")
         if n is not None and n != 1:
-            raise _bad_value("n", f"only n=1 is served, got {n}")
+            raise bad_value("n", f"only n=1 is served, got {n}")
         if body.get("logprobs") not in (None, 0):
-            raise _bad_value("logprobs", "log probabilities are not served; send null")
+            raise bad_value("logprobs", "log probabilities are not served; send null")
         if _opt_bool(body, "echo", False):
-            raise _bad_value("echo", "echo is not served; send false")
+            raise bad_value("echo", "echo is not served; send false")
         self.stream = _opt_bool(body, "stream", False)
         options = body.get("stream_options")
         if options is not None:
             if not isinstance(options, dict) or set(options) - {"include_usage"}:
-                raise _bad_value("stream_options", f'must be {{"include_usage": bool}}, got {options!r}')
+                raise bad_value("stream_options", f'must be {{"include_usage": bool}}, got {options!r}')
             if not self.stream:
-                raise _bad_value("stream_options", "only allowed with stream=true")
+                raise bad_value("stream_options", "only allowed with stream=true")
         self.include_usage = bool(options and _opt_bool(options, "include_usage", False))
         sampling: dict[str, Any] = {}
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
@@ -324,7 +373,7 @@ class _Completion:
         self.tenant = tenant if tenant is not None else self.user
         self.cache_salt = _opt_str(body, "cache_salt")
         if self.cache_salt == "":
-            raise _bad_value("cache_salt", "must not be empty; leave it out for no salt")
+            raise bad_value("cache_salt", "must not be empty; leave it out for no salt")
         self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -357,7 +406,7 @@ class _Completion:
         return self.chunk(text, finish_reason)
 
 
-class _ChatCompletion(_Completion):
+class ChatCompletion(Completion):
     """A parsed POST /v1/chat/completions body: the same fields as a completion, with messages
     instead of a prompt; the engine renders them with the model's chat template."""
 
@@ -374,7 +423,7 @@ class _ChatCompletion(_Completion):
         try:
             return parse_messages(body.get("messages"))
         except ChatTemplateError as exc:
-            raise _bad_value("messages", str(exc)) from None
+            raise bad_value("messages", str(exc)) from None
 
     def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": text} if text or finish_reason is None else {}
@@ -388,7 +437,7 @@ class _ChatCompletion(_Completion):
         return self._envelope("chat.completion", {"message": message, "finish_reason": finish_reason})
 
 
-def _usage(output: Any) -> dict[str, Any]:
+def usage(output: Any) -> dict[str, Any]:
     prompt_tokens = int(output.prompt_tokens)
     completion_tokens = int(output.completion_tokens)
     return {
@@ -397,7 +446,3 @@ def _usage(output: Any) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": int(output.cached_tokens)},
     }
-
-
-def _sse(value: Any) -> str:
-    return f"data: {_dumps(value)}\n\n"

@@ -15,7 +15,8 @@
     GET  /metrics                  Prometheus text
 
 The app itself (one handler per endpoint) is `engine_adapter.serving.app`, its request parsing
-`engine_adapter.serving.requests`; this module is the process around it.
+`engine_adapter.serving.requests`, its NDJSON and SSE streams `engine_adapter.serving.streams`;
+this module is the process around it.
 
 `serve(config)` is the engine process: it binds the socket itself (mode 0600 from the moment it
 exists), writes ``<stem>.pid`` next to it, builds and starts the `Engine`, runs uvicorn on the
