@@ -277,11 +277,12 @@ def _policy_rows(
 
 
 def _answers(socket: Path) -> bool:
+    """Whether an engine answers on `socket` (else the benchmark starts a temporary one)."""
     if not os.path.exists(socket):
         return False
     try:
         with ControlClient(socket, timeout=2.0) as client:
             client.health()
         return True
-    except Exception:
+    except SageClientError:  # not running, not a socket, not answering, or not an engine
         return False

@@ -387,7 +387,24 @@ def test_an_unexpected_exception_is_a_logged_500_in_json(
         r = client.get("/v1/eviction/stats")
     message = _assert_error(r, 500, "internal_error", "RuntimeError", "stats exploded")
     assert "Traceback" not in message
-    assert any(e["log_level"] == "error" and e.get("path") == "/v1/eviction/stats" for e in logs)
+    entry = next(e for e in logs if e["log_level"] == "error" and e.get("path") == "/v1/eviction/stats")
+    assert isinstance(entry["exc_info"], RuntimeError)  # the traceback goes to the log
+
+
+def test_a_value_error_of_the_engine_itself_is_a_500_not_a_bad_request(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the engine's RequestError means "this request can never be served"; any other
+    # ValueError from submit is a bug of ours, answered as one and logged with its traceback.
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a bug in submit")
+
+    monkeypatch.setattr(engine, "submit", broken)
+    with capture_logs() as logs:
+        r = client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+    _assert_error(r, 500, "internal_error", "ValueError", "a bug in submit")
+    entry = next(e for e in logs if e["log_level"] == "error" and e.get("path") == "/v1/completions")
+    assert isinstance(entry["exc_info"], ValueError)
 
 
 # ---- shutdown (its own engine: it ends it) ----------------------------------------------------------
