@@ -5,6 +5,7 @@
     engine.py     Engine: the model, the pool, the cache manager and the scheduler on one loop
     requests.py   the control API's request parsing, errors as JSON, OpenAI-shaped answers
     app.py        the control API: one handler per endpoint over the engine (`AppState`)
+    streams.py    SSE completion chunks and NDJSON eviction events, in daemon threads
     server.py     the engine process: socket, pid file, uvicorn, signals, draining shutdown
     metrics.py    Prometheus metrics of the engine and its cache
 
