@@ -172,10 +172,14 @@ class Attention(nn.Module):
             projected: torch.Tensor = self.o_proj(out.transpose(0, 1).reshape(n, -1))
             return projected
 
+        assert step.kv_slots is not None  # set whenever fresh_single is False
         flat = (-1, self.num_kv_heads, self.head_dim)
+        padded = (*step.kv_slots.shape, self.num_kv_heads, self.head_dim)
+        # index_select of whole rows is several times faster than advanced indexing on CPU.
         # [B, L, kv_heads, D] -> [B, kv_heads, L, D]
-        k_ctx = pool.k_cache[layer].view(flat)[step.kv_slots].transpose(1, 2)
-        v_ctx = pool.v_cache[layer].view(flat)[step.kv_slots].transpose(1, 2)
+        slots = step.kv_slots.view(-1)
+        k_ctx = pool.k_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
+        v_ctx = pool.v_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
         q_pad = q[step.q_index].transpose(1, 2)  # [B, heads, Tq, D]
         out = F.scaled_dot_product_attention(q_pad, k_ctx, v_ctx, attn_mask=step.mask, enable_gqa=True)
         batch, _, tq, _ = out.shape
@@ -354,67 +358,82 @@ class Decoder(nn.Module):
     def _index(self, batch: ForwardBatch, block_size: int) -> _StepIndex:
         """Validate `batch` and build the index tensors of its forward (on CPU, then one copy each)."""
         self._check_batch(batch, block_size)
-        num_seqs = len(batch.token_ids)
         lengths = [len(t) for t in batch.token_ids]
         starts = list(batch.start_positions)
-        totals = [s + n for s, n in zip(starts, lengths, strict=True)]
-        max_total = max(totals)
-
+        kv_slots = _key_slots(batch.block_tables, starts, lengths, block_size)
+        positions, slots = _new_token_slots(kv_slots, starts, lengths)
         device = self.device
-        input_ids = torch.tensor([t for ids in batch.token_ids for t in ids], dtype=torch.long)
-        vocab = self.config.vocab_size
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-            bad = next(t for t in input_ids.tolist() if not 0 <= t < vocab)
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-
-        lengths_t, starts_t = torch.tensor(lengths), torch.tensor(starts)
-        # Slots of positions 0..max_total-1 of every sequence: [B, L].
-        max_blocks = -(-max_total // block_size)
-        tables = torch.tensor(
-            [list(t[:max_blocks]) + [0] * (max_blocks - min(len(t), max_blocks)) for t in batch.block_tables],
-            dtype=torch.long,
-        )
-        key_pos = torch.arange(max_total, dtype=torch.long)
-        kv_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
-        # Keys past a sequence's end are masked, but 0 * NaN is NaN: point them at its own first
-        # token, never at stale slots that another (perhaps diverged) sequence wrote.
-        past_end = key_pos[None, :] >= (starts_t + lengths_t)[:, None]
-        kv_slots = torch.where(past_end, kv_slots[:, :1], kv_slots)
-        # Positions and rows (in the flat [B * L] kv_slots) of the new tokens.
-        positions = torch.cat(
-            [torch.arange(s, t, dtype=torch.long) for s, t in zip(starts, totals, strict=True)]
-        )
-        seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lengths_t)
-        slots = kv_slots.view(-1)[seq_of_token * max_total + positions]
-        offsets = lengths_t.cumsum(0)
-        last_index = offsets - 1
-
         cos, sin = self.rotary.cos_sin(positions.to(device), self.dtype)
         step = _StepIndex(
-            input_ids=input_ids.to(device),
+            input_ids=_input_ids(batch, self.config.vocab_size).to(device),
             cos=cos,
             sin=sin,
             slots=slots.to(device),
-            last_index=last_index.to(device),
-            fresh_single=num_seqs == 1 and starts[0] == 0,
+            last_index=(torch.tensor(lengths).cumsum(0) - 1).to(device),
+            fresh_single=len(lengths) == 1 and starts[0] == 0,
         )
-        if step.fresh_single:
-            return step
-
-        max_new = max(lengths)
-        first = offsets - lengths_t  # row of each sequence's first new token
-        j = torch.arange(max_new)
-        valid = j[None, :] < lengths_t[:, None]  # [B, Tq]
-        q_index = torch.where(valid, first[:, None] + j[None, :], first[:, None])
-        step.kv_slots = kv_slots.to(device)
-        step.q_index = q_index.to(device)
-        if max_new > 1:
-            step.q_unpad = valid.view(-1).nonzero().squeeze(1).to(device)
-        uniform_decode = max_new == 1 and all(t == max_total for t in totals)
-        if not uniform_decode:
-            q_pos = torch.where(valid, starts_t[:, None] + j[None, :], 0)  # [B, Tq]
-            step.mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1).to(device)
+        if not step.fresh_single:
+            _add_padded_attention(step, kv_slots, starts, lengths, device)
         return step
+
+
+def _input_ids(batch: ForwardBatch, vocab: int) -> torch.Tensor:
+    """The new tokens of every sequence, flat ``[T]``; ValueError names an id outside the vocab."""
+    input_ids = torch.tensor([t for ids in batch.token_ids for t in ids], dtype=torch.long)
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        bad = next(t for t in input_ids.tolist() if not 0 <= t < vocab)
+        raise ValueError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+    return input_ids
+
+
+def _key_slots(
+    block_tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int
+) -> torch.Tensor:
+    """Pool slots of positions ``0..L-1`` of every sequence, ``[B, L]``, L the longest context."""
+    totals = [s + n for s, n in zip(starts, lengths, strict=True)]
+    max_total = max(totals)
+    max_blocks = -(-max_total // block_size)
+    tables = torch.tensor(
+        [list(t[:max_blocks]) + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables],
+        dtype=torch.long,
+    )
+    key_pos = torch.arange(max_total, dtype=torch.long)
+    kv_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
+    # Keys past a sequence's end are masked, but 0 * NaN is NaN: point them at its own first
+    # token, never at stale slots that another (perhaps diverged) sequence wrote.
+    past_end = key_pos[None, :] >= torch.tensor(totals)[:, None]
+    return torch.where(past_end, kv_slots[:, :1], kv_slots)
+
+
+def _new_token_slots(
+    kv_slots: torch.Tensor, starts: list[int], lengths: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``[T]`` of the new tokens and their pool slots ``[T]`` (rows of `kv_slots`)."""
+    positions = torch.cat(
+        [torch.arange(s, s + n, dtype=torch.long) for s, n in zip(starts, lengths, strict=True)]
+    )
+    seq_of_token = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    return positions, kv_slots.reshape(-1)[seq_of_token * kv_slots.shape[1] + positions]
+
+
+def _add_padded_attention(
+    step: _StepIndex, kv_slots: torch.Tensor, starts: list[int], lengths: list[int], device: torch.device
+) -> None:
+    """Fill the padded-batch fields of `step`: key slots, query rows, unpadding rows and the mask."""
+    lengths_t, starts_t = torch.tensor(lengths), torch.tensor(starts)
+    max_new, max_total = max(lengths), kv_slots.shape[1]
+    first = lengths_t.cumsum(0) - lengths_t  # row of each sequence's first new token
+    j = torch.arange(max_new)
+    valid = j[None, :] < lengths_t[:, None]  # [B, Tq]
+    step.kv_slots = kv_slots.to(device)
+    step.q_index = torch.where(valid, first[:, None] + j[None, :], first[:, None]).to(device)
+    if max_new > 1:
+        step.q_unpad = valid.view(-1).nonzero().squeeze(1).to(device)
+    uniform_decode = max_new == 1 and all(s + n == max_total for s, n in zip(starts, lengths, strict=True))
+    if not uniform_decode:
+        key_pos = torch.arange(max_total, dtype=torch.long)
+        q_pos = torch.where(valid, starts_t[:, None] + j[None, :], 0)  # [B, Tq]
+        step.mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1).to(device)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
