@@ -138,7 +138,7 @@ def read_gguf(path: Path) -> GGUFContents:
     try:
         reader = _PlainArrayReader(str(path))
     except (ValueError, OSError, KeyError, IndexError) as exc:
-        raise GGUFFormatError(f"{path} is not a readable GGUF file: {exc}") from exc
+        raise GGUFFormatError(f"not a readable GGUF file: {exc}") from exc
     metadata: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -157,22 +157,20 @@ def hf_config(contents: GGUFContents) -> dict[str, Any]:
     arch = contents.architecture
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise GGUFFormatError(
-            f"{contents.path.name}: architecture {arch!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})"
+            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})"
         )
     meta = contents.metadata
 
     def key(name: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
-            raise GGUFFormatError(f"{contents.path.name}: metadata has no {arch}.{name}")
+            raise GGUFFormatError(f"metadata has no {arch}.{name}")
         return value
 
     names = set(contents.tensor_names)
     if "rope_freqs.weight" in names:
         raise GGUFFormatError(
-            f"{contents.path.name}: per-frequency rope factors (rope_freqs.weight, llama3-style "
-            "scaling) are not supported"
+            "per-frequency rope factors (rope_freqs.weight, llama3-style scaling) are not supported"
         )
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
@@ -197,7 +195,7 @@ def hf_config(contents: GGUFContents) -> dict[str, Any]:
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
-            raise GGUFFormatError(f"{contents.path.name}: rope scaling {scaling!r} is not supported")
+            raise GGUFFormatError(f"rope scaling {scaling!r} is not supported")
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     return config
 
@@ -238,7 +236,7 @@ def dequantized_tensors(contents: GGUFContents) -> Iterator[tuple[str, np.ndarra
             values = dequantize(tensor.data, tensor.tensor_type)
         except (NotImplementedError, KeyError, ValueError) as exc:
             raise GGUFFormatError(
-                f"{contents.path.name}: tensor {tensor.name} has type {tensor.tensor_type.name}, "
+                f"tensor {tensor.name} has type {tensor.tensor_type.name}, "
                 f"which cannot be dequantized ({exc})"
             ) from exc
         values = np.asarray(values, dtype=np.float32)
@@ -259,10 +257,7 @@ def build_tokenizer(contents: GGUFContents) -> Any:
     meta = contents.metadata
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFFormatError(
-            f"{contents.path.name}: tokenizer kind {kind!r} is not supported (supported: 'gpt2', "
-            "byte-level BPE)"
-        )
+        raise GGUFFormatError(f"tokenizer kind {kind!r} is not supported (supported: 'gpt2', byte-level BPE)")
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
     vocab = {token: index for index, token in enumerate(tokens)}
