@@ -11,11 +11,12 @@ sampling bookkeeping, caching) is reported against the 2 % target.
 With a real model (``--model smollm2-135m``, a ``.gguf`` file or a folder) and transformers
 installed, the same prompts also go through transformers' greedy ``generate`` (batch 1 and 8, same
 dtype and threads): its prefill is a generate of one token, its decode rate the remaining tokens
-over the remaining time. ``--startup`` times a new engine process from its start to the answer
-of its first request.
+over the remaining time. The run starts by timing `load_model` and one greedy request through the
+decoder (a chat question when the model has a chat template); ``--startup`` also times a new
+engine process from its start to the answer of its first request.
 
     python benchmarks/engine_step.py                       # sage-tiny on the CPU, batch 1, 8, 32
-    python benchmarks/engine_step.py --model smollm2-135m --startup
+    python benchmarks/engine_step.py --model smollm2-135m --threads 1 --startup
     python benchmarks/engine_step.py --batch-sizes 1,4 --prompt-len 512 --device cuda
     python benchmarks/engine_step.py --model /path/to/Qwen2.5-0.5B-Instruct --dtype bf16 --json
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,23 +36,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _machine import machine_line
+
 from engine_adapter.model import ForwardBatch, load_model
+from engine_adapter.model.chat_template import apply_chat_template
 from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.tokenizer import Tokenizer
 
 
 def _machine(device: torch.device) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        "machine": machine_line(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         # Other work on the machine slows the CPU figures (OpenMP threads spin when oversubscribed).
         "loadavg_1m": round(os.getloadavg()[0], 2),
@@ -151,6 +146,29 @@ def bench_transformers(
         "prefill_tokens_per_s": batch * prompt_len / prefill,
         "decode_tokens_per_s": batch * (decode_steps - 1) / max(full - prefill, 1e-9),
     }
+
+
+def first_request(decoder: Decoder, tokenizer: Tokenizer, max_tokens: int = 16) -> tuple[float, str]:
+    """Seconds to serve one greedy request right after loading, and its answer.
+
+    A chat question when the model has a chat template (the real model's first served request),
+    else a plain prompt.
+    """
+    start = time.perf_counter()
+    if tokenizer.chat_template is not None:
+        text = apply_chat_template(tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode("Hello")
+    pool = decoder.make_pool(num_blocks=-(-(len(ids) + max_tokens) // 16), block_size=16)
+    table = pool.allocator.allocate(pool.allocator.num_free)
+    logits = decoder(ForwardBatch([ids], [0], [table]), pool).logits
+    answer = [int(logits[0].argmax())]
+    while answer[-1] not in tokenizer.eos_token_ids and len(answer) < max_tokens:
+        step = ForwardBatch([[answer[-1]]], [len(ids) + len(answer) - 1], [table])
+        answer.append(int(decoder(step, pool).logits[0].argmax()))
+    _sync(decoder.device)
+    return time.perf_counter() - start, tokenizer.decode(answer)
 
 
 def bench_startup(model: str, device: str) -> dict[str, float]:
@@ -258,7 +276,7 @@ def bench_scheduler(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -277,79 +295,93 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-transformers", action="store_true", help="skip the comparison with transformers' generate"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of one run, as one JSON-ready dict."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    start = time.perf_counter()
     decoder, tokenizer, config = load_model(args.model, device=args.device, dtype=args.dtype)
-    machine = _machine(decoder.device)
+    load_s = time.perf_counter() - start
+    request_s, answer = first_request(decoder, tokenizer)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
     rows = [
-        bench_batch(decoder, int(b), args.prompt_len, args.decode_steps, args.block_size, args.repeats)
-        for b in args.batch_sizes.split(",")
+        bench_batch(decoder, b, args.prompt_len, args.decode_steps, args.block_size, args.repeats)
+        for b in batches
     ]
-    setup = {
-        "model": args.model,
-        "layers": config.num_hidden_layers,
-        "hidden": config.hidden_size,
-        "dtype": str(decoder.dtype).removeprefix("torch."),
-        "prompt_len": args.prompt_len,
-        "decode_steps": args.decode_steps,
-        "block_size": args.block_size,
-    }
     reference = None if args.no_transformers else _transformers_model(args.model, decoder.dtype)
     theirs = []
     if reference is not None:
         vocab = min(config.vocab_size, 256)
         theirs = [
-            bench_transformers(reference, int(b), args.prompt_len, args.decode_steps, vocab)
-            for b in args.batch_sizes.split(",")
-            if int(b) <= 8
+            bench_transformers(reference, b, args.prompt_len, args.decode_steps, vocab)
+            for b in batches
+            if b <= 8
         ]
-    startup = bench_startup(args.model, args.device) if args.startup else None
     shares = [
-        bench_scheduler(
-            decoder, tokenizer, int(b), args.prompt_len, args.decode_steps, args.block_size, policy
-        )
-        for b in args.batch_sizes.split(",")
+        bench_scheduler(decoder, tokenizer, b, args.prompt_len, args.decode_steps, args.block_size, policy)
+        for b in batches
         for policy in args.policies.split(",")
     ]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "machine": machine,
-                    "setup": setup,
-                    "results": rows,
-                    "transformers": theirs,
-                    "startup": startup,
-                    "bookkeeping": shares,
-                },
-                indent=2,
-            )
-        )
-        return 0
-    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-    print("setup:   " + ", ".join(f"{k}={v}" for k, v in setup.items()))
+    return {
+        "machine": _machine(decoder.device),
+        "setup": {
+            "model": args.model,
+            "layers": config.num_hidden_layers,
+            "hidden": config.hidden_size,
+            "dtype": str(decoder.dtype).removeprefix("torch."),
+            "prompt_len": args.prompt_len,
+            "decode_steps": args.decode_steps,
+            "block_size": args.block_size,
+        },
+        "loading": {
+            "load_model_s": load_s,
+            "first_request_s": request_s,
+            "answer": answer if tokenizer.chat_template is not None else None,
+        },
+        "results": rows,
+        "transformers": theirs,
+        "startup": bench_startup(args.model, args.device) if args.startup else None,
+        "bookkeeping": shares,
+    }
+
+
+def print_tables(report: dict[str, Any]) -> None:
+    """The measurements of `measure` as tables."""
+    machine, loading = report["machine"], report["loading"]
+    print(f"machine: {machine['machine']}; " + ", ".join(f"{k}={v}" for k, v in list(machine.items())[1:]))
+    total = loading["load_model_s"] + loading["first_request_s"]
+    answer = f"; answer {loading['answer']!r}" if loading["answer"] is not None else ""
+    print(
+        f"load:    load_model {loading['load_model_s']:.2f} s + first request "
+        f"{loading['first_request_s']:.2f} s = {total:.2f} s (target <= 10 s){answer}"
+    )
+    print("setup:   " + ", ".join(f"{k}={v}" for k, v in report["setup"].items()))
     print(f"{'batch':>5}  {'prefill tok/s':>13}  {'prefill ms':>10}  {'decode tok/s':>12}  {'step ms':>8}")
-    for r in rows:
+    for r in report["results"]:
         print(
             f"{r['batch']:>5}  {r['prefill_tokens_per_s']:>13.0f}  {r['prefill_ms']:>10.1f}  "
             f"{r['decode_tokens_per_s']:>12.0f}  {r['decode_step_ms']:>8.2f}"
         )
-    if theirs:
-        ours = {r["batch"]: r for r in rows}
+    if report["transformers"]:
+        ours = {r["batch"]: r for r in report["results"]}
         print()
         print("transformers' greedy generate on the same prompts (target: decode at batch 8 >= 2x theirs,")
         print("batch 1 no slower)")
         print(f"{'batch':>5}  {'prefill tok/s':>13}  {'decode tok/s':>12}  {'sage/theirs decode':>18}")
-        for r in theirs:
+        for r in report["transformers"]:
             ratio = ours[r["batch"]]["decode_tokens_per_s"] / r["decode_tokens_per_s"]
             print(
                 f"{r['batch']:>5}  {r['prefill_tokens_per_s']:>13.0f}  {r['decode_tokens_per_s']:>12.0f}  "
                 f"{ratio:>17.2f}x"
             )
-    if startup is not None:
-        print(f"\nengine start to first answer: {startup['start_to_first_answer_s']:.2f} s (target <= 10 s)")
+    if report["startup"] is not None:
+        print(
+            f"\nengine start to first answer: {report['startup']['start_to_first_answer_s']:.2f} s "
+            "(target <= 10 s)"
+        )
     print()
     print("step time through the scheduler (pool a third too small): in the cache manager and policy")
     print("(target <= 2 %), and in all of the scheduler outside the forward (sampling, detokenizing too)")
@@ -357,13 +389,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{'batch':>5}  {'policy':>8}  {'steps':>5}  {'evictions':>9}  {'preempt':>7}  {'cache':>7}  "
         f"{'ms/step':>7}  {'sched':>7}  target"
     )
-    for r in shares:
+    for r in report["bookkeeping"]:
         share = float(r["cache_share"])
         print(
             f"{r['batch']:>5}  {r['policy']:>8}  {r['steps']:>5}  {r['evictions']:>9}  "
             f"{r['preemptions']:>7}  {share:>7.2%}  {float(r['cache_ms_per_step']):>7.3f}  "
             f"{float(r['scheduler_share']):>7.2%}  {'PASS' if share <= 0.02 else 'MISS'}"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    report = measure(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_tables(report)
     return 0
 
 
