@@ -371,7 +371,7 @@ class EvictionPolicy(EvictionPolicyProtocol):
     def _eviction_order(self) -> list[Hashable]:
         """The evictable keys, next victim first (for `entries()`; may be O(n log n))."""
 
-    # ---- the module spec's interface (docs/architecture.md) ------------------------------
+    # ---- the module spec's interface (docs/architecture.md, "The module spec's interface") ----
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

@@ -1,4 +1,20 @@
-"""The layering (docs/architecture.md, "Layers"): `sage_eviction` stands alone (no torch)."""
+"""The layering (docs/architecture.md, "Layers"), checked two ways.
+
+- In fresh interpreters: what importing a layer actually loads (`sys.modules`), through every
+  package `__init__` and lazy registry on the way.
+- In the sources (AST): which file imports what, so that a failure names the file and line.
+
+The rules:
+
+- `sage_eviction` stands alone: it imports only the standard library and itself, never torch,
+  `engine_adapter` or `sage_cli`, not even inside a function.
+- `engine_adapter.cache` (the cache core) and `engine_adapter.sim` (the simulator) never import
+  torch; the cache core imports none of `model`, `serving`, `sim`; the simulator neither `model`
+  nor `serving`.
+- `sage_cli` loads neither torch nor `engine_adapter` when its modules are imported and its
+  command tree is built (what `sage --help` and the light commands do); `engine start` and
+  `benchmark` import the engine inside their functions.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +28,43 @@ import pytest
 
 import sage_eviction
 
-PACKAGE_DIR = Path(sage_eviction.__file__).resolve().parent
-FORBIDDEN = ("torch", "engine_adapter", "sage_cli")
-# The modules a user of the library imports.
-ENTRY_MODULES = ["sage_eviction", "sage_eviction.policies", "sage_eviction.registry", "sage_eviction.flat"]
-# The torch-free layers of the engine, and the layers each must not load: the cache core, and
-# the simulator over it (docs/architecture.md, "Layers").
+REPO = Path(sage_eviction.__file__).resolve().parent.parent
+_CACHE = ("engine_adapter.cache",)
 _ABOVE_CACHE = ("engine_adapter.model", "engine_adapter.serving", "engine_adapter.sim")
-TORCH_FREE = {
-    "engine_adapter.cache.cache_manager": _ABOVE_CACHE,
-    "engine_adapter.cache.events": _ABOVE_CACHE,
-    "engine_adapter.sim.simulator": ("engine_adapter.model", "engine_adapter.serving"),
-    "engine_adapter.sim.benchmark": ("engine_adapter.model", "engine_adapter.serving"),
-}
+_ABOVE_SIM = ("engine_adapter.model", "engine_adapter.serving")
+
+
+def _modules(package: str) -> list[str]:
+    """The dotted names of a package's modules, found on disk (a new module is checked too)."""
+    folder = REPO / package.replace(".", "/")
+    names = []
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if parts[-1] == "__main__":  # importing it runs the app
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((REPO / package.replace(".", "/")).rglob("*.py"))
+
+
+def _is(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+# --------------------------------------------------------------------------------------------
+# What importing loads, in fresh interpreters
 
 _PROBE = """
 import importlib, json, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
-import sage_eviction
-sage_eviction.available_policies()  # loads the entry-point plugins too
+if "sage_eviction" in sys.modules:
+    sys.modules["sage_eviction"].available_policies()  # loads the entry-point plugins too
+if "sage_cli.app" in sys.modules:
+    sys.modules["sage_cli.app"].build_command()  # the whole command tree, as `sage --help` builds it
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -42,57 +75,125 @@ def _loaded_by(*modules: str) -> set[str]:
         capture_output=True,
         text=True,
         check=True,
-        cwd=PACKAGE_DIR.parent,
+        cwd=REPO,
         timeout=120,
     )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("module", ENTRY_MODULES)
+# The modules a user of the library imports.
+LIBRARY_ENTRY_MODULES = [
+    "sage_eviction",
+    "sage_eviction.policies",
+    "sage_eviction.registry",
+    "sage_eviction.flat",
+]
+
+# Each layer (all its modules at once) and what it must never load.
+LAYERS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "cache core": (_modules("engine_adapter.cache"), ("torch", *_ABOVE_CACHE)),
+    "simulator": (_modules("engine_adapter.sim"), ("torch", *_ABOVE_SIM)),
+    "CLI": (_modules("sage_cli"), ("torch", "engine_adapter")),
+}
+
+
+def test_the_layers_have_the_modules_the_checks_expect() -> None:
+    # A moved package would leave the checks below with nothing to import, passing vacuously.
+    assert "engine_adapter.cache.cache_manager" in LAYERS["cache core"][0]
+    assert "engine_adapter.cache.block_allocator" in LAYERS["cache core"][0]
+    assert "engine_adapter.sim.simulator" in LAYERS["simulator"][0]
+    assert "engine_adapter.sim.benchmark" in LAYERS["simulator"][0]
+    assert {"sage_cli.app", "sage_cli.client", "sage_cli.eviction"} <= set(LAYERS["CLI"][0])
+
+
+@pytest.mark.parametrize("module", LIBRARY_ENTRY_MODULES)
 def test_importing_the_library_loads_no_engine_cli_or_torch(module: str) -> None:
     loaded = _loaded_by(module)
-    leaked = sorted(m for m in loaded if m.split(".")[0] in FORBIDDEN)
+    leaked = sorted(m for m in loaded if _is(m, ("torch", "engine_adapter", "sage_cli")))
     assert not leaked, f"import {module} loads {leaked}"
 
 
-@pytest.mark.parametrize("module", sorted(TORCH_FREE))
-def test_the_torch_free_layers_load_no_torch_and_no_layer_above(module: str) -> None:
-    loaded = _loaded_by(module)
-    leaked = sorted(m for m in loaded if m == "torch" or m.startswith(TORCH_FREE[module]))
-    assert not leaked, f"import {module} loads {leaked}"
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_a_layer_loads_no_torch_and_no_layer_above_it(layer: str) -> None:
+    modules, forbidden = LAYERS[layer]
+    loaded = _loaded_by(*modules)
+    assert set(modules) <= loaded
+    leaked = sorted(m for m in loaded if _is(m, forbidden))
+    assert not leaked, f"importing the {layer} ({', '.join(modules)}) loads {leaked}"
+
+
+# --------------------------------------------------------------------------------------------
+# Which file imports what
+
+
+_TYPE_CHECKING = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
-    """(module, line, at module level) of every import in `tree`."""
+    """(module, line, runs at import) of every absolute import in `tree`.
+
+    An import runs at import time unless it sits in a function or lambda body or under
+    ``if TYPE_CHECKING:``.
+    """
     found: list[tuple[str, int, bool]] = []
 
-    def visit(node: ast.AST, top_level: bool) -> None:
-        for child in ast.iter_child_nodes(node):
+    def visit(nodes: list[ast.AST], at_import: bool) -> None:
+        for child in nodes:
             if isinstance(child, ast.Import):
-                found.extend((alias.name, child.lineno, top_level) for alias in child.names)
+                found.extend((alias.name, child.lineno, at_import) for alias in child.names)
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                found.append((child.module, child.lineno, top_level))
-            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
-            visit(child, top_level and not nested)
+                found.append((child.module, child.lineno, at_import))
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                visit(list(ast.iter_child_nodes(child)), False)
+            elif isinstance(child, ast.If) and ast.unparse(child.test) in _TYPE_CHECKING:
+                visit(list(child.body), False)
+                visit(list(child.orelse), at_import)
+            else:
+                visit(list(ast.iter_child_nodes(child)), at_import)
 
-    visit(tree, True)
+    visit([tree], True)
     return found
 
 
-SOURCES = sorted(PACKAGE_DIR.rglob("*.py"))
+def _parse(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
-def test_sources_import_no_engine_or_cli_and_no_torch_at_module_level(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    bad = []
-    for module, line, top_level in _imports(tree):
-        root = module.split(".")[0]
-        if root in ("engine_adapter", "sage_cli"):
-            bad.append(f"line {line}: imports {module}")
-        elif root == "torch" and top_level:
-            bad.append(f"line {line}: imports torch at module level")
-    assert not bad, f"{path.name}: " + "; ".join(bad)
+def _ids(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+@pytest.mark.parametrize("path", _sources("sage_eviction"), ids=_ids)
+def test_the_library_imports_only_the_standard_library_and_itself(path: Path) -> None:
+    bad = [
+        f"line {line}: imports {module}"
+        for module, line, _ in _imports(_parse(path))
+        if module.split(".")[0] not in sys.stdlib_module_names and not _is(module, ("sage_eviction",))
+    ]
+    assert not bad, f"{_ids(path)}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("path", "forbidden"),
+    [pytest.param(p, ("torch", *_ABOVE_CACHE), id=_ids(p)) for p in _sources("engine_adapter.cache")]
+    + [pytest.param(p, ("torch", *_ABOVE_SIM), id=_ids(p)) for p in _sources("engine_adapter.sim")],
+)
+def test_the_cache_core_and_the_simulator_never_import_torch_or_a_layer_above(
+    path: Path, forbidden: tuple[str, ...]
+) -> None:
+    # Not even lazily or for type checking: the layers below know nothing of those above.
+    bad = [f"line {line}: imports {m}" for m, line, _ in _imports(_parse(path)) if _is(m, forbidden)]
+    assert not bad, f"{_ids(path)}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("path", _sources("sage_cli"), ids=_ids)
+def test_the_cli_imports_torch_and_the_engine_only_where_a_command_needs_them(path: Path) -> None:
+    bad = [
+        f"line {line}: imports {m} at import time"
+        for m, line, at_import in _imports(_parse(path))
+        if at_import and _is(m, ("torch", "engine_adapter"))
+    ]
+    assert not bad, f"{_ids(path)}: " + "; ".join(bad)
 
 
 def test_the_ast_scan_sees_every_kind_of_import() -> None:
@@ -104,6 +205,12 @@ def test_the_ast_scan_sees_every_kind_of_import() -> None:
         "    import torch\n"
         "class C:\n"
         "    import sage_cli\n"
+        "if TYPE_CHECKING:\n"
+        "    from engine_adapter.serving.config import EngineConfig\n"
+        "else:\n"
+        "    import json\n"
+        "if sys.version_info >= (3, 11):\n"
+        "    import tomllib\n"
     )
     assert _imports(tree) == [
         ("os", 1, True),
@@ -111,4 +218,17 @@ def test_the_ast_scan_sees_every_kind_of_import() -> None:
         ("engine_adapter.model.kv_pool", 2, True),
         ("torch", 5, False),
         ("sage_cli", 7, True),
+        ("engine_adapter.serving.config", 9, False),
+        ("json", 11, True),
+        ("tomllib", 13, True),
     ]
+
+
+def test_the_rules_catch_a_forbidden_import() -> None:
+    # The checks above must be able to fail: a prefix match that is too strict or too loose
+    # would pass every file.
+    assert _is("engine_adapter.model.kv_pool", _ABOVE_CACHE)
+    assert _is("torch", ("torch",)) and _is("torch.nn", ("torch",))
+    assert not _is("torchvision", ("torch",))
+    assert not _is("engine_adapter.cache.errors", _ABOVE_CACHE)
+    assert not _is("engine_adapter.paths", _ABOVE_SIM)

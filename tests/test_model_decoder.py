@@ -91,6 +91,7 @@ def test_loading_sage_tiny_leaves_the_global_rng_alone() -> None:
     torch.testing.assert_close(torch.rand(4), expected, atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_sage_tiny_output_depends_on_the_context(tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, tokenizer = tiny
     continuations = {
@@ -100,6 +101,7 @@ def test_sage_tiny_output_depends_on_the_context(tiny: tuple[Decoder, ByteTokeni
     assert len(continuations) > 1
 
 
+@pytest.mark.slow
 def test_batched_forward_equals_per_sequence_forward(tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, tokenizer = tiny
     # Two sequences already hold a context (then one decode token or a second prefill chunk),
@@ -141,6 +143,7 @@ def test_batched_forward_equals_per_sequence_forward(tiny: tuple[Decoder, ByteTo
         torch.testing.assert_close(together.logits[i], expected[-1], atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_uniform_decode_batch_equals_single_decodes(tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, tokenizer = tiny
     prompts = [tokenizer.encode(t) for t in ("abcdefgh", "ijklmnop", "qrstuvwx")]  # equal lengths
@@ -181,6 +184,7 @@ def test_shared_prefix_blocks_give_the_logits_of_a_fresh_prefill(tiny: tuple[Dec
     assert torch.equal(hit.all_logits[0].argmax(-1), fresh[len(prefix) :].argmax(-1))
 
 
+@pytest.mark.slow
 def test_recompute_after_preemption_continues_the_same_greedy_tokens(
     tiny: tuple[Decoder, ByteTokenizer],
 ) -> None:
@@ -196,6 +200,7 @@ def test_recompute_after_preemption_continues_the_same_greedy_tokens(
     assert expected[:done] + resumed == expected
 
 
+@pytest.mark.slow
 def test_stale_values_in_unwritten_slots_never_reach_the_logits(tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, tokenizer = tiny
     pool = _pool(decoder, num_blocks=16)
@@ -243,6 +248,7 @@ def test_forward_rejects_a_pool_that_does_not_fit(tiny: tuple[Decoder, ByteToken
         decoder(ForwardBatch([[1]], [0], [wrong.allocator.allocate(1)]), wrong)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_follows_float32(dtype: torch.dtype, tiny: tuple[Decoder, ByteTokenizer]) -> None:
     decoder, tokenizer = tiny

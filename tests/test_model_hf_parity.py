@@ -27,6 +27,8 @@ from engine_adapter.model import ForwardBatch, HFTokenizer, load_model  # noqa: 
 from engine_adapter.model.decoder import Decoder  # noqa: E402
 from engine_adapter.model.kv_pool import PagedKVPool  # noqa: E402
 
+pytestmark = pytest.mark.slow  # model parity against transformers: seconds per case
+
 ATOL = RTOL = 1e-4
 BLOCK_SIZE = 4
 WORDS = [f"w{i}" for i in range(90)]

