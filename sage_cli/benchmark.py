@@ -155,12 +155,12 @@ def _writable_target(path: Path, flag: str) -> Path:
 
 
 def _load_cost_model(path: Path) -> dict[str, Any]:
-    import yaml
+    from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
 
     _readable(path, "--cost-model")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        values = load_yaml_file(path)
+    except (YAMLInputError, UnicodeDecodeError, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CLIUsageError(f"--cost-model {path}: not valid YAML: {first}") from None
     if not isinstance(values, dict):

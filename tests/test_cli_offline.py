@@ -277,6 +277,28 @@ def test_engine_start_names_the_bad_key_of_a_config_file(env: dict[str, str], sh
     assert_one_line_error(result, 2, "environment: SAGE_NUM_BLOCKS: 'abc' is not an integer")
 
 
+def billion_laughs(levels: int = 10) -> str:
+    """YAML whose aliases expand to 10**levels list items (a few hundred bytes of text)."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["num_blocks", "policy_params"])
+def test_engine_start_refuses_a_yaml_bomb_at_once(env: dict[str, str], short_dir: Path, key: str) -> None:
+    # Regression: a billion-laughs value ran past 90 s and gigabytes, then printed the whole value.
+    config = short_dir / "bomb.yaml"
+    bomb = billion_laughs()
+    config.write_text(
+        bomb.replace("a9: &a9", f"{key}: &a9") if key == "num_blocks" else bomb + f"{key}: {{x: *a9}}\n"
+    )
+    result = sage(["llm", "engine", "start", "--config", str(config)], env, timeout=20)
+    line = assert_one_line_error(result, 2, "not valid YAML", "is not allowed", "line 1")
+    assert len(line) < 300
+
+
 # -- benchmark option checks ------------------------------------------------------------------------
 
 

@@ -196,7 +196,7 @@ def test_yaml_bad_values_are_named(tmp_path: Path, text: str, message: str) -> N
 def test_yaml_file_problems(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.yaml: No such file"):
         load_yaml(tmp_path / "missing.yaml")
-    with pytest.raises(ConfigError, match=r"is not valid YAML \(line 2, column 1\)"):
+    with pytest.raises(ConfigError, match=r"is not valid YAML: line 2, column 1: "):
         load_yaml(write(tmp_path, "a: [\n"))
     with pytest.raises(ConfigError, match="the top level is not a mapping"):
         load_yaml(write(tmp_path, "- a\n- b\n"))

@@ -39,6 +39,7 @@ from typing import Any
 
 from engine_adapter.cache.sizes import parse_bytes
 from engine_adapter.paths import DEFAULT_NAME, default_log_dir, default_socket, is_engine_name, sage_home
+from engine_adapter.safe_yaml import shorten
 
 __all__ = [
     "CONFIG_ENV",
@@ -140,7 +141,7 @@ class EngineConfig:
         length = len(os.fsencode(self.socket))
         if length > MAX_SOCKET_PATH:
             raise ConfigError(
-                f"socket path {self.socket!r} is {length} bytes; a Unix socket path holds at most "
+                f"socket path {shorten(self.socket)} is {length} bytes; a Unix socket path holds at most "
                 f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
             )
 
@@ -227,7 +228,7 @@ def env_var(key: str) -> str:
 
 
 def _fail(where: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{where}: {value!r} is not {expected}")
+    return ConfigError(f"{where}: {shorten(value)} is not {expected}")
 
 
 def _text(value: Any, where: str) -> str:
@@ -244,7 +245,7 @@ def _engine_kind(value: Any, where: str) -> str:
     kind = _text(value, where).lower()
     if kind not in ENGINE_KINDS:
         raise ConfigError(
-            f"{where}: engine kind {value!r} is not supported; supported: {', '.join(ENGINE_KINDS)}"
+            f"{where}: engine kind {shorten(value)} is not supported; supported: {', '.join(ENGINE_KINDS)}"
         )
     return kind
 
@@ -325,7 +326,7 @@ def _float(low: float, high: float | None, *, low_open: bool) -> Callable[[Any, 
         if below or (high is not None and x > high):
             bracket = "(" if low_open else "["
             upper = f"{high:g}]" if high is not None else "inf)"
-            raise ConfigError(f"{where}: {value!r} is not in {bracket}{low:g}, {upper}")
+            raise ConfigError(f"{where}: {shorten(value)} is not in {bracket}{low:g}, {upper}")
         return x
 
     return convert
@@ -339,7 +340,7 @@ def _size(value: Any, where: str) -> int:
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     if size <= 0:
-        raise ConfigError(f"{where}: {value!r} is not a positive size")
+        raise ConfigError(f"{where}: {shorten(value)} is not a positive size")
     return size
 
 
@@ -354,7 +355,7 @@ def _params(value: Any, where: str) -> dict[str, Any]:
             if not eq or not key.strip():
                 raise _fail(where, item, "of the form k=v")
             if key.strip() in params:
-                raise ConfigError(f"{where}: param {key.strip()!r} is given twice")
+                raise ConfigError(f"{where}: param {shorten(key.strip())} is given twice")
             params[key.strip()] = raw.strip()
         return params
     if isinstance(value, Mapping):
@@ -426,7 +427,7 @@ def parse_layer(
         if key not in _CONVERTERS:
             close = difflib.get_close_matches(key, keys, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(keys)}"
-            raise ConfigError(f"{source or 'config'}: unknown key {raw_key!r}{hint}")
+            raise ConfigError(f"{source or 'config'}: unknown key {shorten(raw_key)}{hint}")
         if value is None:
             continue
         label = key_label(key) if key_label else key
@@ -449,22 +450,17 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         ConfigError: The file cannot be read or parsed, is not a mapping, has an unknown key
             (named) or a bad value (named with the key).
     """
-    import yaml
+    from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
 
     file = Path(path).expanduser()
     source = f"config file {path!s}"
     try:
-        text = file.read_text(encoding="utf-8")
+        values = load_yaml_file(file)
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"cannot read {source}: {reason}") from None
-    try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{source} is not valid YAML{at}: {problem}") from None
+    except YAMLInputError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):

@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
+
 __all__ = [
     "CostModel",
     "CostModelError",
@@ -170,18 +172,13 @@ class CostModel:
             CostModelError: The file cannot be read or parsed, or `from_dict` rejects it.
         """
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            values = load_yaml_file(path)
         except FileNotFoundError:
             raise CostModelError(f"{path}: no such file") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise CostModelError(f"{path}: cannot read: {exc}") from None
-        try:
-            values = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise CostModelError(f"{path}{line}: bad YAML: {problem}") from None
+        except YAMLInputError as exc:
+            raise CostModelError(f"{path}: bad YAML: {exc}") from None
         return cls.from_dict({} if values is None else values, where=str(path))
 
     def to_yaml(self, path: str | Path) -> None:
