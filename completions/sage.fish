@@ -2,7 +2,7 @@
 # Install: copy it to ~/.config/fish/completions/sage.fish
 
 set -g __fish_sage_commands 'sage llm' 'sage llm benchmark' 'sage llm engine' 'sage llm engine start' 'sage llm engine status' 'sage llm engine stop' 'sage llm eviction' 'sage llm eviction logs' 'sage llm eviction policies' 'sage llm eviction set-policy' 'sage llm eviction stats'
-set -g __fish_sage_value_options 'sage llm benchmark:--eviction-policies' 'sage llm benchmark:--mode' 'sage llm benchmark:--trace' 'sage llm benchmark:--trace-format' 'sage llm benchmark:--workload' 'sage llm benchmark:--requests' 'sage llm benchmark:--tenants' 'sage llm benchmark:--seed' 'sage llm benchmark:--capacity-blocks' 'sage llm benchmark:--capacity-ratio' 'sage llm benchmark:--cache-model' 'sage llm benchmark:--duration' 'sage llm benchmark:--output' 'sage llm benchmark:-o' 'sage llm benchmark:--plot' 'sage llm benchmark:--cost-model' 'sage llm benchmark:--socket' 'sage llm benchmark:--name' 'sage llm benchmark:-n' 'sage llm benchmark:--max-output-tokens' 'sage llm benchmark:--concurrency' 'sage llm benchmark:--time-scale' 'sage llm engine start:--engine-kind' 'sage llm engine start:--eviction-policy' 'sage llm engine start:--policy-param' 'sage llm engine start:--num-blocks' 'sage llm engine start:--kv-cache-memory' 'sage llm engine start:--gpu-memory-utilization' 'sage llm engine start:--block-size' 'sage llm engine start:--device' 'sage llm engine start:--config' 'sage llm engine start:--name' 'sage llm engine start:-n' 'sage llm engine start:--socket' 'sage llm engine start:--log-dir' 'sage llm engine start:--max-queued-requests' 'sage llm engine start:--queued-timeout' 'sage llm engine start:--eviction-threshold' 'sage llm engine start:--max-pinned-ratio' 'sage llm engine start:--max-num-seqs' 'sage llm engine start:--max-num-batched-tokens' 'sage llm engine start:--seed' 'sage llm engine start:--timeout' 'sage llm engine status:--socket' 'sage llm engine status:--name' 'sage llm engine status:-n' 'sage llm engine stop:--socket' 'sage llm engine stop:--name' 'sage llm engine stop:-n' 'sage llm engine stop:--timeout' 'sage llm eviction logs:--socket' 'sage llm eviction logs:--name' 'sage llm eviction logs:-n' 'sage llm eviction logs:--tail' 'sage llm eviction logs:--file' 'sage llm eviction policies:--socket' 'sage llm eviction policies:--name' 'sage llm eviction policies:-n' 'sage llm eviction set-policy:--policy' 'sage llm eviction set-policy:-p' 'sage llm eviction set-policy:--param' 'sage llm eviction set-policy:--socket' 'sage llm eviction set-policy:--name' 'sage llm eviction set-policy:-n' 'sage llm eviction stats:--socket' 'sage llm eviction stats:--name' 'sage llm eviction stats:-n' 'sage llm eviction stats:--interval'
+set -g __fish_sage_value_options 'sage llm benchmark:--eviction-policies' 'sage llm benchmark:--mode' 'sage llm benchmark:--trace' 'sage llm benchmark:--trace-format' 'sage llm benchmark:--workload' 'sage llm benchmark:--requests' 'sage llm benchmark:--tenants' 'sage llm benchmark:--seed' 'sage llm benchmark:--capacity-blocks' 'sage llm benchmark:--capacity-ratio' 'sage llm benchmark:--cache-model' 'sage llm benchmark:--duration' 'sage llm benchmark:--output' 'sage llm benchmark:-o' 'sage llm benchmark:--plot' 'sage llm benchmark:--cost-model' 'sage llm benchmark:--socket' 'sage llm benchmark:--name' 'sage llm benchmark:-n' 'sage llm benchmark:--max-output-tokens' 'sage llm benchmark:--concurrency' 'sage llm benchmark:--time-scale' 'sage llm engine start:--engine-kind' 'sage llm engine start:--eviction-policy' 'sage llm engine start:--policy-param' 'sage llm engine start:--num-blocks' 'sage llm engine start:--kv-cache-memory' 'sage llm engine start:--gpu-memory-utilization' 'sage llm engine start:--block-size' 'sage llm engine start:--device' 'sage llm engine start:--config' 'sage llm engine start:--name' 'sage llm engine start:-n' 'sage llm engine start:--socket' 'sage llm engine start:--log-dir' 'sage llm engine start:--max-queued-requests' 'sage llm engine start:--queued-timeout' 'sage llm engine start:--eviction-threshold' 'sage llm engine start:--max-pinned-ratio' 'sage llm engine start:--max-num-seqs' 'sage llm engine start:--max-num-batched-tokens' 'sage llm engine start:--seed' 'sage llm engine start:--host' 'sage llm engine start:--port' 'sage llm engine start:--api-key' 'sage llm engine start:--ssl-certfile' 'sage llm engine start:--ssl-keyfile' 'sage llm engine start:--timeout' 'sage llm engine status:--socket' 'sage llm engine status:--name' 'sage llm engine status:-n' 'sage llm engine status:--url' 'sage llm engine status:--api-key' 'sage llm engine stop:--socket' 'sage llm engine stop:--name' 'sage llm engine stop:-n' 'sage llm engine stop:--url' 'sage llm engine stop:--api-key' 'sage llm engine stop:--timeout' 'sage llm eviction logs:--socket' 'sage llm eviction logs:--name' 'sage llm eviction logs:-n' 'sage llm eviction logs:--url' 'sage llm eviction logs:--api-key' 'sage llm eviction logs:--tail' 'sage llm eviction logs:--file' 'sage llm eviction policies:--socket' 'sage llm eviction policies:--name' 'sage llm eviction policies:-n' 'sage llm eviction policies:--url' 'sage llm eviction policies:--api-key' 'sage llm eviction set-policy:--policy' 'sage llm eviction set-policy:-p' 'sage llm eviction set-policy:--param' 'sage llm eviction set-policy:--socket' 'sage llm eviction set-policy:--name' 'sage llm eviction set-policy:-n' 'sage llm eviction set-policy:--url' 'sage llm eviction set-policy:--api-key' 'sage llm eviction stats:--socket' 'sage llm eviction stats:--name' 'sage llm eviction stats:-n' 'sage llm eviction stats:--url' 'sage llm eviction stats:--api-key' 'sage llm eviction stats:--interval'
 
 function __fish_sage_path --description 'The sage subcommand typed so far'
     set -l tokens (commandline -opc)
@@ -92,6 +92,12 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l max-pinned-ratio -
 complete -c sage -n '__fish_sage_at sage llm engine start' -l max-num-seqs -x -d 'Most running sequences per step'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l max-num-batched-tokens -x -d 'Most tokens per step'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l seed -x -d 'Seed of sampling for requests that give none'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l host -x -d 'Also serve the API over TCP on this address (needs --port)'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l port -x -d 'The TCP port'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l api-key -x -d 'Key every TCP request must send as \'Authorization: Bearer KEY\' ($SAGE_API_KEY)'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l ssl-certfile -r -F -d 'Serve TCP over TLS'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l ssl-keyfile -r -F -d 'The TLS private key'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l insecure-no-api-key -d 'Serve TCP without an API key (anyone reaching the port may use it)'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l timeout -x -d 'With --detach: how long to wait for the engine to answer'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l json -d 'With --detach: print the engine\'s name, pid, socket and log as JSON'
 complete -c sage -n '__fish_sage_at sage llm engine start' -s h -l help -d 'Show the help and exit'
@@ -100,12 +106,16 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -F
 # sage llm engine status
 complete -c sage -n '__fish_sage_at sage llm engine status' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm engine status' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm engine status' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm engine status' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm engine status' -l json -d 'Print JSON instead of text'
 complete -c sage -n '__fish_sage_at sage llm engine status' -s h -l help -d 'Show the help and exit'
 
 # sage llm engine stop
 complete -c sage -n '__fish_sage_at sage llm engine stop' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm engine stop' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm engine stop' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm engine stop' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm engine stop' -l timeout -x -d 'How long to wait for the engine to exit'
 complete -c sage -n '__fish_sage_at sage llm engine stop' -l json -d 'Print JSON instead of text'
 complete -c sage -n '__fish_sage_at sage llm engine stop' -s h -l help -d 'Show the help and exit'
@@ -120,6 +130,8 @@ complete -c sage -n '__fish_sage_at sage llm eviction' -s h -l help -d 'Show the
 # sage llm eviction logs
 complete -c sage -n '__fish_sage_at sage llm eviction logs' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm eviction logs' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm eviction logs' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm eviction logs' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm eviction logs' -l tail -x -d 'Show the last N events'
 complete -c sage -n '__fish_sage_at sage llm eviction logs' -l follow -s f -d 'Keep printing new events until Ctrl-C'
 complete -c sage -n '__fish_sage_at sage llm eviction logs' -l json -d 'Print the events as JSON lines'
@@ -129,6 +141,8 @@ complete -c sage -n '__fish_sage_at sage llm eviction logs' -s h -l help -d 'Sho
 # sage llm eviction policies
 complete -c sage -n '__fish_sage_at sage llm eviction policies' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm eviction policies' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm eviction policies' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm eviction policies' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm eviction policies' -l json -d 'Print JSON instead of text'
 complete -c sage -n '__fish_sage_at sage llm eviction policies' -s h -l help -d 'Show the help and exit'
 
@@ -137,12 +151,16 @@ complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l policy -s p
 complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l param -x -d 'A policy param, e.g. --param protected_threshold=3; repeat for more'
 complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -l json -d 'Print JSON instead of text'
 complete -c sage -n '__fish_sage_at sage llm eviction set-policy' -s h -l help -d 'Show the help and exit'
 
 # sage llm eviction stats
 complete -c sage -n '__fish_sage_at sage llm eviction stats' -l socket -r -F -d 'Control socket of the engine (default: $SAGE_SOCKET, else $SAGE_HOME/run/<name>.sock)'
 complete -c sage -n '__fish_sage_at sage llm eviction stats' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
+complete -c sage -n '__fish_sage_at sage llm eviction stats' -l url -x -d 'Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL)'
+complete -c sage -n '__fish_sage_at sage llm eviction stats' -l api-key -x -d 'API key of an engine reached with --url ($SAGE_API_KEY)'
 complete -c sage -n '__fish_sage_at sage llm eviction stats' -l json -d 'Print JSON instead of text'
 complete -c sage -n '__fish_sage_at sage llm eviction stats' -l watch -s w -d 'Refresh until Ctrl-C'
 complete -c sage -n '__fish_sage_at sage llm eviction stats' -l interval -x -d 'Seconds between refreshes with --watch'

@@ -57,15 +57,15 @@ class SageClientError(Exception):
 class EngineUnavailable(SageClientError):
     """The engine could not be reached."""
 
-    def __init__(self, message: str, socket: Path) -> None:
+    def __init__(self, message: str, socket: Path | str) -> None:
         super().__init__(message)
-        self.socket = socket
+        self.socket = socket  # the socket's path, or the URL of a TCP engine
 
 
 class EngineNotRunning(EngineUnavailable):
     """No engine listens on the socket: the file is missing, or stale (connection refused)."""
 
-    def __init__(self, socket: Path, *, stale: bool = False, start_hint: str = "sage llm engine start"):
+    def __init__(self, socket: Path | str, *, stale: bool = False, start_hint: str = "sage llm engine start"):
         why = " (stale socket file: nothing listens on it)" if stale else ""
         super().__init__(f"no engine running on {socket}{why}; start one with `{start_hint}`", socket)
         self.stale = stale
@@ -118,6 +118,9 @@ class ControlClient:
         timeout: Seconds to wait for a connection and for each answer.
         start_hint: The command that starts this engine, quoted when none is running.
         transport: An httpx transport to use instead of the socket (tests).
+        url: Reach the engine over TCP at this ``http(s)://host:port`` instead of the socket.
+        api_key: Sent as ``Authorization: Bearer KEY`` (a TCP engine asks for it).
+        ca_file: PEM file of the CA (or the self-signed certificate) an https engine is trusted by.
     """
 
     def __init__(
@@ -127,8 +130,14 @@ class ControlClient:
         timeout: float = DEFAULT_TIMEOUT_S,
         start_hint: str = "sage llm engine start",
         transport: httpx.BaseTransport | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.socket = Path(socket)
+        self.url = url.rstrip("/") if url else None
+        self._api_key = api_key or None
+        self._ca_file = ca_file or None
         self.timeout = timeout
         self.start_hint = start_hint
         self._transport = transport
@@ -255,15 +264,31 @@ class ControlClient:
 
     # -- the boundary ---------------------------------------------------------------------------
 
+    @property
+    def address(self) -> Path | str:
+        """Where the engine is: the URL of a TCP engine, else the socket (for messages)."""
+        return self.url or self.socket
+
     def _http(self) -> httpx.Client:
         if self._http_client is None:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+            if self.url is not None and self._transport is None:
+                verify: Any = True
+                if self._ca_file is not None:
+                    import ssl
+
+                    verify = ssl.create_default_context(cafile=self._ca_file)
+                self._http_client = httpx.Client(
+                    base_url=self.url, timeout=self.timeout, headers=headers, verify=verify
+                )
+                return self._http_client
             transport = self._transport
             if transport is None:
                 self._check_socket()
                 # Plain HTTP on a local socket: no TLS, so skip loading the CA bundle (0.1 s).
                 transport = httpx.HTTPTransport(uds=str(self.socket), verify=False)
             self._http_client = httpx.Client(
-                transport=transport, base_url="http://sage", timeout=self.timeout
+                transport=transport, base_url="http://sage", timeout=self.timeout, headers=headers
             )
         return self._http_client
 
@@ -301,7 +326,7 @@ class ControlClient:
         return self._decode(answer, f"{method} {path}")
 
     def _translate(self, exc: httpx.TransportError) -> SageClientError:
-        sock = self.socket
+        sock = self.address
         if isinstance(exc, httpx.TimeoutException):
             return EngineTimeout(f"the engine on {sock} did not answer within {self.timeout:g} s")
         if isinstance(exc, httpx.ConnectError):
@@ -310,7 +335,7 @@ class ControlClient:
             if code == errno.ENOENT:
                 return EngineNotRunning(sock, start_hint=self.start_hint)
             if code == errno.ECONNREFUSED:
-                return EngineNotRunning(sock, stale=True, start_hint=self.start_hint)
+                return EngineNotRunning(sock, stale=self.url is None, start_hint=self.start_hint)
             if code in (errno.EACCES, errno.EPERM):
                 return EngineConnectionError(
                     f"permission denied on {sock}: the engine belongs to another user", sock

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sage_cli.errors import CLIError, CLITimeout, CLIUsageError
-from sage_cli.options import JsonOpt, NameOpt, SocketOpt, client_for
+from sage_cli.options import ApiKeyOpt, JsonOpt, NameOpt, SocketOpt, UrlOpt, client_for
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
@@ -105,10 +105,16 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
 
 
 @app.command("status")
-def status(socket: SocketOpt = None, name: NameOpt = None, json_out: JsonOpt = False) -> None:
+def status(
+    socket: SocketOpt = None,
+    name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
     """Show a running engine: model, device, policy, KV cache and requests."""
     out = Output(json_out)
-    with client_for(socket, name) as client:
+    with client_for(socket, name, url=url, api_key=api_key) as client:
         answer = client.engine()
     out.result(answer, lambda: render_status(answer))
 
@@ -123,6 +129,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _wait_until_unreachable(client: ControlClient, health: dict[str, Any], timeout: float) -> None:
+    """A remote engine is gone when its port stops answering (its files are not ours to see)."""
+    from sage_cli.client import EngineUnavailable
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.close()
+            client.health()
+        except EngineUnavailable:
+            return
+        time.sleep(_POLL_S)
+    raise CLITimeout(
+        f"the engine (pid {health.get('pid', '?')}) at {client.address} did not exit within {timeout:g} s"
+    )
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -134,6 +157,8 @@ def _read_pid(path: Path) -> int | None:
 def stop(
     socket: SocketOpt = None,
     name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -144,14 +169,20 @@ def stop(
 ) -> None:
     """Stop a running engine: it finishes the requests in flight, then exits.
 
-    Waits until the engine has removed its socket and pid file.
+    Waits until the engine has removed its socket and pid file (with --url: until it stops
+    answering).
     """
     from sage_cli.paths import pid_path
 
     out = Output(json_out)
-    with client_for(socket, name) as client:
+    with client_for(socket, name, url=url, api_key=api_key) as client:
         health = client.health()
         client.shutdown()
+    if url is not None:
+        _wait_until_unreachable(client, health, timeout)
+        result = {"status": "stopped", "name": health.get("name"), "pid": health.get("pid"), "url": url}
+        out.result(result, lambda: f"Engine {health.get('name', '?')!s} (pid {health.get('pid')}) stopped")
+        return
     sock = client.socket
     pid_file = pid_path(sock)
     pid = health.get("pid") if isinstance(health.get("pid"), int) else _read_pid(pid_file)
@@ -238,7 +269,11 @@ def _start_in_background(config: EngineConfig, timeout: float, out: Output) -> N
     from sage_cli.spawn import spawn_engine
 
     started = spawn_engine(
-        config.to_json(), socket=config.socket_path, log_path=config.engine_log_path, timeout=timeout
+        config.to_json(),
+        socket=config.socket_path,
+        log_path=config.engine_log_path,
+        timeout=timeout,
+        api_key=config.api_key,
     )
     pid = started.health.get("pid")
     result = {
@@ -442,6 +477,34 @@ def start(
             default="0",
         ),
     ] = None,
+    host: Annotated[
+        str | None,
+        _opt("--host", metavar="HOST", help="Also serve the API over TCP on this address (needs --port)."),
+    ] = None,
+    port: Annotated[
+        int | None, _opt("--port", metavar="PORT", min=1, max=65535, help="The TCP port.")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        _opt(
+            "--api-key",
+            metavar="KEY",
+            help="Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY).",
+        ),
+    ] = None,
+    ssl_certfile: Annotated[
+        Path | None, _opt("--ssl-certfile", metavar="PEM", dir_okay=False, help="Serve TCP over TLS.")
+    ] = None,
+    ssl_keyfile: Annotated[
+        Path | None, _opt("--ssl-keyfile", metavar="PEM", dir_okay=False, help="The TLS private key.")
+    ] = None,
+    insecure_no_api_key: Annotated[
+        bool | None,
+        _opt(
+            "--insecure-no-api-key",
+            help="Serve TCP without an API key (anyone reaching the port may use it).",
+        ),
+    ] = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -488,6 +551,12 @@ def start(
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "seed": seed,
+        "host": host,
+        "port": port,
+        "api_key": api_key,
+        "ssl_certfile": ssl_certfile,
+        "ssl_keyfile": ssl_keyfile,
+        "insecure_no_api_key": insecure_no_api_key,
     }
     config = _resolve_start_config(flags, config_file)
     _refuse_a_live_engine(config)

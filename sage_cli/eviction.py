@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sage_cli.errors import CLIUsageError
-from sage_cli.options import JsonOpt, NameOpt, ParamOpt, PolicyOpt, SocketOpt, client_for, parse_params
+from sage_cli.options import (
+    ApiKeyOpt,
+    JsonOpt,
+    NameOpt,
+    ParamOpt,
+    PolicyOpt,
+    SocketOpt,
+    UrlOpt,
+    client_for,
+    parse_params,
+)
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
@@ -241,6 +251,8 @@ IntervalOpt = Annotated[
 def stats(
     socket: SocketOpt = None,
     name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
     watch: WatchOpt = False,
     interval: IntervalOpt = 1.0,
@@ -255,7 +267,7 @@ def stats(
     engine's object is printed as is; with --watch --json one JSON line per refresh.
     """
     out = Output(json_out)
-    with client_for(socket, name) as client:
+    with client_for(socket, name, url=url, api_key=api_key) as client:
         if not watch:
             answer = client.eviction_stats()
             out.result(answer, lambda: render_stats(answer, verbose=verbose))
@@ -285,6 +297,8 @@ def stats(
 def logs(
     socket: SocketOpt = None,
     name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     tail: Annotated[int, typer.Option("--tail", min=0, metavar="N", help="Show the last N events.")] = 50,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
@@ -318,7 +332,7 @@ def logs(
             for event in _read_log_file(file, tail, follow):
                 show(event)
             return
-        with client_for(socket, name) as client:
+        with client_for(socket, name, url=url, api_key=api_key) as client:
             if follow:
                 for event in client.follow_eviction_logs(tail):
                     show(event)
@@ -393,6 +407,8 @@ def set_policy(
     param: ParamOpt = None,
     socket: SocketOpt = None,
     name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Hot-swap the eviction policy of a running engine.
@@ -402,7 +418,7 @@ def set_policy(
     """
     params = parse_params(param)
     out = Output(json_out)
-    with client_for(socket, name) as client:
+    with client_for(socket, name, url=url, api_key=api_key) as client:
         answer = client.set_policy(policy.strip(), params)
     out.result(answer, lambda: render_swap(answer))
 
@@ -411,10 +427,12 @@ def set_policy(
 def policies(
     socket: SocketOpt = None,
     name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """List the eviction policies a running engine offers, with their params and papers."""
     out = Output(json_out)
-    with client_for(socket, name) as client:
+    with client_for(socket, name, url=url, api_key=api_key) as client:
         answer = client.eviction_policies()
     out.result(answer, lambda: policies_table(answer))

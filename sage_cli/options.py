@@ -5,6 +5,7 @@ def stats(socket: SocketOpt = None, name: NameOpt = None, json_out: JsonOpt = Fa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,6 +22,8 @@ __all__ = [
     "ParamOpt",
     "PolicyOpt",
     "SocketOpt",
+    "UrlOpt",
+    "ApiKeyOpt",
     "client_for",
     "parse_params",
     "start_hint",
@@ -43,6 +46,26 @@ NameOpt = Annotated[
         "-n",
         metavar="NAME",
         help="Name of the engine (default: $SAGE_NAME, else 'default'); picks its socket.",
+        show_default=False,
+    ),
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        metavar="URL",
+        envvar="SAGE_URL",
+        help="Reach an engine over TCP at http(s)://HOST:PORT instead of its socket ($SAGE_URL).",
+        show_default=False,
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        metavar="KEY",
+        envvar="SAGE_API_KEY",
+        help="API key of an engine reached with --url ($SAGE_API_KEY).",
         show_default=False,
     ),
 ]
@@ -94,11 +117,27 @@ def start_hint(socket: Path | None, name: str | None) -> str:
     return "sage llm engine start --detach"
 
 
-def client_for(socket: Path | None, name: str | None, *, timeout: float | None = None) -> ControlClient:
-    """A control client for the engine that ``--socket``/``--name`` (or the environment) name."""
+def client_for(
+    socket: Path | None,
+    name: str | None,
+    *,
+    timeout: float | None = None,
+    url: str | None = None,
+    api_key: str | None = None,
+) -> ControlClient:
+    """A control client for the engine that ``--socket``/``--name`` (or the environment) name,
+    or for the TCP engine at ``--url`` (with ``--api-key``; ``$SAGE_CA_FILE`` trusts a private CA).
+    """
+    import os
+
     from sage_cli.client import DEFAULT_TIMEOUT_S, ControlClient
     from sage_cli.paths import resolve_socket
 
+    if url is not None:
+        if socket is not None:
+            raise CLIUsageError("--url and --socket are exclusive: reach the engine one way")
+        if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", url):
+            raise CLIUsageError(f"--url {url!r} is not http(s)://HOST:PORT")
     try:
         path = resolve_socket(socket, name)
     except ValueError as exc:
@@ -107,4 +146,7 @@ def client_for(socket: Path | None, name: str | None, *, timeout: float | None =
         path,
         timeout=timeout if timeout is not None else DEFAULT_TIMEOUT_S,
         start_hint=start_hint(socket, name),
+        url=url,
+        api_key=api_key,
+        ca_file=os.environ.get("SAGE_CA_FILE") or None,
     )

@@ -37,8 +37,13 @@ class EngineProcess:
     health: dict[str, Any]
 
 
-def spawn_engine(config_json: str, *, socket: Path, log_path: Path, timeout: float) -> EngineProcess:
+def spawn_engine(
+    config_json: str, *, socket: Path, log_path: Path, timeout: float, api_key: str = ""
+) -> EngineProcess:
     """Start an engine with `config_json` (an `EngineConfig` as JSON) and wait for its health.
+
+    `api_key` (of a TCP listener) goes to the engine in its environment, never on its command
+    line, where any local user could read it.
 
     Raises:
         CLIError: The engine exited while starting; the message gives its last log line.
@@ -57,6 +62,7 @@ def spawn_engine(config_json: str, *, socket: Path, log_path: Path, timeout: flo
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env={**os.environ, "SAGE_API_KEY": api_key} if api_key else None,
         )
     deadline = time.monotonic() + timeout
     with ControlClient(socket, timeout=2.0) as client:

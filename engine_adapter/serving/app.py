@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine_adapter.serving.requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    MAX_BODY_BYTES,
     POLICY_FIELDS,
     ApiError,
     ChatCompletion,
@@ -96,12 +97,14 @@ class AppState:
         socket: The socket it is served on, reported by ``GET /v1/engine``.
         started: When the app was built (``GET /v1/models``' ``created``).
         request_shutdown: Drains the engine and stops the server; called once.
+        max_body_bytes: The largest request body; beyond it a 413.
     """
 
     engine: Engine
     socket: str | None
     started: int
     request_shutdown: Callable[[], None]
+    max_body_bytes: int = MAX_BODY_BYTES
     _shutdown_lock: threading.Lock = field(default_factory=threading.Lock)
     _shutdown_requested: bool = False
 
@@ -332,5 +335,6 @@ def build_app(
         socket=str(socket_path) if socket_path is not None else None,
         started=int(time.time()),
         request_shutdown=request_shutdown or drain_in_background,
+        max_body_bytes=getattr(getattr(engine, "config", None), "max_body_bytes", MAX_BODY_BYTES),
     )
     return app

@@ -99,6 +99,19 @@ class EngineConfig:
         max_num_seqs: Running sequences per step.
         max_num_batched_tokens: Tokens per step (prefill chunks and decodes).
         seed: Seed of sampling for requests that give none (sampled requests are then reproducible).
+        max_body_bytes: Largest request body (``"16MiB"`` accepted); beyond it a 413.
+        header_timeout: Seconds a client has to send a request's headers (from its connection
+            or its previous answer); then a 408 and the connection is closed.
+        body_timeout: Seconds a client has to send the body once the headers are in; then a 408.
+        keep_alive_timeout: Seconds an idle keep-alive connection stays open.
+        max_connections: Open connections beyond this get a 503 at once and are closed.
+        host: Also serve the API over TCP on this address (the socket stays); empty: no TCP.
+        port: The TCP port; with `host`.
+        api_key: The key every TCP request must send as ``Authorization: Bearer KEY`` (all
+            but ``/health``); never written by `to_dict` (pass it as ``$SAGE_API_KEY``).
+        ssl_certfile: PEM certificate: serve TCP over TLS (with `ssl_keyfile`).
+        ssl_keyfile: PEM private key of `ssl_certfile`.
+        insecure_no_api_key: Allow TCP without an API key (anyone who reaches the port may use it).
     """
 
     model: str = "sage-tiny"
@@ -122,6 +135,19 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     seed: int = 0
+    # HTTP limits (docs/architecture.md, "Control API"): defaults fit a local engine.
+    max_body_bytes: int = 16 * 1024 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 512
+    # TCP for remote clients, beside the socket.
+    host: str = ""
+    port: int | None = None
+    api_key: str = field(default="", repr=False)
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    insecure_no_api_key: bool = False
 
     def __post_init__(self) -> None:
         # Check every value (a config built in code gets the same checks as one from a file),
@@ -144,6 +170,25 @@ class EngineConfig:
                 f"socket path {shorten(self.socket)} is {length} bytes; a Unix socket path holds at most "
                 f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
             )
+        self._check_tcp()
+
+    def _check_tcp(self) -> None:
+        """TCP needs a host and a port together, an API key unless waived, and TLS files in pairs."""
+        if bool(self.host) != (self.port is not None):
+            raise ConfigError("host and port go together: give both to serve over TCP, or neither")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ConfigError("ssl_certfile and ssl_keyfile go together: give both for TLS")
+        if self.ssl_certfile and not self.host:
+            raise ConfigError("ssl_certfile is for TCP: give host and port too")
+        if self.host and not self.api_key and not self.insecure_no_api_key:
+            raise ConfigError(
+                "refusing to listen on TCP without an API key: give --api-key (or $SAGE_API_KEY), "
+                "or say --insecure-no-api-key"
+            )
+
+    @property
+    def serves_tcp(self) -> bool:
+        return bool(self.host)
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -167,7 +212,8 @@ class EngineConfig:
     # -- serialisation ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every key but the API key (this goes on command lines and in logs)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -344,6 +390,28 @@ def _size(value: Any, where: str) -> int:
     return size
 
 
+def _host(value: Any, where: str) -> str:
+    if not isinstance(value, str) or any(c.isspace() or c in "/[]" for c in value.strip()):
+        raise _fail(where, value, "a host name or IP address")
+    return value.strip()
+
+
+def _port(value: Any, where: str) -> int:
+    port = _int(1)(value, where)
+    if port > 65535:
+        raise ConfigError(f"{where}: {port} is not a TCP port (1..65535)")
+    return port
+
+
+def _secret(value: Any, where: str) -> str:
+    # Never echo the value: it is a credential.
+    if not isinstance(value, str) or any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(f"{where}: not a usable API key (printable, no spaces)")
+    if value and len(value) < 16:
+        raise ConfigError(f"{where}: an API key of {len(value)} characters is too short (16 at least)")
+    return value
+
+
 def _params(value: Any, where: str) -> dict[str, Any]:
     """A mapping (YAML, JSON), a list of ``k=v`` (repeated flags) or ``"k=v,k=v"`` (env)."""
     if isinstance(value, str):
@@ -392,6 +460,17 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "max_num_seqs": _int(1),
     "max_num_batched_tokens": _int(1),
     "seed": _int(0),
+    "max_body_bytes": _size,
+    "header_timeout": _float(0.0, None, low_open=True),
+    "body_timeout": _float(0.0, None, low_open=True),
+    "keep_alive_timeout": _float(0.0, None, low_open=True),
+    "max_connections": _int(1),
+    "host": _host,
+    "port": _port,
+    "api_key": _secret,
+    "ssl_certfile": _path,
+    "ssl_keyfile": _path,
+    "insecure_no_api_key": _bool,
 }
 assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(EngineConfig)}, "a key without a converter"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 __all__ = [
@@ -155,14 +155,34 @@ def endpoint(fn: Endpoint) -> Endpoint:
     return wrapper
 
 
+def _body_limit(request: Request) -> int:
+    """The engine's ``max_body_bytes`` (in `AppState`), else the default."""
+    state = getattr(getattr(request.app, "state", None), "sage", None)
+    return int(getattr(state, "max_body_bytes", MAX_BODY_BYTES))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, read as a stream that stops at `limit` bytes: a 413 before it is all in memory."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, "request_too_large", f"body of {length} bytes exceeds {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "request_too_large", f"body of more than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Gone (or cut off at its body deadline): nobody reads the answer; no traceback either.
+        raise ApiError(400, "client_disconnected", "the client closed the connection mid-body") from None
+    return b"".join(chunks)
+
+
 async def json_body(request: Request, allowed: frozenset[str], what: str) -> dict[str, Any]:
     """The request's body as a JSON object with no field outside `allowed`."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ApiError(413, "request_too_large", f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, "request_too_large", f"body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+    raw = await _read_body(request, _body_limit(request))
     if not raw.strip():
         raise ApiError(400, "invalid_json", f"{what}: the body is empty; send a JSON object")
     try:

@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from engine_adapter.serving.app import build_app
+from engine_adapter.serving.auth import ApiKeyGate
+from engine_adapter.serving.http_limits import HttpLimits, limited_protocol, raise_open_file_limit
 
 if TYPE_CHECKING:
     from engine_adapter.serving.config import EngineConfig
@@ -159,7 +161,7 @@ class _Stopper:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.server: Any = None
+        self.servers: list[Any] = []  # the socket's server first, then the TCP one if any
         self._lock = threading.Lock()
         self._draining = False
 
@@ -177,7 +179,8 @@ class _Stopper:
         except Exception as exc:
             log.error("engine shutdown failed", exc_info=exc)
         finally:
-            self.server.should_exit = True
+            for server in self.servers:
+                server.should_exit = True
 
     def on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
@@ -188,8 +191,9 @@ class _Stopper:
         threading.Thread(
             target=lambda: self.engine.shutdown(drain=False, timeout=5.0), name="sage-abort", daemon=True
         ).start()
-        self.server.should_exit = True
-        self.server.force_exit = True
+        for server in self.servers:
+            server.should_exit = True
+            server.force_exit = True
 
 
 class _StartupInterrupted(Exception):
@@ -249,17 +253,24 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
     pid_inode: int | None = None
     engine: Engine | None = None
     previous_sigterm = signal.getsignal(signal.SIGTERM)
+    tcp_sock: socket.socket | None = None
     try:
         pid_inode = _write_pid_file(pid_path)
+        opened = _open_tcp(config)
+        if isinstance(opened, int):
+            return opened
+        tcp_sock = opened
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _interrupt_startup)
         started = _start_engine(config)
         if isinstance(started, int):
             return started
         engine = started
-        _serve_until_stopped(engine, sock, socket_path)
+        _serve_until_stopped(engine, sock, socket_path, tcp_sock)
         return 0
     finally:
+        if tcp_sock is not None:
+            tcp_sock.close()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_sigterm)
         if engine is not None and not engine.stopped:
@@ -268,6 +279,29 @@ def serve(config: EngineConfig, *, log_level: str | None = None) -> int:
         sock.close()
         _remove_if_ours(socket_path, socket_inode)
         _remove_if_ours(pid_path, pid_inode)
+
+
+def _open_tcp(config: EngineConfig) -> socket.socket | int | None:
+    """The bound TCP listener when the config asks for one (None when not), or the exit code 1
+    when the address cannot be bound or the TLS files cannot be loaded (the error is printed)."""
+    if not config.serves_tcp or config.port is None:
+        return None
+    where = f"{config.host}:{config.port}"
+    if config.ssl_certfile:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                config.ssl_certfile, config.ssl_keyfile
+            )
+        except (OSError, ssl.SSLError) as exc:
+            print(f"sage engine: cannot load the TLS certificate and key: {exc}", file=sys.stderr)
+            return 1
+    try:
+        return bind_tcp_socket(config.host, config.port)
+    except OSError as exc:
+        print(f"sage engine: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 def _write_pid_file(pid_path: Path) -> int:
@@ -296,25 +330,70 @@ def _start_engine(config: EngineConfig) -> Engine | int:
     return engine
 
 
-def _serve_until_stopped(engine: Engine, sock: socket.socket, socket_path: Path) -> None:
-    """Run uvicorn on the bound socket until a signal or the API stops it, then drain."""
+def bind_tcp_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host`:`port` (IPv4 or IPv6), bound before the model loads.
+
+    Raises:
+        OSError: The address is taken or cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _uvicorn_config(app: Any, limits: HttpLimits, **extra: Any) -> Any:
     import uvicorn
 
-    stopper = _Stopper(engine)
-    app = build_app(engine, socket_path=socket_path, request_shutdown=lambda: stopper.request("api"))
-    uv_config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         log_config=None,
         access_log=False,
         lifespan="off",
+        http=limited_protocol(limits),
         timeout_graceful_shutdown=30,  # after the drain: time for the answers to be written
-        timeout_keep_alive=5,
+        timeout_keep_alive=int(max(1, round(limits.keep_alive_timeout))),
+        **extra,
     )
-    stopper.server = _uvicorn_server(uv_config, stopper.on_signal)
+
+
+def _tcp_server(config: EngineConfig, app: Any, limits: HttpLimits) -> Any:
+    """The uvicorn server of the TCP listener: the same app behind the API key, TLS when asked."""
+    import uvicorn
+
+    class TcpServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # the socket's server handles the signals for both
+
+    gated = ApiKeyGate(app, config.api_key) if config.api_key else app
+    tls = (
+        {"ssl_certfile": config.ssl_certfile, "ssl_keyfile": config.ssl_keyfile}
+        if config.ssl_certfile
+        else {}
+    )
+    return TcpServer(_uvicorn_config(gated, limits, **tls))
+
+
+def _serve_until_stopped(
+    engine: Engine, sock: socket.socket, socket_path: Path, tcp_sock: socket.socket | None = None
+) -> None:
+    """Run uvicorn on the bound socket (and TCP listener) until a signal or the API stops it, then drain."""
+    config = engine.config
+    limits = HttpLimits.from_config(config)
+    raise_open_file_limit(limits.max_connections * (2 if tcp_sock is not None else 1) + 256)
+    stopper = _Stopper(engine)
+    app = build_app(engine, socket_path=socket_path, request_shutdown=lambda: stopper.request("api"))
+    stopper.servers.append(_uvicorn_server(_uvicorn_config(app, limits), stopper.on_signal))
+    listeners = [(stopper.servers[0], sock)]
+    if tcp_sock is not None:
+        stopper.servers.append(_tcp_server(config, app, limits))
+        listeners.append((stopper.servers[1], tcp_sock))
     info = engine.info()
     log.info(
         "engine serving",
         socket=str(socket_path),
+        tcp=f"{config.host}:{config.port}{' (TLS)' if config.ssl_certfile else ''}" if tcp_sock else None,
         pid=os.getpid(),
         name=engine.name,
         model=info.get("model"),
@@ -322,9 +401,13 @@ def _serve_until_stopped(engine: Engine, sock: socket.socket, socket_path: Path)
         device=info.get("device"),
         num_blocks=info.get("num_blocks"),
     )
+
+    async def serve_all() -> None:
+        await asyncio.gather(*(server.serve(sockets=[listener]) for server, listener in listeners))
+
     # _StartupInterrupted: a SIGTERM in the instant before uvicorn took the signals over.
     with contextlib.suppress(_StartupInterrupted):
-        stopper.server.run(sockets=[sock])
+        asyncio.run(serve_all())
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # already stopping; the cleanup is short
     if not engine.stopped:  # uvicorn stopped on its own: still drain what is running
@@ -348,8 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(raw, dict):
         print("sage engine: --config-json must be a JSON object", file=sys.stderr)
         return 2
-    from engine_adapter.serving.config import EngineConfig
+    from engine_adapter.serving.config import EngineConfig, env_var
 
+    # The API key never travels on the command line (other users can read it there): it comes
+    # from the environment the CLI started us with.
+    api_key = os.environ.get(env_var("api_key"), "")
+    if api_key and "api_key" not in raw:
+        raw["api_key"] = api_key
     try:
         config = EngineConfig.from_dict(raw, source="--config-json")
     except (TypeError, ValueError) as exc:
