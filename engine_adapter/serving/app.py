@@ -281,6 +281,13 @@ async def metrics(request: Request) -> Response:
     return Response(await asyncio.to_thread(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)
 
 
+@endpoint
+async def openapi(request: Request) -> Response:
+    from engine_adapter.serving.openapi import openapi_document
+
+    return json_response(openapi_document())
+
+
 ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/v1/engine", engine_info, methods=["GET"]),
@@ -294,6 +301,7 @@ ROUTES = [
     Route("/v1/cache/reset", reset_cache, methods=["POST"]),
     Route("/v1/engine/shutdown", shutdown, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
 ]
 
 

@@ -13,6 +13,7 @@
     POST /v1/cache/reset           drop every unreferenced cached block -> {"freed_blocks"}
     POST /v1/engine/shutdown       {"status": "draining"}, then a draining shutdown
     GET  /metrics                  Prometheus text
+    GET  /openapi.json             the OpenAPI 3.1 document of all of this (docs/openapi.json)
 
 The app itself (one handler per endpoint) is `engine_adapter.serving.app`, its request parsing
 `engine_adapter.serving.requests`, its NDJSON and SSE streams `engine_adapter.serving.streams`;

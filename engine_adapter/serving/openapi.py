@@ -1,0 +1,306 @@
+"""The control API's contract: an OpenAPI 3.1 document, served at ``GET /openapi.json``.
+
+It is built here, in one place, from small schema helpers; ``docs/openapi.json`` is the same
+document checked into the repository (``python -m engine_adapter.serving.openapi > docs/openapi.json``
+writes it, and a test keeps the two equal). A schemathesis run against a live engine checks that
+every answer matches it and that no request gets a 5xx (tests/test_openapi_contract.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+Schema = dict[str, Any]
+
+_ERROR_STATUSES = {
+    "400": "A malformed or invalid request; the message names the field.",
+    "401": "Over TCP: a missing or wrong API key.",
+    "404": "A model other than the one served.",
+    "408": "The headers or the body did not arrive in time.",
+    "413": "The body is over the engine's max_body_bytes.",
+    "503": "The engine is shutting down, or too many connections are open.",
+}
+
+
+def _obj(
+    required: dict[str, Schema], optional: dict[str, Schema] | None = None, *, extra: bool = True
+) -> Schema:
+    """An object schema with `required` properties (and `optional` ones)."""
+    schema: Schema = {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": sorted(required),
+    }
+    if not extra:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+INT: Schema = {"type": "integer"}
+NUM: Schema = {"type": "number"}
+STR: Schema = {"type": "string"}
+BOOL: Schema = {"type": "boolean"}
+MAP: Schema = {"type": "object"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _json(schema: Schema, description: str) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: str) -> dict[str, Schema]:
+    codes = statuses or tuple(_ERROR_STATUSES)
+    return {code: _json(_ref("Error"), _ERROR_STATUSES[code]) for code in codes}
+
+
+def _operation(
+    summary: str, ok: Schema, *, body: Schema | None = None, params: list[Schema] | None = None
+) -> Schema:
+    operation: Schema = {"summary": summary, "responses": {"200": ok, **_errors()}}
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if params:
+        operation["parameters"] = params
+    return operation
+
+
+def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Schema]) -> Schema:
+    """The fields of a completion or chat request: OpenAI's that sage serves, and sage's own."""
+    fields: dict[str, Schema] = {
+        "model": _nullable(STR),
+        "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "temperature": _nullable({"type": "number", "minimum": 0}),
+        "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "top_k": _nullable({"type": "integer", "minimum": -1}),
+        "stop": _nullable({"anyOf": [STR, {"type": "array", "items": STR}]}),
+        "seed": _nullable(INT),
+        "stream": _nullable(BOOL),
+        "stream_options": _nullable(_obj({}, {"include_usage": _nullable(BOOL)}, extra=False)),
+        "user": _nullable(STR),
+        "n": _nullable({"type": "integer", "const": 1}),
+        "logprobs": {"enum": [None, 0, False]},
+        "priority": _nullable(INT),
+        "tenant": _nullable(STR),
+        "cache_salt": _nullable({"type": "string", "minLength": 1}),
+        "ignore_eos": _nullable(BOOL),
+    }
+    schema = _obj({prompt_field: prompt}, {**fields, **extra}, extra=False)
+    # stream_options only with stream: true.
+    schema["if"] = {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]}
+    schema["then"] = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+    return schema
+
+
+def _completion_answer(object_name: str, choice: Schema) -> Schema:
+    ok = _obj(
+        {
+            "id": STR,
+            "object": {"const": object_name},
+            "created": INT,
+            "model": _nullable(STR),
+            "choices": {"type": "array", "items": choice},
+            "usage": _obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT}),
+        }
+    )
+    return {
+        "description": "The whole answer; with stream: true, server-sent events of chunks ending in [DONE].",
+        "content": {
+            "application/json": {"schema": ok},
+            "text/event-stream": {"schema": {"anyOf": [MAP, STR]}},
+        },
+    }
+
+
+def _paths() -> dict[str, Schema]:
+    finish = _nullable(STR)
+    text_choice = _obj({"index": INT, "text": STR, "finish_reason": finish})
+    chat_choice = _obj(
+        {"index": INT, "message": _obj({"role": STR, "content": STR}), "finish_reason": finish}
+    )
+    text_part = _obj({"type": {"const": "text"}, "text": STR})
+    content = {"anyOf": [STR, {"type": "array", "items": text_part}, {"type": "null"}]}
+    message = _obj(
+        {"role": {"enum": ["system", "user", "assistant", "tool", "developer"]}}, {"content": content}
+    )
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    # A string or token ids; a batch of exactly one of either is taken as that one.
+    prompt = {
+        "anyOf": [
+            text,
+            ids,
+            {"type": "array", "items": text, "minItems": 1, "maxItems": 1},
+            {"type": "array", "items": ids, "minItems": 1, "maxItems": 1},
+        ]
+    }
+    return {
+        "/health": {
+            "get": _operation("Liveness", _json(_obj({"status": STR, "name": STR, "pid": INT}), "Alive"))
+        },
+        "/v1/engine": {
+            "get": _operation(
+                "The engine: model, device, policy, pool, requests", _json(_ref("Engine"), "Info")
+            )
+        },
+        "/v1/eviction/stats": {
+            "get": _operation("Eviction statistics", _json(_ref("EvictionStats"), "Stats"))
+        },
+        "/v1/eviction/policies": {
+            "get": _operation(
+                "The policies and their params, and the active one",
+                _json(
+                    _obj({"active": STR, "policies": {"type": "array", "items": _ref("Policy")}}), "Policies"
+                ),
+            )
+        },
+        "/v1/eviction/policy": {
+            "put": _operation(
+                "Hot swap of the eviction policy",
+                _json(
+                    _obj(
+                        {
+                            "old": _ref("PolicyRef"),
+                            "new": _ref("PolicyRef"),
+                            "swap_time_s": NUM,
+                            "entries": INT,
+                        }
+                    ),
+                    "Swapped",
+                ),
+                body=_obj(
+                    {"policy": {"type": "string", "minLength": 1}}, {"params": _nullable(MAP)}, extra=False
+                ),
+            )
+        },
+        "/v1/eviction/logs": {
+            "get": _operation(
+                "The last eviction events; with follow=true, NDJSON as they happen",
+                {
+                    "description": "The events (or their NDJSON stream)",
+                    "content": {
+                        "application/json": {"schema": _obj({"events": {"type": "array", "items": MAP}})},
+                        "application/x-ndjson": {"schema": STR},
+                    },
+                },
+                params=[
+                    {
+                        "name": "tail",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+                    },
+                    {"name": "follow", "in": "query", "schema": {"type": "boolean"}},
+                ],
+            )
+        },
+        "/v1/completions": {
+            "post": _operation(
+                "OpenAI-compatible text completion",
+                _completion_answer("text_completion", text_choice),
+                body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+            )
+        },
+        "/v1/chat/completions": {
+            "post": _operation(
+                "OpenAI-compatible chat completion, rendered with the model's chat template",
+                _completion_answer("chat.completion", chat_choice),
+                body=_completion_request(
+                    "messages",
+                    {"type": "array", "items": message, "minItems": 1},
+                    {"max_completion_tokens": _nullable({"type": "integer", "minimum": 1})},
+                ),
+            )
+        },
+        "/v1/models": {
+            "get": _operation(
+                "The served model",
+                _json(_obj({"object": {"const": "list"}, "data": {"type": "array", "items": MAP}}), "Models"),
+            )
+        },
+        "/v1/cache/reset": {
+            "post": _operation(
+                "Drop every unreferenced cached block", _json(_obj({"freed_blocks": INT}), "Reset")
+            )
+        },
+        "/v1/engine/shutdown": {
+            "post": _operation(
+                "Drain and stop the engine", _json(_obj({"status": {"const": "draining"}}), "Draining")
+            )
+        },
+        "/metrics": {
+            "get": _operation(
+                "Prometheus metrics",
+                {"description": "Prometheus text exposition", "content": {"text/plain": {"schema": STR}}},
+            )
+        },
+        "/openapi.json": {"get": _operation("This document", _json(MAP, "The OpenAPI document"))},
+    }
+
+
+def _components() -> Schema:
+    policy_ref = _obj({"name": STR, "params": MAP})
+    return {
+        "schemas": {
+            "Error": _obj({"error": _obj({"type": STR, "message": STR})}),
+            "PolicyRef": policy_ref,
+            "Policy": _obj({"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"paper": STR}),
+            "Engine": _obj(
+                {
+                    "name": STR,
+                    "model": _nullable(STR),
+                    "pid": INT,
+                    "device": STR,
+                    "policy": policy_ref,
+                    "num_blocks": INT,
+                    "block_size": INT,
+                    "requests": _obj({"running": INT, "waiting": INT, "finished": INT}),
+                },
+                {"started_at": NUM, "uptime_s": NUM, "socket": _nullable(STR), "loop_error": _nullable(STR)},
+            ),
+            "EvictionStats": _obj(
+                {
+                    "policy": STR,
+                    "total_evictions": INT,
+                    "hit_rate": NUM,
+                    "re_prefill_rate": NUM,
+                    "memory_utilization": NUM,
+                    "total_blocks": INT,
+                    "used_blocks": INT,
+                    "free_blocks": INT,
+                    "evictions_by_reason": MAP,
+                    "evictions_by_policy": MAP,
+                    "preemptions": INT,
+                    "policy_swaps": INT,
+                }
+            ),
+        },
+        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the control API (docs/architecture.md, "Control API")."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "sage engine control API",
+            "version": "1",
+            "description": "Served on the engine's Unix socket, and over TCP behind a bearer API key "
+            "(every path but /health) when the engine is started with --host and --port.",
+        },
+        "paths": _paths(),
+        "components": _components(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(openapi_document(), indent=2, sort_keys=True))

@@ -1,0 +1,114 @@
+"""The control API against its OpenAPI document: schemathesis drives a live engine over its socket.
+
+Every operation gets generated requests (bounded examples); no answer may be a 5xx or stray from
+the document (status, content type, schema), and the engine must still serve afterwards. The
+document served at ``/openapi.json`` is the one checked in at ``docs/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine_adapter.serving.openapi import openapi_document
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DOCUMENT = openapi_document()
+SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
+# Draining the engine ends the run: it is called once, last, by its own test.
+FUZZED = SCHEMA.exclude(path="/v1/engine/shutdown")
+
+
+def test_the_checked_in_document_is_the_served_one() -> None:
+    committed = json.loads((REPO / "docs" / "openapi.json").read_text(encoding="utf-8"))
+    assert committed == DOCUMENT, "regenerate: python -m engine_adapter.serving.openapi > docs/openapi.json"
+    assert DOCUMENT["openapi"] == "3.1.0"
+
+
+@pytest.fixture(scope="module")
+def engine_socket() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="sg-oa-", dir="/tmp"))
+    sock = folder / "e.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    env.update(SAGE_HOME=str(folder / "home"), PYTHONPATH=str(REPO))
+    args = ["llm", "engine", "start", "sage-tiny", "--num-blocks", "64", "--device", "cpu", "--detach"]
+    args += ["--socket", str(sock), "--max-num-seqs", "8"]
+    started = subprocess.run(
+        [sys.executable, "-m", "sage_cli.app", *args], env=env, capture_output=True, text=True
+    )
+    assert started.returncode == 0, started.stderr
+    yield sock
+    subprocess.run(
+        [sys.executable, "-m", "sage_cli.app", "llm", "engine", "stop", "--socket", str(sock)], env=env
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def send(sock: Path, case: Any) -> httpx.Response:
+    kwargs = case.as_transport_kwargs(base_url="http://sage")
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=60) as client:
+        return client.request(
+            kwargs["method"],
+            kwargs["url"],
+            params=kwargs.get("params"),
+            headers=kwargs.get("headers"),
+            json=kwargs.get("json"),
+            content=kwargs.get("data"),
+        )
+
+
+def bounded(case: Any) -> bool:
+    """Requests that would run unbounded here: a follow stream never ends, and a generation of
+    millions of tokens on a CPU would outlast the run (the engine takes them; they are just long)."""
+    query = case.query or {}
+    if str(query.get("follow", "")).lower() in ("true", "1"):
+        return False
+    body = case.body if isinstance(case.body, dict) else {}
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and value > 16:
+            body[field] = 16
+    if "max_tokens" not in body and "max_completion_tokens" not in body and isinstance(case.body, dict):
+        body["max_tokens"] = 4
+    return True
+
+
+@pytest.mark.slow
+@FUZZED.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_keeps_to_the_document(case: Any, engine_socket: Path) -> None:
+    if not bounded(case):
+        return
+    response = send(engine_socket, case)
+    assert response.status_code < 500, (case.method, case.path, response.text[:300])
+    # Not positive_data_acceptance: a schema cannot say every rule of the API (token ids within
+    # the model's vocabulary, a policy name the registry knows), so a 400 to a schema-valid
+    # request is allowed; a schema-violating one must still be refused (negative_data_rejection).
+    case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance])
+
+
+@pytest.mark.slow
+def test_the_engine_still_serves_and_drains_by_the_document(engine_socket: Path) -> None:
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(engine_socket)), base_url="http://sage"
+    ) as client:
+        answer = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert client.get("/openapi.json").json() == DOCUMENT
+    shutdown = SCHEMA["/v1/engine/shutdown"]["POST"].Case()
+    response = send(engine_socket, shutdown)
+    assert response.status_code == 200
+    shutdown.validate_response(response)
