@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -88,7 +89,10 @@ def start_engine(*extra: str, scheme: str = "http", env_extra: dict[str, str] | 
 
 
 def stop_engine(engine: Engine) -> None:
-    engine.sage("llm", "engine", "stop", "--socket", str(engine.socket))
+    stopped = engine.sage("llm", "engine", "stop", "--socket", str(engine.socket))
+    pid_file = engine.socket.with_name("e.pid")
+    if stopped.returncode != 0 and pid_file.exists():  # a failed test may have left it unreachable
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
     shutil.rmtree(engine.folder, ignore_errors=True)
 
 

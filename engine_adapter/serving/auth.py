@@ -9,8 +9,9 @@ of a guessed key was right.
 from __future__ import annotations
 
 import hmac
-import json
 from typing import Any
+
+from engine_adapter.serving.requests import error_json
 
 __all__ = ["ApiKeyGate"]
 
@@ -37,14 +38,7 @@ class ApiKeyGate:
         if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or self.authorized(scope["headers"]):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(
-            {
-                "error": {
-                    "type": "unauthorized",
-                    "message": "missing or wrong API key (Authorization: Bearer KEY)",
-                }
-            }
-        ).encode()
+        body = error_json("unauthorized", "missing or wrong API key (Authorization: Bearer KEY)")
         await send(
             {
                 "type": "http.response.start",

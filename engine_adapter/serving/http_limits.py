@@ -18,13 +18,14 @@ as a stream and stops at the limit.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from engine_adapter.serving.requests import error_json
 
 if TYPE_CHECKING:
     from engine_adapter.serving.config import EngineConfig
@@ -62,7 +63,7 @@ def _raw_error(status: int, type_: str, message: str) -> bytes:
 
     Written as bytes because h11 cannot send an answer to a request it has not seen whole.
     """
-    body = json.dumps({"error": {"type": type_, "message": message}}).encode()
+    body = error_json(type_, message)
     head = (
         f"HTTP/1.1 {status} {_REASONS[status].decode()}\r\n"
         "content-type: application/json\r\n"

@@ -30,6 +30,7 @@ __all__ = [
     "Completion",
     "bad_value",
     "dumps",
+    "error_json",
     "endpoint",
     "http_exception",
     "json_body",
@@ -99,10 +100,16 @@ def json_response(value: Any, status: int = 200, headers: Mapping[str, str] | No
     return Response(dumps(value), status_code=status, headers=headers, media_type="application/json")
 
 
+def error_json(type_: str, message: str) -> bytes:
+    """The body of every error answer, also those written below Starlette (limits, API key)."""
+    return dumps({"error": {"type": type_, "message": message}}).encode()
+
+
 def _error_response(
     status: int, type_: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return json_response({"error": {"type": type_, "message": message}}, status, headers)
+    body = error_json(type_, message)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
 _HTTP_ERROR_TYPES = {
