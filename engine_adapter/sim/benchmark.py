@@ -60,7 +60,7 @@ def build_workload(
 ) -> Workload:
     """The request stream the options describe.
 
-    A trace is read whole (or its first `requests` records); a generated workload has
+    A trace is streamed (all of it, or its first `requests` records); a generated workload has
     `requests` requests (1000 by default). With `duration`, only the requests that arrive within
     that many seconds of the first one are kept (all of them then run to completion).
 
