@@ -151,7 +151,13 @@ def test_unreadable_trace_is_a_one_line_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("line", "what"),
-    [("{not json", "bad JSON"), ('{"timestamp": 0, "input_length": 5, "output_length": 1}', "hash_ids")],
+    [
+        ("{not json", "bad JSON"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1}', "hash_ids"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": ' + "[" * 100_000, "nested"),
+    ],
+    ids=["bad-json", "missing-field", "deep-line", "deep-hash-ids"],
 )
 def test_malformed_trace_line_is_a_one_line_error(tmp_path: Path, line: str, what: str) -> None:
     trace = tmp_path / "bad.jsonl"

@@ -1,6 +1,7 @@
 """The trace-driven simulator.
 
     workloads.py   requests and workloads; the Mooncake and Azure trace readers, the prefix model
+    trace_file.py  trace files as a stream of lines (and their sha256); WorkloadError
     synthetic.py   the seeded synthetic generator and the presets
     sources.py     workloads by name, for the CLI
     cost_model.py  prefill and decode step times on the virtual clock

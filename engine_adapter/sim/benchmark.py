@@ -5,7 +5,8 @@ arguments, builds the workload (a Mooncake or Azure trace, the synthetic generat
 module spec's preset), runs a `Simulator` for each policy and capacity, and adds two reference
 rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
 its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
-`engine_adapter.sim.simulator` for its radix variant). `throughput_impact` of a row is
+`engine_adapter.sim.simulator` for its radix variant and for what each reference row bounds:
+``unbounded`` is the ceiling of every row's hit rate). `throughput_impact` of a row is
 ``1 - throughput / throughput(unbounded)`` on the same workload (docs/architecture.md, "Metrics").
 
 Every row runs through `CacheManager` and the registered policy (not the simulator's lean LRU
@@ -59,7 +60,7 @@ def build_workload(
 ) -> Workload:
     """The request stream the options describe.
 
-    A trace is read whole (or its first `requests` records); a generated workload has
+    A trace is streamed (all of it, or its first `requests` records); a generated workload has
     `requests` requests (1000 by default). With `duration`, only the requests that arrive within
     that many seconds of the first one are kept (all of them then run to completion).
 

@@ -37,9 +37,29 @@ position of its key's next lookup in the arrival-ordered block lookup sequence, 
 request being served when the block was last inserted or hit; the leaf-only constraint is kept
 (so it is a reference, not a proven optimum).
 
+Reference rows (what each one bounds):
+
+- Every row is scored on the same lookup sequence: each request's *first* admission, and first
+  admissions happen in arrival order in every row (FCFS; only a preempted sequence jumps the
+  queue, and it has been admitted before). A re-admission after preemption is re-prefill: its
+  uncached tokens cost step time (TTFT, TPOT, throughput, `preemptions`) but it is no lookup, so
+  a sequence finding its own blocks still cached is no hit. Counting it was how a bounded row
+  (Belady, and LRU too) once came out above the unbounded cache on a short Mooncake prefix.
+- `unbounded` is an upper bound of every row's `hit_rate` and `block_hits`, in both cache models:
+  at a request's first admission a bounded cache holds a subset of the blocks of the requests
+  admitted before it, which the unbounded cache holds all of, and a hit is the longest cached
+  prefix (radix) or the cached blocks (flat).
+- `belady` bounds the online policies in the flat model (forced-admission MIN is optimal over
+  independent blocks; the generated workloads hash full blocks only). In the radix model it is
+  no bound: the leaf-only constraint, the locked blocks of running sequences and preemption
+  victims chosen differently per row let an online policy beat it now and then (seen on
+  generated workloads with concurrent requests and preemptions; never when requests run one at
+  a time).
+
 Metrics (one definition: docs/architecture.md, "Metrics"): `hit_rate` = prompt tokens served from
-cache / prompt tokens looked up (``min(hit_blocks * block_size, input_len)`` for a radix hit; the
-tokens of each hit block in the flat model); `block_hits / block_lookups` the same in blocks;
+cache / prompt tokens looked up at first admission (``min(hit_blocks * block_size, input_len)``
+for a radix hit; the tokens of each hit block in the flat model); `block_hits / block_lookups`
+the same in blocks (`block_lookups` is the workload's block lookups in every row);
 `re_prefill_rate`, `memory_utilization`, eviction p50/p99 as `CacheManager.stats`; `fairness_score`
 = Jain's index over per-tenant hit rates (per session when the workload has no tenant). Eviction times are
 wall time and include the interpreter: compare them between rows of one run.
@@ -393,22 +413,34 @@ class Simulator:
                 assert st.flat is not None
                 hit_blocks, served = st.flat.lookup(seq.keys, r.input_len, bs)
             st.waiting.popleft()
-            st.block_lookups += len(seq.keys)
-            st.block_hits += hit_blocks
-            st.tokens_looked_up += r.input_len
-            st.tokens_hit += served
-            counts = st.group_hits.get(seq.group)
-            if counts is None:
-                st.group_hits[seq.group] = [served, r.input_len]
-            else:
-                counts[0] += served
-                counts[1] += r.input_len
+            if seq.epoch == 0:  # a re-admission after preemption is re-prefill, not a lookup
+                self._count_lookup(st, seq, hit_blocks, served)
             batch.prefill_tokens += r.input_len + seq.decoded - served
             batch.cached_tokens += served
             batch.prefill_batch += 1
             st.running[seq.sid] = seq
             batch.admitted.append(seq)
         return batch
+
+    @staticmethod
+    def _count_lookup(st: _RunState, seq: _Seq, hit_blocks: int, served: int) -> None:
+        """Count a request's first admission in the hit rate and its group's hits.
+
+        Only the first admission counts: the first admissions of every row are the requests in
+        arrival order, so every row is scored on the same lookup sequence (module docstring,
+        "Reference rows").
+        """
+        r = seq.request
+        st.block_lookups += len(seq.keys)
+        st.block_hits += hit_blocks
+        st.tokens_looked_up += r.input_len
+        st.tokens_hit += served
+        counts = st.group_hits.get(seq.group)
+        if counts is None:
+            st.group_hits[seq.group] = [served, r.input_len]
+        else:
+            counts[0] += served
+            counts[1] += r.input_len
 
     def _grow_decoding(self, st: _RunState, admitted: list[_Seq]) -> bool:
         """Decoding sequences that need a new block in this step get it first (radix), preempting
