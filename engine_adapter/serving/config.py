@@ -59,6 +59,7 @@ __all__ = [
     "sage_home",
 ]
 
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 ENV_PREFIX = "SAGE_"
 CONFIG_ENV = "SAGE_CONFIG"
 ENGINE_KINDS = ("llm",)
@@ -136,7 +137,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     seed: int = 0
     # HTTP limits (docs/architecture.md, "Control API"): defaults fit a local engine.
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keep_alive_timeout: float = 5.0

@@ -39,13 +39,14 @@ _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavail
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """The per-engine limits of its HTTP server (the `EngineConfig` keys of the same names)."""
+    """The per-engine limits of its HTTP server: the `EngineConfig` keys of the same names, where
+    their defaults live."""
 
-    max_body_bytes: int = 16 * 1024 * 1024
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    keep_alive_timeout: float = 5.0
-    max_connections: int = 512
+    max_body_bytes: int
+    header_timeout: float
+    body_timeout: float
+    keep_alive_timeout: float
+    max_connections: int
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> HttpLimits:

@@ -21,6 +21,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from engine_adapter.serving.config import DEFAULT_MAX_BODY_BYTES
+
 __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
@@ -43,7 +45,7 @@ __all__ = [
 
 log = structlog.get_logger("sage.server")
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES  # an app built without an EngineConfig (tests) uses the default
 MAX_LOG_TAIL = 1_000_000
 FOLLOW_POLL_S = 0.5  # how long a follow stream waits on the event queue before checking the engine
 
