@@ -110,6 +110,21 @@ class ARCPolicy(EvictionPolicy):
         out.update(p=self._p, t1=self._n1, t2=self._n2, b1=len(self._b1), b2=len(self._b2))
         return out
 
+    explains_by = "its list (T1 seen once, T2 seen again), LRU within it, and the target p of T1"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        n1 = self._n1
+        from_t1 = bool(self._t1) and (n1 > self._p or n1 >= self._c or not self._t2)
+        return {
+            "list": self.list_of(key),
+            "p": self._p,
+            "t1": n1,
+            "t2": self._n2,
+            "b1": len(self._b1),
+            "b2": len(self._b2),
+            "replace_from": "T1" if from_t1 else "T2",
+        }
+
     # ---- the paper's cases II and III ------------------------------------------------------
 
     def _adapt(self, ghost: int) -> None:
