@@ -68,7 +68,6 @@ def _describe(block: CachedBlock | None, key: Hashable, fmt: Any) -> dict[str, A
 
 def build_explanation(
     *,
-    victim: CachedBlock,
     values: Mapping[str, object],
     upcoming: list[tuple[Hashable, dict[str, object]]],
     blocks: Mapping[Hashable, CachedBlock],
@@ -80,10 +79,9 @@ def build_explanation(
     """The record of one victim.
 
     Args:
-        victim: The evicted block.
-        values: Its explanation, taken before the eviction.
+        values: The victim's explanation, taken before the eviction.
         upcoming: The candidates that followed it in the policy's order, with explanations.
-        blocks: The cached blocks by key (after the eviction).
+        blocks: The cached blocks by key (before the eviction).
         held: The cached blocks to scan for skipped ones.
         rank_of: The policy's `rank`.
         fmt: How to print a block key.

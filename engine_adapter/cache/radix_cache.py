@@ -410,27 +410,28 @@ class RadixCache:
         decision = 0.0
         policy = self.policy
         while len(victims) < n:
+            # The record is built before the eviction: what was cached, evictable and skipped
+            # when the policy chose (the cascade after it may make a skipped parent evictable).
             upcoming = policy.explain_next(candidates + 1)
+            record = None
+            if upcoming:
+                record = build_explanation(
+                    values=upcoming[0][1],
+                    upcoming=upcoming[1:],
+                    blocks=self._blocks,
+                    held=self._blocks.values(),
+                    rank_of=policy.rank,
+                    fmt=format_block_key,
+                    limit=candidates,
+                )
             got, seconds = self.evict(1)
             decision += seconds
             if not got:
                 break
             block = got[0]
-            if upcoming and upcoming[0][0] == block.key:
-                values: dict[str, object] = upcoming[0][1]
-                upcoming = upcoming[1:]
-            else:  # the policy's order and its choice disagree: say so rather than guess
-                values = {"policy": policy.name, "note": "not the explained next victim"}
-            record = build_explanation(
-                victim=block,
-                values=values,
-                upcoming=upcoming,
-                blocks=self._blocks,
-                held=self._blocks.values(),
-                rank_of=policy.rank,
-                fmt=format_block_key,
-                limit=candidates,
-            )
+            if record is None or upcoming[0][0] != block.key:
+                # the policy's explained order and its choice disagree: say so rather than guess
+                record = {"values": {"policy": policy.name, "note": "not the explained next victim"}}
             record["ranks_by"] = policy.explains_by
             records.append(record)
             victims.append(block)

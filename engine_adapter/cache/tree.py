@@ -130,6 +130,7 @@ def tree_snapshot(
         (top if parent is None else parent["children"]).append(node)
         queue.extend((kid, level + 1, node) for kid in children.get(chain[-1].key, ()))
 
+    truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
     ghosts = _ghosts(evicted, radix, by_block, top)
     return {
         "block_size": block_size,
@@ -137,15 +138,16 @@ def tree_snapshot(
         "shown_nodes": shown,
         "depth": depth,
         "max_nodes": max_nodes,
-        "truncated": hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top),
+        "truncated": truncated,
         "hidden": hidden_top,
         "roots": top,
-        "ghosts": ghosts,
+        "ghost_blocks": ghosts,
     }
 
 
 def _has_hidden(node: Mapping[str, Any]) -> bool:
-    return bool(node["hidden"]["nodes"]) or any(_has_hidden(c) for c in node["children"])
+    hidden = node.get("hidden")
+    return bool(hidden and hidden["nodes"]) or any(_has_hidden(c) for c in node["children"])
 
 
 def _ghosts(
