@@ -12,7 +12,7 @@ import operator
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from typing import Any, ClassVar
 
 from sage_eviction.base import EvictionPolicy, _run
@@ -167,6 +167,16 @@ class RecencyPolicy(EvictionPolicy):
 
     def _eviction_order(self) -> list[Hashable]:
         return self._queue.in_order()
+
+    def peek(self, n: int) -> list[Hashable]:
+        """The next `n` victims: the head of the queue, O(n), unless keys wait in the side heap."""
+        if n <= 0:
+            return []
+        queue = self._queue
+        if queue.side_live:
+            return queue.in_order()[:n]
+        order = reversed(queue.order) if self.newest_first else iter(queue.order)
+        return list(islice(order, n))
 
     def rank(self, key: Hashable) -> tuple[Any, ...] | None:
         """`(tick,)`, newest first as `(-tick,)`: the logical time of the insert (and of the

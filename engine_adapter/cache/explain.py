@@ -92,23 +92,28 @@ def build_explanation(
         entry = _describe(blocks.get(key), key, fmt)
         entry["values"] = jsonable(why)
         preferred.append(entry)
-    counts = {"pinned": 0, "referenced": 0, "shared": 0}
+    pinned = referenced = shared = 0
     rank = values.get("rank")
-    before: list[tuple[Any, CachedBlock, str]] = []
-    for block in held:
+    before: list[tuple[Any, CachedBlock]] = []
+    for block in held:  # the O(n) part: kept to counts and comparisons
         if block.evictable:
             continue
-        kind, why_text = skip_reason(block)
-        counts[kind] += 1
+        if block.pin_count:
+            pinned += 1
+        elif block.ref_count:
+            referenced += 1
+        else:
+            shared += 1
         if rank is not None:
             other = rank_of(block.key)
-            if other is not None and other < rank:
-                before.append((other, block, why_text))
+            if other < rank:
+                before.append((other, block))
     before.sort(key=lambda item: item[0])
+    counts = {"pinned": pinned, "referenced": referenced, "shared": shared}
     skipped = []
-    for other, block, why_text in before[:limit]:
+    for other, block in before[:limit]:
         entry = _describe(block, block.key, fmt)
-        entry["why"] = why_text
+        entry["why"] = skip_reason(block)[1]
         entry["rank"] = jsonable(other)
         skipped.append(entry)
     return {
