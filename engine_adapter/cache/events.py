@@ -42,10 +42,12 @@ __all__ = [
     "default_log_path",
 ]
 
-EVICT_KEYS = (
+EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.explain)
     "event",
     "ts",
     "block",
+    "parent",
+    "depth",
     "block_id",
     "sequence_id",
     "tenant",
