@@ -120,3 +120,65 @@ def test_benchmark_shows_with_and_without(tmp_path: Path) -> None:
         bad = _sage("--adaptive-batch", *args, tmp=tmp_path)
         assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_engine_scheduler_follows_the_limit_and_keeps_greedy_outputs() -> None:
+    """The engine's scheduler with --adaptive-batch (a 1-step window, so it moves often in a
+    short run): no request is admitted while the running ones reach the limit, each change is
+    exported, and greedy outputs equal those of the same engine without it."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine_adapter.model.sampling import SamplingParams
+    from engine_adapter.serving.config import EngineConfig
+    from engine_adapter.serving.engine import Engine
+
+    prompts = [f"System prompt {i % 2}: be brief. Tell me about caches number {i}." for i in range(8)]
+    config = dict(
+        device="cpu", block_size=4, num_blocks=24, name="adaptive", socket="/tmp/sage-unused.sock",
+        max_num_batched_tokens=64, max_num_seqs=8,
+    )  # fmt: skip
+
+    def run(engine: Engine) -> list[list[int]]:
+        handles = [engine.submit(p, SamplingParams(max_tokens=16, ignore_eos=True)) for p in prompts]
+        return [h.result(timeout=120).token_ids for h in handles]
+
+    plain = Engine(EngineConfig(**config))  # type: ignore[arg-type]
+    plain.start()
+    try:
+        reference = run(plain)
+    finally:
+        plain.shutdown()
+
+    engine = Engine(EngineConfig(**config, adaptive_batch=True))  # type: ignore[arg-type]
+    adaptive = AdaptiveBatch(8, window=1)
+    engine.scheduler.adaptive = adaptive
+    steps: list[tuple[int, int, int]] = []  # running before, limit before, admitted
+    step = engine.scheduler.step
+
+    def recorded() -> object:
+        running, limit = len(engine.scheduler.running), adaptive.current
+        stats = step()
+        steps.append((running, limit, stats.admitted))
+        return stats
+
+    engine.scheduler.step = recorded  # type: ignore[method-assign]
+    engine.start()
+    try:
+        outputs = run(engine)
+        text = generate_latest(engine.metrics_registry()).decode()
+    finally:
+        engine.shutdown()
+    assert outputs == reference
+    assert adaptive.shrinks > 0 and adaptive.grows > 0
+    assert all(admitted == 0 for running, limit, admitted in steps if running >= limit)
+    assert all(running + admitted <= max(limit, running) for running, limit, admitted in steps)
+    samples = {
+        (s.name, s.labels.get("direction")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("sage:batch_changes_total", "shrink")] == adaptive.shrinks
+    assert samples[("sage:batch_changes_total", "grow")] == adaptive.grows
+    assert samples[("sage:max_running_batch", None)] == adaptive.current
