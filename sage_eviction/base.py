@@ -457,8 +457,14 @@ class EvictionPolicy(EvictionPolicyProtocol):
         return self._explanation(key, None)
 
     def explain_next(self, n: int) -> list[tuple[Hashable, dict[str, object]]]:
-        """The next `n` victims in eviction order, each with its explanation, without evicting."""
-        return [(key, self._explanation(key, i)) for i, key in enumerate(self.peek(n))]
+        """The next `n` victims in eviction order, each with its explanation, without evicting.
+
+        A subclass adds its values by overriding `_explain_values`; one that overrides
+        `explain` itself (it should start from `super().explain(key)`) is called per key."""
+        keys = self.peek(n)
+        if type(self).explain is not EvictionPolicy.explain:
+            return [(key, self.explain(key)) for key in keys]
+        return [(key, self._explanation(key, i)) for i, key in enumerate(keys)]
 
     def peek(self, n: int) -> list[Hashable]:
         """The next `n` victims, in the order `evict` would take them if nothing changed."""

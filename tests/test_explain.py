@@ -109,6 +109,10 @@ def _check_specific(policy: EvictionPolicy, upcoming: list[Hashable]) -> None:
 
 
 def _sort_key(why: dict[str, object]) -> Any:
+    assert "rank" in why or "order" in why, (
+        f"{why.get('policy')}: explain() of an evictable entry must give 'rank' or 'order' "
+        "(start from super().explain(key), or add values through _explain_values)"
+    )
     return why["rank"] if "rank" in why else why["order"]
 
 
