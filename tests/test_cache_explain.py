@@ -122,6 +122,45 @@ def test_same_victims_with_explanation_off_and_no_explain_key() -> None:
     assert all({"parent", "depth"} <= set(e) for e in _evict_events(off))
 
 
+@given(
+    policy=st.sampled_from(["lru", "mru", "lfu", "gdsf", "priority", "slo", "arc", "sieve", "mq"]),
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), min_size=2, max_size=10),
+    pin=st.integers(0, 9),
+    running=st.integers(0, 9),
+    n=st.integers(1, 12),
+)
+def test_explained_evictions_over_random_caches(
+    policy: str, prompts: list[list[int]], pin: int, running: int, n: int
+) -> None:
+    """Random prefix trees, a pinned prompt and a running one: explanation on and off evict
+    the same blocks, and every record's comparisons hold."""
+    managers = [make(policy, num_blocks=48, explain=flag) for flag in (True, False)]
+    for m in managers:
+        for sid, shape in enumerate(prompts, start=1):
+            ids = [t for kind in shape for t in tokens(kind * 10 + sid % 3, BS)]
+            m.allocate(sid, ids, priority=sid % 3)
+            m.free_sequence(sid, ids)
+        chosen = prompts[pin % len(prompts)]
+        m.pin([t for kind in chosen for t in tokens(kind * 10 + (pin % len(prompts) + 1) % 3, BS)])
+        shape = prompts[running % len(prompts)]
+        m.allocate(
+            99, [t for kind in shape for t in tokens(kind * 10 + (running % len(prompts) + 1) % 3, BS)]
+        )
+        m.evict(n)
+        m.check_invariants()
+    on, off = (_evict_events(m) for m in managers)
+    assert [e["block"] for e in on] == [e["block"] for e in off]
+    for event in on:
+        why = event["explain"]
+        assert "note" not in why["values"], why  # the explained next victim was the victim
+        rank = why["values"].get("rank")
+        for candidate in why["preferred_to"]:
+            key = "rank" if rank is not None else "order"
+            assert candidate["values"][key] > why["values"][key]
+        assert all(rank is not None and s["rank"] < rank for s in why["skipped"])
+        assert why["skipped_before"] <= sum(why["skipped_counts"].values())
+
+
 def test_jsonable_makes_strict_json() -> None:
     value = {"rank": (float("inf"), -float("inf"), 1), "x": float("nan"), "k": object()}
     out = jsonable(value)
