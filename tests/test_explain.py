@@ -99,7 +99,7 @@ def _check_specific(policy: EvictionPolicy, upcoming: list[Hashable]) -> None:
     if not upcoming:
         return
     why = policy.explain(upcoming[0])
-    if policy.name == "arc" and not getattr(policy, "_pending_replace", False):
+    if policy.name == "arc":
         assert why["list"] == why["replace_from"]
         assert why["order"] == 0
     if policy.name == "slru":

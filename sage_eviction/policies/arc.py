@@ -113,8 +113,12 @@ class ARCPolicy(EvictionPolicy):
     explains_by = "its list (T1 seen once, T2 seen again), LRU within it, and the target p of T1"
 
     def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
-        n1 = self._n1
-        from_t1 = bool(self._t1) and (n1 > self._p or n1 >= self._c or not self._t2)
+        n1, p = self._n1, self._p
+        if self._pending_replace:  # a ghost hit's REPLACE: the B2 tie-break applies
+            tie = self._pending_ghost == 2 and n1 == p
+            from_t1 = bool(self._t1) and (n1 > p or tie or not self._t2)
+        else:  # case IV first (T1 alone full), then REPLACE
+            from_t1 = bool(self._t1) and (n1 > p or n1 >= self._c or not self._t2)
         return {
             "list": self.list_of(key),
             "p": self._p,
