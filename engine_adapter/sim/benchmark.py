@@ -213,15 +213,16 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None
 
 
 def _simulate_rows(
-    built: Workload, runs: list[tuple[str, int | None]], cache_model: str, costs: CostModel
+    built: Workload, runs: list[tuple[str, int | None, bool]], cache_model: str, costs: CostModel
 ) -> list[dict[str, Any]]:
     """One simulation per (policy, capacity), under one progress bar; rows in `runs`' order."""
     n_requests = len(built.requests)
     rows: list[dict[str, Any]] = []
     with _progress(len(runs) * n_requests) as progress:
         task = progress.add_task("simulating", total=len(runs) * n_requests)
-        for index, (policy, capacity) in enumerate(runs):
+        for index, (policy, capacity, adaptive) in enumerate(runs):
             label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
+            label += " (adaptive batch)" if adaptive else ""
             progress.update(task, description=label)
             base = index * n_requests
 
@@ -237,6 +238,7 @@ def _simulate_rows(
                     cost_model=costs,
                     progress=tick,
                     progress_every=max(1, min(1000, n_requests // 20 or 1)),
+                    adaptive_batch=adaptive,
                 )
             except ValueError as exc:
                 raise BenchmarkError(str(exc)) from None
@@ -263,6 +265,7 @@ def run_benchmark(
     plot: str | Path | None = None,
     cost_model: dict[str, Any] | None = None,
     cost_model_path: str | Path | None = None,
+    adaptive_batch: bool = False,
 ) -> dict[str, Any]:
     """Run every policy at every capacity on one workload, with the reference rows.
 
@@ -283,6 +286,8 @@ def run_benchmark(
         plot: Write a PNG of hit rate against capacity here (needs matplotlib).
         cost_model: Cost-model fields (as read from `cost_model_path` by the CLI).
         cost_model_path: A cost-model YAML file (read when `cost_model` is None).
+        adaptive_batch: Run each online policy twice, without and with the adaptive batch
+            limit (engine_adapter.cache.adaptive_batch), side by side; radix model only.
 
     Returns:
         ``{"workload": {...}, "settings": {...}, "results": [row, ...]}``; rows as `SimResult`.
@@ -291,6 +296,10 @@ def run_benchmark(
         BenchmarkError: Options it cannot run with (one-line message).
     """
     _check_options(mode, cache_model, plot)
+    if adaptive_batch and cache_model != "radix":
+        raise BenchmarkError(
+            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
+        )
     costs = _cost_model(cost_model, cost_model_path)
     built = build_workload(
         trace=trace,
@@ -303,10 +312,13 @@ def run_benchmark(
     )
     capacities = capacities_for(built, capacity_blocks, capacity_ratios, cache_model)
     online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
-    runs: list[tuple[str, int | None]] = [(UNBOUNDED, None)]
+    runs: list[tuple[str, int | None, bool]] = [(UNBOUNDED, None, False)]
     for size in capacities:
-        runs.extend((policy, size) for policy in online)
-        runs.append((REFERENCE_BELADY, size))
+        for policy in online:
+            runs.append((policy, size, False))
+            if adaptive_batch:
+                runs.append((policy, size, True))
+        runs.append((REFERENCE_BELADY, size, False))
     rows = _simulate_rows(built, runs, cache_model, costs)
     reference = rows[0]["throughput_tok_s"]
     for row in rows:
@@ -323,6 +335,7 @@ def run_benchmark(
             "policies": list(policies),
             "capacities": capacities,
             "cost_model": costs.to_dict(),
+            "adaptive_batch": adaptive_batch,
         },
         "results": rows,
     }
