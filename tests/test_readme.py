@@ -52,6 +52,7 @@ SECTIONS = [
     "Control API",
     "Metrics",
     "Simulator",
+    "Engine integrations",
     "Model",
     "Errors",
     "Sources",

@@ -45,9 +45,7 @@ def run_engine(tmp_path: Path, name: str, env: dict[str, str]) -> list[str]:
 def test_the_engine_evicts_in_the_sage_policys_order_with_unchanged_outputs(tmp_path: Path) -> None:
     baseline = run_engine(tmp_path, "off", {})
     log = tmp_path / "events.jsonl"
-    with_sage = run_engine(
-        tmp_path, "on", {"SAGE_VLLM_GPU_POLICY": "lfu", "SAGE_EVICTION_LOG": str(log)}
-    )
+    with_sage = run_engine(tmp_path, "on", {"SAGE_VLLM_GPU_POLICY": "lfu", "SAGE_EVICTION_LOG": str(log)})
     assert with_sage == baseline
     assert any("Paris" in text for text in baseline)  # the model really answered
     runs = bridges(read_log(log))
