@@ -90,6 +90,7 @@ LIBRARY_ENTRY_MODULES = [
     "sage_eviction.integrations",
     "sage_eviction.integrations.vllm",
     "sage_eviction.integrations.lmcache",
+    "sage_eviction.integrations.sglang",
     "sage_eviction.policies",
     "sage_eviction.registry",
     "sage_eviction.flat",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Hashable, Iterable
 from typing import Any
@@ -45,7 +46,8 @@ _log = logging.getLogger("vllm.sage_eviction")
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: a no-op unless `SAGE_VLLM_GPU_POLICY` is set.
+    """The `vllm.general_plugins` entry point: a no-op unless `SAGE_VLLM_GPU_POLICY` is set (or
+    `LMCACHE_CACHE_POLICY` names a sage policy, which installs sage's LMCache policies).
 
     Runs once in each vLLM process (API server, EngineCore, workers); only the EngineCore
     builds a BlockPool, so only there does the policy run.
@@ -55,6 +57,10 @@ def register() -> None:
         PolicyConfigError: The spec names no policy or has a bad param (checked here, so a
             typo fails at startup with one line rather than at the first eviction).
     """
+    from sage_eviction.integrations import lmcache
+
+    if lmcache.wanted(os.environ.get("LMCACHE_CACHE_POLICY")):
+        lmcache.install()  # LMCache's in-process connector builds its backends in this process
     spec = policy_spec_from_env(GPU_POLICY_ENV)
     if spec is None:
         return
