@@ -125,3 +125,17 @@ def test_the_log_replays_to_the_same_victims(
 def test_an_engine_that_is_not_installed_is_refused() -> None:
     with pytest.raises(UnsupportedEngineVersion, match="sglang is not installed"):
         check_version("sglang")
+
+
+def test_an_untested_release_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sage_eviction.integrations import compat
+
+    monkeypatch.setattr(compat, "installed_version", lambda engine: "0.31.2")
+    monkeypatch.delenv("SAGE_ALLOW_UNTESTED_ENGINE", raising=False)
+    with pytest.raises(UnsupportedEngineVersion, match=r"tested with vllm 0\.32\.x, 0\.33\.x, not 0\.31\.2"):
+        check_version("vllm")
+    monkeypatch.setenv("SAGE_ALLOW_UNTESTED_ENGINE", "1")
+    with pytest.warns(RuntimeWarning, match="not 0.31.2"):
+        assert check_version("vllm") == "0.31.2"
+    monkeypatch.setattr(compat, "installed_version", lambda engine: "0.5.6")
+    assert check_version("lmcache") == "0.5.6"
