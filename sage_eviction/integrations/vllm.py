@@ -33,6 +33,7 @@ import time
 from collections.abc import Hashable, Iterable
 from typing import Any
 
+from sage_eviction.errors import PolicyConfigError
 from sage_eviction.integrations.bridge import PolicyBridge, policy_spec_from_env
 from sage_eviction.integrations.compat import check_version
 from sage_eviction.registry import resolve_policy
@@ -65,7 +66,10 @@ def register() -> None:
     if spec is None:
         return
     check_version("vllm")
-    resolve_policy(spec, 1)
+    if resolve_policy(spec, 1).cls.offline:
+        raise PolicyConfigError(
+            f"{GPU_POLICY_ENV}={spec}: this policy needs the future; it runs only in the simulator"
+        )
     from vllm.v1.core import kv_cache_coordinator
 
     kv_cache_coordinator.BlockPool = sage_block_pool_class()

@@ -94,6 +94,9 @@ def test_a_bad_spec_fails_at_registration(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(kv_cache_coordinator, "BlockPool", BlockPool)
     with pytest.raises(ValueError, match="unknown eviction policy 'nosuch'"):
         sage_vllm.register()
+    monkeypatch.setenv(sage_vllm.GPU_POLICY_ENV, "belady")
+    with pytest.raises(ValueError, match="needs the future"):
+        sage_vllm.register()
     assert kv_cache_coordinator.BlockPool is BlockPool
 
 
