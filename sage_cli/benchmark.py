@@ -49,6 +49,11 @@ class Workload(str, Enum):
     spec = "spec"
 
 
+class EngineKind(str, Enum):
+    sage = "sage"
+    vllm = "vllm"
+
+
 class CacheModel(str, Enum):
     radix = "radix"
     flat = "flat"
@@ -260,9 +265,15 @@ def results_table(result: dict[str, Any]) -> Table | str:
 
 def benchmark(
     eviction_policies: Annotated[
-        str,
-        typer.Option("--eviction-policies", metavar="P[,P...]", help="Policies to compare, comma-separated."),
-    ] = "lru,lfu,arc",
+        str | None,
+        typer.Option(
+            "--eviction-policies",
+            metavar="P[,P...]",
+            show_default=False,
+            help="Policies to compare, comma-separated (default: lru,lfu,arc; with --engine-kind vllm, "
+            "the one policy the server runs, 'vllm' for its own, the default).",
+        ),
+    ] = None,
     mode: Annotated[
         Mode, typer.Option("--mode", help="sim: the simulator on a virtual clock; engine: a real engine.")
     ] = Mode.sim,
@@ -408,13 +419,34 @@ def benchmark(
             help="engine mode: wall seconds per trace second (0: send as fast as possible).",
         ),
     ] = 0.0,
+    engine_kind: Annotated[
+        EngineKind,
+        typer.Option(
+            "--engine-kind",
+            help="engine mode: sage (the engine on --socket) or vllm (a vLLM server at --engine-url).",
+        ),
+    ] = EngineKind.sage,
+    engine_url: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-url",
+            metavar="URL",
+            show_default=False,
+            help="engine mode, --engine-kind vllm: the running vLLM OpenAI server, e.g. http://127.0.0.1:8000.",
+        ),
+    ] = None,
 ) -> None:
     """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
 
     Replays a Mooncake or Azure trace, or generates a workload, against each policy and cache
     size, with the unbounded cache and Belady as reference rows.
     """
-    policies = parse_policies(eviction_policies, mode.value)
+    if engine_kind is EngineKind.vllm or engine_url is not None:
+        label = (eviction_policies or "vllm").strip()
+        _check_vllm_target(mode, engine_kind, engine_url, label, capacity_blocks, capacity_ratio)
+        policies = [label] if label == "vllm" else parse_policies(label, mode.value)
+    else:
+        policies = parse_policies(eviction_policies or "lru,lfu,arc", mode.value)
     if trace is not None and workload is not None:
         raise CLIUsageError("give either --trace or --workload, not both")
     if trace is None and trace_format is not None:
@@ -444,6 +476,27 @@ def benchmark(
         if importlib.util.find_spec("matplotlib") is None:
             raise CLIUsageError("--plot needs matplotlib: pip install 'sage-kv[plot]'")
     costs = _load_cost_model(cost_model) if cost_model is not None else None
+    if engine_url is not None:
+        result = _vllm_mode(
+            url=engine_url,
+            policy=policies[0],
+            trace=trace,
+            trace_format=fmt,
+            workload=workload,
+            requests=requests,
+            tenants=tenants,
+            seed=seed,
+            duration=duration,
+            max_output_tokens=max_output_tokens,
+            concurrency=concurrency,
+            time_scale=time_scale,
+        )
+        if output is not None:
+            import json
+
+            output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        Output(json_out).result(result, lambda: results_table(result))
+        return
     if mode is Mode.engine:
         if adaptive_batch:
             raise CLIUsageError(
@@ -504,6 +557,83 @@ def benchmark(
     result = run_benchmark(**options.as_kwargs())
     if isinstance(result, dict):
         Output(json_out).result(result, lambda: results_table(result))
+
+
+def _check_vllm_target(
+    mode: Mode,
+    kind: EngineKind,
+    url: str | None,
+    policies: str,
+    capacity_blocks: str | None,
+    capacity_ratio: str | None,
+) -> None:
+    """The options of a benchmark against a vLLM server, checked before anything runs."""
+    if mode is not Mode.engine:
+        raise CLIUsageError("--engine-url and --engine-kind vllm go with --mode engine")
+    if kind is not EngineKind.vllm:
+        raise CLIUsageError("--engine-url is a vLLM server's: give --engine-kind vllm with it")
+    if url is None:
+        raise CLIUsageError("--engine-kind vllm needs --engine-url URL (the running vLLM OpenAI server)")
+    if not url.startswith(("http://", "https://")):
+        raise CLIUsageError(f"--engine-url {url!r}: give an http:// or https:// URL")
+    if "," in policies:
+        raise CLIUsageError(
+            "vLLM runs one eviction policy per server start: give the one it runs in --eviction-policies "
+            "(a sage policy name, or 'vllm' for its own), then restart it with the next one "
+            "(SAGE_VLLM_GPU_POLICY=name) and run again"
+        )
+    if capacity_blocks is not None or capacity_ratio is not None:
+        raise CLIUsageError(
+            "the vLLM server's pool is its own (--num-gpu-blocks-override): drop --capacity-*"
+        )
+
+
+def _vllm_mode(
+    *,
+    url: str,
+    policy: str,
+    trace: Path | None,
+    trace_format: str | None,
+    workload: Workload | None,
+    requests: int | None,
+    tenants: int | None,
+    seed: int,
+    duration: float | None,
+    max_output_tokens: int,
+    concurrency: int,
+    time_scale: float,
+) -> dict[str, Any]:
+    """Replay the workload through the vLLM server at `url` (sage_cli/vllm_bench.py)."""
+    from rich.progress import Progress
+
+    from engine_adapter.sim.benchmark import build_workload
+    from sage_cli.vllm_bench import VLLMBenchmarkError, run_vllm_benchmark
+
+    built = build_workload(
+        trace=trace,
+        trace_format=trace_format,
+        workload=None if trace is not None else (workload or Workload.synthetic).value,
+        requests=requests if requests is not None else (None if trace is not None else 64),
+        tenants=tenants,
+        seed=seed,
+        duration=duration,
+    )
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"{policy} on vLLM", total=len(built.requests))
+        try:
+            return run_vllm_benchmark(
+                url=url,
+                policy=policy,
+                requests=built.requests,
+                workload=built.describe(),
+                tokens_per_block=16,
+                max_output_tokens=max_output_tokens,
+                time_scale=time_scale,
+                concurrency=concurrency,
+                tick=lambda: bar.advance(task),
+            )
+        except VLLMBenchmarkError as exc:
+            raise CLIError(str(exc)) from None
 
 
 def _engine_mode(

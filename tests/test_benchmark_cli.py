@@ -177,3 +177,57 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--engine-kind", "vllm", "--engine-url", "http://127.0.0.1:1"], ["--mode engine"]),
+        (["--mode", "engine", "--engine-kind", "vllm"], ["needs --engine-url"]),
+        (["--mode", "engine", "--engine-url", "http://127.0.0.1:1"], ["--engine-kind vllm"]),
+        (["--mode", "engine", "--engine-kind", "vllm", "--engine-url", "127.0.0.1:1"], ["http://"]),
+        (
+            [
+                "--mode",
+                "engine",
+                "--engine-kind",
+                "vllm",
+                "--engine-url",
+                "http://127.0.0.1:1",
+                "--eviction-policies",
+                "lru,lfu",
+            ],
+            ["one eviction policy per server start", "SAGE_VLLM_GPU_POLICY"],
+        ),
+        (
+            [
+                "--mode",
+                "engine",
+                "--engine-kind",
+                "vllm",
+                "--engine-url",
+                "http://127.0.0.1:1",
+                "--capacity-blocks",
+                "8",
+            ],
+            ["--num-gpu-blocks-override"],
+        ),
+        (
+            [
+                "--mode",
+                "engine",
+                "--engine-kind",
+                "vllm",
+                "--engine-url",
+                "http://127.0.0.1:1",
+                "--eviction-policies",
+                "nosuch",
+            ],
+            ["unknown eviction policy 'nosuch'"],
+        ),
+    ],
+)
+def test_a_bad_vllm_target_is_a_one_line_error(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    proc = sage(*args, "--requests", "2", cwd=tmp_path)
+    assert_one_line_error(proc, *fragments)
+    assert proc.returncode == 2

@@ -53,6 +53,7 @@ SECTIONS = [
     "Control API",
     "Metrics",
     "Simulator",
+    "Engine integrations",
     "Model",
     "Errors",
     "Sources",

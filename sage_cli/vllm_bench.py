@@ -1,0 +1,178 @@
+"""`sage llm benchmark --mode engine --engine-url URL --engine-kind vllm`: A/B inside vLLM.
+
+Replays a workload through a running vLLM OpenAI server over HTTP and measures it with vLLM's
+own numbers: the prefix-cache hit rate is the change of `vllm:prefix_cache_hits` over
+`vllm:prefix_cache_queries` (tokens) on its `/metrics`; TTFT, TPOT and throughput are wall
+times of streamed completions. vLLM cannot switch its eviction policy at run time, so one run
+measures the policy the server was started with (`SAGE_VLLM_GPU_POLICY`, or vLLM's own LRU):
+restart the server with the next policy and run again. Prompts are the same token ids as the
+sage engine's benchmark (`engine_bench.prompt_tokens`), so the two are comparable.
+
+The CLI imports no vLLM: only httpx and prometheus_client's text parser.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from sage_cli.engine_bench import EngineRun, _quantile, prompt_tokens
+
+__all__ = ["VLLMBenchmarkError", "prefix_cache_counters", "run_vllm_benchmark"]
+
+HITS = "vllm:prefix_cache_hits"
+QUERIES = "vllm:prefix_cache_queries"
+
+
+class VLLMBenchmarkError(RuntimeError):
+    """The server at the URL is not a reachable vLLM OpenAI server, or its metrics lack a counter."""
+
+
+def prefix_cache_counters(metrics_text: str) -> tuple[float, float]:
+    """(hits, queries) in tokens, summed over every engine and model label in `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {HITS: 0.0, QUERIES: 0.0}
+    found: set[str] = set()
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name in totals:
+            found.add(family.name)
+            totals[family.name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    missing = sorted(set(totals) - found)
+    if missing:
+        raise VLLMBenchmarkError(f"vLLM's /metrics has no {', '.join(missing)}: is prefix caching enabled?")
+    return totals[HITS], totals[QUERIES]
+
+
+def _get(client: httpx.Client, path: str) -> httpx.Response:
+    try:
+        response = client.get(path)
+    except httpx.HTTPError as exc:
+        raise VLLMBenchmarkError(f"cannot reach vLLM at {client.base_url}: {exc}") from None
+    if response.status_code != 200:
+        raise VLLMBenchmarkError(f"vLLM at {client.base_url}{path}: HTTP {response.status_code}")
+    return response
+
+
+def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
+    """One streamed completion: time to first token, times between tokens and usage."""
+    run = EngineRun()
+    start = time.perf_counter()
+    last: float | None = None
+    try:
+        with client.stream("POST", "/v1/completions", json=body, timeout=600.0) as response:
+            if response.status_code != 200:
+                response.read()
+                run.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return run
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage")
+                if usage:
+                    run.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    run.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    run.cached_tokens = int(details.get("cached_tokens") or 0)
+                for choice in chunk.get("choices", []):
+                    if choice.get("text"):
+                        now = time.perf_counter()
+                        if run.ttft_s is None:
+                            run.ttft_s = now - start
+                        elif last is not None:
+                            run.tpot_s.append(now - last)
+                        last = now
+        run.ok = True
+    except httpx.HTTPError as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run
+
+
+def run_vllm_benchmark(
+    *,
+    url: str,
+    policy: str,
+    requests: Sequence[Any],
+    workload: dict[str, Any],
+    tokens_per_block: int = 16,
+    max_output_tokens: int = 16,
+    time_scale: float = 0.0,
+    concurrency: int = 8,
+    tick: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Replay `requests` through the vLLM server at `url`; one row for the policy it runs.
+
+    Args:
+        url: The server's base URL, e.g. http://127.0.0.1:8000.
+        policy: The label of the policy the server was started with (for the row).
+        requests: `SimRequest`s (arrival_s, block_hashes, output_len).
+        workload: The workload's description for the JSON output.
+
+    Raises:
+        VLLMBenchmarkError: No vLLM server answers at `url`, or it reports no prefix-cache counters.
+    """
+    with httpx.Client(base_url=url.rstrip("/"), timeout=30.0) as client:
+        models = _get(client, "/v1/models").json().get("data") or []
+        if not models:
+            raise VLLMBenchmarkError(f"vLLM at {url} serves no model")
+        model = str(models[0]["id"])
+        hits0, queries0 = prefix_cache_counters(_get(client, "/metrics").text)
+        runs: list[EngineRun] = [EngineRun() for _ in requests]
+        lock = threading.Lock()
+        start = time.perf_counter()
+
+        def send(i: int) -> None:
+            req = requests[i]
+            delay = req.arrival_s * time_scale - (time.perf_counter() - start)
+            if delay > 0:
+                time.sleep(delay)
+            body = {
+                "model": model,
+                "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
+                "max_tokens": max(1, min(int(req.output_len), max_output_tokens)),
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            runs[i] = _stream(client, body)
+            with lock:
+                tick()
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            list(pool.map(send, range(len(requests))))
+        wall = time.perf_counter() - start
+        hits1, queries1 = prefix_cache_counters(_get(client, "/metrics").text)
+    ok = [r for r in runs if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    tpots = [t for r in ok for t in r.tpot_s]
+    tokens = sum(r.completion_tokens for r in ok)
+    lookups = queries1 - queries0
+    row = {
+        "policy": policy,
+        "engine": "vllm",
+        "model": model,
+        "requests": len(runs),
+        "failed": len(runs) - len(ok),
+        "hit_rate": (hits1 - hits0) / lookups if lookups else 0.0,
+        "prefix_cache_queries_tokens": int(lookups),
+        "prefix_cache_hits_tokens": int(hits1 - hits0),
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p99_s": _quantile(ttfts, 0.99),
+        "tpot_p50_s": _quantile(tpots, 0.5),
+        "tpot_p99_s": _quantile(tpots, 0.99),
+        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
+        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
+        "wall_s": wall,
+    }
+    errors = sorted({r.error for r in runs if r.error})
+    if errors:
+        row["errors"] = errors[:5]
+    return {"workload": workload, "mode": "engine", "engine": "vllm", "url": url, "results": [row]}
