@@ -281,6 +281,7 @@ class CacheManager:
         estimated_lifetime: float | None = None,
         non_preemptible: bool = False,
         recompute_last_token: bool = True,
+        conversation: str | None = None,
     ) -> Allocation:
         """Give a new sequence its blocks: the cached prefix (locked) and fresh ones for the rest.
 
@@ -303,6 +304,8 @@ class CacheManager:
             non_preemptible: Never chosen by `select_preemption_victims`.
             recompute_last_token: Never serve the prompt's last token from cache, so the model
                 computes its logits in a private block (set False in simulation).
+            conversation: The conversation (session) it belongs to, recorded in its blocks'
+                meta for the policies that learn from it.
 
         Returns:
             The block table and how many leading tokens are cached.
@@ -330,6 +333,8 @@ class CacheManager:
             n_new = n_blocks - len(path)
             deficit = self._deficit(sequence_id, path, n_new)
             now = self.clock()
+            # how long the prefix this request extends had been idle: a feature of its new blocks
+            prefix_idle = max(now - path[-1].meta.last_access, 0.0) if path else None
             radix.lock(path)
             radix.touch(path, now)
             evicted = self._evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
@@ -341,8 +346,11 @@ class CacheManager:
                 keys=keys,
                 salt=salt,
                 num_prompt_tokens=n_tokens,
+                num_prompt_blocks=n_blocks,
                 num_tokens=n_tokens,
                 tenant=tenant,
+                conversation=conversation,
+                prefix_idle=prefix_idle,
                 priority=priority,
                 max_tokens=max_tokens,
                 deadline=deadline,
@@ -607,6 +615,11 @@ class CacheManager:
             seq_len=seq.num_tokens,
             max_len=seq.max_tokens,
             deadline=seq.deadline,
+            depth=index,  # the sequence's blocks are a root path: block i sits at depth i
+            pos_from_end=seq.num_prompt_blocks - 1 - index,
+            prompt_blocks=seq.num_prompt_blocks,
+            conversation=seq.conversation,
+            prefix_idle=seq.prefix_idle,
         )
 
     # ---- pins ---------------------------------------------------------------------------

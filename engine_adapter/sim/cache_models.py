@@ -125,6 +125,7 @@ class RadixModel:
                 tenant=r.tenant,
                 priority=r.priority,
                 recompute_last_token=False,
+                conversation=r.session,
             )
         except NoEvictableBlocksError:
             return None
