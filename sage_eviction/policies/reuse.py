@@ -190,7 +190,7 @@ class ReusePolicy(EvictionPolicy):
         overall = (self._all_reuses + 1.0) / (self._all_trials + 2.0)
         p = (self._reuses[bucket] + _PRIOR * overall) / (self._trials[bucket] + _PRIOR)
         p = min(max(p, 1e-6), 1.0 - 1e-6)
-        q = (overall if 0.0 < overall < 1.0 else 0.5)
+        q = overall if 0.0 < overall < 1.0 else 0.5
         # relative to the overall rate: a bucket at the overall rate ranks as LRU does
         logit = math.log(p / (1.0 - p)) - math.log(q / (1.0 - q))
         self._logit[bucket] = min(max(logit, -_MAX_LOGIT), _MAX_LOGIT)
