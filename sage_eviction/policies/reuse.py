@@ -117,7 +117,7 @@ class ReusePolicy(EvictionPolicy):
     needs_capacity = True
 
     def __init__(
-        self, capacity: int | None = None, window: float = 4.0, learning_rate: float = 0.1, seed: int = 0
+        self, capacity: int | None = None, window: float = 4.0, learning_rate: float = 0.01, seed: int = 0
     ) -> None:
         super().__init__(capacity)
         if capacity is None:  # the base already raised; this narrows the type
