@@ -55,7 +55,8 @@ def test_invariants_hold_under_any_sequence(ops: list[tuple[str, int, int, int]]
     for op, key, pos, blocks in ops:
         if op == "insert" and key not in evictable:
             flag = key % 3 != 0
-            policy.insert(key, EntryMeta(pos_from_end=pos, prompt_blocks=blocks, depth=blocks), evictable=flag)
+            meta = EntryMeta(pos_from_end=pos, prompt_blocks=blocks, depth=blocks)
+            policy.insert(key, meta, evictable=flag)
             evictable[key] = flag
         elif op == "access" and key in evictable:
             policy.access(key, 1.0)
