@@ -78,7 +78,6 @@ def test_invariants_hold_under_any_sequence(ops: list[tuple[str, int, int, int]]
         assert len(policy._tick) == len(policy._bucket) == len(policy) == len(evictable)
         assert len(policy._live) == policy.num_evictable == sum(evictable.values())
         assert len(policy._heap) <= 2 * len(policy._live) + 66
-        assert len(policy._lru) <= 2 * len(policy._live) + 66
         assert len(policy._starts) <= policy._window
         assert len(policy._open) <= policy._window
         assert len(policy._ghosts) <= CAPACITY and len(policy._spared) <= CAPACITY
@@ -212,8 +211,8 @@ def test_params_are_checked() -> None:
 
 # (block_hits, evictions) of `reuse` on synthetic(requests=300, seed=2) (7450 distinct blocks, 10 %),
 # and LRU's beside them. The policy is deterministic (a seeded generator picks the experts). On
-# this short run it is below LRU by 20 block hits (radix) and 179 (flat): reported, not hidden.
-GOLDEN_REUSE = {("radix", 745): (18204, 13216), ("flat", 745): (18306, 12939)}
+# this short run (31,990 lookups) it is below LRU by 7 block hits (radix) and 167 (flat).
+GOLDEN_REUSE = {("radix", 745): (18217, 13203), ("flat", 745): (18318, 12927)}
 GOLDEN_LRU = {("radix", 745): (18224, 13196), ("flat", 745): (18485, 12760)}
 
 

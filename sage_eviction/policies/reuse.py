@@ -8,40 +8,51 @@ the time since last access; a prompt's head blocks valued over its tail); Vietri
 "Learning Cache Replacement with CACHEUS", FAST 2021 (two experts mixed by regret learnt from
 ghost lists of their victims).
 
-**Features.** Each block falls in a bucket of (depth in the radix tree, position from the end of
-the inserting request's prompt, hits so far), each on a log2 scale (`EntryMeta.depth`,
-`pos_from_end`, `hits`); the time since last access is not bucketed, it is the ranking's age.
-A flat cache passes `EntryMeta()`, so there only the hits distinguish blocks.
+**Features** (`EntryMeta`, filled by the cache manager): each block falls in a bucket of its
+prompt's length (`prompt_blocks`), its position from the prompt's end (`pos_from_end`; the depth
+is the one less the other), its hits so far, each on a log2 scale, and its reuse-interval class:
+for a block entering the cache, how long its request's cached prefix had been idle
+(`prefix_idle`, log2 seconds; a class of its own when nothing was cached), for a hit, the gap
+since the block's previous request (log2, in sixteenths of a capacity of ticks). The time since
+the last access is not bucketed: it is the ranking's age. A flat cache passes `EntryMeta()`, so
+there only the hits and the gaps distinguish blocks.
 
 **What is learnt.** Every insert or hit of a block opens a *trial* for the bucket the block is in
 after it; the trial succeeds when the key is requested again (a hit, or an insert after it was
-evicted) within `window * capacity` ticks (one tick per insert or hit), and fails when the
-window passes first. Trials are independent of which policy evicts what, since a re-insert of an
-evicted key counts as a reuse. Per bucket the policy keeps decayed counts of trials and
-successes (every count is halved each time `window * capacity` trials have ended: knowledge
-ages), and, over all buckets, the mean gap of the successful trials `m`. The reuse probability of
-bucket b is its success rate, shrunk toward the overall rate by a prior of `_PRIOR` trials.
+evicted) within `window * capacity` ticks (one tick per insert or hit), and fails when the window
+passes first. Trials do not depend on which policy evicts what, since a re-insert of an evicted
+key counts as a reuse. Per bucket the policy keeps decayed counts of trials and successes
+(every count is halved each time `window * capacity` trials have ended: knowledge ages), and,
+over all buckets, the mean gap `m` of the successful trials. The reuse probability of a bucket
+is its success rate shrunk toward the overall rate by a prior of `_PRIOR` trials.
 
-**Ranking.** With a reuse at probability `p` whose gap is exponential of mean `m`, the odds that
-a block idle for `age` ticks is still to be reused are ``p / (1 - p) * exp(-age / m)``, so the
-blocks rank by ``tick + m * logit(p)`` (smaller is evicted first): a time-invariant score, held
-in a binary heap with lazy deletion, O(log n) per operation. A bucket at the overall rate gets
-LRU's order; a block that tends not to be reused (a prompt's partial tail) leaves as if it
-had been idle longer. Scores use the model of the moment they are pushed; the heap is rebuilt
-with fresh scores whenever it is compacted.
+**Ranking.** With a reuse at probability `p` whose gap is exponential of mean `m`, the odds that a
+block idle for `age` ticks is still to be reused are ``p / (1 - p) * exp(-age / m)``, so the
+blocks rank by ``tick + m * logit(p)`` (smaller leaves first; the logit is taken relative to the
+overall rate and clipped to +-6): a time-invariant score, held in a binary heap with lazy
+deletion, O(log n) per operation. A bucket at the overall rate gets LRU's order; a block that
+tends not to come back (a prompt's partial tail) leaves as if it had been idle longer. Scores
+use the model of the moment they are pushed; the heap is rebuilt with fresh scores whenever it
+is compacted.
 
-**Safety.** A second heap keeps LRU's order (oldest tick first). Each eviction asks one of the two
-experts, the learned one with probability `w` (a seeded generator, so runs repeat). When the
-two would evict different blocks, the victim is remembered with the expert that chose it in a
-ghost list of `capacity` keys; a miss on a remembered key multiplies that expert's weight by
-``exp(-learning_rate * d**age)`` (age: ticks since the eviction, ``d**capacity = 0.005``, as
-LeCaR), then the weights are normalised and kept within [0.01, 0.99]. When the learned ranking
-is wrong its victims come back, its weight falls, and the policy evicts as LRU does.
+**Safety.** The evictable keys also sit in an `OrderedDict` in recency order (a block made
+evictable again counts as just used): the LRU expert, O(1). Each eviction follows one of the two
+experts, the learned one with probability `w` (a seeded generator, so runs repeat). When they
+disagree, the victim is remembered with the expert that chose it, and the block the other
+expert would have evicted is remembered as spared by it (two lists of `capacity` keys each). A
+miss on a remembered victim, or a hit on a spared block, is a regret of the expert responsible
+for it: its weight is multiplied by ``exp(-learning_rate)``, then the weights are normalised and
+`w` kept within [0.01, 0.99]. When the learned ranking is wrong its victims come back and the
+blocks it wanted gone are hit, so `w` falls and the policy evicts as LRU does
+(tests/test_reuse_policy.py shows it on a ranking made wrong on purpose).
 
-Memory: per held block its tick, bucket and up to two heap items; per key requested in the last
-`window * capacity` ticks one open trial (a dict entry and a deque item); `capacity` ghost keys;
-fixed tables of `_BUCKETS` buckets. About 400 bytes per tracked block in CPython (measured by
-tests/test_reuse_policy.py's bound on the structures' sizes, not their bytes).
+**Memory.** Per held block: a tick, a bucket, an `OrderedDict` entry and one or more heap items
+(stale ones are dropped when the heap outgrows twice the evictable keys). Per key requested in
+the last `window * capacity` ticks, held or not: one open trial (a dict entry and a deque item).
+Two lists of at most `capacity` keys, and fixed tables of `_BUCKETS` buckets. In CPython that
+is about 1.4 kB per held block in steady state (0.44 kB per tracked key), where `lru` holds
+0.55 kB
+(benchmarks/reuse_memory.py).
 """
 
 from __future__ import annotations
@@ -134,10 +145,9 @@ class ReusePolicy(EvictionPolicy):
         # per held key
         self._tick: dict[Hashable, int] = {}
         self._bucket: dict[Hashable, int] = {}
-        self._live: dict[Hashable, int] = {}  # evictable key -> the tick its heap items carry
+        # evictable key -> the tick its heap item carries, in LRU order (the LRU expert: O(1))
+        self._live: OrderedDict[Hashable, int] = OrderedDict()
         self._heap: list[tuple[float, int, Hashable]] = []  # (score, tick, key): learned order
-        self._lru: list[tuple[int, int, Hashable]] = []  # (tick, push number, key): LRU order
-        self._pushes = 0
         # the model
         self._trials = [0.0] * _BUCKETS
         self._reuses = [0.0] * _BUCKETS
@@ -219,12 +229,15 @@ class ReusePolicy(EvictionPolicy):
     # ---- the experts -------------------------------------------------------------------------
 
     def _push(self, key: Hashable) -> None:
+        """`key` is evictable with its current tick: the most recent for the LRU expert (a block
+        made evictable again was in use until now), a new item in the learned heap."""
         tick = self._tick[key]
-        self._live[key] = tick
-        self._pushes += 1
-        heapq.heappush(self._heap, (tick + self._mean_gap * self._logit[self._bucket[key]], tick, key))
-        heapq.heappush(self._lru, (tick, self._pushes, key))
-        if len(self._lru) > 2 * len(self._live) + 64:
+        live = self._live
+        live[key] = tick
+        live.move_to_end(key)
+        heap = self._heap
+        heapq.heappush(heap, (tick + self._mean_gap * self._logit[self._bucket[key]], tick, key))
+        if len(heap) > 2 * len(live) + 64:
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -232,24 +245,12 @@ class ReusePolicy(EvictionPolicy):
         gap, logit, bucket = self._mean_gap, self._logit, self._bucket
         self._heap = [(tick + gap * logit[bucket[key]], tick, key) for key, tick in self._live.items()]
         heapq.heapify(self._heap)
-        self._lru = [(tick, i, key) for i, (key, tick) in enumerate(self._live.items())]
-        heapq.heapify(self._lru)
-        self._pushes = len(self._lru)
 
     def _top_learned(self) -> Hashable:
         """The key of the learned heap's first live item, dropping stale ones above it."""
         heap, live = self._heap, self._live
         while True:
             _, tick, key = heap[0]
-            if live.get(key) == tick:
-                return key
-            heapq.heappop(heap)
-
-    def _top_lru(self) -> Hashable:
-        """The key of the LRU heap's first live item, dropping stale ones above it."""
-        heap, live = self._lru, self._live
-        while True:
-            tick, _, key = heap[0]
             if live.get(key) == tick:
                 return key
             heapq.heappop(heap)
@@ -319,7 +320,7 @@ class ReusePolicy(EvictionPolicy):
 
     def _pop_victim(self) -> Hashable:
         learned = self._top_learned()
-        lru = self._top_lru()
+        lru = next(iter(self._live))
         if learned is lru or learned == lru:
             key = learned
         else:
@@ -346,7 +347,7 @@ class ReusePolicy(EvictionPolicy):
         gap, logit, bucket = self._mean_gap, self._logit, self._bucket
         if self._weight >= 0.5:
             return sorted(self._live, key=lambda k: (self._live[k] + gap * logit[bucket[k]], self._live[k]))
-        return sorted(self._live, key=self._live.__getitem__)
+        return list(self._live)
 
     # ---- introspection -----------------------------------------------------------------------
 
