@@ -27,6 +27,10 @@ Cache models (docs/architecture.md, "Simulator"):
   get a block, the policy's `select_victims` picks a running sequence to preempt by recompute
   (its blocks stay cached; it goes back to the head of the queue and re-prefills). Every policy,
   the unbounded reference too, runs through the same `CacheManager` the engine uses.
+  With `protect_queued`, a request's cached prefix is protected from eviction from the moment it
+  is queued (and when a preempted sequence goes back to the queue) until it is admitted
+  (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
+  the workload's session as `conversation`).
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.
