@@ -29,11 +29,12 @@ is its success rate shrunk toward the overall rate by a prior of `_PRIOR` trials
 **Ranking.** With a reuse at probability `p` whose gap is exponential of mean `m`, the odds that a
 block idle for `age` ticks is still to be reused are ``p / (1 - p) * exp(-age / m)``, so the
 blocks rank by ``tick + m * logit(p)`` (smaller leaves first; the logit is taken relative to the
-overall rate and clipped to +-6): a time-invariant score, held in a binary heap with lazy
-deletion, O(log n) per operation. A bucket at the overall rate gets LRU's order; a block that
-tends not to come back (a prompt's partial tail) leaves as if it had been idle longer. Scores
-use the model of the moment they are pushed; the heap is rebuilt with fresh scores whenever it
-is compacted.
+overall rate and clipped to [-6, 1]: a block expected dead may leave much earlier than LRU would
+let it, one expected back is kept only a little longer): a time-invariant score, held in a
+binary heap with lazy deletion, O(log n) per operation. A bucket at the overall rate gets LRU's
+order; a block that tends not to come back (a prompt's partial tail) leaves as if it had been
+idle longer. Scores use the model of the moment they are pushed; the heap is rebuilt with fresh
+scores whenever it is compacted.
 
 **Safety.** The evictable keys also sit in an `OrderedDict` in recency order (a block made
 evictable again counts as just used): the LRU expert, O(1). Each eviction follows one of the two
@@ -76,7 +77,14 @@ _IDLES = 15  # an insert's prefix idle time: none cached, then log2 seconds < 0.
 _GAPS = 11  # a hit's gap since its previous request, log2 of 16 * gap / capacity ticks: < 1/16, ..., 32+
 _BUCKETS = _LENGTHS * _POSITIONS * _HITS * (_IDLES + _GAPS)
 _PRIOR = 8.0  # trials of the overall rate each bucket starts with
-_MAX_LOGIT = 6.0  # |logit(p)| is clipped here: a block is never ranked more than 6 m from LRU
+# The relative logit is clipped to [-_MAX_DEMOTE, _MAX_PROMOTE]: a block the model expects back is
+# kept at most one `m` longer than LRU would keep it, while a block it expects dead may leave up
+# to six `m` earlier. Promotions fill the cache with blocks whose reuse comes after they would
+# have left anyway; demotions of dead blocks (a prompt's partial tail) are where the hits are.
+# Chosen on the synthetic workloads (a symmetric +-6 lost up to 0.25 points to LRU in the flat
+# model, where the features are few).
+_MAX_PROMOTE = 1.0
+_MAX_DEMOTE = 6.0
 _NO_KEY: Any = object()
 _LEARNED = 0
 _LRU = 1
@@ -202,7 +210,7 @@ class ReusePolicy(EvictionPolicy):
         q = overall if 0.0 < overall < 1.0 else 0.5
         # relative to the overall rate: a bucket at the overall rate ranks as LRU does
         logit = math.log(p / (1.0 - p)) - math.log(q / (1.0 - q))
-        self._logit[bucket] = min(max(logit, -_MAX_LOGIT), _MAX_LOGIT)
+        self._logit[bucket] = min(max(logit, -_MAX_DEMOTE), _MAX_PROMOTE)
 
     def _expire_trials(self) -> None:
         starts = self._starts
