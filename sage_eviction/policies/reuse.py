@@ -51,8 +51,8 @@ blocks it wanted gone are hit, so `w` falls and the policy evicts as LRU does
 (stale ones are dropped when the heap outgrows twice the evictable keys). Per key requested in
 the last `window * capacity` ticks, held or not: one open trial (a dict entry and a deque item).
 Two lists of at most `capacity` keys, and fixed tables of `_BUCKETS` buckets. In CPython that
-is about 1.4 kB per held block in steady state (0.44 kB per tracked key), where `lru` holds
-0.55 kB (benchmarks/reuse_memory.py at 1e5 blocks).
+is about 1.3 to 1.4 kB per held block in steady state (0.45 to 0.5 kB per tracked key), where
+`lru` holds 0.55 kB (benchmarks/reuse_memory.py at 1e5 blocks).
 """
 
 from __future__ import annotations
