@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,84 @@ def test_the_benchmark_option_as_a_real_process(tmp_path: Path) -> None:
         assert bad.returncode != 0
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in bad.stderr, bad.stderr
+
+
+# ---- the engine: the scheduler protects, admits, drops and times out with protection on ---------
+
+
+def _engine(**overrides: object) -> Any:
+    from engine_adapter.serving.config import EngineConfig
+    from engine_adapter.serving.engine import Engine
+
+    values: dict[str, object] = {
+        "device": "cpu",
+        "block_size": 4,
+        "num_blocks": 4096,
+        "name": "test",
+        "socket": "/tmp/sage-test-unused.sock",
+        "max_num_batched_tokens": 64,
+    }
+    values.update(overrides)
+    engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
+    engine.start()
+    return engine
+
+
+ENGINE_PROMPTS = [
+    "You are a careful assistant. Tell me about caches.",
+    "You are a careful assistant. Tell me about queues.",
+    "You are a careful assistant. Tell me about caches, again.",
+    "A different prefix entirely: " + "x" * 11,
+    "You are a careful assistant. Tell me about caches.",
+    "Short.",
+]
+
+
+def _outputs(engine: Any) -> list[list[int]]:
+    from engine_adapter.model.sampling import SamplingParams
+
+    handles = [engine.submit(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in ENGINE_PROMPTS]
+    return [h.result(timeout=120).token_ids for h in handles]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["lru", "reuse"])
+def test_engine_outputs_are_exact_with_protection_under_eviction_and_preemption(policy: str) -> None:
+    reference = _engine()
+    try:
+        expected = _outputs(reference)
+    finally:
+        reference.shutdown()
+    engine = _engine(num_blocks=24, eviction_policy=policy, protect_queued=0.5)
+    try:
+        got = _outputs(engine)
+        stats = engine.eviction_stats()
+        engine.cache.check_invariants()
+        assert engine.cache.num_protected_blocks == 0  # every request ran: no protection left
+    finally:
+        engine.shutdown()
+    assert got == expected
+    assert stats.total_evictions > 0 and stats.preemptions > 0
+
+
+@pytest.mark.slow
+def test_engine_requests_leaving_the_queue_release_their_protection() -> None:
+    from engine_adapter.model.sampling import SamplingParams
+
+    engine = _engine(max_queued_requests=2, max_num_seqs=1, protect_queued=0.5)
+    try:
+        engine.submit(ENGINE_PROMPTS[0], SamplingParams(max_tokens=2)).result(60)  # cache a prefix
+        with engine.cache.lock:  # hold the loop so that all four wait together
+            handles = [
+                engine.submit(ENGINE_PROMPTS[0] + f" {i}", SamplingParams(max_tokens=2), priority=p)
+                for i, p in enumerate([1, 0, 2, 1])
+            ]
+            engine._drain_inbox()
+            assert engine.cache.num_protected_blocks > 0  # the waiting ones protect the prefix
+        results = [h.result(60) for h in handles]
+        assert sum(r.finish_reason == "dropped" for r in results) == 2
+        with engine.cache.lock:
+            assert engine.cache.num_protected_blocks == 0
+            engine.cache.check_invariants()
+    finally:
+        engine.shutdown()
