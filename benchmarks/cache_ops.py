@@ -91,9 +91,9 @@ class KeySource:
         return [i * CHAIN + j for j in range(CHAIN)]
 
 
-def build(policy: str, n: int) -> tuple[CacheManager, KeySource, list[list[int]]]:
+def build(policy: str, n: int, explain: bool = False) -> tuple[CacheManager, KeySource, list[list[int]]]:
     rng = random.Random(0)
-    m = CacheManager(BlockAllocator(n, BLOCK_SIZE), policy=policy, record_events=False)
+    m = CacheManager(BlockAllocator(n, BLOCK_SIZE), policy=policy, record_events=False, explain=explain)
     keys = KeySource()
     cached: list[list[int]] = []
     for seq in range(n // CHAIN):
@@ -105,9 +105,11 @@ def build(policy: str, n: int) -> tuple[CacheManager, KeySource, list[list[int]]
     return m, keys, cached
 
 
-def measure(policy: str, n: int, samples: int) -> tuple[Row, CacheManager, KeySource, list[list[int]]]:
+def measure(
+    policy: str, n: int, samples: int, explain: bool = False
+) -> tuple[Row, CacheManager, KeySource, list[list[int]]]:
     t0 = time.perf_counter()
-    m, keys, cached = build(policy, n)
+    m, keys, cached = build(policy, n, explain)
     fill_s = time.perf_counter() - t0
     gc.collect()
     gc.freeze()
@@ -203,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swap-only", action="store_true", help="skip the per-policy measurements")
     parser.add_argument("--all-pairs", action="store_true", help="time every swap pair, and a few more")
     parser.add_argument("--pairs", help="swap pairs to time, e.g. lru:arc,arc:s3fifo (overrides the rest)")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="with explained evictions (O(n) per victim: use small --sizes and --samples); no swaps",
+    )
     args = parser.parse_args(argv)
 
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else (
@@ -211,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = args.samples or (2000 if args.quick else 10_000)
 
     print(f"machine: {machine_line()}")
-    print(f"block_size={BLOCK_SIZE}, {CHAIN}-block prompts, meta pool, events off\n")
+    explained = ", explained evictions" if args.explain else ""
+    print(f"block_size={BLOCK_SIZE}, {CHAIN}-block prompts, meta pool, events off{explained}\n")
     header = (f"{'policy':<9}{'cached':>9}{'fill s':>8}{'evict p50':>11}{'p99 us':>8}{'policy p50':>12}"
               f"{'p99 us':>8}{'miss blk/s':>12}{'hit blk/s':>12}")  # fmt: skip
     print(header)
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for n in [] if args.swap_only else sizes:
         for policy in policies:
-            row, m, _, _ = measure(policy, n, samples)
+            row, m, _, _ = measure(policy, n, samples, args.explain)
             del m
             gc.collect()
             rows.append(row)
@@ -227,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.evict_p99_us:>8.2f}{row.decision_p50_us:>12.2f}{row.decision_p99_us:>8.2f}"
                   f"{row.miss_blocks_per_s:>12,.0f}{row.hit_blocks_per_s:>12,.0f}", flush=True)  # fmt: skip
 
+    if args.explain:
+        return 0
     n_swap = max(sizes)
     pairs = [(a, b) for a, b in SWAP_PAIRS if a in policies or b in policies] or SWAP_PAIRS[:2]
     if args.all_pairs:

@@ -75,6 +75,7 @@ class BenchmarkOptions:
     cost_model: dict[str, Any] | None
     cost_model_path: Path | None
     protect_queued: float = 0.0
+    adaptive_batch: bool = False
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,8 +194,24 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("throughput_impact", "Tput loss", "percent"),
 )
 
+# With --adaptive-batch: each policy without and with it, on the figures the batch limit moves.
+_ADAPTIVE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("adaptive_batch", "Adaptive", "yesno"),
+    ("hit_rate", "Hit", "percent"),
+    ("re_prefill_rate", "Re-prefill", "percent"),
+    ("evictions", "Evicted", "int"),
+    ("preemptions", "Preempted", "int"),
+    ("throughput_tok_s", "Tok/s", "number"),
+    ("ttft_p99_s", "TTFT p99 s", "number"),
+    ("batch_changes", "Batch changes", "int"),
+)
+
 
 def _cell(value: Any, kind: str) -> str:
+    if kind == "yesno":
+        return "yes" if value else "no"
     if value is None:
         return "-"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -217,7 +234,8 @@ def results_table(result: dict[str, Any]) -> Table | str:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return "No results."
     present = {key for row in rows for key in row}
-    columns = [c for c in _COLUMNS if c[0] in present]
+    adaptive = any(row.get("adaptive_batch") for row in rows)
+    columns = [c for c in (_ADAPTIVE_COLUMNS if adaptive else _COLUMNS) if c[0] in present]
     if not columns:  # rows of another shape: show them as they are
         keys = list(dict.fromkeys(key for row in rows for key in row))
         columns = [(key, key, "number") for key in keys]
@@ -372,6 +390,13 @@ def benchmark(
             help="Prefill and decode cost model of the simulator (YAML).",
         ),
     ] = None,
+    adaptive_batch: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive-batch",
+            help="sim mode: run each policy also with the adaptive batch limit, side by side.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     socket: SocketOpt = None,
     name: NameOpt = None,
@@ -440,6 +465,10 @@ def benchmark(
     if protect_queued > 0 and cache_model is not CacheModel.radix:
         raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
     if mode is Mode.engine:
+        if adaptive_batch:
+            raise CLIUsageError(
+                "--adaptive-batch compares in sim mode; start an engine with it for engine mode"
+            )
         if ratios is not None or (blocks is not None and len(blocks) > 1):
             raise CLIUsageError(
                 "engine mode runs one pool size: give --capacity-blocks N (a temporary engine's pool)"
@@ -485,6 +514,7 @@ def benchmark(
         cost_model=costs,
         cost_model_path=cost_model,
         protect_queued=protect_queued,
+        adaptive_batch=adaptive_batch,
     )
     try:
         from engine_adapter.sim.benchmark import run_benchmark

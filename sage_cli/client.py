@@ -200,6 +200,14 @@ class ControlClient:
             if line.strip():
                 yield self._decode_event(line)
 
+    def cache_tree(self, depth: int = 8, max_nodes: int = 200) -> JSONObject:
+        """``GET /v1/cache/tree``: the radix prefix tree, cut to `depth` and `max_nodes`."""
+        return self._request("GET", "/v1/cache/tree", params={"depth": depth, "max_nodes": max_nodes})
+
+    def cache_usage(self) -> JSONObject:
+        """``GET /v1/cache/usage``: pool use by tenant and class, queue and batch limit."""
+        return self._request("GET", "/v1/cache/usage")
+
     def reset_cache(self) -> JSONObject:
         """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
         return self._request("POST", "/v1/cache/reset")

@@ -354,6 +354,14 @@ def start(
             default="no",
         ),
     ] = None,
+    explain: Annotated[
+        bool | None,
+        _opt(
+            "--explain/--no-explain",
+            help="Eviction events say why each victim went (see 'sage llm eviction explain').",
+            default="no",
+        ),
+    ] = None,
     num_blocks: Annotated[
         int | None, _opt("--num-blocks", metavar="N", min=1, help="KV cache size in blocks.")
     ] = None,
@@ -479,6 +487,14 @@ def start(
         int | None,
         _opt("--max-num-batched-tokens", metavar="N", min=1, help="Most tokens per step.", default="2048"),
     ] = None,
+    adaptive_batch: Annotated[
+        bool | None,
+        _opt(
+            "--adaptive-batch/--no-adaptive-batch",
+            help="Halve the running batch when re-prefills pass 0.3 of evictions; grow it back when rare.",
+            default="no",
+        ),
+    ] = None,
     seed: Annotated[
         int | None,
         _opt(
@@ -548,6 +564,7 @@ def start(
         "policy_params": policy_param or None,
         "enable_lifetime_prediction": enable_lifetime_prediction,
         "log_evictions": log_evictions,
+        "explain_evictions": explain,
         "num_blocks": num_blocks,
         "kv_cache_memory": kv_cache_memory,
         "gpu_memory_utilization": gpu_memory_utilization,
@@ -563,6 +580,7 @@ def start(
         "protect_queued": protect_queued,
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
+        "adaptive_batch": adaptive_batch,
         "seed": seed,
         "host": host,
         "port": port,

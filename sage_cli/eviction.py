@@ -304,6 +304,10 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
+    explain: Annotated[
+        bool,
+        typer.Option("--explain", help="One line per victim with why it went (engine run with --explain)."),
+    ] = False,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -323,7 +327,12 @@ def logs(
     out = Output(json_out)
 
     def show(event: dict[str, Any]) -> None:
-        out.item(event, lambda: render_event(event))
+        if not explain:
+            out.item(event, lambda: render_event(event))
+        elif event.get("event") == "evict":  # --explain: the victims, each on one line
+            from sage_cli.eviction_view import explain_one_line
+
+            out.item(event, lambda: f"{render_event(event).split(' EVICTION:')[0]} {explain_one_line(event)}")
 
     try:
         if file is not None:

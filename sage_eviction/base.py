@@ -424,6 +424,77 @@ class EvictionPolicy(EvictionPolicyProtocol):
             extra={"select_victims_calls": self._select_latency.count},
         )
 
+    # ---- explanations (docs/architecture.md, "Explaining an eviction") -------------------
+
+    explains_by: ClassVar[str] = "its position in the eviction order"
+    """What the policy ranks by, in words, for one-line explanations."""
+
+    def rank(self, key: Hashable) -> tuple[Any, ...] | None:
+        """The sort key the policy evicts by (smaller first), or None when the order is not one
+        fixed key per entry (adaptive queues: ARC, S3-FIFO, SIEVE, SLRU, MQ).
+
+        For an evictable entry it is the key the policy orders it by now; for one that is not
+        evictable, the key it would have if it were made evictable now (so that a skipped,
+        referenced block can be compared with the victim).
+
+        Raises:
+            UnknownKeyError: The key is not held.
+        """
+        self.meta(key)
+        return None
+
+    def explain(self, key: Hashable) -> dict[str, object]:
+        """Why `key` stands where it does: the values the policy ranks it by.
+
+        Always: ``policy``, ``evictable``, ``hits``, ``last_access``, ``priority``, ``tenant``;
+        ``rank`` when `rank` gives one (sorting the evictable keys by it gives the eviction
+        order); else ``order``, the entry's place in the eviction order (0: the next victim;
+        O(n log n)); and the policy's own values (`_explain_values`).
+
+        Raises:
+            UnknownKeyError: The key is not held.
+        """
+        return self._explanation(key, None)
+
+    def explain_next(self, n: int) -> list[tuple[Hashable, dict[str, object]]]:
+        """The next `n` victims in eviction order, each with its explanation, without evicting.
+
+        A subclass adds its values by overriding `_explain_values`; one that overrides
+        `explain` itself (it should start from `super().explain(key)`) is called per key."""
+        keys = self.peek(n)
+        if type(self).explain is not EvictionPolicy.explain:
+            return [(key, self.explain(key)) for key in keys]
+        return [(key, self._explanation(key, i)) for i, key in enumerate(keys)]
+
+    def peek(self, n: int) -> list[Hashable]:
+        """The next `n` victims, in the order `evict` would take them if nothing changed."""
+        if n <= 0:
+            return []
+        return self._eviction_order()[:n]
+
+    def _explanation(self, key: Hashable, order: int | None) -> dict[str, object]:
+        meta = self.meta(key)
+        evictable = key in self._evictable
+        out: dict[str, object] = {
+            "policy": self.name,
+            "evictable": evictable,
+            "hits": meta.hits,
+            "last_access": meta.last_access,
+            "priority": meta.priority,
+            "tenant": meta.tenant,
+        }
+        rank = self.rank(key)
+        if rank is not None:
+            out["rank"] = rank
+        elif evictable:
+            out["order"] = self._eviction_order().index(key) if order is None else order
+        out.update(self._explain_values(key, meta))
+        return out
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        """The policy's own values for a held key (its queue, score parts); none by default."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """Name, params and sizes, for stats and logs."""
         return {

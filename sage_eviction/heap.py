@@ -91,6 +91,18 @@ class HeapPolicy(EvictionPolicy):
     def _eviction_order(self) -> list[Hashable]:
         return [item[2] for item in sorted(self._live.values())]
 
+    def rank(self, key: Hashable) -> tuple[Any, ...] | None:
+        """`(score, push number)` of the key's live heap item; for a key that is not evictable,
+        its score now and a push number after every live one."""
+        item = self._live.get(key)
+        if item is not None:
+            return item[:2]
+        return (self._score(key, self.meta(key)), self._pushes + 1)
+
+    def peek(self, n: int) -> list[Hashable]:
+        """The `n` smallest live items, O(n log k) (the heap holds stale items too)."""
+        return [item[-1] for item in heapq.nsmallest(n, self._live.values())] if n > 0 else []
+
     def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
         # Build the heap once instead of pushing n times; the same live items, each scored with
         # `self._clock` at its own tick, as the one-by-one inserts score them. (Subclasses'
@@ -151,6 +163,14 @@ class FlatHeapPolicy(HeapPolicy):
 
     def _eviction_order(self) -> list[Hashable]:
         return [item[-1] for item in sorted(self._live.values())]
+
+    def rank(self, key: Hashable) -> tuple[Any, ...] | None:
+        """The score tuple of the key's live heap item (it ends with the unique tick); for a key
+        that is not evictable, its score now."""
+        item = self._live.get(key)
+        if item is not None:
+            return item[:-1]
+        return self._score(key, self.meta(key))
 
     def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
         if self._meta:

@@ -12,7 +12,7 @@ import operator
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from typing import Any, ClassVar
 
 from sage_eviction.base import EvictionPolicy, _run
@@ -168,6 +168,26 @@ class RecencyPolicy(EvictionPolicy):
     def _eviction_order(self) -> list[Hashable]:
         return self._queue.in_order()
 
+    def peek(self, n: int) -> list[Hashable]:
+        """The next `n` victims: the head of the queue, O(n), unless keys wait in the side heap."""
+        if n <= 0:
+            return []
+        queue = self._queue
+        if queue.side_live:
+            return queue.in_order()[:n]
+        order = reversed(queue.order) if self.newest_first else iter(queue.order)
+        return list(islice(order, n))
+
+    def rank(self, key: Hashable) -> tuple[Any, ...] | None:
+        """`(tick,)`, newest first as `(-tick,)`: the logical time of the insert (and of the
+        latest hit when hits count)."""
+        self.meta(key)
+        tick = self._tick[key]
+        return (-tick,) if self.newest_first else (tick,)
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {"tick": self._tick[key], "clock": self._clock}
+
     def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
         # What the one-by-one inserts build: ticks first..end in entry order, and the
         # evictable keys appended to the queue's order in entry order (no side keys).
@@ -268,6 +288,18 @@ class LevelledRecencyPolicy(EvictionPolicy):
         del self._where[key]
         del self._tick[key]
         return key
+
+    def rank(self, key: Hashable) -> tuple[Any, ...] | None:
+        """`(level, tick)`: the level the key is queued at (read now when it is not evictable),
+        then the logical time of its latest insert or hit."""
+        meta = self.meta(key)
+        queue = self._where.get(key)
+        level = queue.level if queue is not None else self._level(meta)
+        return (level, self._tick[key])
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        queue = self._where.get(key)
+        return {"level": queue.level if queue is not None else self._level(meta), "tick": self._tick[key]}
 
     def _eviction_order(self) -> list[Hashable]:
         # Ticks are unique, so this is the order of (level, tick): each level's queue in turn.

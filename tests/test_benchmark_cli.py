@@ -35,6 +35,8 @@ ROW_KEYS = [
     "preemptions",
     "wall_s",
     "lookups_per_s",
+    "adaptive_batch",
+    "batch_changes",
 ]
 
 

@@ -49,6 +49,7 @@ from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
 from sage_eviction.registry import resolve_policy
 
 __all__ = [
+    "PRIORITY_CLASSES",
     "Allocation",
     "CacheManager",
     "LookupResult",
@@ -56,6 +57,9 @@ __all__ = [
     "SequenceState",
     "SwapResult",
 ]
+
+PRIORITY_CLASSES = {0: "low", 1: "normal", 2: "high"}
+"""The module spec's priority classes, for pool use by class."""
 
 
 class CacheManager:
@@ -75,6 +79,8 @@ class CacheManager:
         clock: Time source (a virtual clock in simulation).
         protect_queued: Fraction of the pool that the cached prefixes of waiting requests may
             hold protected from eviction (`protect_queued_prefix`); 0 turns it off.
+        explain: Each eviction event says why its victim went (O(n) per victim; see
+            `engine_adapter.cache.explain`). May be switched at any time.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -96,6 +102,7 @@ class CacheManager:
         isolate_tenants: bool = False,
         clock: Callable[[], float] = time.time,
         protect_queued: float = 0.0,
+        explain: bool = False,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
@@ -113,6 +120,7 @@ class CacheManager:
         self.eviction_threshold = eviction_threshold
         self.isolate_tenants = isolate_tenants
         self.clock = clock
+        self.explain = explain
         self.lock = threading.RLock()
 
         resolved = resolve_policy(policy, self.num_blocks, **dict(policy_params or {}))
@@ -823,7 +831,11 @@ class CacheManager:
         `pending` blocks are about to be allocated from the freed ones; memory utilization is
         sampled as if they were (the state right after the eviction served its purpose).
         """
-        victims, decision = self.radix.evict(n)
+        reasons: list[dict[str, Any]] | None = None
+        if self.explain:
+            victims, decision, reasons = self.radix.evict_explained(n)
+        else:
+            victims, decision = self.radix.evict(n)
         if not victims:
             return 0
         self.allocator.free([b.block_id for b in victims])
@@ -842,10 +854,13 @@ class CacheManager:
         events = self.events
         if events is not None:
             ts = self.clock()
-            for block in victims:
+            for i, block in enumerate(victims):
                 meta = block.meta
+                parent = block.parent
                 events.evict(
                     block=format_block_key(block.key),
+                    parent=None if parent is None else format_block_key(parent.key),
+                    depth=block.depth,
                     block_id=block.block_id,
                     sequence_id=block.sequence_id,
                     tenant=meta.tenant,
@@ -855,6 +870,7 @@ class CacheManager:
                     hits=meta.hits,
                     priority=meta.priority,
                     ts=ts,
+                    explain=None if reasons is None else reasons[i],
                 )
             events.freed(
                 policy=policy_name,
@@ -1051,6 +1067,37 @@ class CacheManager:
                 re_prefill_blocks=self._reprefill.re_prefilled,
                 running_sequences=len(self._sequences),
             )
+
+    def usage(self) -> dict[str, Any]:
+        """Pool use now, by tenant and by priority class (``GET /v1/cache/usage``, the top view,
+        per-tenant metrics): cached blocks by their meta, running sequences' private blocks by
+        the sequence. O(n); not for hot paths."""
+        with self.lock:
+            by_tenant: dict[str, int] = {}
+            by_class: dict[str, int] = {}
+
+            def add(tenant: str | None, priority: int, n: int) -> None:
+                if n <= 0:
+                    return
+                t = "-" if tenant is None else tenant
+                c = PRIORITY_CLASSES.get(priority, f"priority {priority}")
+                by_tenant[t] = by_tenant.get(t, 0) + n
+                by_class[c] = by_class.get(c, 0) + n
+
+            for block in self.radix.blocks():
+                add(block.meta.tenant, block.meta.priority, 1)
+            for seq in self._sequences.values():
+                add(seq.tenant, seq.priority, len(seq.block_table) - len(seq.cached_path))
+            return {
+                "num_blocks": self.num_blocks,
+                "used_blocks": self.allocator.num_used,
+                "free_blocks": self.allocator.num_free,
+                "cached_blocks": len(self.radix),
+                "evictable_blocks": self.radix.num_evictable,
+                "pinned_blocks": self.radix.num_pinned,
+                "by_tenant": by_tenant,
+                "by_class": by_class,
+            }
 
     def tenant_hit_rates(self) -> dict[str | None, float]:
         """Hit rate per tenant (the inputs of `fairness_score`)."""

@@ -42,10 +42,12 @@ __all__ = [
     "default_log_path",
 ]
 
-EVICT_KEYS = (
+EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.explain)
     "event",
     "ts",
     "block",
+    "parent",
+    "depth",
     "block_id",
     "sequence_id",
     "tenant",
@@ -166,12 +168,19 @@ class EvictionEventLog:
         hits: int,
         priority: int,
         ts: float | None = None,
+        parent: str | None = None,
+        depth: int | None = None,
+        explain: dict[str, Any] | None = None,
     ) -> None:
-        """One victim block."""
+        """One victim block; `parent` and `depth` place it in the radix tree (the tree view's
+        ghosts), `explain` says why it went (only with explanation on)."""
+        extra: dict[str, Any] = {} if explain is None else {"explain": explain}
         self._log.info(
             "evict",
             ts=time.time() if ts is None else ts,
             block=block,
+            parent=parent,
+            depth=depth,
             block_id=block_id,
             sequence_id=sequence_id,
             tenant=tenant,
@@ -180,6 +189,7 @@ class EvictionEventLog:
             last_access=last_access,
             hits=hits,
             priority=priority,
+            **extra,
         )
 
     def freed(

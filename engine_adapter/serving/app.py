@@ -40,6 +40,7 @@ from engine_adapter.serving.requests import (
     json_response,
     logs_query,
     policy_swap,
+    tree_query,
     unhandled_exception,
     usage,
 )
@@ -200,6 +201,17 @@ async def eviction_logs(request: Request) -> Response:
 
 
 @endpoint
+async def cache_tree(request: Request) -> Response:
+    depth, max_nodes = tree_query(request)
+    return json_response(await asyncio.to_thread(_state(request).engine.cache_tree, depth, max_nodes))
+
+
+@endpoint
+async def cache_usage(request: Request) -> Response:
+    return json_response(await asyncio.to_thread(_state(request).engine.cache_usage))
+
+
+@endpoint
 async def completions(request: Request) -> Response:
     body = await json_body(request, COMPLETION_FIELDS, "POST /v1/completions")
     state = _state(request)
@@ -299,6 +311,8 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/cache/reset", reset_cache, methods=["POST"]),
+    Route("/v1/cache/tree", cache_tree, methods=["GET"]),
+    Route("/v1/cache/usage", cache_usage, methods=["GET"]),
     Route("/v1/engine/shutdown", shutdown, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),

@@ -85,6 +85,8 @@ class EngineConfig:
         policy_params: Params of the policy; values as given (the registry coerces strings).
         enable_lifetime_prediction: Feed predicted remaining lifetimes to the policy.
         log_evictions: Write eviction events to ``<log_dir>/evictions.jsonl``.
+        explain_evictions: Each eviction event says why its victim went: its ranking values,
+            the next candidates it was preferred to, the blocks skipped (O(n) per victim).
         num_blocks: Pool size in blocks.
         kv_cache_memory: Pool size in bytes (``"2GiB"`` accepted).
         gpu_memory_utilization: Pool size as the fraction of device memory, in (0, 1].
@@ -101,6 +103,9 @@ class EngineConfig:
             for waiting requests' cached prefixes until they run; 0: no protection.
         max_num_seqs: Running sequences per step.
         max_num_batched_tokens: Tokens per step (prefill chunks and decodes).
+        adaptive_batch: Halve the running batch when the re-prefill rate over a window passes
+            0.3, grow it back to `max_num_seqs` when evictions are rare (the module spec's
+            SchedulerOptimizer; engine_adapter.cache.adaptive_batch).
         seed: Seed of sampling for requests that give none (sampled requests are then reproducible).
         max_body_bytes: Largest request body (``"16MiB"`` accepted); beyond it a 413.
         header_timeout: Seconds a client has to send a request's headers (from its connection
@@ -123,6 +128,7 @@ class EngineConfig:
     policy_params: dict[str, Any] = field(default_factory=dict)
     enable_lifetime_prediction: bool = False
     log_evictions: bool = False
+    explain_evictions: bool = False
     num_blocks: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float | None = None
@@ -138,6 +144,7 @@ class EngineConfig:
     protect_queued: float = 0.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    adaptive_batch: bool = False
     seed: int = 0
     # HTTP limits (docs/architecture.md, "Control API"): defaults fit a local engine.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -449,6 +456,7 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "policy_params": _params,
     "enable_lifetime_prediction": _bool,
     "log_evictions": _bool,
+    "explain_evictions": _bool,
     "num_blocks": _int(1),
     "kv_cache_memory": _size,
     "gpu_memory_utilization": _float(0.0, 1.0, low_open=True),
@@ -464,6 +472,7 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "protect_queued": _float(0.0, 1.0, low_open=False),
     "max_num_seqs": _int(1),
     "max_num_batched_tokens": _int(1),
+    "adaptive_batch": _bool,
     "seed": _int(0),
     "max_body_bytes": _size,
     "header_timeout": _float(0.0, None, low_open=True),

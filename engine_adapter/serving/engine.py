@@ -27,10 +27,12 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
+from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.stats import CacheStats
+from engine_adapter.cache.tree import MAX_GHOSTS, tree_snapshot
 from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
@@ -187,6 +189,7 @@ class Engine:
             eviction_threshold=config.eviction_threshold,
             event_log=self.events,
             protect_queued=config.protect_queued,
+            explain=config.explain_evictions,
         )
         self.metrics = EngineMetrics(policy=self.cache.policy_name)
         self.events.subscribe(self._on_event)
@@ -203,6 +206,10 @@ class Engine:
             ),
         )
         self.scheduler.on_admitted = self._on_admitted
+        if config.adaptive_batch:
+            self.scheduler.adaptive = AdaptiveBatch(config.max_num_seqs)
+            self.scheduler.on_batch_change = self.metrics.on_batch_change
+        self.metrics.set_batch_limit(config.max_num_seqs)
         self.scheduler.on_finished = self._on_finished
         # Mean time per output token, learnt from finished requests (a first guess until then).
         self.tpot_estimate_s = 0.02
@@ -512,6 +519,34 @@ class Engine:
         with self.cache.lock:
             return self.cache.reset_prefix_cache()
 
+    def cache_tree(self, depth: int, max_nodes: int) -> dict[str, Any]:
+        """GET /v1/cache/tree: the radix tree cut to `depth` and `max_nodes`, with ghosts."""
+        evicted = self.events.tail(4 * MAX_GHOSTS)
+        with self.cache.lock:
+            tree = tree_snapshot(
+                self.cache.radix,
+                block_size=self.cache.block_size,
+                depth=depth,
+                max_nodes=max_nodes,
+                evicted=evicted,
+            )
+        tree["policy"] = self.cache.policy_name
+        tree["num_blocks"] = self.cache.num_blocks
+        return tree
+
+    def cache_usage(self) -> dict[str, Any]:
+        """GET /v1/cache/usage: pool use by tenant and class, the queue and the batch limit."""
+        with self.cache.lock:
+            out = self.cache.usage()
+            out["policy"] = self.cache.policy_name
+            out["running"] = len(self.scheduler.running)
+            out["waiting"] = len(self.scheduler.waiting)
+            adaptive = self.scheduler.adaptive
+            out["max_running_batch"] = adaptive.current if adaptive is not None else self.config.max_num_seqs
+            out["adaptive_batch"] = adaptive is not None
+            out["explain_evictions"] = self.cache.explain
+        return out
+
     def eviction_events(self, tail: int) -> list[dict[str, Any]]:
         """The last `tail` eviction events, oldest first."""
         return self.events.tail(tail)
@@ -529,4 +564,5 @@ class Engine:
         """The engine's Prometheus registry (sage:* metrics)."""
         with self.cache.lock:
             self._update_gauges()
+            self.metrics.set_pool_breakdown(self.cache.usage(), self.cache.tenant_hit_rates())
         return self.metrics.registry

@@ -24,6 +24,11 @@ Methods the engine calls:
   consecutive output tokens in seconds.
 - ``on_swap(policy)``: the policy was hot-swapped to ``policy``.
 - ``set_queue(running, waiting)``: requests running and waiting right now.
+- ``set_batch_limit(n)`` and ``on_batch_change(change)``: the running-batch limit, and each
+  change ``--adaptive-batch`` makes (engine_adapter.cache.adaptive_batch).
+- ``set_pool_breakdown(usage, tenant_hit_rates)``: at each scrape, blocks by tenant and by
+  priority class, and each tenant's hit rate with Jain's index over them (O(n): only when
+  ``/metrics`` is read).
 
 Metric names (``sage:`` prefix, vLLM's and SGLang's habits): ``sage:evictions_total{policy,
 reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_queries_total`` and
@@ -31,16 +36,23 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:num_preemptions_total``, ``sage:re_prefill_blocks_total``, ``sage:num_requests_running``,
 ``sage:num_requests_waiting``, ``sage:request_success_total{finish_reason}``,
 ``sage:time_to_first_token_seconds``, ``sage:time_per_output_token_seconds``,
-``sage:prompt_tokens_total``, ``sage:generation_tokens_total``, ``sage:policy_swaps_total`` and
-``sage:policy_info{policy}``.
+``sage:prompt_tokens_total``, ``sage:generation_tokens_total``, ``sage:policy_swaps_total``,
+``sage:policy_info{policy}``, ``sage:max_running_batch``, ``sage:batch_changes_total{direction}``,
+``sage:kv_cache_blocks_by_tenant{tenant}``, ``sage:kv_cache_blocks_by_class{priority_class}``,
+``sage:prefix_cache_tenant_hit_rate{tenant}`` and ``sage:tenant_fairness_index``. The
+dashboard (dashboards/sage.json) draws them; tests/test_dashboard.py keeps the two in step.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine_adapter.cache.adaptive_batch import BatchChange
+from sage_eviction.metrics import jain_fairness
 
 __all__ = [
     "EVICTION_DURATION_BUCKETS",
@@ -127,6 +139,36 @@ class EngineMetrics:
             ["policy"],
             registry=r,
         )
+        self.max_running_batch = Gauge(
+            "sage:max_running_batch", "Most requests the scheduler runs at once now.", registry=r
+        )
+        self.batch_changes = Counter(
+            "sage:batch_changes_total",
+            "Changes of the running-batch limit by --adaptive-batch, shrink or grow.",
+            ["direction"],
+            registry=r,
+        )
+        self.blocks_by_tenant = Gauge(
+            "sage:kv_cache_blocks_by_tenant",
+            "Pool blocks in use, by tenant ('-': none).",
+            ["tenant"],
+            registry=r,
+        )
+        self.blocks_by_class = Gauge(
+            "sage:kv_cache_blocks_by_class",
+            "Pool blocks in use, by priority class (low, normal, high).",
+            ["priority_class"],
+            registry=r,
+        )
+        self.tenant_hit_rate = Gauge(
+            "sage:prefix_cache_tenant_hit_rate",
+            "Prefix-cache hit rate of each tenant.",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_fairness = Gauge(
+            "sage:tenant_fairness_index", "Jain's fairness index over the tenants' hit rates.", registry=r
+        )
         self._lock = threading.Lock()  # guards _policies and the policy_info flip
         self._policies: set[str] = set()
         if policy is not None:
@@ -204,3 +246,27 @@ class EngineMetrics:
         """Requests running and waiting right now."""
         self.requests_running.set(running)
         self.requests_waiting.set(waiting)
+
+    def set_batch_limit(self, limit: int) -> None:
+        """The scheduler runs at most `limit` requests at once now."""
+        self.max_running_batch.set(limit)
+
+    def on_batch_change(self, change: BatchChange) -> None:
+        """--adaptive-batch changed the running-batch limit."""
+        self.batch_changes.labels(direction="shrink" if change.new < change.old else "grow").inc()
+        self.max_running_batch.set(change.new)
+
+    def set_pool_breakdown(
+        self, usage: Mapping[str, Any], tenant_hit_rates: Mapping[str | None, float]
+    ) -> None:
+        """Blocks by tenant and class (`CacheManager.usage()`), and hit rates by tenant."""
+        self.blocks_by_tenant.clear()
+        for tenant, blocks in usage.get("by_tenant", {}).items():
+            self.blocks_by_tenant.labels(tenant=str(tenant)).set(blocks)
+        self.blocks_by_class.clear()
+        for name, blocks in usage.get("by_class", {}).items():
+            self.blocks_by_class.labels(priority_class=str(name)).set(blocks)
+        self.tenant_hit_rate.clear()
+        for tenant, rate in tenant_hit_rates.items():
+            self.tenant_hit_rate.labels(tenant="-" if tenant is None else str(tenant)).set(rate)
+        self.tenant_fairness.set(jain_fairness(list(tenant_hit_rates.values())))

@@ -231,6 +231,30 @@ def _paths() -> dict[str, Schema]:
                 "Drop every unreferenced cached block", _json(_obj({"freed_blocks": INT}), "Reset")
             )
         },
+        "/v1/cache/tree": {
+            "get": _operation(
+                "The radix prefix tree, cut to depth and max_nodes, with recently evicted ghosts",
+                _json(_ref("CacheTree"), "The tree"),
+                params=[
+                    {
+                        "name": "depth",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 64},
+                    },
+                    {
+                        "name": "max_nodes",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 2000},
+                    },
+                ],
+            )
+        },
+        "/v1/cache/usage": {
+            "get": _operation(
+                "Pool use by tenant and priority class, the queue and the running-batch limit",
+                _json(_ref("CacheUsage"), "Pool use"),
+            )
+        },
         "/v1/engine/shutdown": {
             "post": _operation(
                 "Drain and stop the engine", _json(_obj({"status": {"const": "draining"}}), "Draining")
@@ -280,6 +304,39 @@ def _components() -> Schema:
                     "evictions_by_policy": MAP,
                     "preemptions": INT,
                     "policy_swaps": INT,
+                }
+            ),
+            "CacheTree": _obj(
+                {
+                    "policy": STR,
+                    "num_blocks": INT,
+                    "block_size": INT,
+                    "cached_blocks": INT,
+                    "shown_nodes": INT,
+                    "depth": INT,
+                    "max_nodes": INT,
+                    "truncated": BOOL,
+                    "hidden": _obj({"nodes": INT, "blocks": INT}),
+                    "roots": {"type": "array", "items": MAP},
+                    "ghost_blocks": INT,
+                }
+            ),
+            "CacheUsage": _obj(
+                {
+                    "policy": STR,
+                    "num_blocks": INT,
+                    "used_blocks": INT,
+                    "free_blocks": INT,
+                    "cached_blocks": INT,
+                    "evictable_blocks": INT,
+                    "pinned_blocks": INT,
+                    "by_tenant": MAP,
+                    "by_class": MAP,
+                    "running": INT,
+                    "waiting": INT,
+                    "max_running_batch": INT,
+                    "adaptive_batch": BOOL,
+                    "explain_evictions": BOOL,
                 }
             ),
         },

@@ -339,6 +339,34 @@ def logs_query(request: Request) -> tuple[int, bool]:
     return tail, raw_follow in ("true", "1")
 
 
+TREE_QUERY = frozenset({"depth", "max_nodes"})
+
+
+def tree_query(request: Request) -> tuple[int, int]:
+    """``depth`` (default 8) and ``max_nodes`` (default 200) of ``GET /v1/cache/tree``, checked
+    against the bounds of `engine_adapter.cache.tree`."""
+    from engine_adapter.cache.tree import MAX_DEPTH, MAX_NODES
+
+    unknown = sorted(set(request.query_params) - TREE_QUERY)
+    if unknown:
+        raise ApiError(
+            400,
+            "unknown_field",
+            f"unknown query parameter {', '.join(map(repr, unknown))}; accepted: depth, max_nodes",
+        )
+    values = []
+    for name, default, top in (("depth", 8, MAX_DEPTH), ("max_nodes", 200, MAX_NODES)):
+        raw = request.query_params.get(name, str(default))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise bad_value(name, f"must be an integer, got {raw[:40]!r}") from None
+        if not 1 <= value <= top:
+            raise bad_value(name, f"must be between 1 and {top}, got {value}")
+        values.append(value)
+    return values[0], values[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Completions
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
+from engine_adapter.cache.adaptive_batch import AdaptiveBatch, BatchChange
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
 from engine_adapter.model.decoder import Decoder, ForwardBatch
@@ -180,6 +181,10 @@ class Scheduler:
         self.on_finished: Callable[[Sequence], None] | None = None
         # Lifetime prediction (predictive policies): seconds a sequence has left, at admission.
         self.estimate_lifetime: Callable[[Sequence], float] | None = None
+        # --adaptive-batch: the running limit follows the re-prefill rate (adaptive_batch.py);
+        # each change is logged here and handed to `on_batch_change` (the engine's metrics).
+        self.adaptive: AdaptiveBatch | None = None
+        self.on_batch_change: Callable[[BatchChange], None] | None = None
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -252,6 +257,12 @@ class Scheduler:
         else:
             stats.bookkeeping_s = t1 - t0
         stats.cache_s = self.cache_s
+        if self.adaptive is not None:
+            change = self.adaptive.observe(self.cache.total_evictions, self.cache.re_prefill_blocks)
+            if change is not None:
+                log.info("batch limit changed", **change.to_dict())
+                if self.on_batch_change is not None:
+                    self.on_batch_change(change)
         return stats
 
     def _expire_waiting(self) -> None:
@@ -271,7 +282,8 @@ class Scheduler:
             return 0
         self.waiting.sort(key=lambda s: (-s.priority, s.arrival))
         admitted = 0
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+        limit = self.adaptive.current if self.adaptive is not None else self.limits.max_num_seqs
+        while self.waiting and len(self.running) < limit:
             seq = self.waiting[0]
             tokens = seq.all_ids
             t = time.perf_counter()

@@ -214,7 +214,7 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None
 
 def _simulate_rows(
     built: Workload,
-    runs: list[tuple[str, int | None]],
+    runs: list[tuple[str, int | None, bool]],
     cache_model: str,
     costs: CostModel,
     protect_queued: float = 0.0,
@@ -224,8 +224,9 @@ def _simulate_rows(
     rows: list[dict[str, Any]] = []
     with _progress(len(runs) * n_requests) as progress:
         task = progress.add_task("simulating", total=len(runs) * n_requests)
-        for index, (policy, capacity) in enumerate(runs):
+        for index, (policy, capacity, adaptive) in enumerate(runs):
             label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
+            label += " (adaptive batch)" if adaptive else ""
             progress.update(task, description=label)
             base = index * n_requests
 
@@ -242,6 +243,7 @@ def _simulate_rows(
                     progress=tick,
                     progress_every=max(1, min(1000, n_requests // 20 or 1)),
                     protect_queued=protect_queued,
+                    adaptive_batch=adaptive,
                 )
             except ValueError as exc:
                 raise BenchmarkError(str(exc)) from None
@@ -269,6 +271,7 @@ def run_benchmark(
     cost_model: dict[str, Any] | None = None,
     cost_model_path: str | Path | None = None,
     protect_queued: float = 0.0,
+    adaptive_batch: bool = False,
 ) -> dict[str, Any]:
     """Run every policy at every capacity on one workload, with the reference rows.
 
@@ -291,6 +294,8 @@ def run_benchmark(
         cost_model_path: A cost-model YAML file (read when `cost_model` is None).
         protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
             may hold protected from eviction (`Simulator`'s `protect_queued`); 0: off.
+        adaptive_batch: Run each online policy twice, without and with the adaptive batch
+            limit (engine_adapter.cache.adaptive_batch), side by side; radix model only.
 
     Returns:
         ``{"workload": {...}, "settings": {...}, "results": [row, ...]}``; rows as `SimResult`.
@@ -299,6 +304,10 @@ def run_benchmark(
         BenchmarkError: Options it cannot run with (one-line message).
     """
     _check_options(mode, cache_model, plot)
+    if adaptive_batch and cache_model != "radix":
+        raise BenchmarkError(
+            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
+        )
     costs = _cost_model(cost_model, cost_model_path)
     built = build_workload(
         trace=trace,
@@ -311,10 +320,13 @@ def run_benchmark(
     )
     capacities = capacities_for(built, capacity_blocks, capacity_ratios, cache_model)
     online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
-    runs: list[tuple[str, int | None]] = [(UNBOUNDED, None)]
+    runs: list[tuple[str, int | None, bool]] = [(UNBOUNDED, None, False)]
     for size in capacities:
-        runs.extend((policy, size) for policy in online)
-        runs.append((REFERENCE_BELADY, size))
+        for policy in online:
+            runs.append((policy, size, False))
+            if adaptive_batch:
+                runs.append((policy, size, True))
+        runs.append((REFERENCE_BELADY, size, False))
     if not 0.0 <= protect_queued <= 1.0:
         raise BenchmarkError(f"protect_queued={protect_queued!r} must be within [0, 1]")
     if protect_queued > 0 and cache_model != "radix":
@@ -336,6 +348,7 @@ def run_benchmark(
             "capacities": capacities,
             "cost_model": costs.to_dict(),
             "protect_queued": protect_queued,
+            "adaptive_batch": adaptive_batch,
         },
         "results": rows,
     }

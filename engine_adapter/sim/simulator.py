@@ -79,6 +79,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
@@ -128,6 +129,8 @@ class SimResult:
     preemptions: int
     wall_s: float
     lookups_per_s: float
+    adaptive_batch: bool = False
+    batch_changes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""
@@ -247,6 +250,8 @@ class Simulator:
         protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
             may hold protected from eviction until they run (`CacheManager.protect_queued_prefix`);
             0 turns it off.
+        adaptive_batch: The running limit starts at `max_running` and follows the re-prefill
+            rate as in the engine (`engine_adapter.cache.adaptive_batch`); radix model only.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -266,6 +271,7 @@ class Simulator:
         progress: Callable[[int], None] | None = None,
         progress_every: int = 1000,
         protect_queued: float = 0.0,
+        adaptive_batch: bool = False,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -279,6 +285,12 @@ class Simulator:
         self.cache_model = cache_model
         self.cost = cost_model if cost_model is not None else CostModel()
         self.max_running = max_running
+        if adaptive_batch and cache_model != "radix":
+            raise ValueError(
+                "adaptive batch needs the radix cache model (the flat one keeps no running blocks)"
+            )
+        self.adaptive_batch = adaptive_batch
+        self.adaptive: AdaptiveBatch | None = None
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -371,8 +383,12 @@ class Simulator:
                 raise RuntimeError(
                     "the simulation is stuck: nothing runs and the queue head cannot be admitted"
                 )
+            before = st.step
             end_step = self._run_steps(st, batch)
             self._finish(st, end_step)
+            if self.adaptive is not None and st.cache is not None:
+                manager = st.cache.manager
+                self.adaptive.observe(manager.total_evictions, manager.re_prefill_blocks, st.step - before)
         if self.progress is not None and st.finished % self.progress_every:
             self.progress(st.finished)
         self._clock = st.clock
@@ -389,6 +405,7 @@ class Simulator:
             lookups.extend(r.block_hashes)
             ends.append(len(lookups))
         self._clock = 0.0
+        self.adaptive = AdaptiveBatch(self.max_running) if self.adaptive_batch else None
         radix = self.cache_model == "radix"
         cache = self._build_radix(lookups) if radix else None
         flat = None if radix else FlatModel(self.policy_spec, self.capacity, lookups)
@@ -413,11 +430,8 @@ class Simulator:
         prefill limits; each admitted request's lookup is counted."""
         bs = self.block_size
         batch = _Admission()
-        while (
-            st.waiting
-            and len(st.running) < self.max_running
-            and batch.prefill_tokens < self.max_prefill_tokens
-        ):
+        limit = self.adaptive.current if self.adaptive is not None else self.max_running
+        while st.waiting and len(st.running) < limit and batch.prefill_tokens < self.max_prefill_tokens:
             seq = st.waiting[0]
             r = seq.request
             if st.cache is not None:
@@ -608,6 +622,8 @@ class Simulator:
             preemptions=preemptions,
             wall_s=wall,
             lookups_per_s=st.block_lookups / wall if wall > 0 else 0.0,
+            adaptive_batch=self.adaptive is not None,
+            batch_changes=0 if self.adaptive is None else self.adaptive.shrinks + self.adaptive.grows,
         )
 
     # ------------------------------------------------------------------ time arithmetic

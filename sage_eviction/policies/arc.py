@@ -110,6 +110,25 @@ class ARCPolicy(EvictionPolicy):
         out.update(p=self._p, t1=self._n1, t2=self._n2, b1=len(self._b1), b2=len(self._b2))
         return out
 
+    explains_by = "its list (T1 seen once, T2 seen again), LRU within it, and the target p of T1"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        n1, p = self._n1, self._p
+        if self._pending_replace:  # a ghost hit's REPLACE: the B2 tie-break applies
+            tie = self._pending_ghost == 2 and n1 == p
+            from_t1 = bool(self._t1) and (n1 > p or tie or not self._t2)
+        else:  # case IV first (T1 alone full), then REPLACE
+            from_t1 = bool(self._t1) and (n1 > p or n1 >= self._c or not self._t2)
+        return {
+            "list": self.list_of(key),
+            "p": self._p,
+            "t1": n1,
+            "t2": self._n2,
+            "b1": len(self._b1),
+            "b2": len(self._b2),
+            "replace_from": "T1" if from_t1 else "T2",
+        }
+
     # ---- the paper's cases II and III ------------------------------------------------------
 
     def _adapt(self, ghost: int) -> None:

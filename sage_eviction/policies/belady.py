@@ -213,6 +213,11 @@ class BeladyPolicy(HeapPolicy):
         self._heap = list(live.values())
         heapq.heapify(self._heap)
 
+    explains_by = "the position of its next use in the future, farthest first"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {"next_use": self.next_use(key), "position": self._pos}
+
     # ---- the module spec's interface ------------------------------------------------------
 
     @staticmethod

@@ -29,6 +29,8 @@ class FIFOPolicy(RecencyPolicy):
     )
     touch_on_access = False
 
+    explains_by = "the logical time of its insert, oldest first"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

@@ -29,6 +29,8 @@ class FILOPolicy(RecencyPolicy):
     touch_on_access = False
     newest_first = True
 
+    explains_by = "the logical time of its insert, newest first"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

@@ -48,6 +48,15 @@ class GDSFPolicy(FlatHeapPolicy):
     def _on_victim(self, key: Hashable, item: tuple[Any, ...]) -> None:
         self.inflation = item[0]
 
+    explains_by = "H = L + (hits + 1) * cost / size, then the time of its latest insert or hit"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        rank = self.rank(key)
+        assert rank is not None
+        values: dict[str, object] = {"H": rank[0], "L": self.inflation, "cost": meta.cost}
+        values.update(size=meta.size, frequency=meta.hits + 1)
+        return values
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """With L = 0 at sequence level: (accesses + 1) * recompute cost (the sequence's tokens)

@@ -34,6 +34,8 @@ class LFUPolicy(LevelledRecencyPolicy):
 
     level_attr = "hits"
 
+    explains_by = "hits since insert, then the time of its latest insert or hit"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

@@ -19,5 +19,7 @@ class LRUPolicy(RecencyPolicy):
     strategy = EvictionStrategy.LRU
     paper = "Denning, The Working Set Model for Program Behavior, CACM 1968"
 
+    explains_by = "the logical time of its latest insert or hit, oldest first"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)

@@ -99,6 +99,16 @@ class MQPolicy(EvictionPolicy):
         out.update(queues=self.queue_sizes(), qout=len(self._qout), vtime=self._vtime)
         return out
 
+    explains_by = "its queue (by frequency, lowest first), LRU within it; lifetimes demote"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {
+            "queue": self._queue_of[key],
+            "frequency": self._freq[key],
+            "expires_at": self._expire[key],
+            "vtime": self._vtime,
+        }
+
     # ---- the paper's QueueNum and Adjust ------------------------------------------------------
 
     def _queue_num(self, freq: int) -> int:

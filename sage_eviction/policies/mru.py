@@ -32,6 +32,8 @@ class MRUPolicy(RecencyPolicy):
     order_preserving = False
     newest_first = True
 
+    explains_by = "the logical time of its latest insert or hit, newest first"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

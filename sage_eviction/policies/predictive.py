@@ -119,6 +119,20 @@ class PredictivePolicy(FlatHeapPolicy):
                 end = meta.last_access + lifetime
         return (end, -_completion(meta.seq_len, meta.max_len), self._tick[key])
 
+    explains_by = "predicted end of its sequence, then completion, then recency"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        prediction = self.predictor.predict(meta)
+        rank = self.rank(key)
+        assert rank is not None
+        return {
+            "predicted_end": rank[0],
+            "lifetime": None if prediction is None else prediction[0],
+            "confidence": None if prediction is None else prediction[1],
+            "confidence_threshold": self.confidence_threshold,
+            "completion": _completion(meta.seq_len, meta.max_len),
+        }
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The same order with the default params: `estimated_lifetime` when given, else the

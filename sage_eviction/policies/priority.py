@@ -31,6 +31,8 @@ class PriorityPolicy(LevelledRecencyPolicy):
 
     level_attr = "priority"
 
+    explains_by = "priority, then the time of its latest insert or hit"
+
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 

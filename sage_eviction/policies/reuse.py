@@ -61,11 +61,10 @@ import heapq
 import math
 import random
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
-from sage_eviction.errors import UnknownKeyError
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["ReusePolicy"]
@@ -349,12 +348,65 @@ class ReusePolicy(EvictionPolicy):
         del self._bucket[key]
         return key
 
+    def _learned_in_order(self) -> Iterator[Hashable]:
+        """The keys of the learned heap's live items in score order, without changing the heap
+        (a best-first walk of its tree: O(k log k) for the first k)."""
+        heap, live = self._heap, self._live
+        if not heap:
+            return
+        size = len(heap)
+        frontier: list[tuple[tuple[float, int, Hashable], int]] = [(heap[0], 0)]
+        while frontier:
+            item, i = heapq.heappop(frontier)
+            if live.get(item[2]) == item[1]:
+                yield item[2]
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < size:
+                    heapq.heappush(frontier, (heap[child], child))
+
+    def _drain_order(self, n: int) -> list[Hashable]:
+        """The next `n` victims exactly as `evict` would take them if nothing changed: both
+        experts' orders merged with the same draws of the generator (its state is restored)."""
+        live = self._live
+        n = min(n, len(live))
+        if n <= 0:
+            return []
+        if n > 256:  # most of the order: one C-level sort of the live items beats the walk
+            learned: Iterator[Hashable] = iter(
+                [item[2] for item in sorted(item for item in self._heap if live.get(item[2]) == item[1])]
+            )
+        else:
+            learned = self._learned_in_order()
+        recent = iter(live)
+        taken: set[Hashable] = set()
+        out: list[Hashable] = []
+        rng = self._rng
+        state = rng.getstate()
+        try:
+            first = next(learned)
+            oldest = next(recent)
+            while len(out) < n:
+                while first in taken:
+                    first = next(learned)
+                while oldest in taken:
+                    oldest = next(recent)
+                if first is oldest or first == oldest:
+                    key = first
+                else:
+                    key = first if rng.random() < self._weight else oldest
+                out.append(key)
+                taken.add(key)
+        finally:
+            rng.setstate(state)
+        return out
+
+    def peek(self, n: int) -> list[Hashable]:
+        """The next `n` victims, in the order `evict` would take them if nothing changed."""
+        return self._drain_order(n)
+
     def _eviction_order(self) -> list[Hashable]:
-        """The evictable keys in the order of the expert of larger weight."""
-        gap, logit, bucket = self._mean_gap, self._logit, self._bucket
-        if self._weight >= 0.5:
-            return sorted(self._live, key=lambda k: (self._live[k] + gap * logit[bucket[k]], self._live[k]))
-        return list(self._live)
+        """Every evictable key in the order draining the policy would evict them."""
+        return self._drain_order(len(self._live))
 
     # ---- introspection -----------------------------------------------------------------------
 
@@ -373,26 +425,17 @@ class ReusePolicy(EvictionPolicy):
         """Keys with an open trial or a ghost record (the memory beyond the held blocks)."""
         return len(self._open) + len(self._ghosts) + len(self._spared)
 
-    def explain(self, key: Hashable) -> dict[str, object]:
-        """What the policy ranks a held block by: its features, its bucket's learnt reuse
-        probability, the score it is ranked by (smaller leaves first), and the experts' weights.
-
-        Raises:
-            UnknownKeyError: The key is not held.
-        """
-        meta = self._meta.get(key)
-        if meta is None:
-            raise UnknownKeyError(f"{self.name}: key {key!r} is not in the policy")
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        """The radix features of a held block, its bucket's learnt reuse probability, the score
+        the learned expert ranks it by (smaller leaves first) and the experts' weight; `explain`
+        adds them to the base's values (its ``order`` is the drain order, both experts merged)."""
         bucket = self._bucket[key]
         tick = self._tick[key]
         return {
-            "policy": self.name,
-            "evictable": key in self._live,
             "depth": meta.depth,
             "pos_from_end": meta.pos_from_end,
             "prompt_blocks": meta.prompt_blocks,
-            "hits": meta.hits,
-            "last_access": meta.last_access,
+            "prefix_idle": meta.prefix_idle,
             "idle_ticks": self._clock - tick,
             "bucket": bucket,
             "reuse_probability": self.reuse_probability(bucket),

@@ -119,6 +119,19 @@ class S3FIFOPolicy(EvictionPolicy):
         out.update(small=self._n_small, main=self._n_main, ghost=len(self._ghost))
         return out
 
+    explains_by = "its queue (small, then main) and frequency: the tail leaves unless hit enough"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {
+            "queue": self.queue_of(key),
+            "frequency": self._freq[key],
+            "move_threshold": self.move_threshold,
+            "small": self._n_small,
+            "small_size": self._small_size,
+            "main": self._n_main,
+            "ghost": len(self._ghost),
+        }
+
     # ---- hooks -------------------------------------------------------------------------------
 
     def prepare_insert(self, key: Hashable) -> None:

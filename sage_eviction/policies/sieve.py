@@ -76,6 +76,11 @@ class SIEVEPolicy(EvictionPolicy):
             node = node.newer
         return keys
 
+    explains_by = "its visited bit and its place from the hand toward the newest"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {"visited": self._nodes[key].visited, "hand": self.hand}
+
     # ---- the linked list ---------------------------------------------------------------------
 
     def _link_head(self, node: _Node) -> None:

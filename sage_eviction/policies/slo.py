@@ -91,6 +91,21 @@ class SLOPolicy(FlatHeapPolicy):
         protected = meta.max_len > 0 and meta.seq_len >= self.protect_completion * meta.max_len
         return (protected, urgency + self.cost_weight * meta.cost, self._tick[key])
 
+    explains_by = "protected near completion, then urgency + cost_weight * cost, then recency"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        slack = self.default_slack if meta.deadline is None else meta.deadline - meta.last_access
+        rank = self.rank(key)
+        assert rank is not None
+        return {
+            "protected": rank[0],
+            "score": rank[1],
+            "slack": slack,
+            "urgency": self.priority_base**meta.priority / (slack + self.eps) if slack >= 0.0 else 0.0,
+            "cost": meta.cost,
+            "completion": meta.seq_len / meta.max_len if meta.max_len > 0 else 0.0,
+        }
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The same order with the default params, for a sequence: no deadline is known, so

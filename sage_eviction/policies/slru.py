@@ -85,6 +85,16 @@ class SLRUPolicy(EvictionPolicy):
         """The most blocks the protected segment holds; None when unbounded."""
         return self._protected_cap
 
+    explains_by = "its segment (probationary before protected), LRU within it"
+
+    def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
+        return {
+            "segment": self.segment_of(key),
+            "protected_threshold": self.protected_threshold,
+            "protected": self._n_protected,
+            "protected_capacity": self._protected_cap,
+        }
+
     # ---- hooks -------------------------------------------------------------------------------
 
     def _balance(self) -> None:

@@ -1,0 +1,84 @@
+"""``sage llm eviction explain`` and ``logs --explain`` on a log file a real cache manager wrote.
+
+No engine: a `CacheManager` with explanation on writes its events through `EvictionEventLog`
+to a JSON-lines file, as the engine does with ``--log-evictions --explain``; the CLI reads it
+with ``--file`` in a subprocess. A log written without explanation says how to get one, and a
+target that is not in the log, or not a sequence id or block key, is a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.events import EvictionEventLog
+from sage_cli.eviction_view import explain_lines, explain_one_line
+
+REPO = Path(__file__).resolve().parent.parent
+BS = 4
+
+
+def _write_log(path: Path, *, explain: bool) -> list[dict[str, object]]:
+    with EvictionEventLog(path) as log:
+        m = CacheManager(BlockAllocator(12, BS), policy="lfu", event_log=log, explain=explain)
+        for sid in range(1, 6):
+            prompt = [sid * 100 + i for i in range(3 * BS)]
+            m.allocate(sid, prompt, tenant=f"t{sid % 2}")
+            m.free_sequence(sid, prompt)
+        events = log.tail()
+    return [e for e in events if e["event"] == "evict"]
+
+
+def _sage(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(REPO), "COLUMNS": "250"}
+    return subprocess.run(
+        [sys.executable, "-m", "sage_cli", "llm", "eviction", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_explain_and_logs_explain_from_a_file(tmp_path: Path) -> None:
+    log = tmp_path / "evictions.jsonl"
+    victims = _write_log(log, explain=True)
+    assert victims
+    first = victims[0]
+    done = _sage("explain", str(first["sequence_id"]), "--file", str(log), home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ranked by: hits since insert, then the time of its latest insert or hit" in done.stdout
+    assert f"block {str(first['block'])[:10]}" in done.stdout
+    assert "its values:" in done.stdout and "level=0" in done.stdout
+    by_key = _sage("explain", str(first["block"])[:8], "--file", str(log), "--json", home=tmp_path)
+    assert by_key.returncode == 0, by_key.stderr
+    assert json.loads(by_key.stdout.splitlines()[0])["explain"] == first["explain"]
+    lines = _sage("logs", "--explain", "--file", str(log), "--tail", "1000", home=tmp_path)
+    assert lines.returncode == 0, lines.stderr
+    out = lines.stdout.strip().splitlines()
+    assert len(out) == len(victims)  # one line per victim, none for the "freed" events
+    assert all("evicted by LFU for alloc: " in line and "rank=(0, " in line for line in out)
+
+
+def test_without_explanation_and_bad_targets(tmp_path: Path) -> None:
+    log = tmp_path / "evictions.jsonl"
+    victims = _write_log(log, explain=False)
+    done = _sage("explain", str(victims[0]["sequence_id"]), "--file", str(log), home=tmp_path)
+    assert done.returncode == 0 and "start the engine with --explain" in done.stdout
+    assert "(no explanation: the engine runs without --explain)" in explain_one_line(victims[0])
+    for target, fragment in (("424242", "no eviction of 424242"), ("x-y", "sequence id")):
+        bad = _sage("explain", target, "--file", str(log), home=tmp_path)
+        assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert fragment in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_renderers_tolerate_odd_events() -> None:
+    """The renderers read JSON from an engine or a file: missing or odd fields print as '?'."""
+    odd = {"event": "evict", "explain": {"values": "x", "preferred_to": [1], "skipped": None}}
+    assert "evicted by ? for ?" in explain_one_line(odd)
+    assert explain_lines(odd)[0].startswith("block ? [pool block None] evicted at ?")
