@@ -131,6 +131,10 @@ class ReusePolicy(EvictionPolicy):
         "LeCaR (HotStorage 2018) and CACHEUS (FAST 2021)"
     )
     order_preserving = False  # the learnt tables and weights start afresh after a swap
+    explains_by = (
+        "its learnt reuse odds (bucket of prompt length, position from the prompt's end, hits and "
+        "reuse interval) on top of its idle time, or LRU's order, as the regret-weighted experts pick"
+    )
     needs_capacity = True
 
     def __init__(
