@@ -62,6 +62,7 @@ import math
 import random
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator
+from itertools import compress
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
@@ -287,6 +288,25 @@ class ReusePolicy(EvictionPolicy):
         """A miss on `key` is about to evict: its regret is applied before the evictions."""
         self._regret(key)
         self._pending = key
+
+    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
+        # What the one-by-one inserts build, with C-level updates: each entry opens its trial;
+        # no trial can end (fewer entries than a window) and no ghost is held, so the model
+        # stays empty, every score is the tick, and the ascending items are already a heap.
+        if self._meta or len(keys) >= self._window or not self._inserts_like(ReusePolicy):
+            return False
+        buckets = list(map(bucket_of, metas, map(idle_class, metas)))
+        first = self._add_columns(keys, metas, flags)
+        ticks = range(first, self._clock + 1)
+        self._tick.update(zip(keys, ticks, strict=True))
+        self._bucket.update(zip(keys, buckets, strict=True))
+        self._open.update(zip(keys, zip(buckets, ticks, strict=True), strict=True))
+        self._starts.extend(zip(ticks, keys, strict=True))
+        live_keys = list(compress(keys, flags))
+        live_ticks = list(compress(ticks, flags))
+        self._live.update(zip(live_keys, live_ticks, strict=True))
+        self._heap = [(float(tick), tick, key) for key, tick in zip(live_keys, live_ticks, strict=True)]
+        return True
 
     def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
         if self._pending is not _NO_KEY and self._pending == key:
