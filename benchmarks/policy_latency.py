@@ -3,7 +3,8 @@
 - `evict(1)` in steady state at n evictable entries: fill n entries, then loop: evict(1),
   insert a new key, hit a few random live keys. Each evict is timed alone with
   `time.perf_counter_ns` (the timer's own overhead, measured once, is subtracted).
-  Target: p50 <= 2 us and p99 <= 10 us, flat in n.
+  Target: p50 <= 2 us and p99 <= 10 us, flat in n; the learned `reuse` (two experts, a
+  model per eviction) has p50 <= 5 us at 1e6 (its issue's target), the same p99.
 - `select_victims` on the module spec's scenario: 1000 candidates of 10 blocks, priorities
   0-2, access counts 1-10, required_blocks=100. Target: p50 <= 50 us.
 
@@ -45,6 +46,7 @@ from sage_eviction import (
 from sage_eviction.metrics import percentile
 
 EVICT_P50_US = 2.0
+EVICT_P50_US_BY_POLICY = {"reuse": 5.0}  # policies with a target of their own
 EVICT_P99_US = 10.0
 SELECT_P50_US = 50.0
 
@@ -60,7 +62,8 @@ class EvictRow:
 
     @property
     def passed(self) -> bool:
-        return self.p50_us <= EVICT_P50_US and self.p99_us <= EVICT_P99_US
+        p50 = EVICT_P50_US_BY_POLICY.get(self.policy, EVICT_P50_US)
+        return self.p50_us <= p50 and self.p99_us <= EVICT_P99_US
 
 
 @dataclass(slots=True)
@@ -206,7 +209,10 @@ def bench_select(name: str, calls: int, overhead_ns: int) -> SelectRow:
 
 
 def _print_tables(evicts: Sequence[EvictRow], selects: Sequence[SelectRow], header: str) -> None:
-    evict_title = f"evict(1) in steady state: target p50 <= {EVICT_P50_US:g} us, p99 <= {EVICT_P99_US:g} us"
+    evict_title = (
+        f"evict(1) in steady state: target p50 <= {EVICT_P50_US:g} us (reuse: 5 us), "
+        f"p99 <= {EVICT_P99_US:g} us"
+    )
     select_title = f"select_victims, 1000 candidates, 100 blocks: target p50 <= {SELECT_P50_US:g} us"
     evict_rows = [
         (r.policy, f"{r.n:.0e}".replace("e+0", "e"), f"{r.p50_us:.2f}", f"{r.p99_us:.2f}", f"{r.fill_s:.2f}",

@@ -79,6 +79,7 @@ class BenchmarkOptions:
     plot: Path | None
     cost_model: dict[str, Any] | None
     cost_model_path: Path | None
+    protect_queued: float = 0.0
     adaptive_batch: bool = False
 
     def as_kwargs(self) -> dict[str, Any]:
@@ -347,6 +348,19 @@ def benchmark(
             help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
         ),
     ] = CacheModel.radix,
+    protect_queued: Annotated[
+        float,
+        typer.Option(
+            "--protect-queued",
+            min=0.0,
+            max=1.0,
+            metavar="FRACTION",
+            help=(
+                "radix model: protect queued requests' cached prefixes from eviction"
+                " until they run, within this fraction of the pool."
+            ),
+        ),
+    ] = 0.0,
     duration: Annotated[
         float | None,
         typer.Option(
@@ -476,6 +490,12 @@ def benchmark(
         if importlib.util.find_spec("matplotlib") is None:
             raise CLIUsageError("--plot needs matplotlib: pip install 'sage-kv[plot]'")
     costs = _load_cost_model(cost_model) if cost_model is not None else None
+    if protect_queued > 0 and mode is Mode.engine:
+        raise CLIUsageError(
+            "--protect-queued applies to the simulator; start the engine with --protect-queued instead"
+        )
+    if protect_queued > 0 and cache_model is not CacheModel.radix:
+        raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
     if engine_url is not None:
         result = _vllm_mode(
             url=engine_url,
@@ -546,6 +566,7 @@ def benchmark(
         plot=plot,
         cost_model=costs,
         cost_model_path=cost_model,
+        protect_queued=protect_queued,
         adaptive_batch=adaptive_batch,
     )
     try:

@@ -467,6 +467,18 @@ def start(
             default="0.5",
         ),
     ] = None,
+    protect_queued: Annotated[
+        float | None,
+        _opt(
+            "--protect-queued",
+            metavar="FRACTION",
+            help=(
+                "Protect waiting requests' cached prefixes from eviction"
+                " until they run, within this fraction of the pool."
+            ),
+            default="0",
+        ),
+    ] = None,
     max_num_seqs: Annotated[
         int | None,
         _opt("--max-num-seqs", metavar="N", min=1, help="Most running sequences per step.", default="256"),
@@ -565,6 +577,7 @@ def start(
         "queued_timeout": queued_timeout,
         "eviction_threshold": eviction_threshold,
         "max_pinned_ratio": max_pinned_ratio,
+        "protect_queued": protect_queued,
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "adaptive_batch": adaptive_batch,

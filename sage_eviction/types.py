@@ -34,6 +34,7 @@ class EvictionStrategy(Enum):
     LFU = "lfu"
     ARC = "arc"
     MQ = "mq"
+    REUSE = "reuse"
     SLRU = "slru"
     PRIORITY = "priority"
     QOS_AWARE = "priority"  # the module spec's name for the same policy
@@ -64,6 +65,18 @@ class EntryMeta:
         seq_len: Current length of the owning sequence, in tokens.
         max_len: Maximum length of the owning sequence, in tokens.
         deadline: Absolute time by which the owning request should finish.
+        depth: The block's depth in the radix tree (0: a prompt's first block).
+        pos_from_end: Blocks from the end of the inserting request's prompt (0: its last
+            block; negative: a block of generated output past the prompt).
+        prompt_blocks: Blocks of the inserting request's prompt.
+        conversation: The conversation (session) of the inserting request; `None` when the
+            workload has none.
+        prefix_idle: Seconds the inserting request's cached prefix had been idle when the
+            request was admitted (how long ago its conversation was last served); `None` when
+            nothing of its prompt was cached.
+
+    The last five are the radix features of learned policies (`reuse`); the cache fills them
+    when it builds the meta, and a policy that ignores them pays nothing more.
     """
 
     size: int = 1
@@ -77,6 +90,11 @@ class EntryMeta:
     seq_len: int = 0
     max_len: int = 0
     deadline: float | None = None
+    depth: int = 0
+    pos_from_end: int = 0
+    prompt_blocks: int = 0
+    conversation: str | None = None
+    prefix_idle: float | None = None
 
 
 class PolicyEntry(NamedTuple):

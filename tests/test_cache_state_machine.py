@@ -3,8 +3,9 @@
 
 The stream draws prompts from a few shared prefixes (system prompts, multi-turn history) plus
 short random suffixes, and interleaves allocate, decode growth, commit, finish, preempt, lookup,
-pin/unpin, manual and background eviction, preemption choice and hot swaps. Failed calls must
-be clear errors that change nothing.
+pin/unpin, manual and background eviction, preemption choice, hot swaps and queue-aware
+protection (a request queued with its cached prefix protected, then admitted or leaving the
+queue). Failed calls must be clear errors that change nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.tokens: dict[int, list[int]] = {}  # running sequence -> tokens with K/V
         self.tenants: dict[int, str | None] = {}
         self.pinned: list[PinnedPrefix] = []
+        self.queued: dict[int, tuple[list[int], str | None]] = {}  # waiting request -> prompt, tenant
         self.next_id = 0
         self.now = 0.0
         self.prefixes: list[list[int]] = []
@@ -60,8 +62,11 @@ class CacheMachine(RuleBasedStateMachine):
         block_size=st.integers(2, 4),
         ratio=st.sampled_from([0.0, 0.25, 0.5]),
         threshold=st.sampled_from([None, 0.5, 0.75]),
+        protect=st.sampled_from([0.0, 0.25, 0.5]),
     )
-    def setup(self, num_blocks: int, block_size: int, ratio: float, threshold: float | None) -> None:
+    def setup(
+        self, num_blocks: int, block_size: int, ratio: float, threshold: float | None, protect: float
+    ) -> None:
         self.m = CacheManager(
             BlockAllocator(num_blocks, block_size),
             policy=self.policy_name,
@@ -69,6 +74,7 @@ class CacheMachine(RuleBasedStateMachine):
             eviction_threshold=threshold,
             clock=self._clock,
             isolate_tenants=True,
+            protect_queued=protect,
         )
         bs = block_size
         # shared prefixes: none, a system prompt of 2 blocks, a longer one, an unaligned one
@@ -177,6 +183,65 @@ class CacheMachine(RuleBasedStateMachine):
         m.lookup(self._prompt(prefix, suffix) or [0])
         assert (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats().hit_rate) == before
 
+    # ---- queue-aware protection ----------------------------------------------------------------
+
+    @rule(
+        prefix=st.integers(0, 3),
+        suffix=st.lists(st.integers(0, 3), max_size=10),
+        tenant=st.sampled_from([None, "a", "b"]),
+    )
+    def enqueue(self, prefix: int, suffix: list[int], tenant: str | None) -> None:
+        prompt = self._prompt(prefix, suffix)
+        if not prompt:
+            return
+        rid = self.next_id
+        self.next_id += 1
+        m = self.m
+        hit = m.lookup(prompt, tenant=tenant).num_cached_blocks
+        hits = m.stats().prefix_cache_hits_tokens
+        protected = m.protect_queued_prefix(rid, prompt, tenant=tenant)
+        assert protected <= hit  # its cached head only
+        assert protected == 0 or m.protect_queued > 0
+        assert m.num_protected_blocks <= m.max_protected
+        assert m.stats().prefix_cache_hits_tokens == hits  # protecting is no hit
+        self.queued[rid] = (prompt, tenant)
+
+    @invariant()
+    def protected_prefixes_stay_cached(self) -> None:
+        for path in self.m.protected_paths():
+            assert all(self.m.radix.get(b.key) is b and not b.evictable for b in path)
+
+    @precondition(lambda self: self.queued)
+    @rule(data=st.data())
+    def admit_queued(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.queued)))
+        prompt, tenant = self.queued[rid]
+        m = self.m
+        expected = m.lookup(prompt, tenant=tenant)
+        before = None if expected.fits else snapshot(m)
+        try:
+            alloc = m.allocate(rid, prompt, tenant=tenant)
+        except (NoEvictableBlocksError, RequestTooLargeError):
+            assert not expected.fits  # protections yield to any allocation that could succeed
+            assert snapshot(m) == before
+            return
+        assert expected.fits
+        assert alloc.num_cached_blocks == expected.num_cached_blocks
+        assert m.release_queued(rid) == 0  # running: its protection ended at admission
+        del self.queued[rid]
+        self.tokens[rid] = list(prompt)
+        self.tenants[rid] = tenant
+
+    @precondition(lambda self: self.queued)
+    @rule(data=st.data())
+    def leave_queue(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.queued)))
+        del self.queued[rid]
+        protected = self.m.num_protected_blocks
+        released = self.m.release_queued(rid)
+        assert self.m.num_protected_blocks <= protected
+        assert self.m.release_queued(rid) == 0 <= released  # a second release is a no-op
+
     # ---- pins --------------------------------------------------------------------------------
 
     @rule(prefix=st.integers(1, 3))
@@ -260,6 +325,9 @@ class CacheMachine(RuleBasedStateMachine):
         # drain: every running sequence can be released, and then nothing is referenced
         if not hasattr(self, "m"):
             return
+        for rid in list(self.queued):
+            self.m.release_queued(rid)
+        assert self.m.num_protected_blocks == 0
         for seq, toks in list(self.tokens.items()):
             self.m.free_sequence(seq, toks)
         self.m.check_invariants()

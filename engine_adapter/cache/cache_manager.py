@@ -77,6 +77,8 @@ class CacheManager:
         record_events: False turns events off (fast simulation).
         isolate_tenants: Use the tenant as isolation key when a request gives no ``cache_salt``.
         clock: Time source (a virtual clock in simulation).
+        protect_queued: Fraction of the pool that the cached prefixes of waiting requests may
+            hold protected from eviction (`protect_queued_prefix`); 0 turns it off.
         explain: Each eviction event says why its victim went (O(n) per victim; see
             `engine_adapter.cache.explain`). May be switched at any time.
 
@@ -99,6 +101,7 @@ class CacheManager:
         record_events: bool = True,
         isolate_tenants: bool = False,
         clock: Callable[[], float] = time.time,
+        protect_queued: float = 0.0,
         explain: bool = False,
     ) -> None:
         if block_size is None:
@@ -109,6 +112,8 @@ class CacheManager:
             )
         if eviction_threshold is not None and not 0.0 <= eviction_threshold <= 1.0:
             raise ValueError(f"eviction_threshold={eviction_threshold!r} must be within [0, 1]")
+        if not 0.0 <= protect_queued <= 1.0:
+            raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks = allocator.num_blocks
@@ -128,6 +133,13 @@ class CacheManager:
         if record_events:
             self.events = event_log if event_log is not None else EvictionEventLog()
         self._sequences: dict[int, SequenceState] = {}
+        # Queue-aware protection: a waiting request's cached prefix holds one reference on each
+        # block (like a running sequence), so no policy can evict it before the request runs.
+        self.protect_queued = protect_queued
+        self.max_protected = int(protect_queued * self.num_blocks)
+        self._protected: dict[Hashable, list[CachedBlock]] = {}  # request id -> its locked path
+        self._protect_refs: dict[Hashable, int] = {}  # block key -> protections holding it
+        self.protections_yielded = 0  # protections dropped so that an allocation could proceed
 
         # metrics (docs/architecture.md, "Metrics")
         self._hits = HitCounter()
@@ -157,8 +169,9 @@ class CacheManager:
 
     @property
     def num_available_blocks(self) -> int:
-        """Free blocks plus cached blocks that eviction could reclaim now."""
-        return self.allocator.num_free + self.radix.num_reclaimable
+        """Free blocks plus cached blocks that eviction could reclaim now (queued requests'
+        protections yield to an allocation, so their blocks count)."""
+        return self.allocator.num_free + self._reclaimable_for(())
 
     @property
     def num_cached_blocks(self) -> int:
@@ -256,7 +269,7 @@ class CacheManager:
             keys = self._request_keys(token_ids, block_keys, n_tokens, self._salt(cache_salt, tenant))
             path = self.radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
             n_new = -(-n_tokens // self.block_size) - len(path)
-            available = self.allocator.num_free + self.radix.num_reclaimable - self._reclaimable_in(path)
+            available = self.allocator.num_free + self._reclaimable_for(path)
             return LookupResult(
                 num_cached_blocks=len(path),
                 num_cached_tokens=len(path) * self.block_size,
@@ -274,6 +287,22 @@ class CacheManager:
     def _reclaimable_in(path: Sequence[CachedBlock]) -> int:
         return sum(1 for b in path if b.ref_count == 0 and b.pin_count == 0)
 
+    def _reclaimable_for(self, path: Sequence[CachedBlock]) -> int:
+        """Blocks eviction could reclaim for a request that locks `path`, once every queued
+        request's protection has yielded (O(protected blocks); O(len(path)) without any)."""
+        reclaimable = self.radix.num_reclaimable - self._reclaimable_in(path)
+        refs = self._protect_refs
+        if not refs:
+            return reclaimable
+        in_path = {b.key for b in path}
+        get = self.radix.get
+        for key, count in refs.items():
+            block = get(key)
+            # held by protections alone: reclaimable once they yield, unless the request locks it
+            if block is not None and block.pin_count == 0 and block.ref_count == count and key not in in_path:
+                reclaimable += 1
+        return reclaimable
+
     def allocate(
         self,
         sequence_id: int,
@@ -289,6 +318,7 @@ class CacheManager:
         estimated_lifetime: float | None = None,
         non_preemptible: bool = False,
         recompute_last_token: bool = True,
+        conversation: str | None = None,
     ) -> Allocation:
         """Give a new sequence its blocks: the cached prefix (locked) and fresh ones for the rest.
 
@@ -311,6 +341,8 @@ class CacheManager:
             non_preemptible: Never chosen by `select_preemption_victims`.
             recompute_last_token: Never serve the prompt's last token from cache, so the model
                 computes its logits in a private block (set False in simulation).
+            conversation: The conversation (session) it belongs to, recorded in its blocks'
+                meta for the policies that learn from it.
 
         Returns:
             The block table and how many leading tokens are cached.
@@ -337,7 +369,12 @@ class CacheManager:
             path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
             n_new = n_blocks - len(path)
             deficit = self._deficit(sequence_id, path, n_new)
+            protected = self._protected.pop(sequence_id, None)
+            if protected is not None:  # it leaves the queue; its protected head is in `path`
+                self._unprotect(protected)
             now = self.clock()
+            # how long the prefix this request extends had been idle: a feature of its new blocks
+            prefix_idle = max(now - path[-1].meta.last_access, 0.0) if path else None
             radix.lock(path)
             radix.touch(path, now)
             evicted = self._evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
@@ -349,8 +386,11 @@ class CacheManager:
                 keys=keys,
                 salt=salt,
                 num_prompt_tokens=n_tokens,
+                num_prompt_blocks=n_blocks,
                 num_tokens=n_tokens,
                 tenant=tenant,
+                conversation=conversation,
+                prefix_idle=prefix_idle,
                 priority=priority,
                 max_tokens=max_tokens,
                 deadline=deadline,
@@ -381,6 +421,11 @@ class CacheManager:
         deficit = n_new - self.allocator.num_free
         if deficit > 0:
             reclaimable = self.radix.num_reclaimable - self._reclaimable_in(path)
+            if deficit > reclaimable and self._protected and deficit <= self._reclaimable_for(path):
+                # protection never fails an allocation that could succeed: the newest yield first
+                while deficit > reclaimable:
+                    self._yield_protection()
+                    reclaimable = self.radix.num_reclaimable - self._reclaimable_in(path)
             if deficit > reclaimable:
                 raise NoEvictableBlocksError(
                     f"sequence {sequence_id} needs {n_new} new blocks: {self.allocator.num_free} free "
@@ -420,6 +465,10 @@ class CacheManager:
                     f"but the pool has {self.num_blocks}"
                 )
             deficit = num_blocks - self.allocator.num_free
+            short = deficit > self.radix.num_reclaimable
+            if short and self._protected and deficit <= self._reclaimable_for(()):
+                while deficit > self.radix.num_reclaimable:
+                    self._yield_protection()
             if deficit > self.radix.num_reclaimable:
                 return None
             if deficit > 0:
@@ -615,7 +664,100 @@ class CacheManager:
             seq_len=seq.num_tokens,
             max_len=seq.max_tokens,
             deadline=seq.deadline,
+            depth=index,  # the sequence's blocks are a root path: block i sits at depth i
+            pos_from_end=seq.num_prompt_blocks - 1 - index,
+            prompt_blocks=seq.num_prompt_blocks,
+            conversation=seq.conversation,
+            prefix_idle=seq.prefix_idle,
         )
+
+    # ---- queue-aware protection ----------------------------------------------------------
+
+    def protect_queued_prefix(
+        self,
+        request_id: Hashable,
+        token_ids: Sequence[int] | None = None,
+        *,
+        num_tokens: int | None = None,
+        block_keys: Sequence[Hashable] | None = None,
+        tenant: str | None = None,
+        cache_salt: str | None = None,
+        recompute_last_token: bool = True,
+    ) -> int:
+        """Protect from eviction the cached prefix a waiting request will hit, until it is
+        allocated (`allocate` with the same id) or leaves the queue (`release_queued`).
+
+        The protected blocks of all waiting requests stay within `protect_queued` of the pool: a
+        prefix that does not fit whole is protected as far as it fits (its head, which its hit
+        needs first). An allocation or a decode block that could not be had otherwise takes
+        the protections back, newest first (`protections_yielded`). Protecting is no hit: the
+        policy is not told of an access. A no-op when `protect_queued` is 0.
+
+        Arguments as in `allocate`; `request_id` is the sequence id it will be allocated with.
+
+        Returns:
+            Blocks it protects.
+        """
+        with self.lock:
+            if self.max_protected <= 0:
+                return 0
+            self.release_queued(request_id)
+            n_tokens = self._num_tokens(token_ids, block_keys, num_tokens, self.block_size)
+            keys = self._request_keys(token_ids, block_keys, n_tokens, self._salt(cache_salt, tenant))
+            path = self.radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
+            room = self.max_protected - len(self._protect_refs)
+            refs = self._protect_refs
+            end = 0
+            for block in path:  # the longest head of the path within the budget
+                if block.key not in refs:
+                    if room <= 0:
+                        break
+                    room -= 1
+                end += 1
+            if end:
+                self._protect(request_id, path[:end])
+            return end
+
+    def release_queued(self, request_id: Hashable) -> int:
+        """End a waiting request's protection (it left the queue); returns blocks it protected."""
+        with self.lock:
+            path = self._protected.pop(request_id, None)
+            if path is None:
+                return 0
+            self._unprotect(path)
+            return len(path)
+
+    @property
+    def num_protected_blocks(self) -> int:
+        """Distinct blocks protected for waiting requests now."""
+        return len(self._protect_refs)
+
+    def protected_paths(self) -> list[list[CachedBlock]]:
+        """The locked paths of the waiting requests' protections (for the invariants)."""
+        return [list(path) for path in self._protected.values()]
+
+    def _protect(self, request_id: Hashable, path: list[CachedBlock]) -> None:
+        self.radix.lock(path)
+        refs = self._protect_refs
+        for block in path:
+            refs[block.key] = refs.get(block.key, 0) + 1
+        self._protected[request_id] = path
+
+    def _unprotect(self, path: list[CachedBlock]) -> None:
+        self.radix.unlock(path)
+        refs = self._protect_refs
+        for block in path:
+            left = refs[block.key] - 1
+            if left:
+                refs[block.key] = left
+            else:
+                del refs[block.key]
+
+    def _yield_protection(self) -> None:
+        """Drop the newest protection (an allocation needs its blocks)."""
+        request_id = next(reversed(self._protected))
+        self._unprotect(self._protected.pop(request_id))
+        self.protections_yielded += 1
 
     # ---- pins ---------------------------------------------------------------------------
 

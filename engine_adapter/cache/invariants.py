@@ -2,7 +2,8 @@
 
 free + used = total; the free list has no duplicates and matches the allocator's flags; the tree
 and the policy agree (`RadixCache.check`); every running sequence's cached path is a root path of
-live blocks matching its block table; ref counts equal the sequences holding each block; no block
+live blocks matching its block table; ref counts equal the sequences and the waiting requests'
+protections holding each block, and the protections stay within their budget; no block
 is both free and in use, and none is leaked (docs/architecture.md, "Cache core").
 """
 
@@ -63,10 +64,28 @@ def check_manager_invariants(manager: CacheManager) -> None:
                     f"block id {block_id} of sequence {seq.sequence_id} is also owned by {owner[block_id]}"
                 )
             owner[block_id] = f"sequence {seq.sequence_id}"
+    protected: dict[object, int] = {}
+    for path in manager.protected_paths():  # a waiting request's protection holds a reference
+        parent = None
+        for block in path:
+            if manager.radix.get(block.key) is not block:
+                raise CacheInvariantError(f"a queued request protects {block!r}, which is not cached")
+            if block.parent is not parent:
+                raise CacheInvariantError("a queued request's protected blocks are not a root path")
+            refs[id(block)] = refs.get(id(block), 0) + 1
+            protected[block.key] = protected.get(block.key, 0) + 1
+            parent = block
+    if protected != manager._protect_refs:
+        raise CacheInvariantError("the protection counts disagree with the protected paths")
+    if len(protected) > manager.max_protected:
+        raise CacheInvariantError(
+            f"{len(protected)} protected blocks exceed max_protected={manager.max_protected}"
+        )
     for block in manager.radix.blocks():
         if block.ref_count != refs.get(id(block), 0):
             raise CacheInvariantError(
-                f"{block!r} has ref count {block.ref_count} but {refs.get(id(block), 0)} sequences hold it"
+                f"{block!r} has ref count {block.ref_count} but {refs.get(id(block), 0)} "
+                "sequences and queued protections hold it"
             )
     both = free_set.intersection(owner)
     if both:

@@ -98,7 +98,10 @@ class SequenceState:
     salt: str | None
     num_prompt_tokens: int
     num_tokens: int  # tokens its blocks are reserved for
+    num_prompt_blocks: int = 0  # ceil(num_prompt_tokens / block_size)
     tenant: str | None = None
+    conversation: str | None = None
+    prefix_idle: float | None = None  # seconds its cached prefix had been idle at admission
     priority: int = 0
     max_tokens: int = 0
     deadline: float | None = None

@@ -99,6 +99,8 @@ class EngineConfig:
         queued_timeout: Seconds a request may wait before it is aborted; None: no limit.
         eviction_threshold: Evict in the background down to this used fraction; None: only on demand.
         max_pinned_ratio: At most this fraction of the pool may be pinned.
+        protect_queued: At most this fraction of the pool may be held protected from eviction
+            for waiting requests' cached prefixes until they run; 0: no protection.
         max_num_seqs: Running sequences per step.
         max_num_batched_tokens: Tokens per step (prefill chunks and decodes).
         adaptive_batch: Halve the running batch when the re-prefill rate over a window passes
@@ -139,6 +141,7 @@ class EngineConfig:
     queued_timeout: float | None = None
     eviction_threshold: float | None = None
     max_pinned_ratio: float = 0.5
+    protect_queued: float = 0.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     adaptive_batch: bool = False
@@ -466,6 +469,7 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "queued_timeout": _float(0.0, None, low_open=True),
     "eviction_threshold": _float(0.0, 1.0, low_open=True),
     "max_pinned_ratio": _float(0.0, 1.0, low_open=False),
+    "protect_queued": _float(0.0, 1.0, low_open=False),
     "max_num_seqs": _int(1),
     "max_num_batched_tokens": _int(1),
     "adaptive_batch": _bool,

@@ -188,6 +188,7 @@ class Engine:
             max_pinned_ratio=config.max_pinned_ratio,
             eviction_threshold=config.eviction_threshold,
             event_log=self.events,
+            protect_queued=config.protect_queued,
             explain=config.explain_evictions,
         )
         self.metrics = EngineMetrics(policy=self.cache.policy_name)

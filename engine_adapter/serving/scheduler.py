@@ -198,6 +198,7 @@ class Scheduler:
             seq.generator = make_generator(seq.sampling.seed)
         seq.arrival = self.clock()
         self.waiting.append(seq)
+        self._protect(seq)
         cap = self.limits.max_queued_requests
         if cap is not None and len(self.waiting) > cap:
             # Drop the lowest priority, and among those the newest.
@@ -381,6 +382,17 @@ class Scheduler:
         seq.num_computed = 0
         seq.block_table = []
         self.waiting.insert(0, seq)
+        self._protect(seq)
+
+    def _protect(self, seq: Sequence) -> None:
+        """Queue-aware protection of a waiting sequence's cached prefix (a no-op unless the cache
+        has `protect_queued`); `allocate` ends it when the sequence runs, `_finish` when it leaves."""
+        if self.cache.max_protected > 0:
+            t = time.perf_counter()
+            self.cache.protect_queued_prefix(
+                seq.seq_id, seq.all_ids, tenant=seq.tenant, cache_salt=seq.cache_salt
+            )
+            self.cache_s += time.perf_counter() - t
 
     def _release(self, seq: Sequence) -> None:
         t = time.perf_counter()
@@ -478,6 +490,8 @@ class Scheduler:
         )
 
     def _finish(self, seq: Sequence, reason: str, error: str | None) -> None:
+        if self.cache.max_protected > 0:
+            self.cache.release_queued(seq.seq_id)  # it may leave from the queue
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.error = error

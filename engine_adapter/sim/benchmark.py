@@ -213,7 +213,11 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None
 
 
 def _simulate_rows(
-    built: Workload, runs: list[tuple[str, int | None, bool]], cache_model: str, costs: CostModel
+    built: Workload,
+    runs: list[tuple[str, int | None, bool]],
+    cache_model: str,
+    costs: CostModel,
+    protect_queued: float = 0.0,
 ) -> list[dict[str, Any]]:
     """One simulation per (policy, capacity), under one progress bar; rows in `runs`' order."""
     n_requests = len(built.requests)
@@ -238,6 +242,7 @@ def _simulate_rows(
                     cost_model=costs,
                     progress=tick,
                     progress_every=max(1, min(1000, n_requests // 20 or 1)),
+                    protect_queued=protect_queued,
                     adaptive_batch=adaptive,
                 )
             except ValueError as exc:
@@ -265,6 +270,7 @@ def run_benchmark(
     plot: str | Path | None = None,
     cost_model: dict[str, Any] | None = None,
     cost_model_path: str | Path | None = None,
+    protect_queued: float = 0.0,
     adaptive_batch: bool = False,
 ) -> dict[str, Any]:
     """Run every policy at every capacity on one workload, with the reference rows.
@@ -286,6 +292,8 @@ def run_benchmark(
         plot: Write a PNG of hit rate against capacity here (needs matplotlib).
         cost_model: Cost-model fields (as read from `cost_model_path` by the CLI).
         cost_model_path: A cost-model YAML file (read when `cost_model` is None).
+        protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
+            may hold protected from eviction (`Simulator`'s `protect_queued`); 0: off.
         adaptive_batch: Run each online policy twice, without and with the adaptive batch
             limit (engine_adapter.cache.adaptive_batch), side by side; radix model only.
 
@@ -319,7 +327,11 @@ def run_benchmark(
             if adaptive_batch:
                 runs.append((policy, size, True))
         runs.append((REFERENCE_BELADY, size, False))
-    rows = _simulate_rows(built, runs, cache_model, costs)
+    if not 0.0 <= protect_queued <= 1.0:
+        raise BenchmarkError(f"protect_queued={protect_queued!r} must be within [0, 1]")
+    if protect_queued > 0 and cache_model != "radix":
+        raise BenchmarkError("protect_queued needs the radix cache model (the flat model has no queue)")
+    rows = _simulate_rows(built, runs, cache_model, costs, protect_queued)
     reference = rows[0]["throughput_tok_s"]
     for row in rows:
         impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0
@@ -335,6 +347,7 @@ def run_benchmark(
             "policies": list(policies),
             "capacities": capacities,
             "cost_model": costs.to_dict(),
+            "protect_queued": protect_queued,
             "adaptive_batch": adaptive_batch,
         },
         "results": rows,

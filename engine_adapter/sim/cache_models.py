@@ -125,12 +125,23 @@ class RadixModel:
                 tenant=r.tenant,
                 priority=r.priority,
                 recompute_last_token=False,
+                conversation=r.session,
             )
         except NoEvictableBlocksError:
             return None
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
         hits: int = alloc.num_cached_blocks
         return hits
+
+    def protect(self, seq: _Seq) -> None:
+        """Protect the cached prefix a queued request will hit (queue-aware protection)."""
+        self.manager.protect_queued_prefix(
+            seq.sid,
+            block_keys=seq.keys,
+            num_tokens=seq.tokens,
+            tenant=seq.request.tenant,
+            recompute_last_token=False,
+        )
 
     def reserve(self, seq: _Seq, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens) is not None

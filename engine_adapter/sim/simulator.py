@@ -27,6 +27,10 @@ Cache models (docs/architecture.md, "Simulator"):
   get a block, the policy's `select_victims` picks a running sequence to preempt by recompute
   (its blocks stay cached; it goes back to the head of the queue and re-prefills). Every policy,
   the unbounded reference too, runs through the same `CacheManager` the engine uses.
+  With `protect_queued`, a request's cached prefix is protected from eviction from the moment it
+  is queued (and when a preempted sequence goes back to the queue) until it is admitted
+  (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
+  the workload's session as `conversation`).
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.
@@ -243,6 +247,9 @@ class Simulator:
         max_prefill_tokens: Prompt tokens one step prefills (one longer prompt runs alone).
         progress: Called with the number of requests finished so far, every `progress_every`.
         progress_every: Requests between `progress` calls.
+        protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
+            may hold protected from eviction until they run (`CacheManager.protect_queued_prefix`);
+            0 turns it off.
         adaptive_batch: The running limit starts at `max_running` and follows the re-prefill
             rate as in the engine (`engine_adapter.cache.adaptive_batch`); radix model only.
 
@@ -263,12 +270,16 @@ class Simulator:
         max_prefill_tokens: int = 16384,
         progress: Callable[[int], None] | None = None,
         progress_every: int = 1000,
+        protect_queued: float = 0.0,
         adaptive_batch: bool = False,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be positive")
+        if not 0.0 <= protect_queued <= 1.0:
+            raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
+        self.protect_queued = protect_queued
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
@@ -317,7 +328,11 @@ class Simulator:
             num_blocks += extra
 
         manager = CacheManager(
-            BlockAllocator(num_blocks, bs), policy=self.policy_spec, record_events=False, clock=self._now
+            BlockAllocator(num_blocks, bs),
+            policy=self.policy_spec,
+            record_events=False,
+            clock=self._now,
+            protect_queued=0.0 if self.unbounded else self.protect_queued,
         )
         belady = None
         if manager.policy.offline:
@@ -400,12 +415,15 @@ class Simulator:
     def _arrive(self, st: _RunState) -> None:
         """Queue the requests that have arrived by now."""
         requests = st.requests
+        protect = st.cache.protect if st.cache is not None and self.protect_queued > 0 else None
         while st.next_arrival < len(requests) and requests[st.next_arrival].arrival_s <= st.clock:
             r = requests[st.next_arrival]
-            st.waiting.append(
-                _Seq(r, st.next_arrival, self.block_size, self._group_of(r), st.ends[st.next_arrival])
-            )
+            seq = _Seq(r, st.next_arrival, self.block_size, self._group_of(r), st.ends[st.next_arrival])
+            st.waiting.append(seq)
             st.next_arrival += 1
+            if protect is not None:
+                self._clock = st.clock
+                protect(seq)
 
     def _admit(self, st: _RunState) -> _Admission:
         """Admission at the start of a step, first come first served, within the running and
@@ -491,6 +509,8 @@ class Simulator:
         seq.tokens = seq.prompt_tokens + seq.decoded
         seq.epoch += 1
         st.waiting.appendleft(seq)
+        if self.protect_queued > 0:
+            st.cache.protect(seq)
 
     @staticmethod
     def _stop_decoding(st: _RunState, seq: _Seq) -> None:

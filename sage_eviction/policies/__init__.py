@@ -2,7 +2,7 @@
 
 Families, in the registry's order: recency and insertion order (lru, mru, fifo, filo),
 frequency, priority and cost (lfu, priority, predictive, slo, gdsf), adaptive queues with
-history (arc, slru, s3fifo, sieve, mq), and the offline optimum (belady).
+history (arc, slru, s3fifo, sieve, mq), the learned one (reuse), and the offline optimum (belady).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sage_eviction.policies.mq import MQPolicy
 from sage_eviction.policies.mru import MRUPolicy
 from sage_eviction.policies.predictive import PredictivePolicy
 from sage_eviction.policies.priority import PriorityPolicy
+from sage_eviction.policies.reuse import ReusePolicy
 from sage_eviction.policies.s3fifo import S3FIFOPolicy
 from sage_eviction.policies.sieve import SIEVEPolicy
 from sage_eviction.policies.slo import SLOPolicy
@@ -37,6 +38,7 @@ __all__ = [
     "MRUPolicy",
     "PredictivePolicy",
     "PriorityPolicy",
+    "ReusePolicy",
     "S3FIFOPolicy",
     "SIEVEPolicy",
     "SLOPolicy",
@@ -61,6 +63,8 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
     "s3fifo": S3FIFOPolicy,
     "sieve": SIEVEPolicy,
     "mq": MQPolicy,
+    # learnt online from the radix features
+    "reuse": ReusePolicy,
     # the offline optimum (simulation only)
     "belady": BeladyPolicy,
 }
