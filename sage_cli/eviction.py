@@ -179,6 +179,12 @@ def render_event(event: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
             f"{stamp} EVICTION: Freed {_plural(event.get('blocks_freed'), 'block')}, "
             f"total freed: {_plural(event.get('total_freed'), 'block')}"
         )
+    if kind == "compress":
+        return (
+            f"{stamp} COMPRESSION: Sequence {event.get('sequence_id', '?')} kept "
+            f"{event.get('tokens_after', '?')} of {event.get('tokens_before', '?')} tokens "
+            f"({policy}, {event.get('reason', '?')}), freed {_plural(event.get('blocks_freed'), 'block')}"
+        )
     # An event this CLI does not know yet (a policy swap, say): show its fields.
     rest = " ".join(f"{k}={json.dumps(v)}" for k, v in event.items() if k not in ("event", "ts"))
     return f"{stamp} {str(kind or 'event').upper()}: {rest}".rstrip()

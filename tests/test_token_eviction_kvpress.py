@@ -109,7 +109,9 @@ def test_kept_indices_equal_kvpress(tiny: tuple[Any, Decoder], ratio: float) -> 
         kv, _logits = prefill(decoder, pool, ids, policy)
         ours = policy.keep_indices(kv, n_keep)
         assert ours.shape == expected.shape == (decoder.config.num_hidden_layers, 2, n_keep)
-        assert torch.equal(ours, expected), f"{policy.name()} at ratio {ratio} keeps other tokens than kvpress"
+        assert torch.equal(ours, expected), (
+            f"{policy.name()} at ratio {ratio} keeps other tokens than kvpress"
+        )
 
 
 def test_compacted_pool_holds_the_kept_keys(tiny: tuple[Any, Decoder]) -> None:

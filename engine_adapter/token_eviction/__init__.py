@@ -15,7 +15,15 @@ name without importing torch; the submodules import torch.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_EVICTION_WINDOW", "DEFAULT_MEMORY_THRESHOLD_MB", "TOKEN_POLICY_NAMES"]
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_EVICTION_WINDOW",
+    "DEFAULT_MEMORY_THRESHOLD_MB",
+    "DEFAULT_TARGET_RATIO",
+    "TOKEN_POLICY_NAMES",
+    "KVCompression",
+]
 
 TOKEN_POLICY_NAMES = ("none", "sliding", "snapkv", "h2o", "tova")
 """Names of the token-level policies (``--token-eviction``); ``none`` changes nothing."""
@@ -25,3 +33,31 @@ DEFAULT_EVICTION_WINDOW = 1024
 
 DEFAULT_MEMORY_THRESHOLD_MB = 256
 """The spec's ``--memory-threshold``: compress when less than this many MB are available."""
+
+DEFAULT_TARGET_RATIO = 0.5
+"""The spec's ``target_ratio``: memory pressure shrinks a sequence to this fraction of its tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVCompression:
+    """A request's ``kv_compression``: compress its prompt once after prefill.
+
+    Attributes:
+        policy: A token policy other than ``none``.
+        ratio: Fraction of the prompt's tokens removed, in ``[0, 1)`` (kvpress's
+            ``compression_ratio``: 0.5 keeps half).
+    """
+
+    policy: str
+    ratio: float
+
+    def __post_init__(self) -> None:
+        if self.policy not in TOKEN_POLICY_NAMES or self.policy == "none":
+            names = ", ".join(n for n in TOKEN_POLICY_NAMES if n != "none")
+            raise ValueError(f"kv_compression.policy {self.policy!r} is not one of {names}")
+        if (
+            isinstance(self.ratio, bool)
+            or not isinstance(self.ratio, int | float)
+            or not 0.0 <= self.ratio < 1.0
+        ):
+            raise ValueError(f"kv_compression.ratio {self.ratio!r} must be a number in [0, 1)")

@@ -58,7 +58,7 @@ def _step(decoder: Decoder, pool: PagedKVPool, kv: SequenceKV, ids: list[int]) -
         position_offsets=[kv.position_offset],
         observers=[kv.observer],
     )
-    logits = decoder(batch, pool).logits[0]
+    logits: torch.Tensor = decoder(batch, pool).logits[0]
     kv.length += len(ids)
     return logits
 

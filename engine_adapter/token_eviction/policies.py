@@ -327,7 +327,9 @@ class H2OPolicy(TokenEvictionPolicy):
         return {"recent_window": self.recent_window}
 
 
-def make_token_policy(name: str, *, window: int = DEFAULT_EVICTION_WINDOW, **params: Any) -> TokenEvictionPolicy:
+def make_token_policy(
+    name: str, *, window: int = DEFAULT_EVICTION_WINDOW, **params: Any
+) -> TokenEvictionPolicy:
     """The policy called `name`, with ``--eviction-window`` `window` (the sliding window) and
     its own params (e.g. ``observation_window=32`` for snapkv).
 

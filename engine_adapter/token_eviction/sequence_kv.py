@@ -22,7 +22,13 @@ import torch
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.kv_pool import PagedKVPool
 
-__all__ = ["Reallocate", "SequenceKV"]
+__all__ = ["CompactionRefused", "Reallocate", "SequenceKV"]
+
+
+class CompactionRefused(RuntimeError):
+    """The owner of the blocks would not (or could not) give a compacted sequence new blocks;
+    nothing changed."""
+
 
 Reallocate = Callable[[int], list[int]]
 """Give the sequence a new block table for ``n`` tokens after releasing its old blocks (the
