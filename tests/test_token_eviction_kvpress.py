@@ -23,7 +23,7 @@ kvpress = pytest.importorskip("kvpress")
 
 from engine_adapter.model import load_model  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402
-from engine_adapter.token_eviction.generate import generate_compressed, prefill  # noqa: E402
+from engine_adapter.token_eviction.generate import append_tokens, generate_compressed, prefill  # noqa: E402
 from engine_adapter.token_eviction.policies import (  # noqa: E402
     H2OPolicy,
     SlidingWindowPolicy,
@@ -131,6 +131,58 @@ def test_compacted_pool_holds_the_kept_keys(tiny: tuple[Any, Decoder]) -> None:
     for layer, f in enumerate(full):
         want = f.gather(1, expected[layer][..., None].expand(-1, -1, f.shape[-1]))
         torch.testing.assert_close(kv.keys(layer), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "sliding", "tova", "h2o"])
+def test_greedy_tokens_equal_kvpress_on_tiny_models(tiny: tuple[Any, Decoder], name: str) -> None:
+    """Prefill compressed at 0.5 then 16 greedy tokens: new tokens continue the original
+    positions over per-head kept sets, as in transformers + kvpress."""
+    reference, decoder = tiny
+    ids = torch.randint(3, 90, (PROMPT_LEN,), generator=torch.Generator().manual_seed(11)).tolist()
+    press, policy = {p.name(): (k, p) for k, p in _pairs(0.5)}[name]
+    with torch.no_grad(), press(reference):
+        expected = reference.generate(
+            torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None
+        )[0, len(ids) :].tolist()
+    pool = decoder.make_pool(num_blocks=64, block_size=4)
+    ours = generate_compressed(decoder, pool, ids, policy, 0.5, max_new_tokens=16)
+    assert ours.token_ids == expected
+
+
+def test_decode_after_compaction_equals_masked_attention(tiny: tuple[Any, Decoder]) -> None:
+    """An oracle without kvpress: after keeping sinks + recent tokens, the next tokens' logits
+    equal transformers' on the full cache with the evicted keys masked out (2-D attention mask)
+    and the original position ids."""
+    reference, decoder = tiny
+    ids = torch.randint(3, 90, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    policy = SlidingWindowPolicy(window_size=20, protected_prefix=4)
+    pool = decoder.make_pool(num_blocks=32, block_size=4)
+    kv, logits = prefill(decoder, pool, ids, policy)
+    policy.evict(kv, 24)
+    kept = torch.zeros(len(ids), dtype=torch.long)
+    kept[:4] = 1
+    kept[-20:] = 1
+    cache = transformers.DynamicCache(config=reference.config)
+    with torch.no_grad():
+        out = reference(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    token = int(logits.argmax())
+    assert token == int(out.logits[0, -1].argmax())
+    mask = kept.tolist()
+    for _ in range(4):
+        mask.append(1)
+        position = len(mask) - 1
+        with torch.no_grad():
+            out = reference(
+                torch.tensor([[token]]),
+                past_key_values=cache,
+                attention_mask=torch.tensor([mask]),
+                position_ids=torch.tensor([[position]]),
+                cache_position=torch.tensor([position]),
+                use_cache=True,
+            )
+        ours = append_tokens(decoder, pool, kv, [token])
+        torch.testing.assert_close(ours, out.logits[0, -1].float(), atol=1e-4, rtol=1e-4)
+        token = int(ours.argmax())
 
 
 # ---- the real model: greedy answers under compression ----------------------------------------

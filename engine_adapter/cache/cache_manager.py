@@ -289,6 +289,7 @@ class CacheManager:
         estimated_lifetime: float | None = None,
         non_preemptible: bool = False,
         recompute_last_token: bool = True,
+        match_prefix: bool = True,
     ) -> Allocation:
         """Give a new sequence its blocks: the cached prefix (locked) and fresh ones for the rest.
 
@@ -311,6 +312,8 @@ class CacheManager:
             non_preemptible: Never chosen by `select_preemption_victims`.
             recompute_last_token: Never serve the prompt's last token from cache, so the model
                 computes its logits in a private block (set False in simulation).
+            match_prefix: False computes the whole prompt even if cached (a prompt compressed
+                after prefill is scored by the attention of all its queries).
 
         Returns:
             The block table and how many leading tokens are cached.
@@ -334,7 +337,9 @@ class CacheManager:
             salt = self._salt(cache_salt, tenant)
             keys = self._request_keys(token_ids, block_keys, n_tokens, salt)
             radix = self.radix
-            path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
+            path = (
+                radix.match(keys[: self._max_match(n_tokens, recompute_last_token)]) if match_prefix else []
+            )
             n_new = n_blocks - len(path)
             deficit = self._deficit(sequence_id, path, n_new)
             now = self.clock()

@@ -324,6 +324,8 @@ class Scheduler:
                     cache_salt=seq.cache_salt,
                     max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
                     estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
+                    # A prompt compressed after prefill is scored by all its queries, as kvpress does.
+                    match_prefix=seq.kv_compression is None,
                 )
             except NoEvictableBlocksError:
                 self.cache_s += time.perf_counter() - t

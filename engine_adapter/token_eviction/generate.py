@@ -19,7 +19,7 @@ from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.token_eviction.policies import TokenEvictionPolicy, kept_for_ratio
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
-__all__ = ["CompressedGeneration", "generate_compressed", "prefill"]
+__all__ = ["CompressedGeneration", "append_tokens", "generate_compressed", "prefill"]
 
 
 @dataclass(slots=True)
@@ -46,7 +46,7 @@ def prefill(
     return SequenceKV(pool, table, len(ids), observer=observer), out.logits[0]
 
 
-def _step(decoder: Decoder, pool: PagedKVPool, kv: SequenceKV, ids: list[int]) -> torch.Tensor:
+def append_tokens(decoder: Decoder, pool: PagedKVPool, kv: SequenceKV, ids: list[int]) -> torch.Tensor:
     """Append `ids` to the sequence (growing its table) and return the next-token logits."""
     need = -(-(kv.length + len(ids)) // pool.block_size) - len(kv.block_table)
     if need > 0:
@@ -86,14 +86,14 @@ def generate_compressed(
     blocks_after = kv.num_blocks()
     try:
         if question_ids:
-            logits = _step(decoder, pool, kv, question_ids)
+            logits = append_tokens(decoder, pool, kv, question_ids)
         out: list[int] = []
         while len(out) < max_new_tokens:
             token = int(torch.argmax(logits))
             out.append(token)
             if token in eos_ids:
                 break
-            logits = _step(decoder, pool, kv, [token])
+            logits = append_tokens(decoder, pool, kv, [token])
     finally:
         pool.allocator.free(kv.block_table)
     return CompressedGeneration(
