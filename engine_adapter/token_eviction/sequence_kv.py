@@ -97,6 +97,24 @@ class SequenceKV:
             self.block_table, 0, self.length, self.pool.block_size, device=self.pool.device
         )
 
+    def clone(self) -> SequenceKV:
+        """A copy in fresh blocks of the pool's allocator, with a copy of the observer: one
+        prefill serves several compressions (the quality benchmark compresses copies)."""
+        table = self.pool.allocator.allocate(self.num_blocks())
+        copy = SequenceKV(self.pool, table, self.length, position_offset=self.position_offset)
+        src, dst = self._slots(), copy._slots()
+        for layer in range(self.num_layers):
+            k = self.pool.k_cache[layer].view(-1, self.num_kv_heads, self.pool.head_dim)
+            v = self.pool.v_cache[layer].view(-1, self.num_kv_heads, self.pool.head_dim)
+            self.pool.write(layer, dst, k.index_select(0, src), v.index_select(0, src))
+        obs = self.observer
+        if obs is not None:
+            copy.observer = AttentionObserver(window=obs.window, accumulate=obs.accumulate, chunk=obs.chunk)
+            copy.observer.queries = {k: t.clone() for k, t in obs.queries.items()}
+            copy.observer.attention_sum = {k: t.clone() for k, t in obs.attention_sum.items()}
+            copy.observer.seen = {k: t.clone() for k, t in obs.seen.items()}
+        return copy
+
     # ---- compaction -------------------------------------------------------------------------
 
     def prune_prefix(self, count: int) -> int:
