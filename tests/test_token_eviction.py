@@ -340,3 +340,63 @@ def test_generate_compressed_halves_blocks_on_sage_tiny() -> None:
         out = generate_compressed(decoder, pool, ids, policy, 0.5, max_new_tokens=4)
         assert (out.blocks_before, out.blocks_after) == (16, 8)
         assert pool.allocator.num_free == 64
+
+
+# ---- the CLI against a live engine (real processes) --------------------------------------------
+
+
+@pytest.mark.slow  # an engine process
+def test_cli_token_eviction_session(tmp_path: Any) -> None:
+    """`engine start --token-eviction sliding` on a pool too small for two generations, then
+    `set-token-policy`, `stats` (tokens evicted, memory freed) and `logs` (compress events)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    import httpx
+
+    repo = Path(__file__).resolve().parent.parent
+    home = Path(tempfile.mkdtemp(prefix="sage-tok-", dir="/tmp"))
+    env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(repo)}
+    env.pop("SAGE_SOCKET", None)
+
+    def sage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sage_cli.app", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    started = sage(
+        "llm", "engine", "start", "sage-tiny", "--detach", "--name", "tok", "--num-blocks", "30",
+        "--block-size", "4", "--device", "cpu", "--token-eviction", "sliding", "--eviction-window", "16",
+        "--memory-threshold", "0",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        transport = httpx.HTTPTransport(uds=str(home / "run" / "tok.sock"))
+        with httpx.Client(transport=transport, base_url="http://sage", timeout=120) as http:
+
+            def complete(prompt: str) -> int:
+                body = {"prompt": prompt, "max_tokens": 40, "ignore_eos": True}
+                return http.post("/v1/completions", json=body).status_code
+
+            with ThreadPoolExecutor(2) as pool:  # together they do not fit the pool
+                assert list(pool.map(complete, PROMPTS)) == [200, 200]
+        stats = sage("llm", "eviction", "stats", "--name", "tok")
+        assert stats.returncode == 0, stats.stderr
+        assert "Token Eviction:" in stats.stdout and "Policy: sliding" in stats.stdout
+        assert "Tokens By Policy: sliding=" in stats.stdout
+        swapped = sage("llm", "eviction", "set-token-policy", "tova", "--name", "tok")
+        assert swapped.returncode == 0 and "sliding -> tova" in swapped.stdout
+        bad = sage("llm", "eviction", "set-token-policy", "lru", "--name", "tok")
+        assert bad.returncode != 0 and "tova" in bad.stderr and "Traceback" not in bad.stderr
+        logs = sage("llm", "eviction", "logs", "--name", "tok", "--tail", "1000")
+        assert "COMPRESSION: Sequence" in logs.stdout
+    finally:
+        sage("llm", "engine", "stop", "--name", "tok")
