@@ -216,9 +216,7 @@ def run_kvpress(
                 if mode == "agnostic":
                     q = sample.question_ids
                     pos = torch.arange(position_, position_ + len(q))
-                    step = model(
-                        torch.tensor([q]), past_key_values=copy, position_ids=pos[None], cache_position=pos
-                    )
+                    step = model(torch.tensor([q]), past_key_values=copy, position_ids=pos[None])
                     logits, position_ = step.logits[0, -1], position_ + len(q)
                 answer: list[int] = []
                 while len(answer) < MAX_NEW:
@@ -231,7 +229,6 @@ def run_kvpress(
                         torch.tensor([[token]]),
                         past_key_values=copy,
                         position_ids=pos[None],
-                        cache_position=pos,
                     )
                     logits, position_ = step.logits[0, -1], position_ + 1
             rows[(name, ratio)] = answer  # type: ignore[assignment]
