@@ -24,6 +24,11 @@ compression time against the prefill time, per policy.
 
     python benchmarks/token_quality.py --lengths 1024,2048 --samples 3 --kvpress
     python benchmarks/token_quality.py --lengths 4096 --samples 1 --ratios 0.5 --modes agnostic
+    python benchmarks/token_quality.py --pressure       # only the engine under memory pressure
+
+``--pressure``: two generations (~500-token prompts, 200 tokens each) at once in the engine on a
+pool that holds one and a half of them, with ``--token-eviction none`` and then each policy:
+preemptions, compressions, and whether both complete.
 """
 
 from __future__ import annotations
@@ -235,6 +240,44 @@ def run_kvpress(
     return rows
 
 
+def pressure_demo(tokenizer: Tokenizer, template: str) -> None:
+    """The engine on a pool too small for two generations: preempted, or compressed instead."""
+    from engine_adapter.model.sampling import SamplingParams
+    from engine_adapter.serving.config import EngineConfig
+    from engine_adapter.serving.engine import Engine
+
+    rng = random.Random(1)
+    prompts = [make_sample(tokenizer, template, 500, rng) for _ in range(2)]
+    ids = [p.context_ids + p.question_ids for p in prompts]
+    need = sum(len(i) + 200 for i in ids)
+    blocks = (need * 3 // 4) // 16
+    print(f"\nPressure: 2 x ({[len(i) for i in ids]} prompt + 200) tokens on {blocks} blocks of 16")
+    for policy in ("none", *POLICIES):
+        engine = Engine(
+            EngineConfig(
+                model="smollm2-135m", device="cpu", num_blocks=blocks, block_size=16,
+                token_eviction=policy, memory_threshold=0, socket="/tmp/sage-bench-unused.sock",
+            )
+        )  # fmt: skip
+        engine.start()
+        t0 = time.perf_counter()
+        try:
+            handles = [engine.submit(i, SamplingParams(max_tokens=200, ignore_eos=True)) for i in ids]
+            results = [h.result(3600) for h in handles]
+            token = engine.token_eviction()
+            freed = token["bytes_freed_total"] / 2**20
+            print(
+                f"  {policy:8s} finished {[r.finish_reason for r in results]}, "
+                f"{[r.completion_tokens for r in results]} tokens, "
+                f"preemptions {engine.eviction_stats().preemptions}, compressions {token['compressions']} "
+                f"({token['tokens_evicted_total']} tokens, {freed:.1f} MiB freed), "
+                f"{time.perf_counter() - t0:.0f}s",
+                flush=True,
+            )
+        finally:
+            engine.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -247,6 +290,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kvpress", action="store_true", help="also kvpress's presses (reference rows)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--pressure", action="store_true", help="only the engine-under-pressure part")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -267,6 +311,9 @@ def main() -> None:
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         ).eval()
     print(machine_line(), flush=True)
+    if args.pressure:
+        pressure_demo(tokenizer, template)
+        return
     correct: dict[tuple[int, str, str, str, float], int] = defaultdict(int)
     blocks: dict[tuple[int, float], tuple[int, int]] = {}
     cost: dict[int, dict[str, list[float]]] = {n: defaultdict(list) for n in lengths}

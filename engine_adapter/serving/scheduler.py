@@ -373,14 +373,14 @@ class Scheduler:
             if remaining <= 0 or budget <= 0:
                 continue
             n = min(remaining, budget)
-            if not self._reserve(seq, n, batch):
+            if not self._reserve(seq, n, batch, chunks):
                 continue
             batch.append(seq)
             chunks.append(n)
             budget -= n
         return batch, chunks, self.preempted_in_step
 
-    def _reserve(self, seq: Sequence, n_new: int, batch: list[Sequence]) -> bool:
+    def _reserve(self, seq: Sequence, n_new: int, batch: list[Sequence], chunks: list[int]) -> bool:
         """Make `seq`'s blocks hold `n_new` more tokens; compress (token-level eviction) or
         preempt others (or `seq`) when the pool is short."""
         if seq.cache_len + n_new <= len(seq.block_table) * self.cache.block_size:
@@ -409,7 +409,7 @@ class Scheduler:
                 self.cache_s += time.perf_counter() - t
                 return True
             self.cache_s += time.perf_counter() - t
-            if self._compress_instead_of_preempting(batch):
+            if self._compress_instead_of_preempting(batch, chunks):
                 continue
             t = time.perf_counter()
             skip = {s.seq_id for s in batch}
@@ -525,11 +525,30 @@ class Scheduler:
             self.cache_s += time.perf_counter() - t
         return result.evicted
 
-    def _compress_instead_of_preempting(self, batch: list[Sequence]) -> bool:
-        """The pool is short: compress one decoding sequence outside this step's batch."""
+    def _compress_instead_of_preempting(self, batch: list[Sequence], chunks: list[int]) -> bool:
+        """The pool is short: compress one decoding sequence, the longest that frees blocks.
+
+        A sequence already in this step's batch may be chosen when it decodes one token: its
+        compacted table then gets that token's slot again (the compaction freed more than a
+        block); should it not, it is preempted and leaves the batch.
+        """
         if self.token_eviction is None:
             return False
-        return self._pressure(self._decoding({s.seq_id for s in batch}), force=True)
+        in_batch = dict(zip((s.seq_id for s in batch), chunks, strict=True))
+        prefilling = {sid for sid, n in in_batch.items() if n != 1}
+        if not self._pressure(self._decoding(prefilling), force=True):
+            return False
+        for member in [s for s in batch if s.seq_id in in_batch and in_batch[s.seq_id] == 1]:
+            if member.cache_len + 1 <= len(member.block_table) * self.cache.block_size:
+                continue
+            if self.cache.reserve_tokens(member.seq_id, member.cache_len + 1) is not None:
+                member.block_table = self.cache.block_table(member.seq_id)
+                continue
+            index = batch.index(member)
+            batch.pop(index)
+            chunks.pop(index)
+            self._preempt(member)
+        return True
 
     def _compress_after_step(self) -> None:
         """Prompts that asked for ``kv_compression`` and just finished prefill are compressed;
