@@ -184,6 +184,15 @@ class ControlClient:
         body = {"policy": policy, "params": params or {}}
         return self._request("PUT", "/v1/eviction/policy", json_body=body, timeout=SWAP_TIMEOUT_S)
 
+    def token_eviction(self) -> JSONObject:
+        """``GET /v1/eviction/token``: the token-level policy, its settings and totals."""
+        return self._request("GET", "/v1/eviction/token")
+
+    def set_token_policy(self, policy: str) -> JSONObject:
+        """``PUT /v1/eviction/token``: hot-swap the token-level policy; ``{"old", "new", ...}``."""
+        body = {"policy": policy}
+        return self._request("PUT", "/v1/eviction/token", json_body=body, timeout=SWAP_TIMEOUT_S)
+
     def eviction_logs(self, tail: int) -> list[JSONObject]:
         """``GET /v1/eviction/logs?tail=N``: the last `tail` events, oldest first."""
         answer = self._request("GET", "/v1/eviction/logs", params={"tail": tail})

@@ -495,6 +495,36 @@ def start(
             default="no",
         ),
     ] = None,
+    token_eviction: Annotated[
+        str | None,
+        _opt(
+            "--token-eviction",
+            metavar="NAME",
+            help="Token-level policy compressing running sequences under memory pressure: "
+            "none, sliding, snapkv, h2o, tova.",
+            default="none",
+        ),
+    ] = None,
+    eviction_window: Annotated[
+        int | None,
+        _opt(
+            "--eviction-window",
+            metavar="N",
+            min=1,
+            help="Tokens the sliding token policy keeps after its sinks.",
+            default="1024",
+        ),
+    ] = None,
+    memory_threshold: Annotated[
+        int | None,
+        _opt(
+            "--memory-threshold",
+            metavar="MB",
+            min=0,
+            help="Compress sequences when less than this is available (pool or device memory).",
+            default="256",
+        ),
+    ] = None,
     seed: Annotated[
         int | None,
         _opt(
@@ -581,6 +611,9 @@ def start(
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "adaptive_batch": adaptive_batch,
+        "token_eviction": token_eviction,
+        "eviction_window": eviction_window,
+        "memory_threshold": memory_threshold,
         "seed": seed,
         "host": host,
         "port": port,

@@ -129,7 +129,27 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
             counts = stats.get(key)
             if isinstance(counts, dict) and counts:
                 lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    token = stats.get("token_eviction")
+    if isinstance(token, dict):
+        lines += _token_lines(token)
     return "\n".join(lines)
+
+
+def _token_lines(token: dict[str, Any]) -> list[str]:
+    """Token-level eviction (spec 002): tokens evicted and memory freed, by policy."""
+    freed = _number(token.get("bytes_freed_total"))
+    lines = [
+        "Token Eviction:",
+        f"  Policy: {token.get('policy', '?')}",
+        f"  Compressions: {_count(token.get('compressions'))}",
+        f"  Tokens Evicted: {_count(token.get('tokens_evicted_total'))}",
+        f"  Memory Freed: {'?' if freed is None else f'{freed / 2**20:.1f} MiB'}",
+    ]
+    for key, title in (("tokens_evicted", "Tokens By Policy"), ("by_reason", "Compressions By Reason")):
+        counts = token.get(key)
+        if isinstance(counts, dict) and counts:
+            lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    return lines
 
 
 def _stats_block(stats: dict[str, Any], verbose: bool) -> str:
@@ -178,6 +198,12 @@ def render_event(event: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
         return (
             f"{stamp} EVICTION: Freed {_plural(event.get('blocks_freed'), 'block')}, "
             f"total freed: {_plural(event.get('total_freed'), 'block')}"
+        )
+    if kind == "compress":
+        return (
+            f"{stamp} COMPRESSION: Sequence {event.get('sequence_id', '?')} kept "
+            f"{event.get('tokens_after', '?')} of {event.get('tokens_before', '?')} tokens "
+            f"({policy}, {event.get('reason', '?')}), freed {_plural(event.get('blocks_freed'), 'block')}"
         )
     # An event this CLI does not know yet (a policy swap, say): show its fields.
     rest = " ".join(f"{k}={json.dumps(v)}" for k, v in event.items() if k not in ("event", "ts"))
@@ -430,6 +456,29 @@ def set_policy(
     with client_for(socket, name, url=url, api_key=api_key) as client:
         answer = client.set_policy(policy.strip(), params)
     out.result(answer, lambda: render_swap(answer))
+
+
+@app.command("set-token-policy")
+def set_token_policy(
+    policy: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help="Token-level policy: none, sliding, snapkv, h2o, tova."),
+    ],
+    socket: SocketOpt = None,
+    name: NameOpt = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Hot-swap the token-level eviction policy of a running engine (--token-eviction).
+
+    The swap happens between two engine steps; running sequences keep what their attention
+    observed so far. Prints the old and new policy.
+    """
+    out = Output(json_out)
+    with client_for(socket, name, url=url, api_key=api_key) as client:
+        answer = client.set_token_policy(policy.strip())
+    out.result(answer, lambda: f"Token eviction policy: {answer.get('old', '?')} -> {answer.get('new', '?')}")
 
 
 @app.command("policies")

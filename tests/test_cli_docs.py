@@ -95,7 +95,8 @@ def test_bash_completion() -> None:
     assert run_bash_completion(["sage", ""]) == ["llm"]
     assert run_bash_completion(["sage", "llm", ""]) == ["benchmark", "engine", "eviction"]
     assert run_bash_completion(["sage", "llm", "engine", ""]) == ["start", "status", "stop"]
-    assert run_bash_completion(["sage", "llm", "eviction", "s"]) == ["set-policy", "stats"]
+    evict_s = ["set-policy", "set-token-policy", "stats"]
+    assert run_bash_completion(["sage", "llm", "eviction", "s"]) == evict_s
     assert run_bash_completion(["sage", "llm", "engine", "start", "--devi"]) == ["--device"]
     assert run_bash_completion(["sage", "llm", "engine", "start", "--device", ""]) == ["auto", "cpu", "cuda"]
     assert run_bash_completion(["sage", "llm", "benchmark", "--mode", ""]) == ["sim", "engine"]

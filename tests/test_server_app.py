@@ -98,7 +98,8 @@ def test_engine_info_adds_socket_and_pid(client: TestClient, engine: Engine) -> 
 
 def test_stats_have_the_api_keys(client: TestClient) -> None:
     body = client.get("/v1/eviction/stats").json()
-    assert list(body) == [f.name for f in dataclasses.fields(CacheStats)]
+    assert list(body) == [*(f.name for f in dataclasses.fields(CacheStats)), "token_eviction"]
+    assert body["token_eviction"]["policy"] == "none" and body["token_eviction"]["compressions"] == 0
     assert body["strategy"] == body["policy"].upper()
     assert body["total_blocks"] == NUM_BLOCKS
 
@@ -428,3 +429,38 @@ def test_shutdown_answers_draining_then_refuses_new_requests() -> None:
     finally:
         eng.shutdown(drain=False, timeout=10)
         root.cleanup()
+
+
+# ---- token-level eviction (spec 002) ------------------------------------------------------------
+
+
+def test_kv_compression_per_request_and_its_errors(client: TestClient) -> None:
+    body = _complete(client, SHARED * 2, kv_compression={"policy": "snapkv", "ratio": 0.5})
+    assert body["choices"][0]["finish_reason"] in ("length", "stop")
+    chat = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+              "kv_compression": {"policy": "tova", "ratio": 0.25}},
+    )  # fmt: skip
+    assert chat.status_code in (200, 400), chat.text  # sage-tiny may have no chat template
+    for bad, needle in (
+        ({"policy": "lru", "ratio": 0.5}, "sliding, snapkv, h2o, tova"),
+        ({"policy": "snapkv", "ratio": 1}, "[0, 1)"),
+        ({"policy": "snapkv", "ratio": True}, "[0, 1)"),
+        ({"policy": "snapkv"}, '"policy": NAME, "ratio": R'),
+        ("snapkv", '"policy": NAME, "ratio": R'),
+    ):
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "kv_compression": bad})
+        _assert_error(r, 400, "invalid_value", "kv_compression", needle)
+
+
+def test_token_policy_hot_swap(client: TestClient) -> None:
+    state = client.get("/v1/eviction/token").json()
+    assert state["policy"] == "none" and state["eviction_window"] == 1024
+    assert state["memory_threshold_bytes"] == 256 * 2**20
+    r = client.put("/v1/eviction/token", json={"policy": "h2o"})
+    assert r.status_code == 200 and r.json()["old"] == "none" and r.json()["new"] == "h2o"
+    assert client.get("/v1/eviction/token").json()["policy"] == "h2o"
+    _assert_error(client.put("/v1/eviction/token", json={"policy": "lru"}), 400, "invalid_policy", "tova")
+    _assert_error(client.put("/v1/eviction/token", json={"policy": 3}), 400, "invalid_value", "policy")
+    assert client.put("/v1/eviction/token", json={"policy": "none"}).status_code == 200

@@ -319,6 +319,7 @@ class CacheManager:
         non_preemptible: bool = False,
         recompute_last_token: bool = True,
         conversation: str | None = None,
+        match_prefix: bool = True,
     ) -> Allocation:
         """Give a new sequence its blocks: the cached prefix (locked) and fresh ones for the rest.
 
@@ -343,6 +344,8 @@ class CacheManager:
                 computes its logits in a private block (set False in simulation).
             conversation: The conversation (session) it belongs to, recorded in its blocks'
                 meta for the policies that learn from it.
+            match_prefix: False computes the whole prompt even if cached (a prompt compressed
+                after prefill is scored by the attention of all its queries).
 
         Returns:
             The block table and how many leading tokens are cached.
@@ -366,7 +369,9 @@ class CacheManager:
             salt = self._salt(cache_salt, tenant)
             keys = self._request_keys(token_ids, block_keys, n_tokens, salt)
             radix = self.radix
-            path = radix.match(keys[: self._max_match(n_tokens, recompute_last_token)])
+            path = (
+                radix.match(keys[: self._max_match(n_tokens, recompute_last_token)]) if match_prefix else []
+            )
             n_new = n_blocks - len(path)
             deficit = self._deficit(sequence_id, path, n_new)
             protected = self._protected.pop(sequence_id, None)
@@ -510,6 +515,8 @@ class CacheManager:
         num_computed_tokens: int | None,
     ) -> list[Hashable]:
         """Keys of the sequence's full, computed blocks that it holds (extends the chain)."""
+        if seq.compressed:
+            return []  # compacted K/V are not the prefix their tokens name: never cached
         bs = self.block_size
         if num_computed_tokens is None:
             if token_ids is not None:
@@ -630,6 +637,53 @@ class CacheManager:
             if to_free:
                 self.allocator.free(to_free)
             return added
+
+    def compaction_gain(self, sequence_id: int, num_tokens: int) -> int:
+        """Blocks that compacting the sequence to `num_tokens` would give back to the pool (free
+        or reclaimable), less the fresh blocks its copy takes: negative when the sequence holds
+        mostly shared prefix blocks, which stay for the others."""
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            path = seq.cached_path
+            released = len(seq.block_table) - len(path)
+            released += sum(1 for b in path if b.ref_count == 1 and b.pin_count == 0)
+            return released - -(-num_tokens // self.block_size)
+
+    def compact_sequence(self, sequence_id: int, num_tokens: int) -> list[int] | None:
+        """Give a sequence whose K/V token-level eviction compacts a fresh table for `num_tokens`.
+
+        Its cached prefix is unlocked (those blocks stay in the tree: they still hold the
+        original prefix, for others to hit or the policy to evict), its private blocks are
+        freed, and ``ceil(num_tokens / block_size)`` blocks are allocated, evicting cached ones
+        only if the free list is short. From then on the sequence is `compressed`: none of its
+        blocks is committed to the prefix cache, and freeing it frees them all. The caller must
+        have copied out the K/V it keeps (the old blocks may be reused at once).
+
+        Returns:
+            The new block table, or None when even eviction cannot give the blocks (nothing
+            changed).
+        """
+        with self.lock:
+            seq = self.sequence(sequence_id)
+            needed = -(-num_tokens // self.block_size)
+            path = seq.cached_path
+            private = seq.block_table[len(path) :]
+            # Blocks of its path only it references become reclaimable when it unlocks them.
+            freed_by_unlock = sum(1 for b in path if b.ref_count == 1 and b.pin_count == 0)
+            if needed > self.allocator.num_free + len(private) + self.radix.num_reclaimable + freed_by_unlock:
+                return None
+            self.radix.unlock(path)
+            if private:
+                self.allocator.free(private)
+            deficit = needed - self.allocator.num_free
+            if deficit > 0:
+                self._evict(deficit, "alloc", pending=needed)
+            seq.block_table = self.allocator.allocate(needed)
+            seq.cached_path = []
+            seq.keys = []
+            seq.compressed = True
+            seq.num_tokens = num_tokens
+            return list(seq.block_table)
 
     def preempt(
         self,

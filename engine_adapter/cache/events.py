@@ -14,6 +14,12 @@ Event shapes::
     {"event": "evict", "ts", "block", "block_id", "sequence_id", "tenant", "policy", "reason",
      "last_access", "hits", "priority"}
     {"event": "freed", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
+    {"event": "compress", "ts", "sequence_id", "policy", "reason", "tokens_before", "tokens_after",
+     "blocks_freed", "bytes_freed", "duration_us"}
+
+``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
+K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
+"pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import structlog
 from engine_adapter.paths import default_log_dir, is_engine_name
 
 __all__ = [
+    "COMPRESS_KEYS",
     "EVICT_KEYS",
     "FREED_KEYS",
     "EventSubscriber",
@@ -58,6 +65,18 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "priority",
 )
 FREED_KEYS = ("event", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
+COMPRESS_KEYS = (
+    "event",
+    "ts",
+    "sequence_id",
+    "policy",
+    "reason",
+    "tokens_before",
+    "tokens_after",
+    "blocks_freed",
+    "bytes_freed",
+    "duration_us",
+)
 
 
 class _PutNowait(Protocol):
@@ -210,6 +229,33 @@ class EvictionEventLog:
             reason=reason,
             blocks_freed=blocks_freed,
             total_freed=total_freed,
+            duration_us=duration_us,
+        )
+
+    def compress(
+        self,
+        *,
+        sequence_id: int,
+        policy: str,
+        reason: str,
+        tokens_before: int,
+        tokens_after: int,
+        blocks_freed: int,
+        bytes_freed: int,
+        duration_us: float,
+        ts: float | None = None,
+    ) -> None:
+        """One token-level compression of a running sequence."""
+        self._log.info(
+            "compress",
+            ts=time.time() if ts is None else ts,
+            sequence_id=sequence_id,
+            policy=policy,
+            reason=reason,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            blocks_freed=blocks_freed,
+            bytes_freed=bytes_freed,
             duration_us=duration_us,
         )
 

@@ -111,6 +111,9 @@ class SequenceState:
     last_access: float = 0.0
     access_count: int = 1
     block_keys_given: bool = False
+    # Token-level eviction compacted its K/V: its blocks no longer hold the prefix its tokens
+    # name, so they are never committed to nor shared through the prefix cache.
+    compressed: bool = False
 
     @property
     def num_cached_blocks(self) -> int:

@@ -14,7 +14,7 @@ checkpoint loads by name (see `engine_adapter.model.loader`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +26,72 @@ from engine_adapter.model.config import ModelConfig
 if TYPE_CHECKING:
     from engine_adapter.model.kv_pool import PagedKVPool
 
-__all__ = ["Decoder", "ForwardBatch", "ForwardOutput"]
+__all__ = ["AttentionObserver", "Decoder", "ForwardBatch", "ForwardOutput"]
+
+
+@dataclass(eq=False)
+class AttentionObserver:
+    """What token-level eviction needs from one sequence's attention, collected as the layers run.
+
+    Scoring tokens by attention must not materialise ``T x T`` matrices for a long prompt, so
+    the attention layer hands over only what a policy asks for:
+
+    - ``window > 0``: the rotated queries of the sequence's last `window` tokens per layer
+      (SnapKV's observation window, TOVA's last query); the scores are computed later against
+      the keys in the pool, ``window x T`` per head.
+    - ``accumulate``: per layer and query head, the attention each key received summed over
+      every query that saw it, and how many queries saw it (H2O's accumulated attention),
+      computed in query chunks of `chunk` rows.
+
+    Attributes:
+        queries: layer -> ``[heads, <= window, head_dim]``, oldest first.
+        attention_sum: layer -> ``[heads, L]`` float32, L the keys in the pool.
+        seen: layer -> ``[heads, L]`` float32: queries that attended to each key.
+    """
+
+    window: int = 0
+    accumulate: bool = False
+    chunk: int = 256
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)
+    attention_sum: dict[int, torch.Tensor] = field(default_factory=dict)
+    seen: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def observe(self, layer: int, q: torch.Tensor, keys: torch.Tensor, start: int) -> None:
+        """Record `q` ``[n, heads, D]`` (the new queries, cache indices ``start..start+n-1``)
+        against `keys` ``[kv_heads, start + n, D]`` (every key of the sequence, in cache order)."""
+        if self.window > 0:
+            new = q.transpose(0, 1)[:, -self.window :]
+            old = self.queries.get(layer)
+            both = new if old is None else torch.cat((old, new), dim=1)
+            self.queries[layer] = both[:, -self.window :].contiguous()
+        if self.accumulate:
+            self._accumulate(layer, q, keys, start)
+
+    def _accumulate(self, layer: int, q: torch.Tensor, keys: torch.Tensor, start: int) -> None:
+        n, heads, dim = q.shape
+        total = keys.shape[1]
+        groups = heads // keys.shape[0]
+        k = keys.float().repeat_interleave(groups, dim=0)  # [heads, L, D]
+        acc = torch.zeros(heads, total, dtype=torch.float32, device=q.device)
+        key_index = torch.arange(total, device=q.device)
+        for lo in range(0, n, self.chunk):
+            hi = min(n, lo + self.chunk)
+            qc = q[lo:hi].float().transpose(0, 1)  # [heads, c, D]
+            w = torch.matmul(qc, k.transpose(1, 2)) / math.sqrt(dim)
+            q_index = torch.arange(start + lo, start + hi, device=q.device)
+            w = w.masked_fill(key_index[None, None, :] > q_index[None, :, None], float("-inf"))
+            acc += torch.softmax(w, dim=-1).sum(dim=1)
+        # Key j is seen by the new queries at cache indices >= j.
+        seen_new = (start + n - torch.maximum(key_index, torch.tensor(start, device=q.device))).clamp(min=0)
+        seen_new = seen_new.float()[None, :].expand(heads, -1)
+        old_sum, old_seen = self.attention_sum.get(layer), self.seen.get(layer)
+        if old_sum is not None and old_seen is not None:
+            kept = old_sum.shape[1]
+            acc[:, :kept] += old_sum
+            seen_new = seen_new.clone()
+            seen_new[:, :kept] += old_seen
+        self.attention_sum[layer] = acc
+        self.seen[layer] = seen_new.contiguous()
 
 
 @dataclass(slots=True)
@@ -41,12 +106,18 @@ class ForwardBatch:
         block_tables: Each sequence's block ids in order, covering at least
             ``start_positions[i] + len(token_ids[i])`` tokens (longer tables are fine).
         return_all_logits: Also return the logits of every new token, not only the last.
+        position_offsets: Per sequence, how many of its tokens token-level eviction removed
+            from the pool: its new tokens take RoPE positions ``start + offset ...`` while they
+            sit at cache index ``start ...`` (None: all 0, nothing evicted).
+        observers: Per sequence, an `AttentionObserver` to feed, or None.
     """
 
     token_ids: list[list[int]]
     start_positions: list[int]
     block_tables: list[list[int]]
     return_all_logits: bool = False
+    position_offsets: list[int] | None = None
+    observers: list[AttentionObserver | None] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -166,6 +237,8 @@ class Attention(nn.Module):
 
         if step.fresh_single:
             # One sequence with nothing cached: its keys are exactly the new ones.
+            if step.observed:
+                step.observed[0][1].observe(layer, q, k.transpose(0, 1), 0)
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
             )
@@ -180,6 +253,8 @@ class Attention(nn.Module):
         slots = step.kv_slots.view(-1)
         k_ctx = pool.k_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
         v_ctx = pool.v_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
+        for b, observer, first, n_new, start in step.observed:
+            observer.observe(layer, q[first : first + n_new], k_ctx[b, :, : start + n_new], start)
         q_pad = q[step.q_index].transpose(1, 2)  # [B, heads, Tq, D]
         out = F.scaled_dot_product_attention(q_pad, k_ctx, v_ctx, attn_mask=step.mask, enable_gqa=True)
         batch, _, tq, _ = out.shape
@@ -241,6 +316,8 @@ class _StepIndex:
     q_index: torch.Tensor | None = None  # [B, Tq]
     q_unpad: torch.Tensor | None = None  # [T] rows of the padded [B * Tq] output, or None if unpadded
     mask: torch.Tensor | None = None  # [B, 1, Tq, L] bool, or None when every query sees every key
+    # (batch row, observer, first flat row, new tokens, start) of each observed sequence
+    observed: list[tuple[int, AttentionObserver, int, int, int]] = field(default_factory=list)
 
 
 class Decoder(nn.Module):
@@ -348,7 +425,12 @@ class Decoder(nn.Module):
                     f"sequence {i}: block table of {len(table)} blocks cannot hold {start + n} tokens "
                     f"(block_size={block_size})"
                 )
-        max_total = max(s + n for s, n in zip(starts, lengths, strict=True))
+        offsets = batch.position_offsets or [0] * num_seqs
+        if len(offsets) != num_seqs or (batch.observers is not None and len(batch.observers) != num_seqs):
+            raise ValueError("ForwardBatch position_offsets / observers differ in length from token_ids")
+        if any(o < 0 for o in offsets):
+            raise ValueError("ForwardBatch position_offsets must not be negative")
+        max_total = max(s + o + n for s, o, n in zip(starts, offsets, lengths, strict=True))
         if max_total > self.config.max_position_embeddings:
             raise ValueError(
                 f"a sequence reaches {max_total} tokens, beyond max_position_embeddings="
@@ -362,6 +444,11 @@ class Decoder(nn.Module):
         starts = list(batch.start_positions)
         kv_slots = _key_slots(batch.block_tables, starts, lengths, block_size)
         positions, slots = _new_token_slots(kv_slots, starts, lengths)
+        if batch.position_offsets is not None and any(batch.position_offsets):
+            # Token-level eviction compacted the cache: cache index != RoPE position.
+            positions = positions + torch.repeat_interleave(
+                torch.tensor(batch.position_offsets, dtype=torch.long), torch.tensor(lengths)
+            )
         device = self.device
         cos, sin = self.rotary.cos_sin(positions.to(device), self.dtype)
         step = _StepIndex(
@@ -374,6 +461,12 @@ class Decoder(nn.Module):
         )
         if not step.fresh_single:
             _add_padded_attention(step, kv_slots, starts, lengths, device)
+        if batch.observers is not None:
+            first = 0
+            for b, (observer, n) in enumerate(zip(batch.observers, lengths, strict=True)):
+                if observer is not None:
+                    step.observed.append((b, observer, first, n, starts[b]))
+                first += n
         return step
 
 

@@ -30,6 +30,7 @@ from engine_adapter.serving.requests import (
     COMPLETION_FIELDS,
     MAX_BODY_BYTES,
     POLICY_FIELDS,
+    TOKEN_POLICY_FIELDS,
     ApiError,
     ChatCompletion,
     Completion,
@@ -40,6 +41,7 @@ from engine_adapter.serving.requests import (
     json_response,
     logs_query,
     policy_swap,
+    token_policy_swap,
     tree_query,
     unhandled_exception,
     usage,
@@ -150,8 +152,32 @@ async def engine_info(request: Request) -> Response:
 
 @endpoint
 async def eviction_stats(request: Request) -> Response:
-    stats = await asyncio.to_thread(_state(request).engine.eviction_stats)
-    return json_response(stats.to_dict())
+    engine = _state(request).engine
+    stats = await asyncio.to_thread(engine.eviction_stats)
+    token = await asyncio.to_thread(engine.token_eviction)
+    return json_response({**stats.to_dict(), "token_eviction": token})
+
+
+@endpoint
+async def token_eviction(request: Request) -> Response:
+    """GET: the token-level policy and its totals; PUT: its hot swap (one route, so that a 405
+    lists both methods)."""
+    if request.method == "PUT":
+        return await _set_token_policy(request)
+    return json_response(await asyncio.to_thread(_state(request).engine.token_eviction))
+
+
+async def _set_token_policy(request: Request) -> Response:
+    from engine_adapter.serving.engine import RequestError
+
+    body = await json_body(request, TOKEN_POLICY_FIELDS, "PUT /v1/eviction/token")
+    policy = token_policy_swap(body)
+    try:
+        answer = await asyncio.to_thread(_state(request).engine.set_token_policy, policy)
+    except RequestError as exc:  # its message lists the policies
+        raise ApiError(400, "invalid_policy", str(exc)) from None
+    log.info("token policy swapped", old=answer["old"], new=answer["new"])
+    return json_response(answer)
 
 
 @endpoint
@@ -243,6 +269,7 @@ def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
         tenant=completion.tenant,
         cache_salt=completion.cache_salt,
         request_id=completion.request_id,
+        kv_compression=completion.kv_compression,
     )
 
 
@@ -306,6 +333,7 @@ ROUTES = [
     Route("/v1/eviction/stats", eviction_stats, methods=["GET"]),
     Route("/v1/eviction/policies", eviction_policies, methods=["GET"]),
     Route("/v1/eviction/policy", set_policy, methods=["PUT"]),
+    Route("/v1/eviction/token", token_eviction, methods=["GET", "PUT"]),
     Route("/v1/eviction/logs", eviction_logs, methods=["GET"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),

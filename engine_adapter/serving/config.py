@@ -106,6 +106,12 @@ class EngineConfig:
         adaptive_batch: Halve the running batch when the re-prefill rate over a window passes
             0.3, grow it back to `max_num_seqs` when evictions are rare (the module spec's
             SchedulerOptimizer; engine_adapter.cache.adaptive_batch).
+        token_eviction: Token-level policy (spec 002, engine_adapter.token_eviction): none,
+            sliding, snapkv, h2o or tova; compresses running sequences under memory pressure.
+        eviction_window: Tokens the sliding policy keeps after its sinks (the spec's 1024).
+        memory_threshold: Compress when less than this many MB are available (the least of the
+            pool's free and reclaimable blocks and the device's memory; the spec's 256).
+        token_target_ratio: Fraction of its tokens a sequence keeps when pressure compresses it.
         seed: Seed of sampling for requests that give none (sampled requests are then reproducible).
         max_body_bytes: Largest request body (``"16MiB"`` accepted); beyond it a 413.
         header_timeout: Seconds a client has to send a request's headers (from its connection
@@ -145,6 +151,10 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     adaptive_batch: bool = False
+    token_eviction: str = "none"
+    eviction_window: int = 1024
+    memory_threshold: int = 256
+    token_target_ratio: float = 0.5
     seed: int = 0
     # HTTP limits (docs/architecture.md, "Control API"): defaults fit a local engine.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -311,6 +321,17 @@ def _policy(value: Any, where: str) -> str:
     return _text(value, where).lower()
 
 
+def _token_policy(value: Any, where: str) -> str:
+    from engine_adapter.token_eviction import TOKEN_POLICY_NAMES
+
+    name = _text(value, where).lower()
+    if name not in TOKEN_POLICY_NAMES:
+        raise ConfigError(
+            f"{where}: token eviction policy {shorten(value)} is not one of {', '.join(TOKEN_POLICY_NAMES)}"
+        )
+    return name
+
+
 def _device(value: Any, where: str) -> str:
     device = _text(value, where).lower()
     if not _DEVICE.match(device):
@@ -473,6 +494,10 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "max_num_seqs": _int(1),
     "max_num_batched_tokens": _int(1),
     "adaptive_batch": _bool,
+    "token_eviction": _token_policy,
+    "eviction_window": _int(1),
+    "memory_threshold": _int(0),
+    "token_target_ratio": _float(0.0, 0.99, low_open=True),
     "seed": _int(0),
     "max_body_bytes": _size,
     "header_timeout": _float(0.0, None, low_open=True),

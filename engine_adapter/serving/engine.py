@@ -41,6 +41,16 @@ from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
+from engine_adapter.token_eviction import KVCompression
+from engine_adapter.token_eviction.policies import make_token_policy
+from engine_adapter.token_eviction.pressure import (
+    CudaMonitor,
+    LeastMonitor,
+    PoolMonitor,
+    ProcMeminfoMonitor,
+    SystemMonitor,
+    TokenCacheManager,
+)
 from sage_eviction import (
     UnknownPolicyError,
     available_policies,
@@ -206,6 +216,8 @@ class Engine:
             ),
         )
         self.scheduler.on_admitted = self._on_admitted
+        self.token_manager = self._token_manager(config)
+        self.scheduler.token_eviction = self.token_manager
         if config.adaptive_batch:
             self.scheduler.adaptive = AdaptiveBatch(config.max_num_seqs)
             self.scheduler.on_batch_change = self.metrics.on_batch_change
@@ -227,6 +239,26 @@ class Engine:
         self._forward_s = 0.0
         self._bookkeeping_s = 0.0
         self.loop_error: str | None = None
+
+    def _token_manager(self, config: EngineConfig) -> TokenCacheManager:
+        """Token-level eviction (spec 002): the policy, and pressure from the least of the pool's
+        available blocks and the device's memory."""
+        cache = self.cache
+        monitors: list[SystemMonitor] = [
+            PoolMonitor(lambda: cache.num_available_blocks, cache.num_blocks, self.pool.bytes_per_block)
+        ]
+        if self.pool.device.type == "cuda":
+            monitors.append(CudaMonitor(self.pool.device))
+        elif self.pool.device.type == "cpu":
+            monitors.append(ProcMeminfoMonitor())
+        return TokenCacheManager(
+            make_token_policy(config.token_eviction, window=config.eviction_window),
+            LeastMonitor(*monitors),
+            config.memory_threshold * 1024 * 1024,
+            config.token_target_ratio,
+            window=config.eviction_window,
+            events=self.events,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -335,8 +367,9 @@ class Engine:
         tenant: str | None = None,
         cache_salt: str | None = None,
         request_id: str | None = None,
+        kv_compression: KVCompression | None = None,
     ) -> RequestHandle:
-        """Queue a request.
+        """Queue a request; `kv_compression` compresses its prompt once after prefill.
 
         Raises:
             RequestError: It can never be served (empty prompt, token ids out of the vocabulary,
@@ -359,7 +392,9 @@ class Engine:
             raise RequestError("prompt is empty")
         total = len(ids) + sampling.max_tokens
         max_tokens_in_pool = self.cache.num_blocks * self.cache.block_size
-        if total > max_tokens_in_pool:
+        # With a token policy a sequence shrinks as it grows: only its prompt must fit the pool.
+        compresses = self.token_manager.policy.name() != "none"
+        if (len(ids) + 1 if compresses else total) > max_tokens_in_pool:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the KV pool "
                 f"({self.cache.num_blocks} blocks of {self.cache.block_size} tokens = {max_tokens_in_pool})"
@@ -386,6 +421,7 @@ class Engine:
             priority=priority,
             tenant=tenant,
             cache_salt=cache_salt,
+            kv_compression=kv_compression,
         )
         self._inbox.put(("add", seq))
         self._wake.set()
@@ -513,6 +549,40 @@ class Engine:
             result = self.cache.swap_policy(policy, **params)
         self.metrics.on_swap(result.new_name)
         return result.to_dict()
+
+    def token_eviction(self) -> dict[str, Any]:
+        """GET /v1/eviction/token: the token-level policy, its settings and totals."""
+        manager = self.token_manager
+        with self.cache.lock:
+            return {
+                "policy": manager.policy.name(),
+                "params": manager.policy.params(),
+                "eviction_window": manager.window,
+                "memory_threshold_bytes": manager.threshold_bytes,
+                "target_ratio": manager.target_ratio,
+                "available_bytes": manager.monitor.mem_stats().available,
+                **manager.stats.to_dict(),
+            }
+
+    def set_token_policy(self, name: str) -> dict[str, Any]:
+        """Hot swap of the token-level policy between two steps (running sequences keep what
+        their attention observed; one the new policy cannot score by keeps its newest tokens).
+
+        Raises:
+            RequestError: Unknown name (the message lists them).
+        """
+        manager = self.token_manager
+        try:
+            policy = make_token_policy(name, window=manager.window)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        with self.cache.lock:
+            old = manager.policy.name()
+            t0 = time.perf_counter()
+            manager.policy = policy
+            swap = time.perf_counter() - t0
+        log.info("token policy swapped", old=old, new=policy.name())
+        return {"old": old, "new": policy.name(), "params": policy.params(), "swap_time_s": swap}
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached block no request uses (not counted as evictions); returns how many."""

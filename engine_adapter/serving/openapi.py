@@ -93,6 +93,16 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
         "tenant": _nullable(STR),
         "cache_salt": _nullable({"type": "string", "minLength": 1}),
         "ignore_eos": _nullable(BOOL),
+        # Token-level eviction: compress the prompt once after prefill (kvpress's compression_ratio).
+        "kv_compression": _nullable(
+            _obj(
+                {
+                    "policy": {"enum": ["sliding", "snapkv", "h2o", "tova"]},
+                    "ratio": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+                },
+                extra=False,
+            )
+        ),
     }
     schema = _obj({prompt_field: prompt}, {**fields, **extra}, extra=False)
     # stream_options only with stream: true.
@@ -181,6 +191,20 @@ def _paths() -> dict[str, Schema]:
                     {"policy": {"type": "string", "minLength": 1}}, {"params": _nullable(MAP)}, extra=False
                 ),
             )
+        },
+        "/v1/eviction/token": {
+            "get": _operation(
+                "Token-level eviction: the policy, its settings, what it evicted",
+                _json(_ref("TokenEviction"), "Token eviction"),
+            ),
+            "put": _operation(
+                "Hot swap of the token-level policy",
+                _json(
+                    _obj({"old": STR, "new": STR, "params": MAP, "swap_time_s": NUM}),
+                    "Swapped",
+                ),
+                body=_obj({"policy": {"type": "string", "minLength": 1}}, extra=False),
+            ),
         },
         "/v1/eviction/logs": {
             "get": _operation(
@@ -304,6 +328,24 @@ def _components() -> Schema:
                     "evictions_by_policy": MAP,
                     "preemptions": INT,
                     "policy_swaps": INT,
+                },
+                {"token_eviction": _ref("TokenEviction")},
+            ),
+            "TokenEviction": _obj(
+                {
+                    "policy": STR,
+                    "params": MAP,
+                    "eviction_window": INT,
+                    "memory_threshold_bytes": INT,
+                    "target_ratio": NUM,
+                    "available_bytes": INT,
+                    "compressions": INT,
+                    "tokens_evicted": MAP,
+                    "bytes_freed": MAP,
+                    "tokens_evicted_total": INT,
+                    "bytes_freed_total": INT,
+                    "by_reason": MAP,
+                    "compress_s": NUM,
                 }
             ),
             "CacheTree": _obj(

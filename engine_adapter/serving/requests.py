@@ -27,6 +27,7 @@ __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "POLICY_FIELDS",
+    "TOKEN_POLICY_FIELDS",
     "ApiError",
     "ChatCompletion",
     "Completion",
@@ -39,6 +40,7 @@ __all__ = [
     "json_response",
     "logs_query",
     "policy_swap",
+    "token_policy_swap",
     "unhandled_exception",
     "usage",
 ]
@@ -54,11 +56,12 @@ COMPLETION_FIELDS = frozenset(
     {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
         "stream_options", "user", "n", "logprobs", "echo",
-        "priority", "tenant", "cache_salt", "ignore_eos",
+        "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression",
     }
 )  # fmt: skip
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
 POLICY_FIELDS = frozenset({"policy", "params"})
+TOKEN_POLICY_FIELDS = frozenset({"policy"})
 LOGS_QUERY = frozenset({"tail", "follow"})
 
 
@@ -304,6 +307,28 @@ def _stop(body: dict[str, Any]) -> list[str] | None:
     raise bad_value("stop", f"must be a string or a list of strings, got {stop!r}")
 
 
+def _kv_compression(value: Any) -> Any:
+    """A request's ``kv_compression: {"policy": NAME, "ratio": R}`` (None when absent)."""
+    from engine_adapter.token_eviction import KVCompression
+
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"policy", "ratio"}:
+        raise bad_value("kv_compression", f'must be {{"policy": NAME, "ratio": R}}, got {value!r:.80}')
+    try:
+        return KVCompression(value["policy"], value["ratio"])
+    except ValueError as exc:
+        raise bad_value("kv_compression", str(exc).removeprefix("kv_compression.")) from None
+
+
+def token_policy_swap(body: dict[str, Any]) -> str:
+    """The policy name of a ``PUT /v1/eviction/token`` body, checked."""
+    policy = body.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise bad_value("policy", f"must be a token policy name, got {policy!r:.80}")
+    return policy
+
+
 def policy_swap(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The policy name and params of a ``PUT /v1/eviction/policy`` body, checked."""
     policy = body.get("policy")
@@ -431,6 +456,7 @@ class Completion:
         self.cache_salt = _opt_str(body, "cache_salt")
         if self.cache_salt == "":
             raise bad_value("cache_salt", "must not be empty; leave it out for no salt")
+        self.kv_compression = _kv_compression(body.get("kv_compression"))
         self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 

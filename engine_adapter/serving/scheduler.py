@@ -18,6 +18,14 @@ Each `Scheduler.step()`:
 A preempted sequence recomputes prompt and output together; with greedy sampling it produces
 exactly the tokens it would have produced without preemption.
 
+Token-level eviction (engine_adapter.token_eviction), when the engine has a token policy or a
+request asks for ``kv_compression``: a request's prompt is compressed once right after its
+prefill; after each step `TokenCacheManager.maybe_evict` compresses decoding sequences, longest
+first, while memory is under the threshold; and when a decode slot cannot be reserved, one
+sequence is compressed before any is preempted. A compressed sequence's cache holds fewer tokens
+than it has (`Sequence.evicted_tokens` fewer): its new tokens sit at cache index
+``num_computed - evicted_tokens`` with RoPE position ``num_computed``.
+
 The scheduler is not thread-safe: the engine calls `step` with the cache manager's lock held.
 """
 
@@ -34,10 +42,14 @@ import torch
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch, BatchChange
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
-from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import SamplingParams, make_generator, sample_batch
 from engine_adapter.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine_adapter.token_eviction import KVCompression
+from engine_adapter.token_eviction.policies import TokenEvictionPolicy, kept_for_ratio, make_token_policy
+from engine_adapter.token_eviction.pressure import TokenCacheManager
+from engine_adapter.token_eviction.sequence_kv import CompactionRefused, SequenceKV
 
 __all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "SequenceStatus", "StepStats"]
 
@@ -116,6 +128,15 @@ class Sequence:
     generator: torch.Generator | None = None
     finish_reason: str | None = None
     error: str | None = None
+    kv_compression: KVCompression | None = None  # compress the prompt once after prefill
+    evicted_tokens: int = 0  # tokens token-level eviction removed from its cache (RoPE offset)
+    observer: AttentionObserver | None = None  # what its attention exposes to its token policy
+    prompt_compressed: bool = False
+
+    @property
+    def cache_len(self) -> int:
+        """Tokens of this sequence whose K/V are in the pool now."""
+        return self.num_computed - self.evicted_tokens
 
     @property
     def all_ids(self) -> list[int]:
@@ -185,6 +206,9 @@ class Scheduler:
         # each change is logged here and handed to `on_batch_change` (the engine's metrics).
         self.adaptive: AdaptiveBatch | None = None
         self.on_batch_change: Callable[[BatchChange], None] | None = None
+        # Token-level eviction (--token-eviction, kv_compression); None: never compress.
+        self.token_eviction: TokenCacheManager | None = None
+        self._named_policies: dict[str, TokenEvictionPolicy] = {}
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -240,18 +264,23 @@ class Scheduler:
         batch_seqs, chunks, stats.preempted = self._schedule()
         t1 = time.perf_counter()
         if batch_seqs:
+            observers = [seq.observer for seq in batch_seqs]
+            offsets = [seq.evicted_tokens for seq in batch_seqs]
             batch = ForwardBatch(
                 token_ids=[
                     seq.all_ids[seq.num_computed : seq.num_computed + n]
                     for seq, n in zip(batch_seqs, chunks, strict=True)
                 ],
-                start_positions=[seq.num_computed for seq in batch_seqs],
+                start_positions=[seq.cache_len for seq in batch_seqs],
                 block_tables=[seq.block_table for seq in batch_seqs],
+                position_offsets=offsets if any(offsets) else None,
+                observers=observers if any(o is not None for o in observers) else None,
             )
             out = self.decoder(batch, self.pool)
             t2 = time.perf_counter()
             stats.forward_s = t2 - t1
             stats.finished = self._advance(batch_seqs, chunks, out.logits, stats)
+            self._compress_after_step()
             t3 = time.perf_counter()
             stats.bookkeeping_s = (t1 - t0) + (t3 - t2)
         else:
@@ -296,6 +325,8 @@ class Scheduler:
                     cache_salt=seq.cache_salt,
                     max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
                     estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
+                    # A prompt compressed after prefill is scored by all its queries, as kvpress does.
+                    match_prefix=seq.kv_compression is None,
                 )
             except NoEvictableBlocksError:
                 self.cache_s += time.perf_counter() - t
@@ -320,6 +351,8 @@ class Scheduler:
             if seq.cached_tokens is None:
                 seq.cached_tokens = min(alloc.num_cached_tokens, len(seq.prompt_ids))
             seq.status = SequenceStatus.RUNNING
+            policy = self._token_policy(seq)
+            seq.observer = policy.make_observer() if policy is not None else None
             self.running.append(seq)
             admitted += 1
             if self.on_admitted is not None:
@@ -341,24 +374,45 @@ class Scheduler:
             if remaining <= 0 or budget <= 0:
                 continue
             n = min(remaining, budget)
-            if not self._reserve(seq, seq.num_computed + n, batch):
+            if not self._reserve(seq, n, batch, chunks):
                 continue
             batch.append(seq)
             chunks.append(n)
             budget -= n
         return batch, chunks, self.preempted_in_step
 
-    def _reserve(self, seq: Sequence, num_tokens: int, batch: list[Sequence]) -> bool:
-        """Make `seq`'s blocks hold `num_tokens`; preempt others (or `seq`) when the pool is short."""
-        if num_tokens <= len(seq.block_table) * self.cache.block_size:
+    def _reserve(self, seq: Sequence, n_new: int, batch: list[Sequence], chunks: list[int]) -> bool:
+        """Make `seq`'s blocks hold `n_new` more tokens; compress (token-level eviction) or
+        preempt others (or `seq`) when the pool is short."""
+        if seq.cache_len + n_new <= len(seq.block_table) * self.cache.block_size:
             return True
         while True:
+            num_tokens = seq.cache_len + n_new  # `seq` itself may have been compressed
+            if num_tokens <= len(seq.block_table) * self.cache.block_size:
+                return True
             t = time.perf_counter()
-            new_ids = self.cache.reserve_tokens(seq.seq_id, num_tokens)
+            try:
+                new_ids = self.cache.reserve_tokens(seq.seq_id, num_tokens)
+            except RequestTooLargeError as exc:
+                # Only with a token policy can a sequence outgrow the whole pool (the engine
+                # admits it when its prompt fits): it shrinks itself, or ends with the error.
+                self.cache_s += time.perf_counter() - t
+                if self.token_eviction is not None and self._pressure(
+                    [(seq, self._sequence_kv(seq))] if self._token_policy(seq) else [], force=True
+                ):
+                    continue
+                self._release(seq)
+                self.running.remove(seq)
+                self._finish(seq, "error", str(exc))
+                return False
             if new_ids is not None:
                 seq.block_table = self.cache.block_table(seq.seq_id)
                 self.cache_s += time.perf_counter() - t
                 return True
+            self.cache_s += time.perf_counter() - t
+            if self._compress_instead_of_preempting(batch, chunks):
+                continue
+            t = time.perf_counter()
             skip = {s.seq_id for s in batch}
             skip.add(seq.seq_id)
             victim_ids = self.cache.select_preemption_victims(1, exclude=skip)
@@ -381,6 +435,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_computed = 0
         seq.block_table = []
+        self._reset_compression(seq)
         self.waiting.insert(0, seq)
         self._protect(seq)
 
@@ -399,6 +454,141 @@ class Scheduler:
         if self.cache.has_sequence(seq.seq_id):
             self.cache.free_sequence(seq.seq_id, seq.all_ids, num_computed_tokens=seq.num_computed)
         self.cache_s += time.perf_counter() - t
+        if self.token_eviction is not None:
+            self.token_eviction.forget(seq.seq_id)
+
+    # ---- token-level eviction ------------------------------------------------------------
+
+    def _named_policy(self, name: str) -> TokenEvictionPolicy:
+        policy = self._named_policies.get(name)
+        if policy is None:
+            window = self.token_eviction.window if self.token_eviction is not None else 1024
+            policy = self._named_policies[name] = make_token_policy(name, window=window)
+        return policy
+
+    def _token_policy(self, seq: Sequence) -> TokenEvictionPolicy | None:
+        """The policy that compresses `seq`: its request's, else the engine's (None: never)."""
+        if seq.kv_compression is not None:
+            return self._named_policy(seq.kv_compression.policy)
+        manager = self.token_eviction
+        if manager is None or manager.policy.name() == "none":
+            return None
+        return manager.policy
+
+    def _reset_compression(self, seq: Sequence) -> None:
+        seq.evicted_tokens = 0
+        seq.observer = None
+        seq.prompt_compressed = False
+        if self.token_eviction is not None:
+            self.token_eviction.forget(seq.seq_id)
+
+    def _sequence_kv(self, seq: Sequence, *, for_room: bool = True) -> SequenceKV:
+        """`seq` as a `SequenceKV` whose compaction takes its new table from the cache manager;
+        `for_room`: refuse a compaction that would not give blocks back (shared prefixes)."""
+
+        def reallocate(n: int) -> list[int]:
+            if for_room and self.cache.compaction_gain(seq.seq_id, n) <= 0:
+                raise CompactionRefused(f"compacting sequence {seq.seq_id} would free no block")
+            table = self.cache.compact_sequence(seq.seq_id, n)
+            if table is None:
+                raise CompactionRefused(f"no blocks to compact sequence {seq.seq_id} into")
+            return table
+
+        return SequenceKV(
+            self.pool,
+            seq.block_table,
+            seq.cache_len,
+            position_offset=seq.evicted_tokens,
+            observer=seq.observer,
+            reallocate=reallocate,
+        )
+
+    def _manager(self) -> TokenCacheManager:
+        if self.token_eviction is None:  # a request's kv_compression on an engine without one
+            raise RuntimeError("token-level eviction needs Scheduler.token_eviction")
+        return self.token_eviction
+
+    def _decoding(self, exclude: set[int]) -> list[tuple[Sequence, SequenceKV]]:
+        """Running sequences past their prompt, not in `exclude`, that a policy may compress."""
+        return [
+            (seq, self._sequence_kv(seq))
+            for seq in self.running
+            if seq.status is SequenceStatus.RUNNING
+            and seq.seq_id not in exclude
+            and seq.num_computed >= len(seq.prompt_ids)
+            and self._token_policy(seq) is not None
+        ]
+
+    def _pressure(self, candidates: list[tuple[Sequence, SequenceKV]], *, force: bool) -> bool:
+        if not candidates:
+            return False
+        by_id = {seq.seq_id: seq for seq, _kv in candidates}
+        t = time.perf_counter()
+        try:
+            result = self._manager().maybe_evict(
+                [(seq.seq_id, kv) for seq, kv in candidates],
+                lambda sid: self._token_policy(by_id[sid]),
+                reason="preempt" if force else "pressure",
+                force=force,
+            )
+        finally:
+            for seq, kv in candidates:
+                seq.block_table, seq.evicted_tokens = kv.block_table, kv.position_offset
+            self.cache_s += time.perf_counter() - t
+        return result.evicted
+
+    def _compress_instead_of_preempting(self, batch: list[Sequence], chunks: list[int]) -> bool:
+        """The pool is short: compress one decoding sequence, the longest that frees blocks.
+
+        A sequence already in this step's batch may be chosen when it decodes one token: its
+        compacted table then gets that token's slot again (the compaction freed more than a
+        block); should it not, it is preempted and leaves the batch.
+        """
+        if self.token_eviction is None:
+            return False
+        in_batch = dict(zip((s.seq_id for s in batch), chunks, strict=True))
+        prefilling = {sid for sid, n in in_batch.items() if n != 1}
+        if not self._pressure(self._decoding(prefilling), force=True):
+            return False
+        for member in [s for s in batch if s.seq_id in in_batch and in_batch[s.seq_id] == 1]:
+            if member.cache_len + 1 <= len(member.block_table) * self.cache.block_size:
+                continue
+            if self.cache.reserve_tokens(member.seq_id, member.cache_len + 1) is not None:
+                member.block_table = self.cache.block_table(member.seq_id)
+                continue
+            index = batch.index(member)
+            batch.pop(index)
+            chunks.pop(index)
+            self._preempt(member)
+        return True
+
+    def _compress_after_step(self) -> None:
+        """Prompts that asked for ``kv_compression`` and just finished prefill are compressed;
+        then memory pressure compresses the longest decoding sequences (the spec's
+        ``maybe_evict`` after each generation step)."""
+        for seq in self.running:
+            request = seq.kv_compression
+            if request is None or seq.prompt_compressed or seq.num_computed < len(seq.prompt_ids):
+                continue
+            seq.prompt_compressed = True
+            if request.ratio <= 0:
+                continue
+            kv = self._sequence_kv(seq, for_room=False)
+            t = time.perf_counter()
+            try:
+                self._manager().compress(
+                    seq.seq_id,
+                    kv,
+                    kept_for_ratio(kv.length, request.ratio),
+                    policy=self._named_policy(request.policy),
+                    reason="prefill",
+                )
+            except CompactionRefused as exc:
+                log.warning("kv_compression skipped", request_id=seq.request_id, reason=str(exc))
+            seq.block_table, seq.evicted_tokens = kv.block_table, kv.position_offset
+            self.cache_s += time.perf_counter() - t
+        if self.token_eviction is not None:
+            self._pressure(self._decoding(set()), force=False)
 
     def _advance(
         self, seqs: list[Sequence], chunks: list[int], logits: torch.Tensor, stats: StepStats

@@ -1,0 +1,63 @@
+"""Token-level KV eviction (spec 002): shrink a running sequence's own cache, keeping what matters.
+
+Block-level eviction (`sage_eviction`, `engine_adapter.cache`) drops whole cached prefixes
+between requests; token-level eviction compacts one sequence's K/V in the paged pool when memory
+runs short or a request asks for it, so a long generation survives on a small pool.
+
+    policies.py   TokenEvictionPolicy (should_evict / evict / name) and none, sliding, snapkv,
+                  h2o, tova; the scoring functions, tensor in, tensor out (kvpress's semantics)
+    sequence_kv.py SequenceKV: the spec's KVCache view of one sequence in the pool (compaction)
+    pressure.py   SystemMonitor (/proc/meminfo, CUDA, the pool) and TokenCacheManager.maybe_evict
+
+This module is torch-free (it only names the policies) so that configs and the CLI can check a
+name without importing torch; the submodules import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_EVICTION_WINDOW",
+    "DEFAULT_MEMORY_THRESHOLD_MB",
+    "DEFAULT_TARGET_RATIO",
+    "TOKEN_POLICY_NAMES",
+    "KVCompression",
+]
+
+TOKEN_POLICY_NAMES = ("none", "sliding", "snapkv", "h2o", "tova")
+"""Names of the token-level policies (``--token-eviction``); ``none`` changes nothing."""
+
+DEFAULT_EVICTION_WINDOW = 1024
+"""The spec's ``--eviction-window``: tokens a sliding window keeps after its sinks."""
+
+DEFAULT_MEMORY_THRESHOLD_MB = 256
+"""The spec's ``--memory-threshold``: compress when less than this many MB are available."""
+
+DEFAULT_TARGET_RATIO = 0.5
+"""The spec's ``target_ratio``: memory pressure shrinks a sequence to this fraction of its tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVCompression:
+    """A request's ``kv_compression``: compress its prompt once after prefill.
+
+    Attributes:
+        policy: A token policy other than ``none``.
+        ratio: Fraction of the prompt's tokens removed, in ``[0, 1)`` (kvpress's
+            ``compression_ratio``: 0.5 keeps half).
+    """
+
+    policy: str
+    ratio: float
+
+    def __post_init__(self) -> None:
+        if self.policy not in TOKEN_POLICY_NAMES or self.policy == "none":
+            names = ", ".join(n for n in TOKEN_POLICY_NAMES if n != "none")
+            raise ValueError(f"kv_compression.policy {self.policy!r} is not one of {names}")
+        if (
+            isinstance(self.ratio, bool)
+            or not isinstance(self.ratio, int | float)
+            or not 0.0 <= self.ratio < 1.0
+        ):
+            raise ValueError(f"kv_compression.ratio {self.ratio!r} must be a number in [0, 1)")
