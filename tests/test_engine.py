@@ -346,3 +346,20 @@ def test_a_request_whose_admission_fails_ends_alone_and_the_queue_moves_on(tmp_p
     assert all(s.finish_reason == "length" and s.completion_tokens == 4 for s in served)
     [entry] = [e for e in logs if e["event"] == "admission failed"]
     assert entry["request_id"] == failed.request_id and isinstance(entry["exc_info"], UnicodeEncodeError)
+
+
+def test_final_output_holds_every_generated_token(tmp_path: object) -> None:
+    """The token that ends a request (here its max_tokens-th) is in the final token_ids and in
+    the deltas, as completion_tokens counts it."""
+    engine = _engine(tmp_path)
+    try:
+        handle = engine.submit(PROMPTS[0], SamplingParams(max_tokens=7, ignore_eos=True))
+        result = handle.result(60)
+        streamed = [t for delta in handle for t in delta.token_ids]
+        text = engine.tokenizer.decode(result.token_ids)
+    finally:
+        engine.shutdown()
+    assert result.finish_reason == "length"
+    assert len(result.token_ids) == result.completion_tokens == 7
+    assert streamed == result.token_ids
+    assert text == result.text

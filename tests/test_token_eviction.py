@@ -251,8 +251,7 @@ def test_none_changes_nothing_and_a_token_policy_avoids_preemption() -> None:
         ids = engine.tokenizer.encode(PROMPTS[0])
     finally:
         engine.shutdown()
-    # (the final output's token_ids lack the last token: the engine emits it with no delta)
-    assert tokens[0] == _greedy_by_recompute(ids, 40)[: len(tokens[0])] and len(tokens[0]) >= 39
+    assert tokens[0] == _greedy_by_recompute(ids, 40)
     for name in ("sliding", "tova", "h2o"):
         engine = _engine(token_eviction=name)
         try:

@@ -122,6 +122,7 @@ class Sequence:
     cached_tokens: int | None = None  # prompt tokens hit at first admission
     text: str = ""
     emitted_chars: int = 0
+    emitted_tokens: int = 0  # output ids already handed out in deltas
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     num_preemptions: int = 0
@@ -667,11 +668,13 @@ class Scheduler:
         upto = max(seq.emitted_chars, len(seq.text) - hold)
         delta = seq.text[seq.emitted_chars : upto]
         seq.emitted_chars = upto
+        new_tokens = seq.output_ids[seq.emitted_tokens :]
+        seq.emitted_tokens = len(seq.output_ids)
         seq.emit(
             RequestOutput(
                 request_id=seq.request_id,
                 text=delta,
-                token_ids=[seq.output_ids[-1]],
+                token_ids=new_tokens,
                 finished=False,
                 prompt_tokens=len(seq.prompt_ids),
                 cached_tokens=seq.cached_tokens or 0,
@@ -690,11 +693,14 @@ class Scheduler:
             self.on_finished(seq)
         delta = seq.text[seq.emitted_chars :]
         seq.emitted_chars = len(seq.text)
+        # the token that ended it (stop, length) was sampled but not yet handed out
+        new_tokens = seq.output_ids[seq.emitted_tokens :]
+        seq.emitted_tokens = len(seq.output_ids)
         seq.emit(
             RequestOutput(
                 request_id=seq.request_id,
                 text=delta,
-                token_ids=[],
+                token_ids=new_tokens,
                 finished=True,
                 finish_reason=reason,
                 error=error,
