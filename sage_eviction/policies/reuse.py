@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -68,6 +68,7 @@ from sage_eviction.types import EntryMeta, EvictionStrategy
 __all__ = ["ReusePolicy", "bucket_of"]
 
 _INF = float("inf")
+_NO_KEY: Any = object()  # an empty bucket's head (None is a valid key)
 
 _POSITIONS = 5  # generated output, then the prompt's last block, 1, 2-3, 4+ from its end
 _HITS = 3  # requests before this one, each within a window of the previous: 0, 1, 2+
@@ -129,8 +130,9 @@ class _Ranked:
         self.queues = [_Queue(bucket, ticks, False) for bucket in range(_BUCKETS)]
         self.where: dict[Hashable, int] = {}
         self.scores = [_INF] * _BUCKETS
+        self.heads: list[Any] = [_NO_KEY] * _BUCKETS  # each clean bucket's head
         self.until = [0] * _BUCKETS  # the tick at which the cached head score expires
-        self.expiry = 0  # min(until) of the nonempty buckets, a lower bound
+        self.expiry = 0  # min(until): a cached score may expire from then
         self.dirty: set[int] = set()
         self.version = -1  # the table version the cached scores were read from
 
@@ -149,34 +151,47 @@ class _Ranked:
         bucket = self.where.pop(key, None)
         if bucket is not None:
             self.queues[bucket].discard(key)
-            self.dirty.add(bucket)
+            if self.heads[bucket] == key:  # else the head stays (or the bucket is dirty already)
+                self.dirty.add(bucket)
 
-    def _rescore(self, bucket: int, now: int, model: _Model) -> None:
-        queue = self.queues[bucket]
-        if not (queue.order or queue.side_live):
-            self.scores[bucket] = _INF
-            self.until[bucket] = 1 << 62
-            return
-        tick = self.ticks[queue.head()]
-        cls = model.age_class(now - tick)
-        self.scores[bucket] = model.value[bucket * model.ages + cls]
-        self.until[bucket] = tick + model.class_end[cls]
+    def _rescore(self, buckets: Iterable[int], now: int, model: _Model) -> None:
+        ticks, scores, heads, until = self.ticks, self.scores, self.heads, self.until
+        value, ages, scale, class_end = model.value, model.ages, model.scale, model.class_end
+        last = ages - 1
+        expiry = self.expiry
+        for bucket in buckets:
+            queue = self.queues[bucket]
+            if queue.order or queue.side_live:
+                key = queue.head()
+                tick = ticks[key]
+                cls = ((now - tick) * 16 // scale).bit_length()
+                if cls > last:
+                    cls = last
+                scores[bucket] = value[bucket * ages + cls]
+                heads[bucket] = key
+                until[bucket] = end = tick + class_end[cls]
+                if end < expiry:
+                    expiry = end
+            else:
+                scores[bucket] = _INF
+                heads[bucket] = _NO_KEY
+                until[bucket] = 1 << 62
+        # a lower bound: a bucket whose expiry moved later leaves it early, and the full rescore
+        # it then causes sets it exactly
+        self.expiry = expiry
 
     def victim(self, now: int, model: _Model) -> Hashable:
         if self.version != model.version or now >= self.expiry:
             self.version = model.version
             self.dirty.clear()
-            for bucket in range(_BUCKETS):
-                self._rescore(bucket, now, model)
-            self.expiry = min(self.until)
+            self.expiry = 1 << 62
+            self._rescore(range(_BUCKETS), now, model)
         elif self.dirty:
-            for bucket in self.dirty:
-                self._rescore(bucket, now, model)
+            self._rescore(self.dirty, now, model)
             self.dirty.clear()
-            self.expiry = min(self.until)
         scores = self.scores
-        bucket = scores.index(min(scores))
-        return self.queues[bucket].head()
+        key: Hashable = self.heads[scores.index(min(scores))]
+        return key
 
     def order(self, now: int, model: _Model) -> Iterator[Hashable]:
         """Every key in the order repeated `victim` calls would take them."""
