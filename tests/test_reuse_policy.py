@@ -6,6 +6,7 @@ golden numbers on a fixed workload in both cache models.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Hashable
 from typing import Any
 
@@ -84,6 +85,79 @@ def test_invariants_hold_under_any_sequence(ops: list[tuple[str, int, int, int]]
         assert len(policy._mini_lru) <= policy._mini_size
         assert len(policy._mini_ranked.where) <= policy._mini_size
         assert policy.peek(1) == policy.peek(3)[:1]
+
+
+class _AlwaysLearned(ReusePolicy):
+    """Evicts by the learned ranking whatever the miniatures say."""
+
+    def _mini_lookup(self, key: Hashable, bucket: int) -> None:
+        super()._mini_lookup(key, bucket)
+        self._learned = True
+
+
+def _oracle_victim(policy: ReusePolicy) -> Hashable:
+    """The learned victim worked out from scratch: per bucket, its evictable key of oldest tick;
+    the one whose (bucket, age class) has the least table value leaves (ties: lower bucket)."""
+    model = policy._model
+    best: tuple[float, int] | None = None
+    victim: Hashable = None
+    for bucket in range(len(policy._ranked.queues)):
+        keys = [k for k, b in policy._ranked.where.items() if b == bucket]
+        if not keys:
+            continue
+        head = min(keys, key=policy._tick.__getitem__)
+        score = model.value[bucket * model.ages + model.age_class(policy._clock - policy._tick[head])]
+        if best is None or (score, bucket) < best:
+            best, victim = (score, bucket), head
+    return victim
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(_op, max_size=400), scale=st.sampled_from([(CAPACITY, 2.0), (256, 0.25)]))
+def test_cached_head_scores_are_the_victim_from_scratch(
+    ops: list[tuple[str, int, int, int]], scale: tuple[int, float]
+) -> None:
+    # The differential check of the head-score cache (dirty buckets, expiries, table versions):
+    # every learned eviction, and `peek`, equal the victim recomputed over all evictable keys.
+    # At capacity 256 an age class spans 16 ticks or more, so cached scores live across ops.
+    policy = _AlwaysLearned(capacity=scale[0], window=scale[1])
+    for op, key, pos, blocks in ops:
+        if op == "insert" and key not in policy:
+            meta = EntryMeta(pos_from_end=pos, prompt_blocks=blocks, depth=blocks)
+            policy.insert(key, meta, evictable=key % 3 != 0)
+        elif op == "access" and key in policy:
+            policy.access(key, 1.0)
+        elif op == "flip" and key in policy:
+            policy.set_evictable(key, not policy.is_evictable(key))
+        elif op == "remove" and key in policy:
+            policy.remove(key)
+        elif op == "evict":
+            for _ in range(key):
+                if not policy.num_evictable:
+                    break
+                expected = _oracle_victim(policy)
+                assert policy.peek(1) == [expected]
+                assert policy.evict(1) == [expected]
+
+
+def test_cached_head_scores_on_long_random_runs() -> None:
+    # Long seeded runs reach what short hypothesis examples rarely do: a bucket's cached score
+    # expiring (its head's age class changing) between two table refreshes.
+    for seed in range(20):
+        rng = random.Random(seed)
+        policy = _AlwaysLearned(capacity=256, window=0.25)
+        for _ in range(600):
+            r, key = rng.random(), rng.randrange(80)
+            if r < 0.45 and key not in policy:
+                meta = EntryMeta(pos_from_end=rng.randrange(-1, 9), depth=rng.randrange(40), prompt_blocks=10)
+                policy.insert(key, meta, evictable=key % 3 != 0)
+            elif r < 0.75 and key in policy:
+                policy.access(key, 1.0)
+            elif r < 0.8 and key in policy:
+                policy.set_evictable(key, not policy.is_evictable(key))
+            elif r >= 0.8 and policy.num_evictable:
+                expected = _oracle_victim(policy)
+                assert policy.evict(1) == [expected], seed
 
 
 @settings(max_examples=60, deadline=None)
