@@ -87,14 +87,6 @@ def test_invariants_hold_under_any_sequence(ops: list[tuple[str, int, int, int]]
         assert policy.peek(1) == policy.peek(3)[:1]
 
 
-class _AlwaysLearned(ReusePolicy):
-    """Evicts by the learned ranking whatever the miniatures say."""
-
-    def _mini_lookup(self, key: Hashable, bucket: int) -> None:
-        super()._mini_lookup(key, bucket)
-        self._learned = True
-
-
 def _oracle_victim(policy: ReusePolicy) -> Hashable:
     """The learned victim worked out from scratch: per bucket, its evictable key of oldest tick;
     the one whose (bucket, age class) has the least table value leaves (ties: lower bucket)."""
@@ -120,7 +112,7 @@ def test_cached_head_scores_are_the_victim_from_scratch(
     # The differential check of the head-score cache (dirty buckets, expiries, table versions):
     # every learned eviction, and `peek`, equal the victim recomputed over all evictable keys.
     # At capacity 256 an age class spans 16 ticks or more, so cached scores live across ops.
-    policy = _AlwaysLearned(capacity=scale[0], window=scale[1])
+    policy = ReusePolicy(capacity=scale[0], window=scale[1], follow="learned")
     for op, key, pos, blocks in ops:
         if op == "insert" and key not in policy:
             meta = EntryMeta(pos_from_end=pos, prompt_blocks=blocks, depth=blocks)
@@ -145,7 +137,7 @@ def test_cached_head_scores_on_long_random_runs() -> None:
     # expiring (its head's age class changing) between two table refreshes.
     for seed in range(20):
         rng = random.Random(seed)
-        policy = _AlwaysLearned(capacity=256, window=0.25)
+        policy = ReusePolicy(capacity=256, window=0.25, follow="learned")
         for _ in range(600):
             r, key = rng.random(), rng.randrange(80)
             if r < 0.45 and key not in policy:
@@ -285,7 +277,7 @@ def test_explain_gives_json_ready_ranking_values() -> None:
 
 
 def test_params_are_checked() -> None:
-    for params in ({"window": 0.0}, {"window": -1.0}):
+    for params in ({"window": 0.0}, {"window": -1.0}, {"follow": "mru"}):
         try:
             ReusePolicy(capacity=8, **params)
         except ValueError as exc:

@@ -291,6 +291,8 @@ class ReusePolicy(EvictionPolicy):
             classes and the miniature caches.
         window: A trial lasts this many capacities of ticks (inserts and hits).
         seed: Which keys the miniature caches sample.
+        follow: ``"auto"``: the ranking the miniatures choose; ``"learned"`` or ``"lru"``: that
+            ranking always, without the miniatures (to measure or pin one).
     """
 
     name = "reuse"
@@ -306,12 +308,16 @@ class ReusePolicy(EvictionPolicy):
     )
     needs_capacity = True
 
-    def __init__(self, capacity: int | None = None, window: float = 4.0, seed: int = 0) -> None:
+    def __init__(
+        self, capacity: int | None = None, window: float = 4.0, seed: int = 0, follow: str = "auto"
+    ) -> None:
         super().__init__(capacity)
         if capacity is None:  # the base already raised; this narrows the type
             raise ValueError("reuse needs capacity")
         if not window > 0:
             raise ValueError(f"window={window} must be a positive number of capacities")
+        if follow not in ("auto", "learned", "lru"):
+            raise ValueError(f"follow={follow!r} must be 'auto', 'learned' or 'lru'")
         self._window = max(1, int(window * capacity))
         self._model = _Model(capacity, self._window)
         # per held key
@@ -326,6 +332,7 @@ class ReusePolicy(EvictionPolicy):
         sample = 1
         while sample < _MAX_SAMPLE and capacity // (2 * sample) >= _MINI:
             sample *= 2
+        self._duel = follow == "auto"
         self._mask = sample - 1
         self._salt = seed
         self._mini_size = max(1, capacity // sample)
@@ -334,7 +341,7 @@ class ReusePolicy(EvictionPolicy):
         self._mini_ranked = _Ranked(self._mini_ticks)
         self._mini_hits = [0.0, 0.0]  # learned, LRU
         self._mini_clock = 0
-        self._learned = False
+        self._learned = follow == "learned"
 
     # ---- trials ------------------------------------------------------------------------------
 
@@ -364,7 +371,7 @@ class ReusePolicy(EvictionPolicy):
         self._starts.append((clock, key))
         self._expire_trials()
         # a mixed hash: block ids may be striped (consecutive in a prompt)
-        if ((hash(key) + self._salt) * 0x9E3779B1 >> 20) & self._mask == 0:
+        if self._duel and ((hash(key) + self._salt) * 0x9E3779B1 >> 20) & self._mask == 0:
             self._mini_lookup(key, bucket)
         return bucket
 
