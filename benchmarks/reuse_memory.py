@@ -1,9 +1,9 @@
 """Memory of the learned `reuse` policy per held block, against `lru`, in steady state.
 
 Fills a policy of capacity n with n blocks, then runs 3n requests over 2n keys (a hit when the
-key is held, else an eviction and an insert), so that trials, ghost and spared lists and stale
-heap items are all at their steady-state sizes, and reports the bytes tracemalloc attributes to
-the policy per held block and per tracked key (held, or with an open trial or a ghost record).
+key is held, else an eviction and an insert), so that its open trials and miniature caches are
+at their steady-state sizes, and reports the bytes tracemalloc attributes to the policy per held
+block and per tracked key (held, or with an open trial, or in a miniature).
 
     python benchmarks/reuse_memory.py            # n = 100,000
     python benchmarks/reuse_memory.py --n 20000
