@@ -511,11 +511,7 @@ def benchmark(
             concurrency=concurrency,
             time_scale=time_scale,
         )
-        if output is not None:
-            import json
-
-            output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        Output(json_out).result(result, lambda: results_table(result))
+        _save_and_show(result, output, json_out)
         return
     if mode is Mode.engine:
         if adaptive_batch:
@@ -542,11 +538,7 @@ def benchmark(
             concurrency=concurrency,
             time_scale=time_scale,
         )
-        if output is not None:
-            import json
-
-            output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        Output(json_out).result(result, lambda: results_table(result))
+        _save_and_show(result, output, json_out)
         return
 
     options = BenchmarkOptions(
@@ -578,6 +570,16 @@ def benchmark(
     result = run_benchmark(**options.as_kwargs())
     if isinstance(result, dict):
         Output(json_out).result(result, lambda: results_table(result))
+
+
+def _save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -> None:
+    """An engine-mode result: written to --output as JSON (the simulator writes its own), then
+    shown as the table or as JSON."""
+    if output is not None:
+        import json
+
+        output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    Output(json_out).result(result, lambda: results_table(result))
 
 
 def _check_vllm_target(
