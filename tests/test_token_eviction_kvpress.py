@@ -21,6 +21,15 @@ import torch
 transformers = pytest.importorskip("transformers")
 kvpress = pytest.importorskip("kvpress")
 
+from model_fixtures import (  # noqa: E402
+    needs_smollm2,
+    one_thread_fixture,
+    reference_fixture,
+    reference_tokenizer_fixture,
+    smollm2_fixture,
+)
+from test_model_hf_parity import SMALL, _randomize, _write_tokenizer  # noqa: E402
+
 from engine_adapter.model import load_model  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402
 from engine_adapter.token_eviction.generate import append_tokens, generate_compressed, prefill  # noqa: E402
@@ -33,14 +42,6 @@ from engine_adapter.token_eviction.policies import (  # noqa: E402
     kept_for_ratio,
     make_token_policy,
 )
-from tests.model_fixtures import (  # noqa: E402
-    needs_smollm2,
-    one_thread_fixture,
-    reference_fixture,
-    reference_tokenizer_fixture,
-    smollm2_fixture,
-)
-from tests.test_model_hf_parity import SMALL, _randomize, _write_tokenizer  # noqa: E402
 
 __all__ = ["one_thread_fixture", "reference_fixture", "reference_tokenizer_fixture", "smollm2_fixture"]
 
