@@ -30,7 +30,14 @@ from sage_cli.client import ControlClient, SageClientError
 from sage_cli.spawn import TemporaryEngine
 from sage_eviction.metrics import percentile
 
-__all__ = ["EngineRun", "prompt_tokens", "run_engine_benchmark", "start_temporary_engine"]
+__all__ = [
+    "EngineRun",
+    "latency_figures",
+    "prompt_tokens",
+    "replay_requests",
+    "run_engine_benchmark",
+    "start_temporary_engine",
+]
 
 TOKEN_ID_RANGE = 256  # byte ids: valid for sage-tiny and for any larger vocabulary
 
@@ -84,6 +91,58 @@ def _stream_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun
     return run
 
 
+def replay_requests(
+    requests: Sequence[Any],
+    send: Callable[[Any], EngineRun],
+    *,
+    time_scale: float,
+    concurrency: int,
+    tick: Callable[[], None],
+) -> tuple[list[EngineRun], float]:
+    """Send each request at its arrival time (`arrival_s` x `time_scale` after the start) from
+    `concurrency` client threads; returns each request's run and the wall time of them all.
+
+    Both engine modes replay through here: sage's engine over its socket and a vLLM server
+    over HTTP differ only in `send`.
+    """
+    runs: list[EngineRun] = [EngineRun() for _ in requests]
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def one(i: int) -> None:
+        req = requests[i]
+        delay = req.arrival_s * time_scale - (time.perf_counter() - start)
+        if delay > 0:
+            time.sleep(delay)
+        runs[i] = send(req)
+        with lock:
+            tick()
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(one, range(len(requests))))
+    return runs, time.perf_counter() - start
+
+
+def latency_figures(runs: list[EngineRun], wall: float) -> dict[str, Any]:
+    """What every engine-mode row reports of its requests: failures, TTFT and TPOT quantiles,
+    throughput."""
+    ok = [r for r in runs if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    tpots = [t for r in ok for t in r.tpot_s]
+    tokens = sum(r.completion_tokens for r in ok)
+    return {
+        "requests": len(runs),
+        "failed": len(runs) - len(ok),
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p99_s": _quantile(ttfts, 0.99),
+        "tpot_p50_s": _quantile(tpots, 0.5),
+        "tpot_p99_s": _quantile(tpots, 0.99),
+        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
+        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
+        "wall_s": wall,
+    }
+
+
 def _replay(
     socket: Path,
     *,
@@ -94,17 +153,10 @@ def _replay(
     concurrency: int,
     tick: Callable[[], None],
 ) -> tuple[list[EngineRun], float]:
-    runs: list[EngineRun] = [EngineRun() for _ in requests]
     with ControlClient(socket, timeout=60.0) as client:
         client.health()  # connect before the workers share the client
-        start = time.perf_counter()
-        lock = threading.Lock()
 
-        def send(i: int) -> None:
-            req = requests[i]
-            delay = req.arrival_s * time_scale - (time.perf_counter() - start)
-            if delay > 0:
-                time.sleep(delay)
+        def send(req: Any) -> EngineRun:
             body = {
                 "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
                 "max_tokens": max(1, min(int(req.output_len), max_output_tokens)),
@@ -115,14 +167,9 @@ def _replay(
             }
             if req.tenant is not None:
                 body["tenant"] = str(req.tenant)
-            runs[i] = _stream_completion(client, body)
-            with lock:
-                tick()
+            return _stream_completion(client, body)
 
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            list(pool.map(send, range(len(requests))))
-        wall = time.perf_counter() - start
-    return runs, wall
+        return replay_requests(requests, send, time_scale=time_scale, concurrency=concurrency, tick=tick)
 
 
 def _row(
@@ -131,29 +178,17 @@ def _row(
     def delta(key: str) -> float:
         return float(after.get(key) or 0) - float(before.get(key) or 0)
 
-    ok = [r for r in runs if r.ok]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    tpots = [t for r in ok for t in r.tpot_s]
-    tokens = sum(r.completion_tokens for r in ok)
     lookups = delta("prefix_cache_queries_tokens")
     evictions = delta("total_evictions")
     return {
         "policy": policy,
-        "requests": len(runs),
-        "failed": len(runs) - len(ok),
         "hit_rate": delta("prefix_cache_hits_tokens") / lookups if lookups else 0.0,
         "re_prefill_rate": delta("re_prefill_blocks") / evictions if evictions else 0.0,
         "evictions": int(evictions),
         "preemptions": int(delta("preemptions")),
         "fairness_score": after.get("fairness_score"),
         "memory_utilization": after.get("memory_utilization"),
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p99_s": _quantile(ttfts, 0.99),
-        "tpot_p50_s": _quantile(tpots, 0.5),
-        "tpot_p99_s": _quantile(tpots, 0.99),
-        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
-        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
-        "wall_s": wall,
+        **latency_figures(runs, wall),
     }
 
 

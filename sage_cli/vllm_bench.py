@@ -14,15 +14,13 @@ The CLI imports no vLLM: only httpx and prometheus_client's text parser.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
-from sage_cli.engine_bench import EngineRun, _quantile, prompt_tokens
+from sage_cli.engine_bench import EngineRun, latency_figures, prompt_tokens, replay_requests
 
 __all__ = ["VLLMBenchmarkError", "prefix_cache_counters", "run_vllm_benchmark"]
 
@@ -124,15 +122,8 @@ def run_vllm_benchmark(
             raise VLLMBenchmarkError(f"vLLM at {url} serves no model")
         model = str(models[0]["id"])
         hits0, queries0 = prefix_cache_counters(_get(client, "/metrics").text)
-        runs: list[EngineRun] = [EngineRun() for _ in requests]
-        lock = threading.Lock()
-        start = time.perf_counter()
 
-        def send(i: int) -> None:
-            req = requests[i]
-            delay = req.arrival_s * time_scale - (time.perf_counter() - start)
-            if delay > 0:
-                time.sleep(delay)
+        def send(req: Any) -> EngineRun:
             body = {
                 "model": model,
                 "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
@@ -142,35 +133,21 @@ def run_vllm_benchmark(
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            runs[i] = _stream(client, body)
-            with lock:
-                tick()
+            return _stream(client, body)
 
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            list(pool.map(send, range(len(requests))))
-        wall = time.perf_counter() - start
+        runs, wall = replay_requests(
+            requests, send, time_scale=time_scale, concurrency=concurrency, tick=tick
+        )
         hits1, queries1 = prefix_cache_counters(_get(client, "/metrics").text)
-    ok = [r for r in runs if r.ok]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    tpots = [t for r in ok for t in r.tpot_s]
-    tokens = sum(r.completion_tokens for r in ok)
     lookups = queries1 - queries0
     row = {
         "policy": policy,
         "engine": "vllm",
         "model": model,
-        "requests": len(runs),
-        "failed": len(runs) - len(ok),
         "hit_rate": (hits1 - hits0) / lookups if lookups else 0.0,
         "prefix_cache_queries_tokens": int(lookups),
         "prefix_cache_hits_tokens": int(hits1 - hits0),
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p99_s": _quantile(ttfts, 0.99),
-        "tpot_p50_s": _quantile(tpots, 0.5),
-        "tpot_p99_s": _quantile(tpots, 0.99),
-        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
-        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
-        "wall_s": wall,
+        **latency_figures(runs, wall),
     }
     errors = sorted({r.error for r in runs if r.error})
     if errors:
