@@ -611,6 +611,30 @@ def _check_vllm_target(
         )
 
 
+def _engine_workload(
+    trace: Path | None,
+    trace_format: str | None,
+    workload: Workload | None,
+    requests: int | None,
+    tenants: int | None,
+    seed: int,
+    duration: float | None,
+) -> Any:
+    """The workload an engine mode replays: the trace, or a generated one (64 requests unless
+    --requests says otherwise, since every request is a real completion)."""
+    from engine_adapter.sim.benchmark import build_workload
+
+    return build_workload(
+        trace=trace,
+        trace_format=trace_format,
+        workload=None if trace is not None else (workload or Workload.synthetic).value,
+        requests=requests if requests is not None else (None if trace is not None else 64),
+        tenants=tenants,
+        seed=seed,
+        duration=duration,
+    )
+
+
 def _vllm_mode(
     *,
     url: str,
@@ -629,18 +653,9 @@ def _vllm_mode(
     """Replay the workload through the vLLM server at `url` (sage_cli/vllm_bench.py)."""
     from rich.progress import Progress
 
-    from engine_adapter.sim.benchmark import build_workload
     from sage_cli.vllm_bench import VLLMBenchmarkError, run_vllm_benchmark
 
-    built = build_workload(
-        trace=trace,
-        trace_format=trace_format,
-        workload=None if trace is not None else (workload or Workload.synthetic).value,
-        requests=requests if requests is not None else (None if trace is not None else 64),
-        tenants=tenants,
-        seed=seed,
-        duration=duration,
-    )
+    built = _engine_workload(trace, trace_format, workload, requests, tenants, seed, duration)
     with Progress(transient=True) as bar:
         task = bar.add_task(f"{policy} on vLLM", total=len(built.requests))
         try:
@@ -679,7 +694,6 @@ def _engine_mode(
     """Replay the workload through a live engine (a temporary one when none answers)."""
     from rich.progress import Progress
 
-    from engine_adapter.sim.benchmark import build_workload
     from sage_cli.engine_bench import run_engine_benchmark
     from sage_cli.paths import resolve_socket
 
@@ -687,15 +701,7 @@ def _engine_mode(
         target = resolve_socket(socket, name)
     except ValueError as exc:
         raise CLIUsageError(str(exc)) from None
-    built = build_workload(
-        trace=trace,
-        trace_format=trace_format,
-        workload=None if trace is not None else (workload or Workload.synthetic).value,
-        requests=requests if requests is not None else (None if trace is not None else 64),
-        tenants=tenants,
-        seed=seed,
-        duration=duration,
-    )
+    built = _engine_workload(trace, trace_format, workload, requests, tenants, seed, duration)
     with Progress(transient=True) as bar:
         tasks: dict[int, Any] = {}
 
