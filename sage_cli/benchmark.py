@@ -500,13 +500,7 @@ def benchmark(
         result = _vllm_mode(
             url=engine_url,
             policy=policies[0],
-            trace=trace,
-            trace_format=fmt,
-            workload=workload,
-            requests=requests,
-            tenants=tenants,
-            seed=seed,
-            duration=duration,
+            built=_engine_workload(trace, fmt, workload, requests, tenants, seed, duration),
             max_output_tokens=max_output_tokens,
             concurrency=concurrency,
             time_scale=time_scale,
@@ -524,13 +518,7 @@ def benchmark(
             )
         result = _engine_mode(
             policies=policies,
-            trace=trace,
-            trace_format=fmt,
-            workload=workload,
-            requests=requests,
-            tenants=tenants,
-            seed=seed,
-            duration=duration,
+            built=_engine_workload(trace, fmt, workload, requests, tenants, seed, duration),
             num_blocks=int(blocks[0]) if blocks else None,
             socket=socket,
             name=name,
@@ -639,13 +627,7 @@ def _vllm_mode(
     *,
     url: str,
     policy: str,
-    trace: Path | None,
-    trace_format: str | None,
-    workload: Workload | None,
-    requests: int | None,
-    tenants: int | None,
-    seed: int,
-    duration: float | None,
+    built: Any,
     max_output_tokens: int,
     concurrency: int,
     time_scale: float,
@@ -655,7 +637,6 @@ def _vllm_mode(
 
     from sage_cli.vllm_bench import VLLMBenchmarkError, run_vllm_benchmark
 
-    built = _engine_workload(trace, trace_format, workload, requests, tenants, seed, duration)
     with Progress(transient=True) as bar:
         task = bar.add_task(f"{policy} on vLLM", total=len(built.requests))
         try:
@@ -677,13 +658,7 @@ def _vllm_mode(
 def _engine_mode(
     *,
     policies: list[str],
-    trace: Path | None,
-    trace_format: str | None,
-    workload: Workload | None,
-    requests: int | None,
-    tenants: int | None,
-    seed: int,
-    duration: float | None,
+    built: Any,
     num_blocks: int | None,
     socket: Path | None,
     name: str | None,
@@ -701,7 +676,6 @@ def _engine_mode(
         target = resolve_socket(socket, name)
     except ValueError as exc:
         raise CLIUsageError(str(exc)) from None
-    built = _engine_workload(trace, trace_format, workload, requests, tenants, seed, duration)
     with Progress(transient=True) as bar:
         tasks: dict[int, Any] = {}
 
