@@ -1,0 +1,49 @@
+"""Which implementation of the hot paths runs: the compiled core or the pure-Python reference.
+
+The compiled core is a set of optional C extensions built from Cython sources at install time
+(setup.py, `NATIVE_MODULES`). Each mirrors a pure-Python module that stays the reference and
+the fallback: same public API, same results (tests/ runs both side by side). A machine without
+a C compiler installs without the extensions and runs the pure-Python code; `SAGE_PURE_PYTHON=1`
+forces the pure-Python code where the extensions are built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+__all__ = ["PURE_ENV", "implementation", "load", "pure_forced"]
+
+PURE_ENV = "SAGE_PURE_PYTHON"
+
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def pure_forced() -> bool:
+    """`SAGE_PURE_PYTHON` is set to anything but empty or 0."""
+    return os.environ.get(PURE_ENV, "").strip() not in ("", "0")
+
+
+def load(name: str) -> ModuleType | None:
+    """The compiled module `name` (e.g. "sage_eviction._core"), or None when it is not built or
+    `SAGE_PURE_PYTHON` forces the pure-Python code. Read once per process."""
+    if name not in _loaded:
+        module: ModuleType | None = None
+        if not pure_forced():
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                module = None
+        _loaded[name] = module
+    return _loaded[name]
+
+
+def implementation(*names: str) -> str:
+    """"compiled" when every module in `names` loads, else "pure-python" (with the reason)."""
+    if pure_forced():
+        return f"pure-python ({PURE_ENV}=1)"
+    missing = [name for name in names if load(name) is None]
+    if missing:
+        return f"pure-python ({', '.join(missing)} not built)"
+    return "compiled"
