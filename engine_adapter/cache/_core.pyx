@@ -1,0 +1,335 @@
+# cython: language_level=3, boundscheck=True, wraparound=False
+"""The compiled core of `engine_adapter.cache.radix_cache`: `CachedBlock` and the hot paths of
+`RadixCache` in C.
+
+radix_cache.py is the reference and the fallback: every method here mirrors the method of the
+same name there, line for line, and must give the same results, raise the same errors and make
+the same policy calls in the same order (tests/test_compiled_cache.py runs both side by side).
+`radix_cache.CompiledRadixCache` puts `RadixCore` in front of `RadixCache`, so the methods not
+here (pin, unpin, remove, evict_explained, check, ...) are the pure-Python ones, over the same
+attributes.
+
+What is compiled: the per-block loops of a request (match, touch, lock, unlock, the inserts of
+commit and release, eviction with its cascade), the nodes as C structs with typed fields, and
+each `EntryMeta` built without a Python frame. The policy is called through its public methods
+(insert, access, set_evictable, evict), whatever it is.
+
+Bounds checks stay on (a caller's short block table raises IndexError as in pure Python).
+"""
+
+import time
+
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from engine_adapter.cache.errors import BlockStateError, CacheInvariantError
+from sage_eviction import EntryMeta
+
+
+cdef inline double _perf_counter() noexcept nogil:
+    # time.perf_counter's clock on Linux, without a Python call
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef object _fmt(object key):
+    from engine_adapter.cache.radix_cache import format_block_key  # cold: errors and repr only
+
+    return format_block_key(key)
+
+
+cdef class CachedBlock:
+    """One cached block: `radix_cache.CachedBlock` with typed fields (same attributes)."""
+
+    cdef public object key
+    cdef public object block_id
+    cdef public CachedBlock parent
+    cdef public Py_ssize_t depth
+    cdef public Py_ssize_t num_children
+    cdef public Py_ssize_t ref_count
+    cdef public Py_ssize_t pin_count
+    cdef public bint evictable
+    cdef public object meta
+    cdef public object sequence_id
+
+    def __init__(self, key, block_id, CachedBlock parent, meta, sequence_id, Py_ssize_t ref_count):
+        self.key = key
+        self.block_id = block_id
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.num_children = 0
+        self.ref_count = ref_count
+        self.pin_count = 0
+        self.evictable = ref_count == 0
+        self.meta = meta
+        self.sequence_id = sequence_id
+
+    def __repr__(self):
+        return (
+            f"CachedBlock(key={_fmt(self.key)[:12]}, block_id={self.block_id}, "
+            f"depth={self.depth}, ref={self.ref_count}, pin={self.pin_count}, children={self.num_children})"
+        )
+
+
+cdef inline CachedBlock _new_block(
+    object key, object block_id, CachedBlock parent, object meta, object sequence_id, Py_ssize_t ref_count
+):
+    cdef CachedBlock block = CachedBlock.__new__(CachedBlock)
+    block.key = key
+    block.block_id = block_id
+    block.parent = parent
+    block.depth = 0 if parent is None else parent.depth + 1
+    block.num_children = 0
+    block.ref_count = ref_count
+    block.pin_count = 0
+    block.evictable = ref_count == 0
+    block.meta = meta
+    block.sequence_id = sequence_id
+    return block
+
+
+cdef class RadixCore:
+    """The state and the hot paths of `RadixCache` (its other methods come from radix_cache.py)."""
+
+    cdef public object policy
+    cdef public object num_blocks
+    cdef public object max_pinned_ratio
+    cdef public Py_ssize_t max_pinned
+    cdef public dict _blocks
+    cdef public Py_ssize_t num_pinned
+    cdef public Py_ssize_t num_reclaimable
+
+    def __init__(self, policy, *, num_blocks, max_pinned_ratio=0.5):
+        if not 0.0 <= max_pinned_ratio <= 1.0:
+            raise ValueError(f"max_pinned_ratio={max_pinned_ratio!r} must be within [0, 1]")
+        self.policy = policy
+        self.num_blocks = num_blocks
+        self.max_pinned_ratio = max_pinned_ratio
+        self.max_pinned = int(max_pinned_ratio * num_blocks)
+        self._blocks = {}
+        self.num_pinned = 0
+        self.num_reclaimable = 0
+
+    def match(self, keys):
+        cdef dict blocks = self._blocks
+        cdef list path = []
+        cdef object parent = None
+        cdef object found
+        for key in keys:
+            found = blocks.get(key)
+            if found is None or (<CachedBlock>found).parent is not parent:
+                break
+            path.append(found)
+            parent = found
+        return path
+
+    def touch(self, path, now=None):
+        cdef CachedBlock block
+        access = self.policy.access
+        if now is None:
+            now = time.time()
+        for block in path:
+            access(block.key, now)
+
+    def lock(self, path):
+        cdef CachedBlock block
+        set_evictable = self.policy.set_evictable
+        for block in path:
+            if block.ref_count == 0 and block.pin_count == 0:
+                self.num_reclaimable -= 1
+            block.ref_count += 1
+            if block.evictable:
+                block.evictable = False
+                set_evictable(block.key, False)
+
+    def unlock(self, path):
+        cdef CachedBlock block
+        for block in path:
+            if block.ref_count <= 0:
+                raise BlockStateError(f"unlock of {block!r} whose ref count is already 0")
+        for block in path:
+            block.ref_count -= 1
+            if block.ref_count == 0 and block.pin_count == 0:
+                self.num_reclaimable += 1
+                if block.num_children == 0:
+                    block.evictable = True
+                    self.policy.set_evictable(block.key, True)
+
+    def reclaimable_in(self, path):
+        cdef CachedBlock block
+        cdef Py_ssize_t n = 0
+        for block in path:
+            if block.ref_count == 0 and block.pin_count == 0:
+                n += 1
+        return n
+
+    def insert(self, parent, key, block_id, meta, *, sequence_id=None, locked=False, leaf=True):
+        return self._insert(parent, key, block_id, meta, sequence_id, bool(locked), bool(leaf))
+
+    cdef CachedBlock _insert(
+        self, object parent, object key, object block_id, object meta, object sequence_id, bint locked, bint leaf
+    ):
+        cdef dict blocks = self._blocks
+        cdef CachedBlock up = None
+        cdef CachedBlock block
+        cdef bint evictable
+        if key in blocks:
+            raise BlockStateError(f"block {_fmt(key)} is already cached")
+        if parent is not None:
+            up = <CachedBlock?>parent
+            if blocks.get(up.key) is not up:
+                raise BlockStateError(f"parent {up!r} of block {_fmt(key)} is not cached")
+            up.num_children += 1
+            if up.evictable:
+                up.evictable = False
+                self.policy.set_evictable(up.key, False)
+        block = _new_block(key, block_id, up, meta, sequence_id, 1 if locked else 0)
+        blocks[key] = block
+        if not locked:
+            self.num_reclaimable += 1
+        evictable = leaf and not locked
+        block.evictable = evictable
+        self.policy.insert(key, meta, evictable=evictable)
+        return block
+
+    def refresh(self, CachedBlock block):
+        cdef bint should = block.ref_count == 0 and block.pin_count == 0 and block.num_children == 0
+        if block.evictable != should:
+            block.evictable = should
+            self.policy.set_evictable(block.key, should)
+
+    def evict(self, Py_ssize_t n):
+        cdef list victims = []
+        if n <= 0:
+            return victims, 0.0
+        policy = self.policy
+        evict = policy.evict
+        cdef dict blocks = self._blocks
+        cdef double decision = 0.0
+        cdef double t0
+        cdef CachedBlock block
+        cdef CachedBlock parent
+        cdef object found
+        while len(victims) < n:
+            t0 = _perf_counter()
+            keys = evict(1)
+            decision += _perf_counter() - t0
+            if not keys:
+                break
+            key = keys[0]
+            found = blocks.pop(key, None)
+            if found is not None:
+                block = <CachedBlock?>found
+            if found is None or block.ref_count or block.pin_count or block.num_children:
+                if found is not None:
+                    blocks[key] = found
+                raise CacheInvariantError(
+                    f"policy {policy.name!r} evicted {_fmt(key)}, which is "
+                    f"{'not cached' if found is None else repr(found)}"
+                )
+            self.num_reclaimable -= 1
+            block.evictable = False
+            parent = block.parent
+            if parent is not None:
+                parent.num_children -= 1
+                if parent.num_children == 0 and parent.ref_count == 0 and parent.pin_count == 0:
+                    parent.evictable = True
+                    policy.set_evictable(parent.key, True)
+            victims.append(block)
+        return victims, decision
+
+    def commit(self, list path, keys, table, sequence_id, fields):
+        cdef Py_ssize_t i, n = len(keys)
+        cdef Py_ssize_t added = 0
+        cdef dict blocks = self._blocks
+        cdef object parent = path[len(path) - 1] if path else None
+        cdef _Metas metas
+        if len(path) >= n:
+            return 0
+        metas = _Metas(fields)
+        for i in range(len(path), n):
+            key = keys[i]
+            if key in blocks:
+                break
+            parent = self._insert(parent, key, table[i], metas.meta(i), sequence_id, True, True)
+            path.append(parent)
+            added += 1
+        return added
+
+    def release(self, list path, keys, table, sequence_id, fields):
+        cdef Py_ssize_t i, n = len(keys)
+        cdef Py_ssize_t added = 0
+        cdef Py_ssize_t stop = max(n, len(path))
+        cdef dict blocks = self._blocks
+        cdef object parent = path[len(path) - 1] if path else None
+        cdef CachedBlock last_new = None
+        cdef list to_free = []
+        cdef object existing
+        cdef _Metas metas
+        if len(path) < n:
+            metas = _Metas(fields)
+        for i in range(len(path), n):
+            key = keys[i]
+            existing = blocks.get(key)
+            if existing is None:
+                last_new = self._insert(parent, key, table[i], metas.meta(i), sequence_id, False, False)
+                parent = last_new
+                added += 1
+            elif (<CachedBlock>existing).parent is parent:
+                to_free.append(table[i])
+                parent = existing
+            else:
+                stop = i
+                break
+        if last_new is not None:
+            self.refresh(last_new)
+        to_free.extend(table[stop:])
+        self.unlock(path)
+        return added, to_free
+
+
+cdef class _Metas:
+    """`radix_cache.BlockMetaFields.meta` without a Python frame per block."""
+
+    cdef Py_ssize_t block_size
+    cdef Py_ssize_t prompt_blocks
+    cdef object priority, tenant, now, estimated_lifetime, seq_len, max_len, deadline
+    cdef object conversation, prefix_idle
+
+    def __init__(self, fields):
+        (
+            block_size,
+            self.priority,
+            self.tenant,
+            self.now,
+            self.estimated_lifetime,
+            self.seq_len,
+            self.max_len,
+            self.deadline,
+            prompt_blocks,
+            self.conversation,
+            self.prefix_idle,
+        ) = fields
+        self.block_size = block_size
+        self.prompt_blocks = prompt_blocks
+
+    cdef object meta(self, Py_ssize_t index):
+        cdef Py_ssize_t bs = self.block_size
+        return EntryMeta(
+            size=bs,
+            cost=<double>((index + 1) * bs),
+            priority=self.priority,
+            tenant=self.tenant,
+            created_at=self.now,
+            last_access=self.now,
+            hits=0,
+            estimated_lifetime=self.estimated_lifetime,
+            seq_len=self.seq_len,
+            max_len=self.max_len,
+            deadline=self.deadline,
+            depth=index,
+            pos_from_end=self.prompt_blocks - 1 - index,
+            prompt_blocks=self.prompt_blocks,
+            conversation=self.conversation,
+            prefix_idle=self.prefix_idle,
+        )
