@@ -34,7 +34,13 @@ from oracle_trace import MOONCAKE, trace_dir
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import SageCacheError
-from engine_adapter.cache.radix_cache import CORE_MODULE, CompiledRadixCache, RadixCache, new_radix_cache
+from engine_adapter.cache.radix_cache import (
+    CORE_MODULE,
+    BlockMetaFields,
+    CompiledRadixCache,
+    RadixCache,
+    new_radix_cache,
+)
 from engine_adapter.sim.simulator import SimResult, simulate
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import Workload, read_mooncake, unique_blocks
@@ -210,6 +216,38 @@ def test_compiled_errors_are_the_reference_errors() -> None:
     )
     with pytest.raises(ValueError, match="max_pinned_ratio"):
         new_radix_cache(pure.policy, num_blocks=8, max_pinned_ratio=2.0, compiled=True)
+
+
+@given(
+    fields=st.builds(
+        BlockMetaFields,
+        st.integers(1, 64),
+        st.integers(0, 2),
+        st.sampled_from([None, "a", "tenant-b"]),
+        st.floats(0, 1e9),
+        st.none() | st.floats(0, 100),
+        st.integers(0, 10_000),
+        st.integers(0, 10_000),
+        st.none() | st.floats(0, 1e9),
+        st.integers(1, 100),
+        st.none() | st.text(max_size=4),
+        st.none() | st.floats(0, 1e4),
+    ),
+    index=st.integers(0, 99),
+)
+def test_compiled_meta_is_the_reference_meta(fields: BlockMetaFields, index: int) -> None:
+    import sys
+
+    from engine_adapter.cache import _core  # type: ignore[attr-defined]
+
+    tenant = "".join(["tenant-", str(index)])  # a fresh object: its reference count is ours to read
+    fields = fields._replace(tenant=tenant)
+    before = sys.getrefcount(tenant)
+    meta = _core.block_meta(fields, index)
+    assert type(meta) is EntryMeta and meta == fields.meta(index)
+    assert sys.getrefcount(tenant) == before + 1  # the record holds one reference, as a setattr
+    del meta
+    assert sys.getrefcount(tenant) == before
 
 
 # ---- the cache manager ----------------------------------------------------------------------------

@@ -17,12 +17,108 @@ each `EntryMeta` built without a Python frame. The policy is called through its 
 Bounds checks stay on (a caller's short block table raises IndexError as in pure Python).
 """
 
+import dataclasses
 import time
+import types
 
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError
 from sage_eviction import EntryMeta
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+        int flags
+
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+    object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t nitems)
+    object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, object kwnames)
+
+cdef extern from "structmember.h":
+    int T_OBJECT_EX
+    int READONLY
+
+
+# ---- EntryMeta without a Python frame ------------------------------------------------------------
+#
+# A block's EntryMeta is built once per inserted block; through the dataclass's __init__ (a Python
+# frame with 16 keyword arguments) it was the largest cost of an insert after the policy's. Where
+# EntryMeta is what sage_eviction defines today (a slots dataclass without __post_init__, every
+# field a plain object slot), the record is allocated and its slots are filled in place, exactly
+# what __init__ would store. Anything else (a changed EntryMeta) falls back to calling it.
+
+_META_FIELDS = (
+    "size", "cost", "priority", "tenant", "created_at", "last_access", "hits", "estimated_lifetime",
+    "seq_len", "max_len", "deadline", "depth", "pos_from_end", "prompt_blocks", "conversation",
+    "prefix_idle",
+)
+cdef Py_ssize_t _meta_offsets[16]
+cdef bint _meta_in_place = False
+
+
+cdef bint _find_meta_slots():
+    if not dataclasses.is_dataclass(EntryMeta) or hasattr(EntryMeta, "__post_init__"):
+        return False
+    if tuple(f.name for f in dataclasses.fields(EntryMeta)) != _META_FIELDS:
+        return False
+    if EntryMeta.__new__ is not object.__new__ or type(EntryMeta).__call__ is not type.__call__:
+        return False
+    cdef PyMemberDef* member
+    for i, name in enumerate(_META_FIELDS):
+        descr = EntryMeta.__dict__.get(name)
+        if type(descr) is not types.MemberDescriptorType:
+            return False
+        member = (<PyMemberDescrObject*>descr).d_member
+        if member.type != T_OBJECT_EX or member.flags & READONLY:
+            return False
+        _meta_offsets[i] = member.offset
+    return True
+
+
+_meta_in_place = _find_meta_slots()
+
+
+cdef inline void _put(object obj, Py_ssize_t i, object value):
+    Py_INCREF(value)  # the slot owns a reference, as a setattr would take; fresh slots are NULL
+    (<PyObject**>((<char*><PyObject*>obj) + _meta_offsets[i]))[0] = <PyObject*>value
+
+
+cdef object _new_meta(tuple values):
+    """EntryMeta(*values), the 16 fields in declaration order."""
+    if not _meta_in_place:
+        return EntryMeta(*values)
+    meta = PyType_GenericAlloc(<PyTypeObject*>EntryMeta, 0)
+    cdef Py_ssize_t i
+    for i in range(16):
+        _put(meta, i, values[i])
+    return meta
+
+
+def meta_in_place():
+    """Whether EntryMeta records are filled in place (else built by calling EntryMeta)."""
+    return _meta_in_place
+
+
+cdef object _EVICTABLE = ("evictable",)
+cdef object _INSERT = "insert"
+
+
+cdef inline void _policy_insert(object policy, object key, object meta, bint evictable) except *:
+    # policy.insert(key, meta, evictable=...) by vectorcall: no bound method, no kwargs dict
+    cdef PyObject* args[4]
+    cdef object flag = True if evictable else False
+    args[0] = <PyObject*>policy
+    args[1] = <PyObject*>key
+    args[2] = <PyObject*>meta
+    args[3] = <PyObject*>flag
+    PyObject_VectorcallMethod(_INSERT, args, 3, _EVICTABLE)
 
 
 cdef inline double _perf_counter() noexcept nogil:
@@ -189,7 +285,7 @@ cdef class RadixCore:
             self.num_reclaimable += 1
         evictable = leaf and not locked
         block.evictable = evictable
-        self.policy.insert(key, meta, evictable=evictable)
+        _policy_insert(self.policy, key, meta, evictable)
         return block
 
     def refresh(self, CachedBlock block):
@@ -315,21 +411,28 @@ cdef class _Metas:
 
     cdef object meta(self, Py_ssize_t index):
         cdef Py_ssize_t bs = self.block_size
-        return EntryMeta(
-            size=bs,
-            cost=<double>((index + 1) * bs),
-            priority=self.priority,
-            tenant=self.tenant,
-            created_at=self.now,
-            last_access=self.now,
-            hits=0,
-            estimated_lifetime=self.estimated_lifetime,
-            seq_len=self.seq_len,
-            max_len=self.max_len,
-            deadline=self.deadline,
-            depth=index,
-            pos_from_end=self.prompt_blocks - 1 - index,
-            prompt_blocks=self.prompt_blocks,
-            conversation=self.conversation,
-            prefix_idle=self.prefix_idle,
+        return _new_meta(
+            (
+                bs,  # size
+                <double>((index + 1) * bs),  # cost
+                self.priority,
+                self.tenant,
+                self.now,  # created_at
+                self.now,  # last_access
+                0,  # hits
+                self.estimated_lifetime,
+                self.seq_len,
+                self.max_len,
+                self.deadline,
+                index,  # depth
+                self.prompt_blocks - 1 - index,  # pos_from_end
+                self.prompt_blocks,
+                self.conversation,
+                self.prefix_idle,
+            )
         )
+
+
+def block_meta(fields, Py_ssize_t index):
+    """`BlockMetaFields.meta(index)` as the compiled commit builds it (for the tests)."""
+    return (<_Metas>_Metas(fields)).meta(index)
