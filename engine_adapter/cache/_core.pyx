@@ -39,7 +39,7 @@ cdef extern from "Python.h":
         PyMemberDef* d_member
 
     object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t nitems)
-    object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, object kwnames)
+    object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
 
 cdef extern from "structmember.h":
     int T_OBJECT_EX
@@ -90,15 +90,6 @@ cdef inline void _put(object obj, Py_ssize_t i, object value):
     (<PyObject**>((<char*><PyObject*>obj) + _meta_offsets[i]))[0] = <PyObject*>value
 
 
-cdef object _new_meta(tuple values):
-    """EntryMeta(*values), the 16 fields in declaration order."""
-    if not _meta_in_place:
-        return EntryMeta(*values)
-    meta = PyType_GenericAlloc(<PyTypeObject*>EntryMeta, 0)
-    cdef Py_ssize_t i
-    for i in range(16):
-        _put(meta, i, values[i])
-    return meta
 
 
 def meta_in_place():
@@ -106,19 +97,48 @@ def meta_in_place():
     return _meta_in_place
 
 
+# The policy's methods are called as CPython calls a method: by vectorcall on the name, without
+# making a bound method or a keyword dict per call (a few tens of ns of each block's work).
+
 cdef object _EVICTABLE = ("evictable",)
 cdef object _INSERT = "insert"
+cdef object _SET_EVICTABLE = "set_evictable"
+cdef object _ACCESS = "access"
+cdef object _EVICT = "evict"
+cdef object _ONE = 1
+cdef object _ZERO = 0
 
 
 cdef inline void _policy_insert(object policy, object key, object meta, bint evictable) except *:
-    # policy.insert(key, meta, evictable=...) by vectorcall: no bound method, no kwargs dict
+    # policy.insert(key, meta, evictable=evictable)
     cdef PyObject* args[4]
     cdef object flag = True if evictable else False
     args[0] = <PyObject*>policy
     args[1] = <PyObject*>key
     args[2] = <PyObject*>meta
     args[3] = <PyObject*>flag
-    PyObject_VectorcallMethod(_INSERT, args, 3, _EVICTABLE)
+    PyObject_VectorcallMethod(_INSERT, args, 3, <PyObject*>_EVICTABLE)
+
+
+cdef inline object _call(object policy, object name, object a, object b):
+    # policy.<name>(a, b)
+    cdef PyObject* args[3]
+    args[0] = <PyObject*>policy
+    args[1] = <PyObject*>a
+    args[2] = <PyObject*>b
+    return PyObject_VectorcallMethod(name, args, 3, NULL)
+
+
+cdef inline void _set_evictable(object policy, object key, bint evictable) except *:
+    _call(policy, _SET_EVICTABLE, key, True if evictable else False)
+
+
+cdef inline object _evict_one(object policy):
+    # policy.evict(1)
+    cdef PyObject* args[2]
+    args[0] = <PyObject*>policy
+    args[1] = <PyObject*>_ONE
+    return PyObject_VectorcallMethod(_EVICT, args, 2, NULL)
 
 
 cdef inline double _perf_counter() noexcept nogil:
@@ -221,22 +241,22 @@ cdef class RadixCore:
 
     def touch(self, path, now=None):
         cdef CachedBlock block
-        access = self.policy.access
+        policy = self.policy
         if now is None:
             now = time.time()
         for block in path:
-            access(block.key, now)
+            _call(policy, _ACCESS, block.key, now)
 
     def lock(self, path):
         cdef CachedBlock block
-        set_evictable = self.policy.set_evictable
+        policy = self.policy
         for block in path:
             if block.ref_count == 0 and block.pin_count == 0:
                 self.num_reclaimable -= 1
             block.ref_count += 1
             if block.evictable:
                 block.evictable = False
-                set_evictable(block.key, False)
+                _set_evictable(policy, block.key, False)
 
     def unlock(self, path):
         cdef CachedBlock block
@@ -249,7 +269,7 @@ cdef class RadixCore:
                 self.num_reclaimable += 1
                 if block.num_children == 0:
                     block.evictable = True
-                    self.policy.set_evictable(block.key, True)
+                    _set_evictable(self.policy, block.key, True)
 
     def reclaimable_in(self, path):
         cdef CachedBlock block
@@ -278,7 +298,7 @@ cdef class RadixCore:
             up.num_children += 1
             if up.evictable:
                 up.evictable = False
-                self.policy.set_evictable(up.key, False)
+                _set_evictable(self.policy, up.key, False)
         block = _new_block(key, block_id, up, meta, sequence_id, 1 if locked else 0)
         blocks[key] = block
         if not locked:
@@ -292,14 +312,13 @@ cdef class RadixCore:
         cdef bint should = block.ref_count == 0 and block.pin_count == 0 and block.num_children == 0
         if block.evictable != should:
             block.evictable = should
-            self.policy.set_evictable(block.key, should)
+            _set_evictable(self.policy, block.key, should)
 
     def evict(self, Py_ssize_t n):
         cdef list victims = []
         if n <= 0:
             return victims, 0.0
         policy = self.policy
-        evict = policy.evict
         cdef dict blocks = self._blocks
         cdef double decision = 0.0
         cdef double t0
@@ -308,7 +327,7 @@ cdef class RadixCore:
         cdef object found
         while len(victims) < n:
             t0 = _perf_counter()
-            keys = evict(1)
+            keys = _evict_one(policy)
             decision += _perf_counter() - t0
             if not keys:
                 break
@@ -330,7 +349,7 @@ cdef class RadixCore:
                 parent.num_children -= 1
                 if parent.num_children == 0 and parent.ref_count == 0 and parent.pin_count == 0:
                     parent.evictable = True
-                    policy.set_evictable(parent.key, True)
+                    _set_evictable(policy, parent.key, True)
             victims.append(block)
         return victims, decision
 
@@ -391,6 +410,7 @@ cdef class _Metas:
     cdef Py_ssize_t prompt_blocks
     cdef object priority, tenant, now, estimated_lifetime, seq_len, max_len, deadline
     cdef object conversation, prefix_idle
+    cdef object size, prompt_blocks_obj
 
     def __init__(self, fields):
         (
@@ -408,29 +428,38 @@ cdef class _Metas:
         ) = fields
         self.block_size = block_size
         self.prompt_blocks = prompt_blocks
+        self.size = block_size
+        self.prompt_blocks_obj = prompt_blocks
 
     cdef object meta(self, Py_ssize_t index):
-        cdef Py_ssize_t bs = self.block_size
-        return _new_meta(
-            (
-                bs,  # size
-                <double>((index + 1) * bs),  # cost
-                self.priority,
-                self.tenant,
-                self.now,  # created_at
-                self.now,  # last_access
-                0,  # hits
-                self.estimated_lifetime,
-                self.seq_len,
-                self.max_len,
-                self.deadline,
-                index,  # depth
-                self.prompt_blocks - 1 - index,  # pos_from_end
-                self.prompt_blocks,
-                self.conversation,
-                self.prefix_idle,
+        cost = <double>((index + 1) * self.block_size)
+        depth = index
+        pos_from_end = self.prompt_blocks - 1 - index
+        if not _meta_in_place:
+            return EntryMeta(
+                self.size, cost, self.priority, self.tenant, self.now, self.now, 0,
+                self.estimated_lifetime, self.seq_len, self.max_len, self.deadline, depth,
+                pos_from_end, self.prompt_blocks_obj, self.conversation, self.prefix_idle,
             )
-        )
+        meta = PyType_GenericAlloc(<PyTypeObject*>EntryMeta, 0)
+        # in the order of _META_FIELDS
+        _put(meta, 0, self.size)
+        _put(meta, 1, cost)
+        _put(meta, 2, self.priority)
+        _put(meta, 3, self.tenant)
+        _put(meta, 4, self.now)  # created_at
+        _put(meta, 5, self.now)  # last_access
+        _put(meta, 6, _ZERO)  # hits
+        _put(meta, 7, self.estimated_lifetime)
+        _put(meta, 8, self.seq_len)
+        _put(meta, 9, self.max_len)
+        _put(meta, 10, self.deadline)
+        _put(meta, 11, depth)
+        _put(meta, 12, pos_from_end)
+        _put(meta, 13, self.prompt_blocks_obj)
+        _put(meta, 14, self.conversation)
+        _put(meta, 15, self.prefix_idle)
+        return meta
 
 
 def block_meta(fields, Py_ssize_t index):
