@@ -280,20 +280,30 @@ cdef class RadixCore:
         return n
 
     def insert(self, parent, key, block_id, meta, *, sequence_id=None, locked=False, leaf=True):
-        return self._insert(parent, key, block_id, meta, sequence_id, bool(locked), bool(leaf))
+        return self._insert(parent, key, block_id, meta, sequence_id, bool(locked), bool(leaf), False)
 
     cdef CachedBlock _insert(
-        self, object parent, object key, object block_id, object meta, object sequence_id, bint locked, bint leaf
+        self,
+        object parent,
+        object key,
+        object block_id,
+        object meta,
+        object sequence_id,
+        bint locked,
+        bint leaf,
+        bint checked,
     ):
+        # checked: the caller knows `key` is not cached and `parent` is (a block it just
+        # inserted or found), so the two lookups that would raise are skipped
         cdef dict blocks = self._blocks
         cdef CachedBlock up = None
         cdef CachedBlock block
         cdef bint evictable
-        if key in blocks:
+        if not checked and key in blocks:
             raise BlockStateError(f"block {_fmt(key)} is already cached")
         if parent is not None:
             up = <CachedBlock?>parent
-            if blocks.get(up.key) is not up:
+            if not checked and blocks.get(up.key) is not up:
                 raise BlockStateError(f"parent {up!r} of block {_fmt(key)} is not cached")
             up.num_children += 1
             if up.evictable:
@@ -355,39 +365,44 @@ cdef class RadixCore:
 
     def commit(self, list path, keys, table, sequence_id, fields):
         cdef Py_ssize_t i, n = len(keys)
+        cdef Py_ssize_t start = len(path)
         cdef Py_ssize_t added = 0
         cdef dict blocks = self._blocks
-        cdef object parent = path[len(path) - 1] if path else None
+        cdef object parent = path[start - 1] if start else None
         cdef _Metas metas
-        if len(path) >= n:
+        if start >= n:
             return 0
         metas = _Metas(fields)
-        for i in range(len(path), n):
+        for i in range(start, n):
             key = keys[i]
             if key in blocks:
                 break
-            parent = self._insert(parent, key, table[i], metas.meta(i), sequence_id, True, True)
+            # the first block's parent is the caller's; the later ones' were inserted here
+            parent = self._insert(parent, key, table[i], metas.meta(i), sequence_id, True, True, i > start)
             path.append(parent)
             added += 1
         return added
 
     def release(self, list path, keys, table, sequence_id, fields):
         cdef Py_ssize_t i, n = len(keys)
+        cdef Py_ssize_t start = len(path)
         cdef Py_ssize_t added = 0
-        cdef Py_ssize_t stop = max(n, len(path))
+        cdef Py_ssize_t stop = max(n, start)
         cdef dict blocks = self._blocks
-        cdef object parent = path[len(path) - 1] if path else None
+        cdef object parent = path[start - 1] if start else None
         cdef CachedBlock last_new = None
         cdef list to_free = []
         cdef object existing
         cdef _Metas metas
-        if len(path) < n:
+        if start < n:
             metas = _Metas(fields)
-        for i in range(len(path), n):
+        for i in range(start, n):
             key = keys[i]
             existing = blocks.get(key)
             if existing is None:
-                last_new = self._insert(parent, key, table[i], metas.meta(i), sequence_id, False, False)
+                # not cached (just looked up); the parent is the caller's first, then one
+                # inserted or found here
+                last_new = self._insert(parent, key, table[i], metas.meta(i), sequence_id, False, False, i > start)
                 parent = last_new
                 added += 1
             elif (<CachedBlock>existing).parent is parent:
