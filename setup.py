@@ -14,7 +14,10 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # module name -> Cython source (relative to the repository root)
-NATIVE_MODULES: dict[str, str] = {}
+NATIVE_MODULES: dict[str, str] = {
+    # the radix cache's hot paths (mirrors engine_adapter/cache/radix_cache.py)
+    "engine_adapter.cache._core": "engine_adapter/cache/_core.pyx",
+}
 
 
 class OptionalBuildExt(build_ext):

@@ -72,6 +72,23 @@ class ReprefillTracker:
         self.evictions += 1
         self._evicted.add(key)
 
+    def on_evicts(self, keys: Sequence[Hashable]) -> None:
+        """`on_evict` of each key (one call for an eviction's victims)."""
+        self.evictions += len(keys)
+        self._evicted.update(keys)
+
+    def on_requests(self, keys: Iterable[Hashable]) -> int:
+        """`on_request` of each key (one call for a request's missed blocks); returns how many
+        were re-prefills."""
+        evicted = self._evicted
+        if not evicted:
+            return 0
+        back = evicted.intersection(keys)
+        if back:
+            evicted.difference_update(back)
+            self.re_prefilled += len(back)
+        return len(back)
+
     def on_request(self, key: Hashable) -> bool:
         """A key was requested; returns True when it had been evicted (a re-prefill)."""
         if key in self._evicted:

@@ -1,8 +1,10 @@
-"""The cache core: pure Python, never torch.
+"""The cache core: pure Python (the radix cache's hot paths optionally compiled), never torch.
 
     block_allocator.py  BlockAllocator: the free list of the pool's block ids
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
+    _core.pyx           the radix cache's hot paths in C (optional; radix_cache.py is the
+                        reference and the fallback)
     cache_manager.py    CacheManager: the one object the scheduler, server and simulator drive
     events.py           EvictionEventLog: eviction events as JSON lines, ring buffer, subscribers
     errors.py           the cache's exception tree

@@ -41,10 +41,17 @@ from engine_adapter.cache.errors import (
 )
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.invariants import check_manager_invariants
-from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from engine_adapter.cache.radix_cache import (
+    BlockMetaFields,
+    CachedBlock,
+    block_hashes,
+    format_block_key,
+    new_radix_cache,
+    root_key,
+)
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.stats import CacheStats
-from sage_eviction import EntryMeta, EvictionCandidate, EvictionPolicy
+from sage_eviction import EvictionCandidate, EvictionPolicy
 from sage_eviction.metrics import HitCounter, LatencyRecorder, ReprefillTracker
 from sage_eviction.registry import resolve_policy
 
@@ -81,6 +88,8 @@ class CacheManager:
             hold protected from eviction (`protect_queued_prefix`); 0 turns it off.
         explain: Each eviction event says why its victim went (O(n) per victim; see
             `engine_adapter.cache.explain`). May be switched at any time.
+        compiled: The radix cache's hot paths in C (`engine_adapter.cache._core`) or in
+            pure Python; None: compiled when built and not `SAGE_PURE_PYTHON`. Same results.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -103,6 +112,7 @@ class CacheManager:
         clock: Callable[[], float] = time.time,
         protect_queued: float = 0.0,
         explain: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
@@ -126,8 +136,8 @@ class CacheManager:
         resolved = resolve_policy(policy, self.num_blocks, **dict(policy_params or {}))
         self.policy_name = resolved.cls.name
         self.policy_params = resolved.params
-        self.radix = RadixCache(
-            resolved.build(), num_blocks=self.num_blocks, max_pinned_ratio=max_pinned_ratio
+        self.radix = new_radix_cache(
+            resolved.build(), num_blocks=self.num_blocks, max_pinned_ratio=max_pinned_ratio, compiled=compiled
         )
         self.events: EvictionEventLog | None = None
         if record_events:
@@ -283,9 +293,8 @@ class CacheManager:
             return max(n_tokens - 1, 0) // self.block_size
         return n_tokens // self.block_size
 
-    @staticmethod
-    def _reclaimable_in(path: Sequence[CachedBlock]) -> int:
-        return sum(1 for b in path if b.ref_count == 0 and b.pin_count == 0)
+    def _reclaimable_in(self, path: Sequence[CachedBlock]) -> int:
+        return self.radix.reclaimable_in(path)
 
     def _reclaimable_for(self, path: Sequence[CachedBlock]) -> int:
         """Blocks eviction could reclaim for a request that locks `path`, once every queued
@@ -443,9 +452,8 @@ class CacheManager:
     ) -> None:
         """Count an admitted lookup: its hit tokens, and its missed blocks for the re-prefill rate."""
         self._hits.record(tenant, hit_tokens, n_tokens)
-        on_request = self._reprefill.on_request
-        for key in keys[n_hit:]:
-            on_request(key)
+        if n_hit < len(keys):
+            self._reprefill.on_requests(keys[n_hit:])
 
     def extend(self, sequence_id: int, num_blocks: int = 1) -> list[int] | None:
         """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short.
@@ -558,27 +566,8 @@ class CacheManager:
         with self.lock:
             seq = self.sequence(sequence_id)
             keys = self._full_keys(seq, token_ids, block_keys, num_computed_tokens)
-            path = seq.cached_path
-            radix = self.radix
-            parent = path[-1] if path else None
-            now = self.clock()
-            added = 0
-            for i in range(len(path), len(keys)):
-                key = keys[i]
-                if key in radix:
-                    break
-                block = radix.insert(
-                    parent,
-                    key,
-                    seq.block_table[i],
-                    self._meta(seq, i, now),
-                    sequence_id=sequence_id,
-                    locked=True,
-                )
-                path.append(block)
-                parent = block
-                added += 1
-            return added
+            fields = self._meta_fields(seq, self.clock())
+            return self.radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
 
     def free_sequence(
         self,
@@ -605,34 +594,8 @@ class CacheManager:
         with self.lock:
             seq = self.sequence(sequence_id)
             keys = self._full_keys(seq, token_ids, block_keys, num_computed_tokens) if cache else []
-            radix = self.radix
-            path = seq.cached_path
-            table = seq.block_table
-            parent = path[-1] if path else None
-            now = self.clock()
-            to_free: list[int] = []
-            added = 0
-            stop = max(len(keys), len(path))  # table[len(path):stop] go to the tree or are duplicates
-            last_new: CachedBlock | None = None
-            for i in range(len(path), len(keys)):
-                key = keys[i]
-                existing = radix.get(key)
-                if existing is None:
-                    # inserted as a non-leaf (its child follows); the chain's last is refreshed below
-                    parent = last_new = radix.insert(
-                        parent, key, table[i], self._meta(seq, i, now), sequence_id=sequence_id, leaf=False
-                    )
-                    added += 1
-                elif existing.parent is parent:
-                    to_free.append(table[i])  # a duplicate of a cached block: keep the cached one
-                    parent = existing
-                else:
-                    stop = i  # the caller's keys disagree with the tree here: cache no further
-                    break
-            if last_new is not None:
-                radix.refresh(last_new)
-            to_free.extend(table[stop:])
-            radix.unlock(path)
+            fields = self._meta_fields(seq, self.clock())
+            added, to_free = self.radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
             del self._sequences[sequence_id]
             if to_free:
                 self.allocator.free(to_free)
@@ -704,25 +667,20 @@ class CacheManager:
             self.preemptions += 1
             return added
 
-    def _meta(self, seq: SequenceState, index: int, now: float) -> EntryMeta:
-        bs = self.block_size
-        return EntryMeta(
-            size=bs,
-            cost=float((index + 1) * bs),
-            priority=seq.priority,
-            tenant=seq.tenant,
-            created_at=now,
-            last_access=now,
-            hits=0,
-            estimated_lifetime=seq.estimated_lifetime,
-            seq_len=seq.num_tokens,
-            max_len=seq.max_tokens,
-            deadline=seq.deadline,
-            depth=index,  # the sequence's blocks are a root path: block i sits at depth i
-            pos_from_end=seq.num_prompt_blocks - 1 - index,
-            prompt_blocks=seq.num_prompt_blocks,
-            conversation=seq.conversation,
-            prefix_idle=seq.prefix_idle,
+    def _meta_fields(self, seq: SequenceState, now: float) -> BlockMetaFields:
+        """The policy records of the blocks `seq` caches now are made of these (`.meta(i)`)."""
+        return BlockMetaFields(
+            self.block_size,
+            seq.priority,
+            seq.tenant,
+            now,
+            seq.estimated_lifetime,
+            seq.num_tokens,
+            seq.max_tokens,
+            seq.deadline,
+            seq.num_prompt_blocks,
+            seq.conversation,
+            seq.prefix_idle,
         )
 
     # ---- queue-aware protection ----------------------------------------------------------
@@ -902,9 +860,7 @@ class CacheManager:
         self._evict_latency.record(decision)
         self._utilization_sum += min(self.allocator.num_used + pending, self.num_blocks) / self.num_blocks
         self._utilization_samples += 1
-        on_evict = self._reprefill.on_evict
-        for block in victims:
-            on_evict(block.key)
+        self._reprefill.on_evicts([b.key for b in victims])
         events = self.events
         if events is not None:
             ts = self.clock()

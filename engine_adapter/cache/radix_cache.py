@@ -26,13 +26,24 @@ import hashlib
 import struct
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError, PinLimitError
 from engine_adapter.cache.explain import EXPLAIN_CANDIDATES, build_explanation
 from sage_eviction import EntryMeta, EvictionPolicy
+from sage_eviction.native import implementation, load
 
-__all__ = ["CachedBlock", "RadixCache", "block_hashes", "format_block_key", "root_key"]
+__all__ = [
+    "CORE_MODULE",
+    "BlockMetaFields",
+    "CachedBlock",
+    "CompiledRadixCache",
+    "RadixCache",
+    "block_hashes",
+    "format_block_key",
+    "new_radix_cache",
+    "root_key",
+]
 
 _KEY_BYTES = 16  # 128-bit keys: collisions are negligible at any cache size
 
@@ -147,6 +158,45 @@ class CachedBlock:
         return (
             f"CachedBlock(key={format_block_key(self.key)[:12]}, block_id={self.block_id}, "
             f"depth={self.depth}, ref={self.ref_count}, pin={self.pin_count}, children={self.num_children})"
+        )
+
+
+class BlockMetaFields(NamedTuple):
+    """What the policy's record of each block a sequence caches is made of (`meta`): the
+    sequence's fields, taken once per call, and the block's index in it."""
+
+    block_size: int
+    priority: int
+    tenant: str | None
+    now: float
+    estimated_lifetime: float | None
+    seq_len: int
+    max_len: int
+    deadline: float | None
+    prompt_blocks: int
+    conversation: str | None
+    prefix_idle: float | None
+
+    def meta(self, index: int) -> EntryMeta:
+        """The record of the sequence's block `index` (its blocks are a root path: depth = index)."""
+        bs = self.block_size
+        return EntryMeta(
+            size=bs,
+            cost=float((index + 1) * bs),
+            priority=self.priority,
+            tenant=self.tenant,
+            created_at=self.now,
+            last_access=self.now,
+            hits=0,
+            estimated_lifetime=self.estimated_lifetime,
+            seq_len=self.seq_len,
+            max_len=self.max_len,
+            deadline=self.deadline,
+            depth=index,
+            pos_from_end=self.prompt_blocks - 1 - index,
+            prompt_blocks=self.prompt_blocks,
+            conversation=self.conversation,
+            prefix_idle=self.prefix_idle,
         )
 
 
@@ -338,6 +388,89 @@ class RadixCache:
         block.evictable = evictable
         self.policy.insert(key, meta, evictable=evictable)
         return block
+
+    def reclaimable_in(self, path: Sequence[CachedBlock]) -> int:
+        """Blocks of `path` with ref count 0 and no pin: what locking it takes from `num_reclaimable`."""
+        return sum(1 for block in path if block.ref_count == 0 and block.pin_count == 0)
+
+    def commit(
+        self,
+        path: list[CachedBlock],
+        keys: Sequence[Hashable],
+        table: Sequence[int],
+        sequence_id: int,
+        fields: BlockMetaFields,
+    ) -> int:
+        """Cache a running sequence's blocks ``keys[len(path):]`` locked, each under the last
+        (`CacheManager.commit_blocks`): one call per request, the loop stays here.
+
+        Block ``i`` gets pool block ``table[i]`` and ``fields.meta(i)``; stops at the first key
+        already cached (another sequence cached it meanwhile). Appends the new blocks to `path`.
+
+        Returns:
+            Blocks newly cached.
+        """
+        parent = path[-1] if path else None
+        blocks = self._blocks
+        added = 0
+        for i in range(len(path), len(keys)):
+            key = keys[i]
+            if key in blocks:
+                break
+            block = self.insert(parent, key, table[i], fields.meta(i), sequence_id=sequence_id, locked=True)
+            path.append(block)
+            parent = block
+            added += 1
+        return added
+
+    def release(
+        self,
+        path: list[CachedBlock],
+        keys: Sequence[Hashable],
+        table: Sequence[int],
+        sequence_id: int,
+        fields: BlockMetaFields,
+    ) -> tuple[int, list[int]]:
+        """Release a sequence that stops running (`CacheManager.free_sequence`): cache its blocks
+        ``keys[len(path):]`` unlocked, then drop its references on `path`.
+
+        A key already cached under the same parent keeps the cached block (the sequence's copy
+        is freed); a key cached under another parent ends the caching (the caller's keys
+        disagree with the tree there). The new blocks enter as a chain (`insert` with
+        ``leaf=False``, the last refreshed).
+
+        Returns:
+            Blocks newly cached, and the pool block ids of `table` to free.
+
+        Raises:
+            BlockStateError: A block of `path` has ref count 0 (after the inserts, as `unlock`).
+        """
+        parent = path[-1] if path else None
+        get = self._blocks.get
+        to_free: list[int] = []
+        added = 0
+        stop = max(len(keys), len(path))  # table[len(path):stop] go to the tree or are duplicates
+        last_new: CachedBlock | None = None
+        for i in range(len(path), len(keys)):
+            key = keys[i]
+            existing = get(key)
+            if existing is None:
+                # inserted as a non-leaf (its child follows); the chain's last is refreshed below
+                parent = last_new = self.insert(
+                    parent, key, table[i], fields.meta(i), sequence_id=sequence_id, leaf=False
+                )
+                added += 1
+            elif existing.parent is parent:
+                to_free.append(table[i])  # a duplicate of a cached block: keep the cached one
+                parent = existing
+            else:
+                stop = i
+                break
+        if last_new is not None:
+            self.refresh(last_new)
+        to_free.extend(table[stop:])
+        self.unlock(path)
+        return added, to_free
 
     def refresh(self, block: CachedBlock) -> None:
         """Recompute a block's evictability and tell the policy when it changed."""
@@ -537,3 +670,42 @@ class RadixCache:
             fail(f"{pinned} pinned blocks exceed max_pinned={self.max_pinned}")
         if reclaimable != self.num_reclaimable:
             fail(f"num_reclaimable={self.num_reclaimable} but {reclaimable} blocks are unreferenced")
+
+
+# ---- the compiled core ------------------------------------------------------------------------
+
+CORE_MODULE = "engine_adapter.cache._core"
+_core = load(CORE_MODULE)
+
+CompiledRadixCache: type[RadixCache] | None = None
+"""`RadixCache` with its hot paths (match, touch, lock, unlock, insert, refresh, evict,
+reclaimable_in, commit, release) and `CachedBlock` in C, from engine_adapter/cache/_core.pyx;
+None when that is not built or `SAGE_PURE_PYTHON` forces pure Python. The rest is `RadixCache`'s."""
+
+if _core is not None:
+
+    class _CompiledRadixCache(_core.RadixCore, RadixCache):  # type: ignore[misc,name-defined]
+        """`RadixCache` whose hot paths run in C (engine_adapter/cache/_core.pyx)."""
+
+    CompiledRadixCache = _CompiledRadixCache
+
+
+def new_radix_cache(
+    policy: EvictionPolicy, *, num_blocks: int, max_pinned_ratio: float = 0.5, compiled: bool | None = None
+) -> RadixCache:
+    """A `RadixCache`, its hot paths compiled or in pure Python (same API, same results).
+
+    Args:
+        compiled: True: the compiled core (`CompiledRadixCache`), which must be built; False:
+            pure Python; None: compiled when it is built and not forced off (`sage_eviction.native`).
+
+    Raises:
+        RuntimeError: `compiled=True` and the compiled core is not built.
+    """
+    if compiled is None:
+        compiled = CompiledRadixCache is not None
+    if not compiled:
+        return RadixCache(policy, num_blocks=num_blocks, max_pinned_ratio=max_pinned_ratio)
+    if CompiledRadixCache is None:
+        raise RuntimeError(f"the compiled radix cache is {implementation(CORE_MODULE)}")
+    return CompiledRadixCache(policy, num_blocks=num_blocks, max_pinned_ratio=max_pinned_ratio)

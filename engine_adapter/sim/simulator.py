@@ -252,6 +252,8 @@ class Simulator:
             0 turns it off.
         adaptive_batch: The running limit starts at `max_running` and follows the re-prefill
             rate as in the engine (`engine_adapter.cache.adaptive_batch`); radix model only.
+        compiled: Radix model: the cache's hot paths compiled or in pure Python (`CacheManager`'s
+            `compiled`); None picks the compiled core when it is built. Same rows either way.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -272,6 +274,7 @@ class Simulator:
         progress_every: int = 1000,
         protect_queued: float = 0.0,
         adaptive_batch: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -280,6 +283,7 @@ class Simulator:
         if not 0.0 <= protect_queued <= 1.0:
             raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
         self.protect_queued = protect_queued
+        self.compiled = compiled
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
@@ -333,6 +337,7 @@ class Simulator:
             record_events=False,
             clock=self._now,
             protect_queued=0.0 if self.unbounded else self.protect_queued,
+            compiled=self.compiled,
         )
         belady = None
         if manager.policy.offline:
