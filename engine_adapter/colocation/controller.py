@@ -98,6 +98,8 @@ class ColocationController:
             else round(quota.target_llm_blocks(total_blocks, share, self.params))
         )
         self._last_update_s: float | None = None
+        self._share_average: float | None = None
+        self._share_time_s: float | None = None
         self.last_urgency: tuple[float, float] = (0.0, 0.0)
 
     # ------------------------------------------------------------------ predictions
@@ -263,9 +265,19 @@ class ColocationController:
             embedding_demand = sum(e.blocks for e in embeddings) + self.forecaster.forecast_blocks(
                 now_s, params.forecast_horizon_s
             )
+            # Urgency is left out: it flips between the classes from one interval to the next
+            # (a single critical request makes a class urgent), which swung the quota both ways;
+            # sage serves urgency by ordering and pacing (EDF, chunk pacing) instead of memory.
             share = quota.demand_share(llm_demand, embedding_demand, params.default_llm_ratio)
-            if urgent:
-                share = (share + urgency_share) / 2
+            # A moving average over quota_smoothing_s: bursts average out, a shift in the mix
+            # comes through within a few time constants.
+            if self._share_average is None or self._share_time_s is None:
+                self._share_average = share
+            else:
+                weight = 1.0 - math.exp(-max(0.0, now_s - self._share_time_s) / params.quota_smoothing_s)
+                self._share_average += weight * (share - self._share_average)
+            self._share_time_s = now_s
+            share = self._share_average
         target = quota.target_llm_blocks(self.total_blocks, share, params)
         current = self._quota.llm_blocks
         if self.system == "sage" and abs(target - current) <= params.quota_deadband * self.total_blocks:
