@@ -85,9 +85,10 @@ def quota_settle_intervals(
     for start, end in zip(boundaries, ends, strict=True):
         final = value_at(end)
         settled = start
-        for when, value in trace:
+        for i, (when, value) in enumerate(trace):
             if start <= when <= end and abs(value - final) > band:
-                settled = when
+                # Out of the band from this sample until the next one changes it.
+                settled = trace[i + 1][0] if i + 1 < len(trace) else end
         worst = max(worst, (settled - start) / interval)
     return worst
 
