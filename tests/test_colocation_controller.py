@@ -343,3 +343,12 @@ def test_every_decision_has_a_reason_and_only_preemption_names_victims(
     assert a.reason
     assert bool(a.preempt) == (a.decision is Decision.ADMIT_WITH_PREEMPTION)
     assert set(a.preempt) <= {r.request_id for r in running if r.priority < req.priority}
+
+
+def test_sage_quota_needs_twice_the_dead_band_to_turn_back() -> None:
+    c = controller("sage")
+    assert c.update_quota(0.0, [], [emb(blocks=10, deadline_ms=60_000)]).llm_blocks == 60  # down from 70
+    # 10 s later the demand share is 40 / 50 = 0.8, its average 0.8 * (1 - exp(-10/4)) = 0.734:
+    # target 10 + 85 * 0.734 = 72.4, 12.4 blocks up: past the band (8) but not twice it (16).
+    mix = [llm(str(i), ttft_ms=60_000, tpot_ms=1000) for i in range(2)]
+    assert c.update_quota(10.0, mix, [emb(blocks=10, deadline_ms=60_000)]).llm_blocks == 60

@@ -99,6 +99,7 @@ class ColocationController:
         )
         self._last_update_s: float | None = None
         self._share_average: float | None = None
+        self._last_direction = 0
         self._share_time_s: float | None = None
         self.last_urgency: tuple[float, float] = (0.0, 0.0)
 
@@ -280,8 +281,14 @@ class ColocationController:
             share = self._share_average
         target = quota.target_llm_blocks(self.total_blocks, share, params)
         current = self._quota.llm_blocks
-        if self.system == "sage" and abs(target - current) <= params.quota_deadband * self.total_blocks:
-            return self._quota
+        if self.system == "sage":
+            # Hysteresis: a move inside the dead band is noise, and turning back against the
+            # last move takes twice the band.
+            band = params.quota_deadband * self.total_blocks
+            direction = (target > current) - (target < current)
+            if abs(target - current) <= (2 * band if direction == -self._last_direction else band):
+                return self._quota
+            self._last_direction = direction
         max_change = params.max_change_rate * self.total_blocks
         self._quota = self._split(quota.smooth_adjust(current, target, max_change))
         return self._quota
