@@ -723,12 +723,17 @@ class _Run:
                         if c == 0
                     )
                     give = max(give, headroom - llm_time)
-                    # And at least the pace at which the head batch still meets its deadline:
-                    # g chunks of `give` beside steps of `llm_time` finish R of work within T
-                    # when give >= R * llm_time / (T - R).
-                    left = head.req.arrival_s + head.req.deadline_ms / 1000 - now
-                    if left > head.remaining_s:
-                        give = max(give, head.remaining_s * llm_time / (left - head.remaining_s))
+                    # And at least the pace at which every batch still meets its deadline, in
+                    # EDF order: chunks of `give` beside steps of `llm_time` finish W of work
+                    # within T when give >= W * llm_time / (T - W), W the work due by then.
+                    work = 0.0
+                    for e in [head, *self.queued]:
+                        work += e.remaining_s if e is head else e.work_s
+                        left = e.req.arrival_s + e.req.deadline_ms / 1000 - now
+                        if left > work:
+                            give = max(give, work * llm_time / (left - work))
+                        elif left > 0:  # at risk even at full pace: the largest chunk
+                            give = math.inf
                 else:
                     give = max(give, self.params.embedding_chunk_tokens * per_token)
             give = min(give, head.remaining_s, self.params.embedding_chunk_tokens * per_token)
