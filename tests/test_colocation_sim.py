@@ -72,6 +72,20 @@ def test_the_workload_follows_the_ratio_and_the_shift() -> None:
     assert all(200 <= r.output_tokens <= 500 for r in shift.llm)
 
 
+def test_sage_quota_follows_the_shifting_mix() -> None:
+    # Split compute: a batch holds its whole workspace, so the embedding demand in the 1:9 third
+    # is real memory, and the LLM quota gives way to it, then comes back.
+    w = generate(ratio="shift", load=1.0, duration_s=60, seed=0, compute="split")
+    r = run_colocation(w, "sage", compute="split")
+
+    def quota_at(t: float) -> int:
+        return [q for when, q in r.quota_trace if when <= t][-1]
+
+    first, middle, last = quota_at(19.0), quota_at(39.0), quota_at(59.0)
+    assert middle < first - 0.3 * r.total_blocks
+    assert last > middle + 0.3 * r.total_blocks
+
+
 def test_capacity_is_positive_and_split_compute_holds_at_least_as_much() -> None:
     for ratio in ("1:9", "5:5", "9:1"):
         f = parse_ratio(ratio)
