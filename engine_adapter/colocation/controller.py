@@ -321,7 +321,12 @@ class ColocationController:
         self.forecaster.observe(now_s, blocks)
 
     def observe_embedding_finished(self, tokens: int, service_s: float) -> None:
-        """Teach the embedding throughput: a batch of `tokens` took `service_s` from start to end."""
+        """Teach the embedding throughput: a batch of `tokens` took `service_s` from start to end.
+
+        The wall time beside the LLM steps, not the batch's own compute: the admission then
+        estimates at the pace embeddings actually get (the compute time alone made it admit
+        batches that, run at full pace to catch up, broke the LLM's TPOT under overload).
+        """
         if tokens <= 0 or not service_s >= 0:
             return
         sample = service_s / tokens
