@@ -14,7 +14,9 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # module name -> Cython source (relative to the repository root)
-NATIVE_MODULES: dict[str, str] = {}
+NATIVE_MODULES: dict[str, str] = {
+    "sage_eviction._core": "sage_eviction/_core.pyx",  # the score heap and select_victims
+}
 
 
 class OptionalBuildExt(build_ext):

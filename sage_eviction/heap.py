@@ -3,20 +3,83 @@
 A stale heap item is skipped when popped, and the heap is rebuilt when stale items outnumber live
 ones, so every operation is O(log n) amortised. `FlatHeapPolicy` keeps the score tuples flat (one
 tuple less per comparison) for the policies whose score ends with a unique tick.
+
+The heap itself is a score heap: the compiled `sage_eviction._core.ScoreHeap` (the numbers of
+each item in a C array) where it is built, else `_ListHeap` (heapq over the item tuples), the
+reference. A compiled heap given an item whose numbers are not exact doubles (a tuple score, a
+NaN, a huge int) hands its items to a `_ListHeap` and the policy goes on with that.
 """
 
 from __future__ import annotations
 
 import heapq
 from abc import abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from itertools import compress
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from sage_eviction.base import EvictionPolicy, Score
 from sage_eviction.types import EntryMeta
 
 __all__ = ["FlatHeapPolicy", "HeapPolicy"]
+
+
+class _Heap(Protocol):
+    """What `HeapPolicy` needs of its heap of item tuples `(..., key)`."""
+
+    def __len__(self) -> int: ...
+
+    def push(self, item: tuple[Any, ...]) -> bool:
+        """Add `item`; False, adding nothing, when this heap cannot hold it."""
+
+    def fill(self, items: Iterable[tuple[Any, ...]]) -> bool:
+        """Replace the contents with `items`; False, leaving it empty, when it cannot."""
+
+    def pop_live(self, live: dict[Hashable, Any]) -> Any:
+        """Pop until an item is `live[item[-1]]`, delete that key from `live`, return it."""
+
+    def items(self) -> list[Any]:
+        """Every item held, stale ones too."""
+
+
+class _ListHeap:
+    """The pure-Python score heap: heapq over the item tuples (the reference)."""
+
+    __slots__ = ("heap",)
+
+    def __init__(self, items: Iterable[tuple[Any, ...]] = ()) -> None:
+        self.heap: list[tuple[Any, ...]] = list(items)
+        heapq.heapify(self.heap)
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def push(self, item: tuple[Any, ...]) -> bool:
+        heapq.heappush(self.heap, item)
+        return True
+
+    def fill(self, items: Iterable[tuple[Any, ...]]) -> bool:
+        self.heap = list(items)
+        heapq.heapify(self.heap)
+        return True
+
+    def pop_live(self, live: dict[Hashable, Any]) -> Any:
+        heap = self.heap
+        pop = heapq.heappop
+        while True:
+            item = pop(heap)  # IndexError when empty, as the compiled heap
+            key = item[-1]
+            if live.get(key) is item:
+                del live[key]
+                return item
+
+    def items(self) -> list[Any]:
+        return list(self.heap)
+
+
+def _new_heap(core: Any) -> _Heap:
+    """The compiled score heap of the core `core`, or the reference without one."""
+    return core.ScoreHeap() if core is not None else _ListHeap()
 
 
 class HeapPolicy(EvictionPolicy):
@@ -32,8 +95,8 @@ class HeapPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-        self._heap: list[tuple[Score, int, Hashable]] = []
-        self._live: dict[Hashable, tuple[Score, int, Hashable]] = {}
+        self._heap: _Heap = _new_heap(self._core)
+        self._live: dict[Hashable, tuple[Any, ...]] = {}
         self._tick: dict[Hashable, int] = {}  # key -> tick of its latest insert or access
         self._pushes = 0  # unique tie-breaker of heap items
 
@@ -41,15 +104,25 @@ class HeapPolicy(EvictionPolicy):
     def _score(self, key: Hashable, meta: EntryMeta) -> Score:
         """Smaller is evicted sooner; `self._clock` and `self._tick[key]` are current."""
 
-    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+    def _item(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         self._pushes += 1
-        item = (self._score(key, meta), self._pushes, key)
-        self._live[key] = item
+        return (self._score(key, meta), self._pushes, key)
+
+    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+        item = self._item(key, meta)
+        live = self._live
+        live[key] = item
         heap = self._heap
-        heapq.heappush(heap, item)
-        if len(heap) > 2 * len(self._live) + 64:
-            self._heap = list(self._live.values())
-            heapq.heapify(self._heap)
+        if not heap.push(item):  # not numbers the compiled heap holds: on in pure Python
+            self._heap = heap = _ListHeap(heap.items())
+            heap.push(item)
+        if len(heap) > 2 * len(live) + 64:
+            self._refill()
+
+    def _refill(self) -> None:
+        """The heap again from the live items alone (dropping the stale ones)."""
+        if not self._heap.fill(self._live.values()):
+            self._heap = _ListHeap(self._live.values())
 
     def _on_insert(self, key: Hashable, meta: EntryMeta, evictable: bool) -> None:
         self._tick[key] = self._clock
@@ -73,23 +146,17 @@ class HeapPolicy(EvictionPolicy):
             del self._live[key]
 
     def _pop_victim(self) -> Hashable:
-        heap = self._heap
-        live = self._live
-        pop = heapq.heappop
-        while True:
-            item = pop(heap)
-            key = item[2]
-            if live.get(key) is item:
-                del live[key]
-                del self._tick[key]
-                self._on_victim(key, item[0])
-                return key
+        item = self._heap.pop_live(self._live)
+        key: Hashable = item[-1]
+        del self._tick[key]
+        self._on_victim(key, item[0])
+        return key
 
     def _on_victim(self, key: Hashable, score: Score) -> None:
         """Called with each victim's score (GDSF inflates its clock with it)."""
 
     def _eviction_order(self) -> list[Hashable]:
-        return [item[2] for item in sorted(self._live.values())]
+        return [item[-1] for item in sorted(self._live.values())]
 
     def rank(self, key: Hashable) -> tuple[Any, ...] | None:
         """`(score, push number)` of the key's live heap item; for a key that is not evictable,
@@ -114,18 +181,14 @@ class HeapPolicy(EvictionPolicy):
         ticks = range(first, end + 1)
         self._tick.update(zip(keys, ticks, strict=True))
         live = self._live
-        score = self._score
-        pushes = self._pushes
+        item = self._item
         for key, meta, tick in zip(
             compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True
         ):
             self._clock = tick
-            pushes += 1
-            live[key] = (score(key, meta), pushes, key)
+            live[key] = item(key, meta)
         self._clock = end
-        self._pushes = pushes
-        self._heap = list(live.values())
-        heapq.heapify(self._heap)
+        self._refill()
         return True
 
 
@@ -138,31 +201,15 @@ class FlatHeapPolicy(HeapPolicy):
     def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         """Smaller is evicted sooner; a tuple ending with `self._tick[key]` (current)."""
 
-    def _push(self, key: Hashable, meta: EntryMeta) -> None:
-        item = (*self._score(key, meta), key)
-        live = self._live
-        live[key] = item
-        heap = self._heap
-        heapq.heappush(heap, item)
-        if len(heap) > 2 * len(live) + 64:
-            self._heap = list(live.values())
-            heapq.heapify(self._heap)
+    def _item(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
+        return (*self._score(key, meta), key)
 
     def _pop_victim(self) -> Hashable:
-        heap = self._heap
-        live = self._live
-        pop = heapq.heappop
-        while True:
-            item = pop(heap)
-            key: Hashable = item[-1]
-            if live.get(key) is item:
-                del live[key]
-                del self._tick[key]
-                self._on_victim(key, item)
-                return key
-
-    def _eviction_order(self) -> list[Hashable]:
-        return [item[-1] for item in sorted(self._live.values())]
+        item = self._heap.pop_live(self._live)
+        key: Hashable = item[-1]
+        del self._tick[key]
+        self._on_victim(key, item)
+        return key
 
     def rank(self, key: Hashable) -> tuple[Any, ...] | None:
         """The score tuple of the key's live heap item (it ends with the unique tick); for a key
@@ -171,22 +218,3 @@ class FlatHeapPolicy(HeapPolicy):
         if item is not None:
             return item[:-1]
         return self._score(key, self.meta(key))
-
-    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
-        if self._meta:
-            return False
-        first = self._add_columns(keys, metas, flags)
-        end = self._clock
-        ticks = range(first, end + 1)
-        self._tick.update(zip(keys, ticks, strict=True))
-        live = self._live
-        score = self._score
-        for key, meta, tick in zip(
-            compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True
-        ):
-            self._clock = tick
-            live[key] = (*score(key, meta), key)
-        self._clock = end
-        self._heap = list(live.values())
-        heapq.heapify(self._heap)
-        return True

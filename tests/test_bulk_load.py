@@ -20,7 +20,8 @@ from sage_eviction.policies.sieve import _Node
 from sage_eviction.recency import _TickQueue
 
 # Counters of lookups and re-prefills: `insert` counts them, a swap's load does not.
-_NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted"}
+# `_core`: the compiled core module (or None), the same for both builds.
+_NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted", "_core"}
 _HEAPS = {"_heap", "_levels"}  # heap layouts may differ (heapify vs pushes); contents may not
 
 
@@ -50,8 +51,8 @@ def _state(policy: EvictionPolicy) -> dict[str, Any]:
     for name, value in vars(policy).items():
         if name in _NOT_STATE:
             continue
-        if name in _HEAPS:
-            out[name] = sorted(value, key=repr)
+        if name in _HEAPS:  # a score heap (compiled or not) or a list
+            out[name] = sorted(value.items() if hasattr(value, "items") else value, key=repr)
         else:
             out[name] = _norm(value)
     return out

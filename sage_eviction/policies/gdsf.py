@@ -57,6 +57,8 @@ class GDSFPolicy(FlatHeapPolicy):
         values.update(size=meta.size, frequency=meta.hits + 1)
         return values
 
+    candidate_order = ("gdsf", ())  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """With L = 0 at sequence level: (accesses + 1) * recompute cost (the sequence's tokens)

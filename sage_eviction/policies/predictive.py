@@ -133,6 +133,15 @@ class PredictivePolicy(FlatHeapPolicy):
             "completion": _completion(meta.seq_len, meta.max_len),
         }
 
+    # candidate_key in the compiled core: decode time per token, whether token estimates count
+    candidate_order = (
+        "predictive",
+        (
+            DEFAULT_DECODE_TIME_PER_TOKEN,
+            float(DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD),
+        ),
+    )
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The same order with the default params: `estimated_lifetime` when given, else the

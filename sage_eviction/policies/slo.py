@@ -106,6 +106,12 @@ class SLOPolicy(FlatHeapPolicy):
             "completion": meta.seq_len / meta.max_len if meta.max_len > 0 else 0.0,
         }
 
+    # candidate_key in the compiled core
+    candidate_order = (
+        "slo",
+        (DEFAULT_PRIORITY_BASE, DEFAULT_SLACK + DEFAULT_EPS, DEFAULT_COST_WEIGHT, DEFAULT_PROTECT_COMPLETION),
+    )
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The same order with the default params, for a sequence: no deadline is known, so

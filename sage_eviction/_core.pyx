@@ -1,0 +1,519 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -O3 -ffp-contract=off
+"""The compiled core of sage_eviction: the score heap and the sequence-level victim choice.
+
+Each piece mirrors a pure-Python reference that stays the fallback (sage_eviction/native.py
+picks): `ScoreHeap` is `sage_eviction.heap._ListHeap`, `select_victims` is
+`sage_eviction.base.select_in_order` over the policy's `candidate_key`. Both hold Python numbers
+as C doubles only where a double compares exactly as the number does (a float that is not NaN,
+an int or bool within 2**53); anything else makes them answer "not here" (False or None) and
+the caller runs the pure-Python code, so results never differ (tests/test_native_core.py runs
+both side by side).
+
+`-ffp-contract=off`: no fused multiply-add, so the candidate keys are the very doubles Python's
+own arithmetic gives.
+"""
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.math cimport INFINITY, isnan, pow
+
+cdef extern from "Python.h":
+    int PyFloat_CheckExact(object)
+    double PyFloat_AS_DOUBLE(object)
+    int PyLong_CheckExact(object)
+    int PyBool_Check(object)
+    int PyTuple_CheckExact(object)
+    long long PyLong_AsLongLongAndOverflow(object, int*) except? -1
+    PyObject* PyDict_GetItemWithError(object, object) except? NULL
+    int PyDict_DelItem(object, object) except -1
+    Py_ssize_t PyTuple_GET_SIZE(object)
+    PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)
+    PyObject* PyList_GET_ITEM(object, Py_ssize_t)
+    Py_ssize_t PyList_GET_SIZE(object)
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+    int T_OBJECT_EX
+
+cdef extern from "descrobject.h":
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+__all__ = ["ScoreHeap", "select_victims"]
+
+cdef double EXACT = 9007199254740992.0  # 2**53: every int up to it is a double
+
+
+cdef inline bint as_double(PyObject* v, double* out) noexcept:
+    """`v` as the double that compares with every other such double as `v` does, if any."""
+    cdef int overflow = 0
+    cdef long long i
+    cdef object o = <object>v
+    if PyFloat_CheckExact(o):
+        out[0] = PyFloat_AS_DOUBLE(o)
+        return not isnan(out[0])
+    if PyLong_CheckExact(o) or PyBool_Check(o):
+        i = PyLong_AsLongLongAndOverflow(o, &overflow)
+        if overflow or i > 9007199254740992 or i < -9007199254740992:
+            return False
+        out[0] = <double>i
+        return True
+    return False
+
+
+# ---- the score heap ------------------------------------------------------------------------
+
+ctypedef struct Entry:
+    double k0
+    double k1
+    double k2
+    PyObject* item  # a strong reference to the Python item tuple
+
+
+cdef inline bint before(Entry* a, Entry* b) noexcept nogil:
+    """Python's tuple order over the numbers (unused ones are 0 in both)."""
+    if a.k0 != b.k0:
+        return a.k0 < b.k0
+    if a.k1 != b.k1:
+        return a.k1 < b.k1
+    return a.k2 < b.k2
+
+
+cdef class ScoreHeap:
+    """A 4-ary min-heap of item tuples `(*numbers, key)` (1 to 3 numbers, the same count for
+    every item), ordered as the tuples are, with lazy deletion: an item is live while
+    `live[key] is item`. The numbers sit in a C array beside each item, so a sift compares
+    doubles in adjacent memory instead of following pointers to tuples and floats.
+
+    The policies' items tie only between a stale item and the live one of the same key (their
+    numbers end with a unique tick or push number), so any heap pops live items in the order
+    heapq does.
+    """
+
+    cdef Entry* data  # data[1 + 4j .. 4 + 4j], siblings, share one 128-byte block
+    cdef void* raw  # the allocation `data` lies in
+    cdef Py_ssize_t size
+    cdef Py_ssize_t cap
+    cdef Py_ssize_t width  # numbers per item; 0 until the first item
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.size):
+            Py_DECREF(<object>self.data[i].item)
+        PyMem_Free(self.raw)
+
+    def __len__(self):
+        return self.size
+
+    cdef bint _entry(self, object item, Entry* e) except -1:
+        cdef Py_ssize_t n
+        if not PyTuple_CheckExact(item):
+            return False
+        n = PyTuple_GET_SIZE(item) - 1
+        if self.width == 0:
+            if n < 1 or n > 3:
+                return False
+            self.width = n
+        elif n != self.width:
+            return False
+        e.k1 = 0.0
+        e.k2 = 0.0
+        if not as_double(PyTuple_GET_ITEM(item, 0), &e.k0):
+            return False
+        if n > 1 and not as_double(PyTuple_GET_ITEM(item, 1), &e.k1):
+            return False
+        if n > 2 and not as_double(PyTuple_GET_ITEM(item, 2), &e.k2):
+            return False
+        e.item = <PyObject*>item
+        return True
+
+    cdef int _reserve(self, Py_ssize_t need) except -1:
+        cdef Py_ssize_t cap
+        cdef Entry* data
+        cdef void* raw
+        if need <= self.cap:
+            return 0
+        cap = max(need, 2 * self.cap, 64)
+        raw = PyMem_Malloc(cap * sizeof(Entry) + 128)
+        if raw == NULL:
+            raise MemoryError()
+        # align &data[1] to 128 bytes: a node's four children are then two cache lines
+        data = <Entry*>((((<uintptr_t>raw + sizeof(Entry)) + 127) & ~(<uintptr_t>127)) - sizeof(Entry))
+        if self.size:
+            memcpy(data, self.data, self.size * sizeof(Entry))
+        PyMem_Free(self.raw)
+        self.raw = raw
+        self.data = data
+        self.cap = cap
+        return 0
+
+    cdef void _sift_down(self, Py_ssize_t i) noexcept nogil:
+        """Move data[i] down to its place (4-ary: children 4i+1 .. 4i+4)."""
+        cdef Entry moving = self.data[i]
+        cdef Py_ssize_t child, best, last, n = self.size
+        while True:
+            child = 4 * i + 1
+            if child >= n:
+                break
+            best = child
+            last = min(child + 4, n)
+            child += 1
+            while child < last:
+                if before(&self.data[child], &self.data[best]):
+                    best = child
+                child += 1
+            if not before(&self.data[best], &moving):
+                break
+            self.data[i] = self.data[best]
+            i = best
+        self.data[i] = moving
+
+    cdef void _sift_up(self, Py_ssize_t i) noexcept nogil:
+        cdef Entry moving = self.data[i]
+        cdef Py_ssize_t parent
+        while i > 0:
+            parent = (i - 1) >> 2
+            if not before(&moving, &self.data[parent]):
+                break
+            self.data[i] = self.data[parent]
+            i = parent
+        self.data[i] = moving
+
+    cpdef bint push(self, object item) except -1:
+        """Add `item`; False (nothing added) when its numbers are not all exact doubles."""
+        cdef Entry e
+        if not self._entry(item, &e):
+            return False
+        self._reserve(self.size + 1)
+        Py_INCREF(item)
+        self.data[self.size] = e
+        self.size += 1
+        self._sift_up(self.size - 1)
+        return True
+
+    cpdef bint fill(self, object items) except -1:
+        """Replace the contents with `items` (heapified at once); False, leaving the heap empty,
+        when one of them is not all exact doubles."""
+        cdef list seq = list(items)
+        cdef Py_ssize_t i, n = len(seq)
+        cdef Entry e
+        self.clear()
+        self._reserve(n)
+        for i in range(n):
+            if not self._entry(seq[i], &e):
+                self.clear()
+                return False
+            Py_INCREF(seq[i])
+            self.data[self.size] = e
+            self.size += 1
+        i = (n - 2) >> 2 if n > 1 else -1
+        while i >= 0:
+            self._sift_down(i)
+            i -= 1
+        return True
+
+    cpdef clear(self):
+        cdef Py_ssize_t i
+        cdef Py_ssize_t n = self.size
+        self.size = 0
+        self.width = 0
+        for i in range(n):
+            Py_DECREF(<object>self.data[i].item)
+
+    cpdef object pop_live(self, dict live):
+        """Pop items until one is live, delete its key from `live` and return it.
+
+        Raises:
+            IndexError: No live item is left.
+        """
+        cdef Entry top
+        cdef object item, key
+        cdef PyObject* current
+        while self.size:
+            top = self.data[0]
+            self.size -= 1
+            if self.size:
+                self.data[0] = self.data[self.size]
+                self._sift_down(0)
+            item = <object>top.item
+            Py_DECREF(item)  # `item` holds its own reference now
+            key = <object>PyTuple_GET_ITEM(item, PyTuple_GET_SIZE(item) - 1)
+            current = PyDict_GetItemWithError(live, key)
+            if current == top.item:
+                PyDict_DelItem(live, key)
+                return item
+        raise IndexError("pop from an empty score heap")
+
+    def items(self):
+        """Every item held, stale ones included, in no particular order."""
+        cdef Py_ssize_t i
+        return [<object>self.data[i].item for i in range(self.size)]
+
+
+# ---- select_victims over EvictionCandidate ---------------------------------------------------
+
+ctypedef struct Key:
+    double k0
+    double k1
+    double k2
+    Py_ssize_t index
+
+
+cdef inline bint key_before(Key* a, Key* b) noexcept nogil:
+    """Candidate order: the key tuple, then the position (the stable sort's tie-break)."""
+    if a.k0 != b.k0:
+        return a.k0 < b.k0
+    if a.k1 != b.k1:
+        return a.k1 < b.k1
+    if a.k2 != b.k2:
+        return a.k2 < b.k2
+    return a.index < b.index
+
+
+cdef enum Kind:
+    LRU, MRU, FIFO, FILO, LFU, PRIORITY, SEEN_ONCE_FIRST, S3FIFO, GDSF, PREDICTIVE, SLO
+
+cdef dict KINDS = {
+    "lru": LRU, "mru": MRU, "fifo": FIFO, "filo": FILO, "lfu": LFU, "priority": PRIORITY,
+    "seen_once_first": SEEN_ONCE_FIRST, "s3fifo": S3FIFO, "gdsf": GDSF,
+    "predictive": PREDICTIVE, "slo": SLO,
+}
+
+# EvictionCandidate's slot offsets, read once from its member descriptors
+cdef object _candidate_type = None
+cdef Py_ssize_t OFF_SEQ, OFF_BLOCKS, OFF_TIME, OFF_COUNT, OFF_PRIORITY, OFF_PINNED
+cdef Py_ssize_t OFF_LIFETIME, OFF_SEQ_LEN, OFF_MAX_LEN
+
+
+cdef Py_ssize_t _offset(object cls, str name) except -1:
+    descr = cls.__dict__[name]
+    if type(descr).__name__ != "member_descriptor":
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    cdef PyMemberDef* member = (<PyMemberDescrObject*><PyObject*>descr).d_member
+    if member.type != T_OBJECT_EX:
+        raise TypeError(f"{cls.__name__}.{name} is not an object slot")
+    return member.offset
+
+
+def bind_candidate_type(cls):
+    """Read the slot offsets of `cls` (`sage_eviction.types.EvictionCandidate`, a slots
+    dataclass); only candidates of exactly this type are read through them."""
+    global _candidate_type, OFF_SEQ, OFF_BLOCKS, OFF_TIME, OFF_COUNT, OFF_PRIORITY, OFF_PINNED
+    global OFF_LIFETIME, OFF_SEQ_LEN, OFF_MAX_LEN
+    OFF_SEQ = _offset(cls, "sequence_id")
+    OFF_BLOCKS = _offset(cls, "block_ids")
+    OFF_TIME = _offset(cls, "last_access_time")
+    OFF_COUNT = _offset(cls, "access_count")
+    OFF_PRIORITY = _offset(cls, "priority")
+    OFF_PINNED = _offset(cls, "is_pinned")
+    OFF_LIFETIME = _offset(cls, "estimated_lifetime")
+    OFF_SEQ_LEN = _offset(cls, "sequence_length")
+    OFF_MAX_LEN = _offset(cls, "max_length")
+    _candidate_type = cls
+
+
+from sage_eviction.types import EvictionCandidate as _EvictionCandidate  # noqa: E402
+
+bind_candidate_type(_EvictionCandidate)
+
+
+cdef inline PyObject* slot(object obj, Py_ssize_t offset) noexcept:
+    """The slot's value (borrowed), NULL when unset."""
+    return (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+
+
+cdef inline bint field(object c, Py_ssize_t offset, double* out) noexcept:
+    cdef PyObject* v = slot(c, offset)
+    return v != NULL and as_double(v, out)
+
+
+cdef inline bint exact_int(object c, Py_ssize_t offset, long long* out) noexcept:
+    """An int slot within +-2**31 (so that sums and products of two stay exact doubles)."""
+    cdef PyObject* v = slot(c, offset)
+    cdef int overflow = 0
+    if v == NULL or not (PyLong_CheckExact(<object>v) or PyBool_Check(<object>v)):
+        return False
+    out[0] = PyLong_AsLongLongAndOverflow(<object>v, &overflow)
+    return not overflow and -2147483648 <= out[0] <= 2147483647
+
+
+cdef inline bint is_int(object c, Py_ssize_t offset) noexcept:
+    cdef PyObject* v = slot(c, offset)
+    return v != NULL and (PyLong_CheckExact(<object>v) or PyBool_Check(<object>v))
+
+
+cdef bint candidate_key(object c, int kind, double* p, Key* k) noexcept:
+    """The key of `candidate_key` for this kind as doubles; False when it cannot be exact."""
+    cdef double t, a, b, v
+    cdef long long ia, ib, blocks
+    cdef PyObject* lifetime
+    cdef PyObject* ids
+    k.k1 = 0.0
+    k.k2 = 0.0
+    if kind == LRU:
+        return field(c, OFF_TIME, &k.k0)
+    if kind == MRU:
+        if not field(c, OFF_TIME, &t):
+            return False
+        k.k0 = -t
+        return True
+    if kind == FIFO:
+        return field(c, OFF_SEQ, &k.k0)
+    if kind == FILO:
+        if not field(c, OFF_SEQ, &t):
+            return False
+        k.k0 = -t
+        return True
+    if kind == LFU:
+        return field(c, OFF_COUNT, &k.k0) and field(c, OFF_TIME, &k.k1)
+    if kind == PRIORITY:
+        return field(c, OFF_PRIORITY, &k.k0) and field(c, OFF_TIME, &k.k1)
+    if kind == SEEN_ONCE_FIRST:  # (access_count > 1, last_access_time)
+        if not field(c, OFF_COUNT, &a):
+            return False
+        k.k0 = 1.0 if a > 1 else 0.0
+        return field(c, OFF_TIME, &k.k1)
+    if kind == S3FIFO:  # (0, 0, t) seen once, else (1, min(count, max_freq), t); p[0]: max_freq
+        if not field(c, OFF_COUNT, &a):
+            return False
+        if a < 2:
+            k.k0 = 0.0
+        else:
+            k.k0 = 1.0
+            k.k1 = a if a < p[0] else p[0]
+        return field(c, OFF_TIME, &k.k2)
+    if kind == GDSF:  # ((access_count + 1) * sequence_length / max(len(block_ids), 1), t)
+        ids = slot(c, OFF_BLOCKS)
+        if ids == NULL or type(<object>ids) is not list:
+            return False
+        blocks = PyList_GET_SIZE(<object>ids)
+        if blocks < 1:
+            blocks = 1
+        if exact_int(c, OFF_COUNT, &ia) and exact_int(c, OFF_SEQ_LEN, &ib):
+            # Python multiplies the ints exactly and divides them correctly rounded: so does
+            # a double division of the exact product (|product| < 2**63, checked < 2**53)
+            v = <double>((ia + 1) * ib)
+            if v > EXACT or v < -EXACT:
+                return False
+            k.k0 = v / <double>blocks
+        elif is_int(c, OFF_COUNT) or is_int(c, OFF_SEQ_LEN):
+            return False  # int and float mixed: rare, left to Python
+        else:
+            if not (field(c, OFF_COUNT, &a) and field(c, OFF_SEQ_LEN, &b)):
+                return False
+            k.k0 = (a + 1.0) * b / <double>blocks
+        return not isnan(k.k0) and field(c, OFF_TIME, &k.k1)
+    if kind == PREDICTIVE:  # p: decode_time_per_token, by_tokens (1.0 or 0.0)
+        if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
+            return False
+        lifetime = slot(c, OFF_LIFETIME)
+        if lifetime == NULL:
+            return False
+        if <object>lifetime is not None:
+            if not as_double(lifetime, &k.k0):
+                return False
+        elif ib > 0 and p[1] != 0.0:
+            k.k0 = <double>(ib - ia if ib > ia else 0) * p[0]
+        else:
+            k.k0 = INFINITY
+        k.k1 = -(<double>ia / <double>ib) if ib > 0 else -0.0
+        return not isnan(k.k0) and field(c, OFF_TIME, &k.k2)
+    if kind == SLO:  # p: priority_base, slack + eps, cost_weight, protect_completion
+        if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
+            return False
+        if not exact_int(c, OFF_PRIORITY, &blocks) or blocks < -1000 or blocks > 1000:
+            return False
+        k.k0 = 1.0 if ib > 0 and <double>ia >= p[3] * <double>ib else 0.0
+        v = pow(p[0], <double>blocks) / p[1] + p[2] * <double>ia
+        if isnan(v) or v == INFINITY or v == -INFINITY:
+            return False  # Python raises on the overflow: let it
+        k.k1 = v
+        return field(c, OFF_TIME, &k.k2)
+    return False
+
+
+cdef void key_sift_down(Key* h, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
+    cdef Key moving = h[i]
+    cdef Py_ssize_t child
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and key_before(&h[child + 1], &h[child]):
+            child += 1
+        if not key_before(&h[child], &moving):
+            break
+        h[i] = h[child]
+        i = child
+    h[i] = moving
+
+
+def select_victims(list candidates, object required_blocks, str kind, tuple params):
+    """`select_in_order(candidates, required_blocks, candidate_key)` for the `candidate_key`
+    named `kind` (with its constants `params`): sequence ids in key order (ties by position),
+    unpinned only, until they free `required_blocks` blocks.
+
+    Returns None when the answer must come from Python: a candidate of another type, a
+    `required_blocks` that is not an int, a key that is not an exact double.
+    """
+    cdef Py_ssize_t n = PyList_GET_SIZE(candidates)
+    cdef Py_ssize_t i, m = 0, freed = 0, required
+    cdef int code
+    cdef double p[4]
+    cdef Key* keys
+    cdef Key top
+    cdef object c
+    cdef PyObject* pinned
+    cdef list victims = []
+    if _candidate_type is None or type(required_blocks) is not int:
+        return None
+    required = required_blocks
+    if required <= 0:
+        return []
+    code = KINDS.get(kind, -1)
+    if code < 0 or len(params) > 4:
+        return None
+    for i in range(4):
+        p[i] = params[i] if i < len(params) else 0.0
+    keys = <Key*>PyMem_Realloc(NULL, (n if n > 0 else 1) * sizeof(Key))
+    if keys == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            c = <object>PyList_GET_ITEM(candidates, i)
+            if type(c) is not _candidate_type or not candidate_key(c, code, p, &keys[m]):
+                return None
+            keys[m].index = i
+            m += 1
+        i = (m - 2) // 2 if m > 1 else -1
+        while i >= 0:
+            key_sift_down(keys, m, i)
+            i -= 1
+        while m:
+            top = keys[0]
+            m -= 1
+            if m:
+                keys[0] = keys[m]
+                key_sift_down(keys, m, 0)
+            c = <object>PyList_GET_ITEM(candidates, top.index)
+            pinned = slot(c, OFF_PINNED)
+            if pinned == NULL:
+                return None
+            if not <object>pinned:
+                if slot(c, OFF_BLOCKS) == NULL or slot(c, OFF_SEQ) == NULL:
+                    return None
+                victims.append(<object>slot(c, OFF_SEQ))
+                freed += len(<object>slot(c, OFF_BLOCKS))
+                if freed >= required:
+                    break
+        return victims
+    finally:
+        PyMem_Free(keys)
