@@ -258,6 +258,18 @@ cdef class ScoreHeap:
         cdef Py_ssize_t i
         return [<object>self.data[i].item for i in range(self.size)]
 
+    def __reduce__(self):
+        # pickle and deepcopy: the items (memoised with the policy's `_live`, so that the
+        # identity `pop_live` checks survives), heapified again on load
+        return (_score_heap_of, (self.items(),))
+
+
+def _score_heap_of(items):
+    heap = ScoreHeap()
+    if not heap.fill(items):
+        raise ValueError("score heap items that are not all numbers and a key")
+    return heap
+
 
 # ---- select_victims over EvictionCandidate ---------------------------------------------------
 

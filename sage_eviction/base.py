@@ -98,9 +98,10 @@ class EvictionPolicy(EvictionPolicyProtocol):
         self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups]
         self._select_latency = LatencyRecorder(4096)
         self._sequence_access: dict[int, list[float]] = {}  # sequence id -> [count, last time]
-        # The compiled core this policy uses (its score heap, its select_victims), or None for
-        # the pure-Python code; chosen once, here (sage_eviction/native.py).
-        self._core = native.core()
+        # Whether this policy uses the compiled core (its score heap, its select_victims) or the
+        # pure-Python code; chosen once, here (sage_eviction/native.py). A flag, not the module,
+        # so that a policy still pickles and deep-copies.
+        self._compiled = native.core() is not None
 
     # ---- the incremental interface -------------------------------------------------------
 
@@ -403,10 +404,11 @@ class EvictionPolicy(EvictionPolicyProtocol):
         """
         start = time.perf_counter()
         victims: list[int] | None = None
-        if self._core is not None and type(candidates) is list:
+        if self._compiled and type(candidates) is list:
             order = _order_of(type(self))
-            if order is not None:  # None from the core too: something only Python compares
-                victims = self._core.select_victims(candidates, required_blocks, *order)
+            core = native.load(native.CORE)
+            if order is not None and core is not None:  # None from the core: only Python orders it
+                victims = core.select_victims(candidates, required_blocks, *order)
         if victims is None:
             victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
         self._select_latency.record(time.perf_counter() - start)

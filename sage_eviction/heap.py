@@ -1,4 +1,4 @@
-"""`HeapPolicy`: evictable entries ordered by a score in a binary heap with lazy deletion.
+"""`HeapPolicy`: evictable entries ordered by a score in a heap with lazy deletion.
 
 A stale heap item is skipped when popped, and the heap is rebuilt when stale items outnumber live
 ones, so every operation is O(log n) amortised. `FlatHeapPolicy` keeps the score tuples flat (one
@@ -18,6 +18,7 @@ from collections.abc import Hashable, Iterable
 from itertools import compress
 from typing import Any, ClassVar, Protocol
 
+from sage_eviction import native
 from sage_eviction.base import EvictionPolicy, Score
 from sage_eviction.types import EntryMeta
 
@@ -77,8 +78,9 @@ class _ListHeap:
         return list(self.heap)
 
 
-def _new_heap(core: Any) -> _Heap:
-    """The compiled score heap of the core `core`, or the reference without one."""
+def _new_heap(compiled: bool) -> _Heap:
+    """The compiled score heap, or the reference."""
+    core = native.load(native.CORE) if compiled else None
     return core.ScoreHeap() if core is not None else _ListHeap()
 
 
@@ -95,7 +97,7 @@ class HeapPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
-        self._heap: _Heap = _new_heap(self._core)
+        self._heap: _Heap = _new_heap(self._compiled)
         self._live: dict[Hashable, tuple[Any, ...]] = {}
         self._tick: dict[Hashable, int] = {}  # key -> tick of its latest insert or access
         self._pushes = 0  # unique tie-breaker of heap items

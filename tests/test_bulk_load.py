@@ -20,8 +20,7 @@ from sage_eviction.policies.sieve import _Node
 from sage_eviction.recency import _TickQueue
 
 # Counters of lookups and re-prefills: `insert` counts them, a swap's load does not.
-# `_core`: the compiled core module (or None), the same for both builds.
-_NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted", "_core"}
+_NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted"}
 _HEAPS = {"_heap", "_levels"}  # heap layouts may differ (heapify vs pushes); contents may not
 
 
