@@ -403,6 +403,32 @@ def test_the_choice_is_made_per_object_and_said() -> None:
     assert create_policy("gdsf")._compiled
 
 
+def test_without_the_extension_everything_runs_in_python() -> None:
+    """A machine where the extension was not built (import of sage_eviction._core fails):
+    sage_eviction imports, says why, and the policies work; torch is never imported."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'sage_eviction._core':\n"
+        "            raise ImportError('not built')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from sage_eviction import native, create_policy, EvictionCandidate\n"
+        "p = create_policy('gdsf')\n"
+        "for k in range(5): p.insert(k)\n"
+        "c = [EvictionCandidate(i, [i], float(-i), 1, 0, False) for i in range(3)]\n"
+        "print(native.implementation(native.CORE), p._compiled, p.evict(2), p.select_victims(c, 2))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(native.PURE_ENV, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "pure-python (sage_eviction._core not built) False [0, 1] [2, 1]",
+        "False",
+    ]
+
+
 def test_sage_pure_python_forces_the_reference_in_a_new_process() -> None:
     code = (
         "from sage_eviction import native, create_policy\n"
