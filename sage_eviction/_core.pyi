@@ -3,7 +3,7 @@
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["ScoreHeap", "select_victims"]
+__all__ = ["ScoreHeap", "select_victims", "sorted_keys"]
 
 class ScoreHeap:
     def __len__(self) -> int: ...
@@ -17,3 +17,4 @@ def bind_candidate_type(cls: type) -> None: ...
 def select_victims(
     candidates: list[Any], required_blocks: object, kind: str, params: tuple[float, ...]
 ) -> list[int] | None: ...
+def sorted_keys(items: Iterable[tuple[Any, ...]]) -> list[Any] | None: ...

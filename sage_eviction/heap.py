@@ -106,14 +106,14 @@ class HeapPolicy(EvictionPolicy):
     def _score(self, key: Hashable, meta: EntryMeta) -> Score:
         """Smaller is evicted sooner; `self._clock` and `self._tick[key]` are current."""
 
-    def _item(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
-        self._pushes += 1
-        return (self._score(key, meta), self._pushes, key)
-
     def _push(self, key: Hashable, meta: EntryMeta) -> None:
-        item = self._item(key, meta)
+        self._pushes += 1
+        self._add((self._score(key, meta), self._pushes, key))
+
+    def _add(self, item: tuple[Any, ...]) -> None:
+        """Make `item` its key's live item and push it."""
         live = self._live
-        live[key] = item
+        live[item[-1]] = item
         heap = self._heap
         if not heap.push(item):  # not numbers the compiled heap holds: on in pure Python
             self._heap = heap = _ListHeap(heap.items())
@@ -158,7 +158,10 @@ class HeapPolicy(EvictionPolicy):
         """Called with each victim's score (GDSF inflates its clock with it)."""
 
     def _eviction_order(self) -> list[Hashable]:
-        return [item[-1] for item in sorted(self._live.values())]
+        # the hot swap's entries(): a C sort of the scores' doubles where the core has them
+        core = native.load(native.CORE) if self._compiled else None
+        order = core.sorted_keys(self._live.values()) if core is not None else None
+        return order if order is not None else [item[-1] for item in sorted(self._live.values())]
 
     def rank(self, key: Hashable) -> tuple[Any, ...] | None:
         """`(score, push number)` of the key's live heap item; for a key that is not evictable,
@@ -183,12 +186,19 @@ class HeapPolicy(EvictionPolicy):
         ticks = range(first, end + 1)
         self._tick.update(zip(keys, ticks, strict=True))
         live = self._live
-        item = self._item
-        for key, meta, tick in zip(
-            compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True
-        ):
-            self._clock = tick
-            live[key] = item(key, meta)
+        score = self._score
+        held = zip(compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True)
+        if isinstance(self, FlatHeapPolicy):
+            for key, meta, tick in held:
+                self._clock = tick
+                live[key] = (*score(key, meta), key)
+        else:
+            pushes = self._pushes
+            for key, meta, tick in held:
+                self._clock = tick
+                pushes += 1
+                live[key] = (score(key, meta), pushes, key)
+            self._pushes = pushes
         self._clock = end
         self._refill()
         return True
@@ -203,8 +213,8 @@ class FlatHeapPolicy(HeapPolicy):
     def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         """Smaller is evicted sooner; a tuple ending with `self._tick[key]` (current)."""
 
-    def _item(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
-        return (*self._score(key, meta), key)
+    def _push(self, key: Hashable, meta: EntryMeta) -> None:
+        self._add((*self._score(key, meta), key))
 
     def _pop_victim(self) -> Hashable:
         item = self._heap.pop_live(self._live)
