@@ -239,8 +239,8 @@ cdef class ScoreHeap:
         for i in range(n):
             Py_DECREF(<object>self.data[i].item)
 
-    cpdef object pop_live(self, dict live):
-        """Pop items until one is live, delete its key from `live` and return it.
+    cpdef object pop_live(self, dict live, dict ticks):
+        """Pop items until one is live, delete its key from `live` and `ticks`, return it.
 
         Raises:
             IndexError: No live item is left.
@@ -260,6 +260,7 @@ cdef class ScoreHeap:
             current = PyDict_GetItemWithError(live, key)
             if current == top.item:
                 PyDict_DelItem(live, key)
+                PyDict_DelItem(ticks, key)
                 return item
         raise IndexError("pop from an empty score heap")
 

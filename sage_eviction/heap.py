@@ -36,8 +36,9 @@ class _Heap(Protocol):
     def fill(self, items: Iterable[tuple[Any, ...]]) -> bool:
         """Replace the contents with `items`; False, leaving it empty, when it cannot."""
 
-    def pop_live(self, live: dict[Hashable, Any]) -> Any:
-        """Pop until an item is `live[item[-1]]`, delete that key from `live`, return it."""
+    def pop_live(self, live: dict[Hashable, Any], ticks: dict[Hashable, Any]) -> Any:
+        """Pop until an item is `live[item[-1]]`, delete that key from `live` and `ticks`
+        (the policy's two per-key maps: one call for the victim's bookkeeping), return it."""
 
     def items(self) -> list[Any]:
         """Every item held, stale ones too."""
@@ -64,7 +65,7 @@ class _ListHeap:
         heapq.heapify(self.heap)
         return True
 
-    def pop_live(self, live: dict[Hashable, Any]) -> Any:
+    def pop_live(self, live: dict[Hashable, Any], ticks: dict[Hashable, Any]) -> Any:
         heap = self.heap
         pop = heapq.heappop
         while True:
@@ -72,6 +73,7 @@ class _ListHeap:
             key = item[-1]
             if live.get(key) is item:
                 del live[key]
+                del ticks[key]
                 return item
 
     def items(self) -> list[Any]:
@@ -101,6 +103,8 @@ class HeapPolicy(EvictionPolicy):
         self._live: dict[Hashable, tuple[Any, ...]] = {}
         self._tick: dict[Hashable, int] = {}  # key -> tick of its latest insert or access
         self._pushes = 0  # unique tie-breaker of heap items
+        # whether `_on_victim` does anything (GDSF, Belady): a call less per eviction otherwise
+        self._victim_hook = type(self)._on_victim is not HeapPolicy._on_victim
 
     @abstractmethod
     def _score(self, key: Hashable, meta: EntryMeta) -> Score:
@@ -148,10 +152,10 @@ class HeapPolicy(EvictionPolicy):
             del self._live[key]
 
     def _pop_victim(self) -> Hashable:
-        item = self._heap.pop_live(self._live)
+        item = self._heap.pop_live(self._live, self._tick)
         key: Hashable = item[-1]
-        del self._tick[key]
-        self._on_victim(key, item[0])
+        if self._victim_hook:
+            self._on_victim(key, item[0])
         return key
 
     def _on_victim(self, key: Hashable, score: Score) -> None:
@@ -217,10 +221,10 @@ class FlatHeapPolicy(HeapPolicy):
         self._add((*self._score(key, meta), key))
 
     def _pop_victim(self) -> Hashable:
-        item = self._heap.pop_live(self._live)
+        item = self._heap.pop_live(self._live, self._tick)
         key: Hashable = item[-1]
-        del self._tick[key]
-        self._on_victim(key, item)
+        if self._victim_hook:
+            self._on_victim(key, item)
         return key
 
     def rank(self, key: Hashable) -> tuple[Any, ...] | None:

@@ -348,10 +348,10 @@ def test_the_score_heap_refuses_what_a_double_cannot_order_exactly() -> None:
     assert not heap.push(((1.0, 2.0), 3, "b"))  # a tuple score
     assert not heap.push([1.0, 3, "b"])  # not a tuple
     assert len(heap) == 1
-    live = {"a": heap.items()[0]}
-    assert heap.pop_live(live) == (1.0, 2, "a") and live == {}
+    live, ticks = {"a": heap.items()[0]}, {"a": 2}
+    assert heap.pop_live(live, ticks) == (1.0, 2, "a") and live == ticks == {}
     with pytest.raises(IndexError):
-        heap.pop_live(live)
+        heap.pop_live(live, ticks)
 
 
 def test_a_heap_policy_goes_on_in_python_when_a_score_is_no_double() -> None:
