@@ -3,7 +3,7 @@
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-__all__ = ["ScoreHeap", "select_victims", "sorted_keys"]
+__all__ = ["ScoreHeap", "score_into", "select_victims", "sorted_keys"]
 
 class ScoreHeap:
     def __len__(self) -> int: ...
@@ -18,3 +18,13 @@ def select_victims(
     candidates: list[Any], required_blocks: object, kind: str, params: tuple[float, ...]
 ) -> list[int] | None: ...
 def sorted_keys(items: Iterable[tuple[Any, ...]]) -> list[Any] | None: ...
+def bind_meta_type(cls: type) -> None: ...
+def score_into(
+    live: dict[Any, Any],
+    kind: str,
+    params: tuple[float, ...],
+    keys: list[Any],
+    metas: list[Any],
+    flags: list[bool],
+    first: int,
+) -> bool: ...

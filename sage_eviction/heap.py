@@ -161,6 +161,13 @@ class HeapPolicy(EvictionPolicy):
     def _on_victim(self, key: Hashable, score: Score) -> None:
         """Called with each victim's score (GDSF inflates its clock with it)."""
 
+    def _compiled_scoring(self) -> tuple[str, tuple[float, ...]] | None:
+        """How the compiled core scores a bulk load for this policy: the name of its copy of
+        `_score` in sage_eviction/_core.pyx and the constants it reads now, or None (Python
+        scores; the default). Used only when the class that defines `_score` defines this too
+        (`_compiled_scoring_of`); tests/test_native_core.py holds each copy to its `_score`."""
+        return None
+
     def _eviction_order(self) -> list[Hashable]:
         # the hot swap's entries(): a C sort of the scores' doubles where the core has them
         core = native.load(native.CORE) if self._compiled else None
@@ -192,11 +199,22 @@ class HeapPolicy(EvictionPolicy):
         live = self._live
         score = self._score
         held = zip(compress(keys, flags), compress(metas, flags), compress(ticks, flags), strict=True)
-        if isinstance(self, FlatHeapPolicy):
+        compiled = _compiled_scoring_of(self) if self._compiled else None
+        core = native.load(native.CORE) if compiled is not None else None
+        if (
+            core is not None
+            and compiled is not None
+            and all(type(column) is list for column in (keys, metas, flags))
+            and core.score_into(live, compiled[0], compiled[1], keys, metas, flags, first)
+        ):
+            pass  # scored in C, as the loop below would
+        elif isinstance(self, FlatHeapPolicy):
+            live.clear()  # what a stopped C scoring left
             for key, meta, tick in held:
                 self._clock = tick
                 live[key] = (*score(key, meta), key)
         else:
+            live.clear()
             pushes = self._pushes
             for key, meta, tick in held:
                 self._clock = tick
@@ -206,6 +224,16 @@ class HeapPolicy(EvictionPolicy):
         self._clock = end
         self._refill()
         return True
+
+
+def _compiled_scoring_of(policy: HeapPolicy) -> tuple[str, tuple[float, ...]] | None:
+    """`policy._compiled_scoring()` when the class that defines `_score` defines it too: a
+    subclass that overrides `_score` alone is scored in Python."""
+    owner = next(k for k in type(policy).__mro__ if "_score" in k.__dict__)
+    if "_compiled_scoring" not in owner.__dict__:
+        return None
+    scoring: tuple[str, tuple[float, ...]] | None = owner.__dict__["_compiled_scoring"](policy)
+    return scoring
 
 
 class FlatHeapPolicy(HeapPolicy):

@@ -38,6 +38,7 @@ from sage_eviction import (
     create_policy,
     get_policy_class,
     native,
+    resolve_policy,
 )
 from sage_eviction.base import _order_of
 from sage_eviction.flat import FlatCache
@@ -390,6 +391,60 @@ def test_a_compiled_policy_pickles_and_deep_copies(name: str) -> None:
     want = policy.evict(len(policy))
     for twin in copies:
         assert twin.evict(len(twin)) == want
+
+
+HEAP_SPECS = [
+    "gdsf",
+    "slo",
+    "slo:priority_base=3.0,eps=0.5,cost_weight=0.01,default_slack=10.0,protect_completion=0.5",
+    "predictive",
+    "predictive:confidence_threshold=0.99",
+    "predictive:token_estimate_confidence=0.5,decode_time_per_token=0.1",
+]
+
+
+@pytest.mark.parametrize("spec", HEAP_SPECS)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(st.tuples(metas, st.booleans()), max_size=60))
+def test_a_bulk_load_scores_in_c_exactly_as_in_python(
+    spec: str, entries: list[tuple[EntryMeta, bool]]
+) -> None:
+    """The compiled scoring of a hot swap into a heap policy gives the very items (values and
+    types: `repr`) the Python `_score` gives, and scores ordinary metas itself."""
+    keys = list(range(len(entries)))
+    flags = [flag for _, flag in entries]
+    built = []
+    for pure in (False, True):
+        metas_copy = [replace(meta) for meta, _ in entries]
+        resolved = resolve_policy(spec)
+        with native.pure_python() if pure else contextlib.nullcontext():
+            built.append(resolved.cls.from_entry_columns(keys, metas_copy, flags, **resolved.kwargs))
+    assert built[0]._compiled and not built[1]._compiled
+    assert {k: repr(v) for k, v in built[0]._live.items()} == {k: repr(v) for k, v in built[1]._live.items()}
+    assert repr(built[0].entries()) == repr(built[1].entries())
+
+
+@pytest.mark.parametrize("spec", HEAP_SPECS)
+def test_the_core_scores_ordinary_metas_itself(spec: str) -> None:
+    from sage_eviction.heap import _compiled_scoring_of
+
+    policy = create_policy(spec)
+    scoring = _compiled_scoring_of(policy)  # type: ignore[arg-type]
+    assert scoring is not None
+    metas = [
+        EntryMeta(size=16, cost=float(i), priority=i % 3, last_access=float(i), hits=i % 4, seq_len=i * 7,
+                  max_len=512 if i % 2 else 0, estimated_lifetime=None if i % 3 else 2.5,
+                  deadline=None if i % 5 else float(i + 30))
+        for i in range(50)
+    ]  # fmt: skip
+    live: dict[Any, Any] = {}
+    core = native.load(native.CORE)
+    assert core is not None
+    assert core.score_into(live, *scoring, list(range(50)), metas, [True] * 50, 1)
+    resolved = resolve_policy(spec)
+    with native.pure_python():
+        pure = resolved.cls.from_entry_columns(list(range(50)), metas, [True] * 50, **resolved.kwargs)
+    assert {k: repr(v) for k, v in live.items()} == {k: repr(v) for k, v in pure._live.items()}
 
 
 # ---- the choice ------------------------------------------------------------------------------

@@ -91,6 +91,10 @@ class SLOPolicy(FlatHeapPolicy):
         protected = meta.max_len > 0 and meta.seq_len >= self.protect_completion * meta.max_len
         return (protected, urgency + self.cost_weight * meta.cost, self._tick[key])
 
+    def _compiled_scoring(self) -> tuple[str, tuple[float, ...]] | None:
+        params = (self.priority_base, self.eps, self.cost_weight, self.default_slack, self.protect_completion)
+        return ("slo", params) if all(type(v) is float for v in params) else None
+
     explains_by = "protected near completion, then urgency + cost_weight * cost, then recency"
 
     def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
