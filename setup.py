@@ -15,6 +15,7 @@ from setuptools.command.build_ext import build_ext
 
 # module name -> Cython source (relative to the repository root)
 NATIVE_MODULES: dict[str, str] = {
+    "sage_eviction._core": "sage_eviction/_core.pyx",  # the score heap and select_victims
     # the radix cache's hot paths (mirrors engine_adapter/cache/radix_cache.py)
     "engine_adapter.cache._core": "engine_adapter/cache/_core.pyx",
 }

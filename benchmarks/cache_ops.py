@@ -47,6 +47,7 @@ from _machine import machine_line
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
+from sage_eviction import native
 from sage_eviction.metrics import percentile
 
 BLOCK_SIZE = 16
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = args.samples or (2000 if args.quick else 10_000)
 
     print(f"machine: {machine_line()}")
+    print(f"policies: {native.implementation(native.CORE)}")
     explained = ", explained evictions" if args.explain else ""
     print(f"block_size={BLOCK_SIZE}, {CHAIN}-block prompts, meta pool, events off{explained}\n")
     header = (f"{'policy':<9}{'cached':>9}{'fill s':>8}{'evict p50':>11}{'p99 us':>8}{'policy p50':>12}"

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Iterable
 from itertools import compress, filterfalse, repeat
 from typing import Any, ClassVar, TypeVar
 
+from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.metrics import LatencyRecorder, jain_fairness
 from sage_eviction.types import (
@@ -97,6 +98,10 @@ class EvictionPolicy(EvictionPolicyProtocol):
         self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups]
         self._select_latency = LatencyRecorder(4096)
         self._sequence_access: dict[int, list[float]] = {}  # sequence id -> [count, last time]
+        # Whether this policy uses the compiled core (its score heap, its select_victims) or the
+        # pure-Python code; chosen once, here (sage_eviction/native.py). A flag, not the module,
+        # so that a policy still pickles and deep-copies.
+        self._compiled = native.core() is not None
 
     # ---- the incremental interface -------------------------------------------------------
 
@@ -378,6 +383,12 @@ class EvictionPolicy(EvictionPolicyProtocol):
         """Sort key of a candidate sequence; smaller is evicted first. LRU unless overridden."""
         return candidate.last_access_time
 
+    candidate_order: ClassVar[tuple[str, tuple[float, ...]] | None] = ("lru", ())
+    """The compiled core's copy of `candidate_key`: its name in sage_eviction/_core.pyx and the
+    constants it reads, or None for none. Used only when the class that defines
+    `candidate_key` defines this too (a subclass overriding the key alone is not misread);
+    tests/test_native_core.py holds each copy to its `candidate_key`."""
+
     @staticmethod
     def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
         """The candidates whose `candidate_key` is <= `bound`, in list order, in one list
@@ -392,7 +403,14 @@ class EvictionPolicy(EvictionPolicyProtocol):
         `required_blocks`, all of them are returned.
         """
         start = time.perf_counter()
-        victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
+        victims: list[int] | None = None
+        if self._compiled and type(candidates) is list:
+            order = _order_of(type(self))
+            core = native.load(native.CORE)
+            if order is not None and core is not None:  # None from the core: only Python orders it
+                victims = core.select_victims(candidates, required_blocks, *order)
+        if victims is None:
+            victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
         self._select_latency.record(time.perf_counter() - start)
         return victims
 
@@ -537,6 +555,21 @@ def _up_to_of(
     up_to = cls.candidates_up_to if "candidates_up_to" in owner.__dict__ else None
     _UP_TO[cls] = up_to
     return up_to
+
+
+_ORDER: dict[type[EvictionPolicy], tuple[str, tuple[float, ...]] | None] = {}
+
+
+def _order_of(cls: type[EvictionPolicy]) -> tuple[str, tuple[float, ...]] | None:
+    """`cls.candidate_order` when the class that defines `candidate_key` also defines it."""
+    try:
+        return _ORDER[cls]
+    except KeyError:
+        pass
+    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
+    order = owner.__dict__.get("candidate_order")
+    _ORDER[cls] = order
+    return order
 
 
 def select_in_order(

@@ -11,13 +11,37 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import ModuleType
 
-__all__ = ["PURE_ENV", "implementation", "load", "pure_forced"]
+__all__ = ["CORE", "PURE_ENV", "core", "implementation", "load", "pure_forced", "pure_python"]
 
 PURE_ENV = "SAGE_PURE_PYTHON"
+CORE = "sage_eviction._core"
+"""The policies' compiled core (sage_eviction/_core.pyx): the score heap and `select_victims`."""
 
 _loaded: dict[str, ModuleType | None] = {}
+_pure_here: ContextVar[bool] = ContextVar("sage_pure_python", default=False)
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """Objects built inside use the pure-Python code even where the compiled core is built.
+
+    Each object chooses once, when it is built, and keeps its choice: the differential tests
+    build one policy in here and its twin outside, and drive both side by side."""
+    token = _pure_here.set(True)
+    try:
+        yield
+    finally:
+        _pure_here.reset(token)
+
+
+def core() -> ModuleType | None:
+    """`load(CORE)`: what a policy being built now uses, None for the pure-Python code."""
+    return None if _pure_here.get() else load(CORE)
 
 
 def pure_forced() -> bool:
@@ -40,9 +64,11 @@ def load(name: str) -> ModuleType | None:
 
 
 def implementation(*names: str) -> str:
-    """"compiled" when every module in `names` loads, else "pure-python" (with the reason)."""
+    """ "compiled" when every module in `names` loads, else "pure-python" (with the reason)."""
     if pure_forced():
         return f"pure-python ({PURE_ENV}=1)"
+    if _pure_here.get():
+        return "pure-python (inside native.pure_python())"
     missing = [name for name in names if load(name) is None]
     if missing:
         return f"pure-python ({', '.join(missing)} not built)"

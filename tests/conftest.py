@@ -8,12 +8,13 @@ it unless told otherwise) and `thorough` (1000 examples).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
-from sage_eviction import EvictionPolicy, available_policies, create_policy, get_policy_class
+from sage_eviction import EvictionPolicy, available_policies, create_policy, get_policy_class, native
 
 settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True)
 settings.register_profile("dev", max_examples=20, deadline=None)
@@ -26,6 +27,30 @@ def pytest_configure(config: pytest.Config) -> None:
     HYPOTHESIS_PROFILE says otherwise; the full run keeps `ci`'s."""
     if "not slow" in (config.option.markexpr or "") and "HYPOTHESIS_PROFILE" not in os.environ:
         settings.load_profile("dev")
+
+
+COMPILED_CORE_MISSING = (
+    "the compiled core is not built (python setup.py build_ext --inplace) or SAGE_PURE_PYTHON is set"
+)
+
+
+def compiled_core_built() -> bool:
+    """Whether the policies' compiled core (sage_eviction/_core.pyx) loads here."""
+    return native.load(native.CORE) is not None
+
+
+@pytest.fixture(params=["compiled", "pure-python"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each implementation of the policies in turn: policies built during the test use the
+    compiled core, then the pure-Python reference (the compiled run skips where it is not
+    built)."""
+    if request.param == "compiled":
+        if not compiled_core_built():
+            pytest.skip(COMPILED_CORE_MISSING)
+        yield "compiled"
+    else:
+        with native.pure_python():
+            yield "pure-python"
 
 
 CAPACITY = 64  # blocks, for the policies that need a capacity

@@ -50,8 +50,8 @@ def _state(policy: EvictionPolicy) -> dict[str, Any]:
     for name, value in vars(policy).items():
         if name in _NOT_STATE:
             continue
-        if name in _HEAPS:
-            out[name] = sorted(value, key=repr)
+        if name in _HEAPS:  # a score heap (compiled or not) or a list
+            out[name] = sorted(value.items() if hasattr(value, "items") else value, key=repr)
         else:
             out[name] = _norm(value)
     return out

@@ -5,7 +5,8 @@ Each trace is written once in libCacheSim's oracleGeneral binary format (little-
 `<IQIq` per request: uint32 time, uint64 object id, uint32 size, int64 virtual time of the
 object's next request, -1 for none), with every object of size 1, so a cache size of N bytes
 is N blocks; its Belady reads the next-access times from that file. The same key sequence
-runs through `sage_eviction.flat.simulate_flat`.
+runs through `sage_eviction.flat.simulate_flat`, once with the policies' compiled core and once
+with the pure-Python reference (the `implementation` fixture of conftest.py).
 
 Traces: a seeded Zipf trace, and the Mooncake conversation trace with each hash id one block in
 order of appearance. Capacities: 1, 5, 10 and 25 percent of the unique blocks.
@@ -132,7 +133,9 @@ def test_zipf_trace_is_seeded() -> None:
 
 @pytest.mark.parametrize("fraction", FRACTIONS, ids=lambda f: f"{f:.0%}")
 @pytest.mark.parametrize("policy", POLICIES)
-def test_flat_cache_matches_libcachesim_on_zipf(zipf_trace: Trace, policy: str, fraction: float) -> None:
+def test_flat_cache_matches_libcachesim_on_zipf(
+    zipf_trace: Trace, policy: str, fraction: float, implementation: str
+) -> None:
     _check(zipf_trace, policy, fraction)
 
 
@@ -145,7 +148,9 @@ def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_flat_cache_matches_libcachesim_at_tiny_capacities(small_trace: Trace, policy: str) -> None:
+def test_flat_cache_matches_libcachesim_at_tiny_capacities(
+    small_trace: Trace, policy: str, implementation: str
+) -> None:
     """Edge sizes: a cache of 1 to 3 blocks, and S3-FIFO's small queue at 2 blocks and up
     (libCacheSim admits nothing to a small queue of 1 block; see policies/s3fifo.py)."""
     if policy not in available_policies():
@@ -160,7 +165,7 @@ def test_flat_cache_matches_libcachesim_at_tiny_capacities(small_trace: Trace, p
 @pytest.mark.parametrize("fraction", FRACTIONS, ids=lambda f: f"{f:.0%}")
 @pytest.mark.parametrize("policy", POLICIES)
 def test_flat_cache_matches_libcachesim_on_mooncake(
-    mooncake_trace: Trace, policy: str, fraction: float
+    mooncake_trace: Trace, policy: str, fraction: float, implementation: str
 ) -> None:
     assert (len(mooncake_trace.keys), mooncake_trace.unique) == (288_500, 182_790)
     _check(mooncake_trace, policy, fraction)

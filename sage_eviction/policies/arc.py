@@ -292,4 +292,5 @@ class ARCPolicy(EvictionPolicy):
     # Sequences seen once (ARC's T1) before sequences seen again (T2), LRU within each.
     # A running sequence has no ghost history, so p cannot be applied: T1 goes first.
     candidate_key = staticmethod(seen_once_first_key)
+    candidate_order = ("seen_once_first", ())  # candidate_key in the compiled core
     candidates_up_to = staticmethod(seen_once_first_up_to)

@@ -210,8 +210,7 @@ class BeladyPolicy(HeapPolicy):
         for key in self._meta:
             if key not in live:
                 self._track(key, self._next_use[key])
-        self._heap = list(live.values())
-        heapq.heapify(self._heap)
+        self._refill()
 
     explains_by = "the position of its next use in the future, farthest first"
 
@@ -219,6 +218,8 @@ class BeladyPolicy(HeapPolicy):
         return {"next_use": self.next_use(key), "position": self._pos}
 
     # ---- the module spec's interface ------------------------------------------------------
+
+    candidate_order = ("lru", ())  # candidate_key in the compiled core
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

@@ -34,6 +34,8 @@ class FIFOPolicy(RecencyPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
+    candidate_order = ("fifo", ())  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The oldest sequence first; sequence ids are given out in arrival order, and a

@@ -45,6 +45,9 @@ class GDSFPolicy(FlatHeapPolicy):
     def _score(self, key: Hashable, meta: EntryMeta) -> tuple[Any, ...]:
         return (self.inflation + (meta.hits + 1) * meta.cost / max(meta.size, 1), self._tick[key])
 
+    def _compiled_scoring(self) -> tuple[str, tuple[float, ...]] | None:
+        return ("gdsf", (self.inflation,)) if type(self.inflation) is float else None
+
     def _on_victim(self, key: Hashable, item: tuple[Any, ...]) -> None:
         self.inflation = item[0]
 
@@ -56,6 +59,8 @@ class GDSFPolicy(FlatHeapPolicy):
         values: dict[str, object] = {"H": rank[0], "L": self.inflation, "cost": meta.cost}
         values.update(size=meta.size, frequency=meta.hits + 1)
         return values
+
+    candidate_order = ("gdsf", ())  # candidate_key in the compiled core
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

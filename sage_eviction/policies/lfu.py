@@ -42,6 +42,8 @@ class LFUPolicy(LevelledRecencyPolicy):
     def _level(self, meta: EntryMeta) -> Any:
         return meta.hits
 
+    candidate_order = ("lfu", ())  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The least accessed sequence first, the least recently accessed among equals."""

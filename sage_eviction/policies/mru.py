@@ -37,6 +37,8 @@ class MRUPolicy(RecencyPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
+    candidate_order = ("mru", ())  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The most recently accessed sequence first."""

@@ -119,6 +119,17 @@ class PredictivePolicy(FlatHeapPolicy):
                 end = meta.last_access + lifetime
         return (end, -_completion(meta.seq_len, meta.max_len), self._tick[key])
 
+    def _compiled_scoring(self) -> tuple[str, tuple[float, ...]] | None:
+        predictor = self.predictor
+        if type(predictor) is not RemainingTokensPredictor:
+            return None  # a model of the user's: only Python can call it
+        params = (
+            predictor.decode_time_per_token,
+            predictor.token_estimate_confidence,
+            self.confidence_threshold,
+        )
+        return ("predictive", params) if all(type(v) is float for v in params) else None
+
     explains_by = "predicted end of its sequence, then completion, then recency"
 
     def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
@@ -132,6 +143,15 @@ class PredictivePolicy(FlatHeapPolicy):
             "confidence_threshold": self.confidence_threshold,
             "completion": _completion(meta.seq_len, meta.max_len),
         }
+
+    # candidate_key in the compiled core: decode time per token, whether token estimates count
+    candidate_order = (
+        "predictive",
+        (
+            DEFAULT_DECODE_TIME_PER_TOKEN,
+            float(DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD),
+        ),
+    )
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

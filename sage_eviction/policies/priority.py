@@ -39,6 +39,8 @@ class PriorityPolicy(LevelledRecencyPolicy):
     def _level(self, meta: EntryMeta) -> Any:
         return meta.priority
 
+    candidate_order = ("priority", ())  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """The lowest priority first, the least recently accessed within a priority."""

@@ -295,6 +295,8 @@ class S3FIFOPolicy(EvictionPolicy):
 
     # ---- the module spec's interface ------------------------------------------------------
 
+    candidate_order = ("s3fifo", (float(_MAX_FREQ),))  # candidate_key in the compiled core
+
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
         """Sequences seen fewer than twice (S3-FIFO's small queue) first, oldest first; then

@@ -186,4 +186,5 @@ class SIEVEPolicy(EvictionPolicy):
 
     # Unvisited sequences (seen once) before visited ones, oldest first within each.
     candidate_key = staticmethod(seen_once_first_key)
+    candidate_order = ("seen_once_first", ())  # candidate_key in the compiled core
     candidates_up_to = staticmethod(seen_once_first_up_to)

@@ -91,6 +91,10 @@ class SLOPolicy(FlatHeapPolicy):
         protected = meta.max_len > 0 and meta.seq_len >= self.protect_completion * meta.max_len
         return (protected, urgency + self.cost_weight * meta.cost, self._tick[key])
 
+    def _compiled_scoring(self) -> tuple[str, tuple[float, ...]] | None:
+        params = (self.priority_base, self.eps, self.cost_weight, self.default_slack, self.protect_completion)
+        return ("slo", params) if all(type(v) is float for v in params) else None
+
     explains_by = "protected near completion, then urgency + cost_weight * cost, then recency"
 
     def _explain_values(self, key: Hashable, meta: EntryMeta) -> dict[str, object]:
@@ -105,6 +109,12 @@ class SLOPolicy(FlatHeapPolicy):
             "cost": meta.cost,
             "completion": meta.seq_len / meta.max_len if meta.max_len > 0 else 0.0,
         }
+
+    # candidate_key in the compiled core
+    candidate_order = (
+        "slo",
+        (DEFAULT_PRIORITY_BASE, DEFAULT_SLACK + DEFAULT_EPS, DEFAULT_COST_WEIGHT, DEFAULT_PROTECT_COMPLETION),
+    )
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:

@@ -175,4 +175,5 @@ class SLRUPolicy(EvictionPolicy):
     # Probationary sequences (fewer than 2 accesses, the default threshold) before
     # protected ones, LRU within each.
     candidate_key = staticmethod(seen_once_first_key)
+    candidate_order = ("seen_once_first", ())  # candidate_key in the compiled core
     candidates_up_to = staticmethod(seen_once_first_up_to)
