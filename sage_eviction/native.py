@@ -13,9 +13,13 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["PURE_ENV", "implementation", "load", "pure_forced"]
+__all__ = ["NATIVE_MODULES", "PURE_ENV", "core_implementation", "implementation", "load", "pure_forced"]
 
 PURE_ENV = "SAGE_PURE_PYTHON"
+
+NATIVE_MODULES: tuple[str, ...] = ("sage_eviction._core", "engine_adapter.cache._core")
+"""Every compiled module of the core: the policies' and the radix cache's. Names only: this
+package imports nothing from engine_adapter; `load` imports a module by name when asked."""
 
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -47,3 +51,9 @@ def implementation(*names: str) -> str:
     if missing:
         return f"pure-python ({', '.join(missing)} not built)"
     return "compiled"
+
+
+def core_implementation() -> str:
+    """Which implementation of the whole core runs (`implementation` over `NATIVE_MODULES`): what
+    `sage llm benchmark` and `sage llm engine status` report."""
+    return implementation(*NATIVE_MODULES)
