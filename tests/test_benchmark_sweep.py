@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine_adapter.sim.benchmark import build_workload
 from engine_adapter.sim.cost_model import CostModel
@@ -232,6 +234,26 @@ def test_processes_return_the_rows_of_this_process_in_order(context: SweepContex
     n_requests = len(context.workload.requests)
     assert all(done[-1] == n_requests for done in here.requests.values())
     assert sorted(there.finished_rows) == list(range(6)) and not there.started_rows
+
+
+ROWS = _rows(["lru", "arc", "lfu", "s3fifo"], [30, 45])
+
+
+@pytest.fixture(scope="module")
+def alone(context: SweepContext) -> dict[int, dict[str, Any]]:
+    """Each row run on its own in this process: the oracle for every executor and order."""
+    return {spec.index: figures([run_row(context, spec)])[0] for spec in ROWS}
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.permutations(range(len(ROWS))), size=st.integers(1, len(ROWS)), jobs=st.integers(1, 3))
+def test_any_rows_in_any_order_on_any_jobs_are_the_rows_run_alone(
+    context: SweepContext, alone: dict[int, dict[str, Any]], order: list[int], size: int, jobs: int
+) -> None:
+    chosen = [ROWS[i] for i in order[:size]]
+    outcomes = run_rows(context, chosen, Executor(jobs=jobs), Recorder())
+    assert [o.index for o in outcomes] == [spec.index for spec in chosen]
+    assert figures(outcomes) == [alone[spec.index] for spec in chosen]
 
 
 def test_a_bad_row_in_a_worker_raises_the_simulators_error(context: SweepContext) -> None:
