@@ -2,7 +2,8 @@
 
 `run_benchmark` takes the checked options of `sage_cli.benchmark.BenchmarkOptions` as keyword
 arguments, builds the workload (a Mooncake or Azure trace, the synthetic generator or the
-module spec's preset), runs a `Simulator` for each policy and capacity, and adds two reference
+module spec's preset), runs a `Simulator` for each policy and capacity (in this process, in
+`jobs` worker processes or as Ray tasks: `engine_adapter.sim.sweep`), and adds two reference
 rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
 its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
 `engine_adapter.sim.simulator` for its radix variant and for what each reference row bounds:
@@ -14,7 +15,8 @@ path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in ever
 
 Returns ``{"workload": Workload.describe(), "settings": {...}, "results": [row, ...]}`` and
 writes the same as JSON to `output`; `plot` gets a PNG of hit rate against capacity per policy.
-A Rich progress bar on stderr shows the runs (and the requests of each) while they go.
+A Rich progress bar on stderr shows the runs (and the requests of each) while they go; the
+result's ``run`` block says how they ran (executor, workers, the core's implementation).
 
 Bad input raises `BenchmarkError` (a `ValueError`) with a one-line message: an unreadable or
 malformed trace, a capacity below 1 or beyond the workload's distinct blocks, a bad cost model,
@@ -172,7 +174,6 @@ class _SweepBar:
         self._progress = progress
         self._n_requests = n_requests
         self._done_rows = 0
-        self._where = where
         self._task = progress.add_task(f"simulating {rows} rows{where}", total=rows * n_requests)
 
     def started(self, spec: RowSpec) -> None:
