@@ -256,6 +256,24 @@ def test_any_rows_in_any_order_on_any_jobs_are_the_rows_run_alone(
     assert figures(outcomes) == [alone[spec.index] for spec in chosen]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'sage-kv[ray]')")
+def test_ray_tasks_give_the_rows_run_alone_and_raise_a_bad_rows_error(
+    context: SweepContext, alone: dict[int, dict[str, Any]]
+) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        outcomes = run_rows(context, ROWS[::-1], Executor(ray_address="local"), Recorder())
+        assert figures(outcomes) == [alone[spec.index] for spec in ROWS[::-1]]
+        assert {o.implementation for o in outcomes} == {core_implementation()}
+        with pytest.raises(ValueError, match="cannot hold the largest request"):
+            run_rows(context, [ROWS[0], RowSpec(99, "lru", 1)], Executor(ray_address="local"), Recorder())
+    finally:
+        ray.shutdown()
+
+
 def test_a_bad_row_in_a_worker_raises_the_simulators_error(context: SweepContext) -> None:
     rows = [RowSpec(0, "lru", 30), RowSpec(1, "lru", 1)]  # 1 block holds no request (radix)
     with pytest.raises(ValueError, match="cannot hold the largest request"):

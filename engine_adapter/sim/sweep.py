@@ -20,7 +20,9 @@ where the platform has fork and this process runs no other thread, since a fork 
 imported modules and the workload for free; spawned otherwise); ``ray_address`` runs them as Ray
 tasks (`ray.init(address=...)`: ``"local"`` starts a cluster on this machine, ``"auto"`` joins
 the one running here, ``"host:6379"`` or ``"ray://host:10001"`` a remote one, where sage must be
-installed on every node). Ray is the optional extra ``sage-kv[ray]``.
+installed on every node; where this process is already connected to Ray, that connection is
+used and left open). Ray is the optional extra ``sage-kv[ray]``. On an error or Ctrl-C the
+worker processes are ended and the Ray tasks cancelled, rather than left to finish their rows.
 
 Errors: a row's bad input stays the `ValueError` the simulator raised, whichever process raised
 it; an executor that cannot run (Ray missing or unreachable, a worker process that died) raises
@@ -32,6 +34,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -221,8 +224,22 @@ _WORKER_CONTEXT: SweepContext | None = None
 
 def _init_worker(context: SweepContext | None) -> None:
     global _WORKER_CONTEXT
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if context is not None:  # None: forked, the context is already here
         _WORKER_CONTEXT = context
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End the workers now (on an error or Ctrl-C): `shutdown` alone lets the rows already
+    queued to them run to their end."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14+
+    if terminate is not None:
+        terminate()
+        return
+    processes: dict[int, Any] = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        process.terminate()
 
 
 def _worker_row(spec: RowSpec) -> RowOutcome:
@@ -259,6 +276,9 @@ def _run_in_processes(
             progress.refresh()
     except BrokenProcessPool as exc:
         raise SweepError(f"a worker process died while running the rows: {exc}") from None
+    except BaseException:
+        _stop_workers(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         if forking:
@@ -309,6 +329,7 @@ def _run_on_ray(
             raise SweepError(
                 f"--ray {address}: cannot start or reach a Ray cluster: {_one_line(exc)}"
             ) from None
+    pending: dict[Any, RowSpec] = {}
     try:
         context_ref = ray.put(context)
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_row)
@@ -331,6 +352,10 @@ def _run_on_ray(
                 progress.finished(spec)
             progress.refresh()
         return outcomes
+    except BaseException:
+        for ref in pending:  # on a cluster that outlives this run, its rows would go on
+            ray.cancel(ref, force=True)
+        raise
     finally:
         if started_here:
             ray.shutdown()
