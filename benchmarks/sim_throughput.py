@@ -11,10 +11,11 @@ Per capacity, on the same trace in the same run:
 - libCacheSim: its C LRU's `process_trace` on the same block sequence (flat model, unit sizes);
 - the ratios to libCacheSim, and whether sage's flat LRU has libCacheSim's miss count.
 Then a sweep (`run_benchmark`, the CLI's whole path: every policy of `--sweep-policies` at every
-capacity, with the Belady and unbounded reference rows) with jobs=1 and jobs=2: rows per second
-and their ratio, beside the ratio a pure CPU loop gets from 2 processes at the same time (the
-ceiling on a machine that other work shares). Reading the trace is not timed. Each per-row figure
-is the best of `--repeat` runs (the machine is shared: the load average is printed with it).
+capacity of `--sweep-ratios`, with the Belady and unbounded reference rows) with jobs=1 and
+jobs=2: rows per second and their ratio, beside the ratio a pure CPU loop gets from 2 processes
+at the same time (the ceiling on a machine that other work shares). Reading the trace is not
+timed. Each per-row figure is the best of `--repeat` runs (the machine is shared: the load
+average is printed with it).
 
     python benchmarks/sim_throughput.py
     python benchmarks/sim_throughput.py --trace path/to/trace.jsonl --ratios 0.05 --repeat 3
@@ -141,7 +142,10 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per row figure; the best is kept")
     parser.add_argument(
-        "--sweep-policies", default="lru,arc", help="policies of the --jobs sweep (at every capacity)"
+        "--sweep-policies", default="lru,lfu,arc", help="policies of the --jobs sweep (at every capacity)"
+    )
+    parser.add_argument(
+        "--sweep-ratios", default="0.05,0.1", help="capacities of the --jobs sweep (fractions of blocks)"
     )
     parser.add_argument("--no-sweep", action="store_true", help="skip the --jobs 2 over --jobs 1 figure")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -215,12 +219,14 @@ def main() -> None:
     if not args.no_sweep:
         policies = [p.strip() for p in args.sweep_policies.split(",") if p.strip()]
         ceiling_before = _parallel_ceiling()
-        one_s, n_rows = _sweep(args.trace, policies, ratios, 1)
-        two_s, _ = _sweep(args.trace, policies, ratios, 2)
+        sweep_ratios = [float(x) for x in args.sweep_ratios.split(",")]
+        one_s, n_rows = _sweep(args.trace, policies, sweep_ratios, 1)
+        two_s, _ = _sweep(args.trace, policies, sweep_ratios, 2)
         ceiling = min(ceiling_before, _parallel_ceiling())
         speedup = one_s / two_s
         sweep = {
             "policies": policies,
+            "ratios": sweep_ratios,
             "rows": n_rows,
             "jobs1_s": one_s,
             "jobs2_s": two_s,
