@@ -245,7 +245,7 @@ def alone(context: SweepContext) -> dict[int, dict[str, Any]]:
     return {spec.index: figures([run_row(context, spec)])[0] for spec in ROWS}
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(order=st.permutations(range(len(ROWS))), size=st.integers(1, len(ROWS)), jobs=st.integers(1, 3))
 def test_any_rows_in_any_order_on_any_jobs_are_the_rows_run_alone(
     context: SweepContext, alone: dict[int, dict[str, Any]], order: list[int], size: int, jobs: int
