@@ -32,7 +32,14 @@ from sage_cli.output import Output
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["BenchmarkOptions", "benchmark", "parse_capacities", "parse_policies", "results_table"]
+__all__ = [
+    "BenchmarkOptions",
+    "benchmark",
+    "parse_capacities",
+    "parse_policies",
+    "results_table",
+    "run_caption",
+]
 
 
 class Mode(str, Enum):
@@ -83,6 +90,8 @@ class BenchmarkOptions:
     cost_model_path: Path | None
     protect_queued: float = 0.0
     adaptive_batch: bool = False
+    jobs: int | None = None
+    ray_address: str | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +241,27 @@ def _cell(value: Any, kind: str) -> str:
     return f"{value:.3g}"
 
 
+def run_caption(run: Any) -> str | None:
+    """How the simulator's rows ran, under the table: the implementation of the core (compiled or
+    pure Python) and the executor, e.g. "core: compiled; 2 processes; 4.1 s"."""
+    if not isinstance(run, dict):
+        return None
+    parts = []
+    if run.get("implementation"):
+        parts.append(f"core: {run['implementation']}")
+    executor = run.get("executor")
+    if executor == "ray":
+        parts.append(f"Ray tasks at {run.get('ray_address')}")
+    elif executor == "processes":
+        parts.append(f"{run.get('workers')} processes")
+    elif executor == "in-process":
+        parts.append("1 process")
+    wall = run.get("wall_s")
+    if isinstance(wall, int | float) and not isinstance(wall, bool):
+        parts.append(f"{wall:.1f} s")
+    return "; ".join(parts) or None
+
+
 def results_table(result: dict[str, Any]) -> Table | str:
     """The rows ``run_benchmark`` returned, one per policy and capacity, as a table."""
     from rich import box
@@ -249,6 +279,8 @@ def results_table(result: dict[str, Any]) -> Table | str:
     table = Table(
         title="Eviction policy benchmark",
         title_justify="left",
+        caption=run_caption(result.get("run")),
+        caption_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
@@ -421,6 +453,27 @@ def benchmark(
             help="sim mode: run each policy also with the adaptive batch limit, side by side.",
         ),
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            "-j",
+            metavar="N",
+            show_default=False,
+            help="sim mode: run the (policy, capacity) rows in N processes (default: the usable cores; "
+            "1: in this process). The results are the same, wall times aside.",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            show_default=False,
+            help="sim mode: run the rows as tasks on a Ray cluster: local (start one here), auto (the one "
+            "running here), HOST:6379 or ray://HOST:10001. Needs the ray extra: pip install 'sage-kv[ray]'.",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     socket: SocketOpt = None,
     name: NameOpt = None,
@@ -527,6 +580,7 @@ def benchmark(
         )
     if protect_queued > 0 and cache_model is not CacheModel.radix:
         raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
+    _check_executor(jobs, ray_address, mode)
     if engine_url is not None:
         result = _vllm_mode(
             url=engine_url,
@@ -579,6 +633,8 @@ def benchmark(
         cost_model_path=cost_model,
         protect_queued=protect_queued,
         adaptive_batch=adaptive_batch,
+        jobs=jobs,
+        ray_address=ray_address,
     )
     try:
         from engine_adapter.sim.benchmark import run_benchmark
@@ -589,6 +645,22 @@ def benchmark(
     result = run_benchmark(**options.as_kwargs())
     if isinstance(result, dict):
         Output(json_out).result(result, lambda: results_table(result))
+
+
+def _check_executor(jobs: int | None, ray_address: str | None, mode: Mode) -> None:
+    """--jobs and --ray: where the simulator's rows run, checked before anything runs."""
+    if (jobs is not None or ray_address is not None) and mode is not Mode.sim:
+        raise CLIUsageError("--jobs and --ray spread the simulator's rows: they go with --mode sim")
+    if jobs is not None and jobs < 1:
+        raise CLIUsageError(f"--jobs {jobs}: give a positive number of processes (1 runs the rows here)")
+    if ray_address is None:
+        return
+    if jobs is not None:
+        raise CLIUsageError("give either --jobs (processes here) or --ray (tasks on a Ray cluster), not both")
+    if not ray_address.strip():
+        raise CLIUsageError("--ray: give a cluster address, 'local' to start one here or 'auto'")
+    if importlib.util.find_spec("ray") is None:
+        raise CLIUsageError("--ray needs Ray, which is not installed: pip install 'sage-kv[ray]'")
 
 
 def _save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -> None:

@@ -91,6 +91,7 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
         ("PID", get("pid")),
         ("Socket", get("socket")),
         ("Device", get("device")),
+        ("Implementation", get("implementation")),
         ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),
         ("Eviction Policy", policy_text),
         ("KV Cache", f"{get('num_blocks')} blocks x {get('block_size')} tokens"),

@@ -89,6 +89,7 @@ _KNOWN: tuple[tuple[str, str, int], ...] = (
     ("engine_adapter.serving.config", "ConfigError", EXIT_USAGE),
     ("sage_eviction.errors", "PolicyConfigError", EXIT_USAGE),
     ("engine_adapter.sim.benchmark", "BenchmarkError", EXIT_USAGE),
+    ("engine_adapter.sim.sweep", "SweepError", EXIT_FAILURE),
 )
 
 

@@ -16,11 +16,25 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from types import ModuleType
 
-__all__ = ["CORE", "PURE_ENV", "core", "implementation", "load", "pure_forced", "pure_python"]
+__all__ = [
+    "CORE",
+    "NATIVE_MODULES",
+    "PURE_ENV",
+    "core",
+    "core_implementation",
+    "implementation",
+    "load",
+    "pure_forced",
+    "pure_python",
+]
 
 PURE_ENV = "SAGE_PURE_PYTHON"
 CORE = "sage_eviction._core"
 """The policies' compiled core (sage_eviction/_core.pyx): the score heap and `select_victims`."""
+
+NATIVE_MODULES: tuple[str, ...] = (CORE, "engine_adapter.cache._core")
+"""Every compiled module of the core: the policies' and the radix cache's. Names only: this
+package imports nothing from engine_adapter; `load` imports a module by name when asked."""
 
 _loaded: dict[str, ModuleType | None] = {}
 _pure_here: ContextVar[bool] = ContextVar("sage_pure_python", default=False)
@@ -73,3 +87,9 @@ def implementation(*names: str) -> str:
     if missing:
         return f"pure-python ({', '.join(missing)} not built)"
     return "compiled"
+
+
+def core_implementation() -> str:
+    """Which implementation of the whole core runs (`implementation` over `NATIVE_MODULES`): what
+    `sage llm benchmark` and `sage llm engine status` report."""
+    return implementation(*NATIVE_MODULES)

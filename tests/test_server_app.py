@@ -25,6 +25,7 @@ from engine_adapter.cache.stats import CacheStats
 from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine
+from sage_eviction.native import core_implementation
 
 NUM_BLOCKS = 16
 BLOCK_SIZE = 16
@@ -94,6 +95,9 @@ def test_engine_info_adds_socket_and_pid(client: TestClient, engine: Engine) -> 
     assert body["num_blocks"] == NUM_BLOCKS and body["block_size"] == BLOCK_SIZE
     assert set(body["policy"]) == {"name", "params"}
     assert set(body["requests"]) >= {"running", "waiting", "finished"}
+    # which implementation of the core this engine process loaded (sage_eviction.native)
+    assert body["implementation"] == core_implementation()
+    assert body["implementation"] == "compiled" or body["implementation"].startswith("pure-python (")
 
 
 def test_stats_have_the_api_keys(client: TestClient) -> None:

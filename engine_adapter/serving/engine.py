@@ -57,6 +57,7 @@ from sage_eviction import (
     get_policy_class,
     policy_params,
 )
+from sage_eviction.native import core_implementation
 from sage_eviction.registry import parse_policy_spec
 
 __all__ = [
@@ -488,6 +489,8 @@ class Engine:
                 "model": self.config.model,
                 "pid": os.getpid(),
                 "device": str(self.decoder.device),
+                # compiled core or pure-Python reference (sage_eviction.native), as this process loaded it
+                "implementation": core_implementation(),
                 "started_at": self.started_at,
                 "uptime_s": time.time() - self.started_at,
                 "policy": {"name": self.cache.policy_name, "params": dict(self.cache.policy_params)},

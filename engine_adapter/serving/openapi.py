@@ -312,7 +312,13 @@ def _components() -> Schema:
                     "block_size": INT,
                     "requests": _obj({"running": INT, "waiting": INT, "finished": INT}),
                 },
-                {"started_at": NUM, "uptime_s": NUM, "socket": _nullable(STR), "loop_error": _nullable(STR)},
+                {
+                    "started_at": NUM,
+                    "uptime_s": NUM,
+                    "socket": _nullable(STR),
+                    "loop_error": _nullable(STR),
+                    "implementation": STR,
+                },
             ),
             "EvictionStats": _obj(
                 {

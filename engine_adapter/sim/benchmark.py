@@ -2,7 +2,8 @@
 
 `run_benchmark` takes the checked options of `sage_cli.benchmark.BenchmarkOptions` as keyword
 arguments, builds the workload (a Mooncake or Azure trace, the synthetic generator or the
-module spec's preset), runs a `Simulator` for each policy and capacity, and adds two reference
+module spec's preset), runs a `Simulator` for each policy and capacity (in this process, in
+`jobs` worker processes or as Ray tasks: `engine_adapter.sim.sweep`), and adds two reference
 rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
 its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
 `engine_adapter.sim.simulator` for its radix variant and for what each reference row bounds:
@@ -14,7 +15,8 @@ path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in ever
 
 Returns ``{"workload": Workload.describe(), "settings": {...}, "results": [row, ...]}`` and
 writes the same as JSON to `output`; `plot` gets a PNG of hit rate against capacity per policy.
-A Rich progress bar on stderr shows the runs (and the requests of each) while they go.
+A Rich progress bar on stderr shows the runs (and the requests of each) while they go; the
+result's ``run`` block says how they ran (executor, workers, the core's implementation).
 
 Bad input raises `BenchmarkError` (a `ValueError`) with a one-line message: an unreadable or
 malformed trace, a capacity below 1 or beyond the workload's distinct blocks, a bad cost model,
@@ -25,14 +27,23 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from engine_adapter.sim.cost_model import CostModel, CostModelError
-from engine_adapter.sim.simulator import UNBOUNDED, Simulator, min_capacity
+from engine_adapter.sim.simulator import UNBOUNDED, min_capacity
 from engine_adapter.sim.sources import load
+from engine_adapter.sim.sweep import (
+    Executor,
+    RowOutcome,
+    RowSpec,
+    SweepContext,
+    run_rows,
+    usable_cores,
+)
 from engine_adapter.sim.synthetic import preset, synthetic
 from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
 
@@ -150,9 +161,39 @@ def _cost_model(cost_model: dict[str, Any] | None, cost_model_path: str | Path |
     return CostModel()
 
 
+class _SweepBar:
+    """A Rich progress bar on stderr over every row's requests, whichever executor runs them
+    (`sweep.RowProgress`); nothing when stderr is not a terminal.
+
+    It redraws only when told (no refresh thread), so that worker processes can be forked while
+    it is shown: rows run here tick it per request; rows in workers or on Ray complete it a row
+    at a time, and the executor redraws it while it waits.
+    """
+
+    def __init__(self, progress: Any, rows: int, n_requests: int, where: str) -> None:
+        self._progress = progress
+        self._n_requests = n_requests
+        self._done_rows = 0
+        self._task = progress.add_task(f"simulating {rows} rows{where}", total=rows * n_requests)
+
+    def started(self, spec: RowSpec) -> None:
+        self._progress.update(self._task, description=spec.label, refresh=True)
+
+    def requests_done(self, spec: RowSpec, done: int) -> None:
+        completed = self._done_rows * self._n_requests + done
+        self._progress.update(self._task, completed=completed, refresh=True)
+
+    def finished(self, spec: RowSpec) -> None:
+        self._done_rows += 1
+        self._progress.update(self._task, completed=self._done_rows * self._n_requests, refresh=True)
+
+    def refresh(self) -> None:
+        self._progress.refresh()
+
+
 @contextmanager
-def _progress(total: int) -> Iterator[Any]:
-    """A Rich progress bar on stderr (nothing when stderr is not a terminal)."""
+def _progress() -> Iterator[Any]:
+    """A Rich progress on stderr without a refresh thread (nothing when stderr is not a terminal)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -164,6 +205,7 @@ def _progress(total: int) -> Iterator[Any]:
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        auto_refresh=False,
         disable=not console.is_terminal,
     ) as progress:
         yield progress
@@ -212,44 +254,33 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None
             ) from None
 
 
-def _simulate_rows(
-    built: Workload,
-    runs: list[tuple[str, int | None, bool]],
-    cache_model: str,
-    costs: CostModel,
-    protect_queued: float = 0.0,
-) -> list[dict[str, Any]]:
-    """One simulation per (policy, capacity), under one progress bar; rows in `runs`' order."""
-    n_requests = len(built.requests)
-    rows: list[dict[str, Any]] = []
-    with _progress(len(runs) * n_requests) as progress:
-        task = progress.add_task("simulating", total=len(runs) * n_requests)
-        for index, (policy, capacity, adaptive) in enumerate(runs):
-            label = f"{policy} @ {capacity if capacity is not None else 'unbounded'}"
-            label += " (adaptive batch)" if adaptive else ""
-            progress.update(task, description=label)
-            base = index * n_requests
+def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executor) -> list[RowOutcome]:
+    """One simulation per (policy, capacity), by `executor`, under one progress bar; in `runs`' order."""
+    n_requests = len(context.workload.requests)
+    run = executor.describe(len(runs))
+    where = {"processes": f" on {run.get('workers')} processes", "ray": " on Ray"}.get(run["executor"], "")
+    try:
+        with _progress() as progress:
+            return run_rows(context, runs, executor, _SweepBar(progress, len(runs), n_requests, where))
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
 
-            def tick(done: int, base: int = base) -> None:
-                progress.update(task, completed=base + done)
 
-            try:
-                simulator = Simulator(
-                    built,
-                    policy,
-                    capacity,
-                    cache_model=cache_model,
-                    cost_model=costs,
-                    progress=tick,
-                    progress_every=max(1, min(1000, n_requests // 20 or 1)),
-                    protect_queued=protect_queued,
-                    adaptive_batch=adaptive,
-                )
-            except ValueError as exc:
-                raise BenchmarkError(str(exc)) from None
-            rows.append(simulator.run().to_dict())
-            progress.update(task, completed=base + n_requests)
-    return rows
+def _runs(policies: Sequence[str], capacities: list[int], adaptive_batch: bool) -> list[RowSpec]:
+    """The rows in the order of the results: per capacity each online policy (and its
+    adaptive-batch twin) and Belady, then the unbounded reference (every row's throughput is
+    relative to it). Workers take rows in this order, so the cheapest row, unbounded (it never
+    evicts), comes last and fills a gap rather than leaving one at the end of the sweep."""
+    online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
+    runs: list[tuple[str, int | None, bool]] = []
+    for size in capacities:
+        for policy in online:
+            runs.append((policy, size, False))
+            if adaptive_batch:
+                runs.append((policy, size, True))
+        runs.append((REFERENCE_BELADY, size, False))
+    runs.append((UNBOUNDED, None, False))
+    return [RowSpec(index, policy, size, adaptive) for index, (policy, size, adaptive) in enumerate(runs)]
 
 
 def run_benchmark(
@@ -272,6 +303,8 @@ def run_benchmark(
     cost_model_path: str | Path | None = None,
     protect_queued: float = 0.0,
     adaptive_batch: bool = False,
+    jobs: int | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run every policy at every capacity on one workload, with the reference rows.
 
@@ -296,12 +329,19 @@ def run_benchmark(
             may hold protected from eviction (`Simulator`'s `protect_queued`); 0: off.
         adaptive_batch: Run each online policy twice, without and with the adaptive batch
             limit (engine_adapter.cache.adaptive_batch), side by side; radix model only.
+        jobs: Worker processes for the rows (default: the usable cores; 1: this process).
+        ray_address: Run the rows as Ray tasks there instead (``"local"``, ``"auto"``,
+            ``"host:6379"``, ``"ray://host:10001"``; `engine_adapter.sim.sweep`).
 
     Returns:
-        ``{"workload": {...}, "settings": {...}, "results": [row, ...]}``; rows as `SimResult`.
+        ``{"workload": {...}, "settings": {...}, "results": [row, ...], "run": {...}}``; rows as
+        `SimResult`. ``run`` says how it ran (executor, workers, implementation of the core,
+        wall seconds): the one part besides the rows' wall times that `jobs` and `ray_address`
+        change.
 
     Raises:
         BenchmarkError: Options it cannot run with (one-line message).
+        SweepError: The executor cannot run the rows (Ray missing or unreachable).
     """
     _check_options(mode, cache_model, plot)
     if adaptive_batch and cache_model != "radix":
@@ -319,26 +359,28 @@ def run_benchmark(
         duration=duration,
     )
     capacities = capacities_for(built, capacity_blocks, capacity_ratios, cache_model)
-    online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
-    runs: list[tuple[str, int | None, bool]] = [(UNBOUNDED, None, False)]
-    for size in capacities:
-        for policy in online:
-            runs.append((policy, size, False))
-            if adaptive_batch:
-                runs.append((policy, size, True))
-        runs.append((REFERENCE_BELADY, size, False))
     if not 0.0 <= protect_queued <= 1.0:
         raise BenchmarkError(f"protect_queued={protect_queued!r} must be within [0, 1]")
     if protect_queued > 0 and cache_model != "radix":
         raise BenchmarkError("protect_queued needs the radix cache model (the flat model has no queue)")
-    rows = _simulate_rows(built, runs, cache_model, costs, protect_queued)
-    reference = rows[0]["throughput_tok_s"]
+    try:
+        executor = Executor(jobs=usable_cores() if jobs is None else jobs, ray_address=ray_address)
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+    runs = _runs(policies, capacities, adaptive_batch)
+    wall0 = time.perf_counter()
+    context = SweepContext(built, cache_model, costs, protect_queued)
+    outcomes = _simulate_rows(context, runs, executor)
+    rows = [outcome.row for outcome in outcomes]
+    run = {
+        **executor.describe(len(runs)),
+        "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),
+        "wall_s": time.perf_counter() - wall0,
+    }
+    reference = rows[-1]["throughput_tok_s"]  # the unbounded row
     for row in rows:
         impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0
         row["throughput_impact"] = 0.0 if math.isclose(impact, 0.0, abs_tol=1e-12) else impact
-    # Rows by capacity, the reference rows after the policies of their capacity.
-    unbounded_row = rows.pop(0)
-    rows.append(unbounded_row)
     result = {
         "workload": built.describe(),
         "settings": {
@@ -351,6 +393,7 @@ def run_benchmark(
             "adaptive_batch": adaptive_batch,
         },
         "results": rows,
+        "run": run,
     }
     if output is not None:
         try:
