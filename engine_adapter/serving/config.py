@@ -126,6 +126,18 @@ class EngineConfig:
         ssl_certfile: PEM certificate: serve TCP over TLS (with `ssl_keyfile`).
         ssl_keyfile: PEM private key of `ssl_certfile`.
         insecure_no_api_key: Allow TCP without an API key (anyone who reaches the port may use it).
+        slo_ttft_ms: Default time-to-first-token SLO of completions and chats (a request's
+            ``slo_ttft_ms`` overrides it); it sets the deadline the ``slo`` policy sees.
+        slo_tpot_ms: Default time-per-output-token SLO (a request's ``slo_tpot_ms`` overrides it).
+        slo_deadline_ms: Default deadline of an embedding request (its ``slo_deadline_ms``).
+        tenant_slos: Per-tenant defaults over the three above: ``{tenant: {ttft_ms, tpot_ms,
+            deadline_ms}}`` (YAML), or ``"a:ttft_ms=500,tpot_ms=50;b:deadline_ms=200"``.
+        embedding_chunk_tokens: Tokens of embedding work one engine step takes beside the LLM's
+            decodes (chunks, as chunked prefill, so embedding batches never stall a decode step).
+        colocation: ``off`` (default: the engine behaves as without embeddings' coordination),
+            ``dynamic`` (spec 004: admission control, SLO-driven quotas, SLO-aware preemption) or
+            ``static:F`` (the same with a fixed LLM share F of the pool).
+        colocation_params: The colocation constants (``ColocationParams`` fields, k=v).
     """
 
     model: str = "sage-tiny"
@@ -169,6 +181,14 @@ class EngineConfig:
     ssl_certfile: str = ""
     ssl_keyfile: str = ""
     insecure_no_api_key: bool = False
+    # SLOs (spec 004) and LLM + embedding colocation.
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 200.0
+    slo_deadline_ms: float = 2000.0
+    tenant_slos: dict[str, dict[str, float]] = field(default_factory=dict)
+    embedding_chunk_tokens: int = 128
+    colocation: str = "off"
+    colocation_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Check every value (a config built in code gets the same checks as one from a file),
@@ -260,6 +280,13 @@ class EngineConfig:
         return cls.from_dict(values, source="--config-json")
 
     # -- checks that need the policy library ----------------------------------------------------
+
+    def slos_for(self, tenant: str | None) -> dict[str, float]:
+        """The SLO defaults of `tenant`: its ``tenant_slos`` entry over the engine's defaults."""
+        slos = {"ttft_ms": self.slo_ttft_ms, "tpot_ms": self.slo_tpot_ms, "deadline_ms": self.slo_deadline_ms}
+        if tenant is not None:
+            slos.update(self.tenant_slos.get(tenant, {}))
+        return slos
 
     def check_policy(self) -> None:
         """Check the policy name and params against `sage_eviction` (pure Python, no engine).
@@ -470,6 +497,53 @@ def _params(value: Any, where: str) -> dict[str, Any]:
     raise _fail(where, value, "a mapping of params, or k=v items")
 
 
+SLO_KEYS = ("ttft_ms", "tpot_ms", "deadline_ms")
+_COLOCATION = re.compile(r"^(off|dynamic|static:(0(\.[0-9]+)?|1(\.0*)?|\.[0-9]+))$")
+
+
+def _slo_ms(value: Any, where: str) -> float:
+    ms = _float(0.0, 86_400_000.0, low_open=True)(value, where)
+    return ms
+
+
+def _tenant_slos(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """``{tenant: {ttft_ms, tpot_ms, deadline_ms}}``, or ``"a:ttft_ms=500,tpot_ms=50;b:..."``."""
+    if isinstance(value, str):
+        parsed: dict[str, Any] = {}
+        for part in (p.strip() for p in value.split(";")):
+            if not part:
+                continue
+            tenant, colon, rest = part.partition(":")
+            if not colon or not tenant.strip():
+                raise _fail(where, part, "of the form TENANT:ttft_ms=MS,tpot_ms=MS,deadline_ms=MS")
+            parsed[tenant.strip()] = _params(rest, f"{where}.{tenant.strip()}")
+        value = parsed
+    if not isinstance(value, Mapping):
+        raise _fail(where, value, "a mapping of tenants to their SLOs")
+    out: dict[str, dict[str, float]] = {}
+    for tenant, slos in value.items():
+        if not isinstance(tenant, str) or not tenant:
+            raise _fail(where, tenant, "a tenant name")
+        if not isinstance(slos, Mapping):
+            raise _fail(f"{where}.{tenant}", slos, "a mapping of ttft_ms, tpot_ms, deadline_ms")
+        unknown = sorted(set(map(str, slos)) - set(SLO_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{tenant}: unknown SLO {unknown[0]!r}; known: {', '.join(SLO_KEYS)}")
+        out[tenant] = {str(k): _slo_ms(v, f"{where}.{tenant}.{k}") for k, v in slos.items()}
+    return out
+
+
+def _colocation(value: Any, where: str) -> str:
+    mode = _text(value, where).lower()
+    if (
+        not _COLOCATION.match(mode)
+        or mode in ("static:0", "static:1")
+        or (mode.startswith("static:") and not 0.0 < float(mode.split(":", 1)[1]) < 1.0)
+    ):
+        raise _fail(where, value, "off, dynamic or static:F with F in (0, 1)")
+    return mode
+
+
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "model": _model,
     "engine_kind": _engine_kind,
@@ -510,6 +584,13 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "ssl_certfile": _path,
     "ssl_keyfile": _path,
     "insecure_no_api_key": _bool,
+    "slo_ttft_ms": _slo_ms,
+    "slo_tpot_ms": _slo_ms,
+    "slo_deadline_ms": _slo_ms,
+    "tenant_slos": _tenant_slos,
+    "embedding_chunk_tokens": _int(1),
+    "colocation": _colocation,
+    "colocation_params": _params,
 }
 assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(EngineConfig)}, "a key without a converter"
 

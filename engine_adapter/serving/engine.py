@@ -39,6 +39,12 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.embedding_batch import (
+    EmbeddingHandle,
+    EmbeddingJob,
+    EmbeddingResult,
+    EmbeddingText,
+)
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
 from engine_adapter.token_eviction import KVCompression
@@ -213,6 +219,7 @@ class Engine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_queued_requests=config.max_queued_requests,
                 queued_timeout=config.queued_timeout,
+                embedding_chunk_tokens=config.embedding_chunk_tokens,
             ),
         )
         self.scheduler.on_admitted = self._on_admitted
@@ -223,6 +230,7 @@ class Engine:
             self.scheduler.on_batch_change = self.metrics.on_batch_change
         self.metrics.set_batch_limit(config.max_num_seqs)
         self.scheduler.on_finished = self._on_finished
+        self.scheduler.on_embedding_finished = self._on_embedding_finished
         # Mean time per output token, learnt from finished requests (a first guess until then).
         self.tpot_estimate_s = 0.02
         if config.enable_lifetime_prediction:
@@ -323,11 +331,15 @@ class Engine:
                 return stop
             if op == "add":
                 self.scheduler.add(arg)
+            elif op == "embed":
+                self.scheduler.add_embedding(arg)
             elif op == "abort":
                 self.scheduler.abort(arg)
             elif op == "abort_all":
                 for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self.scheduler.abort(seq.request_id, "abort", "engine shut down")
+                for job in list(self.scheduler.embedding_queue):
+                    self.scheduler.abort_embedding(job.request_id, "engine shut down", 503)
             elif op == "stop":
                 stop = True
 
@@ -337,11 +349,13 @@ class Engine:
                 self.scheduler.abort(seq.request_id, "error", message)
             except SageCacheError:
                 self.scheduler.running.remove(seq)
+        self.scheduler.fail_embeddings(message)
 
     def _update_gauges(self) -> None:
         cache = self.cache
         self.metrics.set_usage(cache.allocator.num_used / cache.num_blocks if cache.num_blocks else 0.0)
         self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+        self.metrics.set_reserved(cache.num_reserved_blocks)
         reprefills = cache.re_prefill_blocks
         if reprefills > self._last_reprefills:
             self.metrics.on_re_prefill(reprefills - self._last_reprefills)
@@ -368,8 +382,13 @@ class Engine:
         cache_salt: str | None = None,
         request_id: str | None = None,
         kv_compression: KVCompression | None = None,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
     ) -> RequestHandle:
         """Queue a request; `kv_compression` compresses its prompt once after prefill.
+
+        `slo_ttft_ms` and `slo_tpot_ms` are its SLOs (None: its tenant's defaults from the
+        config); given, or with colocation on, its blocks carry the deadline they set.
 
         Raises:
             RequestError: It can never be served (empty prompt, token ids out of the vocabulary,
@@ -423,7 +442,74 @@ class Engine:
             cache_salt=cache_salt,
             kv_compression=kv_compression,
         )
+        self._set_slo(seq, slo_ttft_ms, slo_tpot_ms)
         self._inbox.put(("add", seq))
+        self._wake.set()
+        return handle
+
+    def _set_slo(self, seq: Sequence, ttft_ms: float | None, tpot_ms: float | None) -> None:
+        """The request's SLOs (its own, else its tenant's defaults) and, when it gave one or
+        colocation is on, the deadline its blocks carry for the `slo` policy: the time by which
+        it would finish if it met both (arrival + TTFT + TPOT for each further token). With
+        colocation off and no SLO given, no deadline: the engine behaves as before SLOs."""
+        defaults = self.config.slos_for(seq.tenant)
+        seq.slo_ttft_ms = ttft_ms if ttft_ms is not None else defaults["ttft_ms"]
+        seq.slo_tpot_ms = tpot_ms if tpot_ms is not None else defaults["tpot_ms"]
+        if ttft_ms is not None or tpot_ms is not None or self.config.colocation != "off":
+            budget_ms = seq.slo_ttft_ms + seq.slo_tpot_ms * max(seq.sampling.max_tokens - 1, 0)
+            seq.deadline = self.cache.clock() + budget_ms / 1e3
+
+    def submit_embedding(
+        self,
+        inputs: list[str | list[int]],
+        *,
+        tenant: str | None = None,
+        priority: int = 0,
+        slo_deadline_ms: float | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingHandle:
+        """Queue an embedding request: one mean-pooled, L2-normalised vector per input.
+
+        Raises:
+            RequestError: An input is empty, has token ids outside the vocabulary, or is longer
+                than the model's context or the pool.
+            EngineClosedError: The engine is draining or stopped.
+        """
+        if self.draining or self.stopped:
+            raise EngineClosedError("the engine is shutting down and takes no new request")
+        if not inputs:
+            raise RequestError("input is empty")
+        texts: list[EmbeddingText] = []
+        limit = min(self.model_config.max_position_embeddings, self.cache.num_blocks * self.cache.block_size)
+        vocab = self.model_config.vocab_size
+        for i, item in enumerate(inputs):
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            if not ids:
+                raise RequestError(f"input {i} is empty")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"input {i}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            if len(ids) > limit:
+                raise RequestError(
+                    f"input {i} has {len(ids)} tokens; at most {limit} fit the model's context and the pool"
+                )
+            texts.append(EmbeddingText(ids=ids))
+        rid = request_id or f"emb-{uuid.uuid4().hex[:16]}"
+        handle = EmbeddingHandle(rid)
+        deadline_ms = (
+            slo_deadline_ms if slo_deadline_ms is not None else self.config.slos_for(tenant)["deadline_ms"]
+        )
+        now = self.scheduler.clock()
+        job = EmbeddingJob(
+            request_id=rid,
+            texts=texts,
+            arrival=now,
+            deadline=now + deadline_ms / 1e3,
+            finish=handle._finish,
+            tenant=tenant,
+            priority=priority,
+        )
+        self._inbox.put(("embed", job))
         self._wake.set()
         return handle
 
@@ -472,6 +558,9 @@ class Engine:
             prompt_tokens=len(seq.prompt_ids),
             generation_tokens=len(seq.output_ids),
         )
+
+    def _on_embedding_finished(self, job: EmbeddingJob, result: EmbeddingResult) -> None:
+        self.metrics.on_embedding_finished(result.status, result.latency_s, result.prompt_tokens)
 
     def abort(self, request_id: str) -> None:
         """End a request with finish_reason "abort"."""
