@@ -12,7 +12,8 @@ The rules:
   inside the functions that patch it, never at import time.
 - `engine_adapter.cache` (the cache core) and `engine_adapter.sim` (the simulator) never import
   torch; the cache core imports none of `model`, `serving`, `sim`; the simulator neither `model`
-  nor `serving`.
+  nor `serving`. `engine_adapter.colocation` (the colocation controller, which both the
+  simulator and the engine call) imports none of torch, `model`, `serving`, `sim`.
 - `sage_cli` loads neither torch nor `engine_adapter` when its modules are imported and its
   command tree is built (what `sage --help` and the light commands do); `engine start` and
   `benchmark` import the engine inside their functions.
@@ -34,6 +35,7 @@ REPO = Path(sage_eviction.__file__).resolve().parent.parent
 _CACHE = ("engine_adapter.cache",)
 _ABOVE_CACHE = ("engine_adapter.model", "engine_adapter.serving", "engine_adapter.sim")
 _ABOVE_SIM = ("engine_adapter.model", "engine_adapter.serving")
+_ABOVE_COLOCATION = ("engine_adapter.model", "engine_adapter.serving", "engine_adapter.sim")
 _ENGINES = ("vllm", "sglang", "lmcache")  # what sage_eviction/integrations may import, lazily
 
 
@@ -100,6 +102,7 @@ LIBRARY_ENTRY_MODULES = [
 LAYERS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "cache core": (_modules("engine_adapter.cache"), ("torch", *_ABOVE_CACHE)),
     "simulator": (_modules("engine_adapter.sim"), ("torch", *_ABOVE_SIM)),
+    "colocation": (_modules("engine_adapter.colocation"), ("torch", *_ABOVE_COLOCATION)),
     "CLI": (_modules("sage_cli"), ("torch", "engine_adapter")),
 }
 
@@ -110,6 +113,7 @@ def test_the_layers_have_the_modules_the_checks_expect() -> None:
     assert "engine_adapter.cache.block_allocator" in LAYERS["cache core"][0]
     assert "engine_adapter.sim.simulator" in LAYERS["simulator"][0]
     assert "engine_adapter.sim.benchmark" in LAYERS["simulator"][0]
+    assert "engine_adapter.colocation.controller" in LAYERS["colocation"][0]
     assert {"sage_cli.app", "sage_cli.client", "sage_cli.eviction"} <= set(LAYERS["CLI"][0])
 
 
@@ -186,7 +190,11 @@ def test_the_library_imports_only_the_standard_library_and_itself(path: Path) ->
 @pytest.mark.parametrize(
     ("path", "forbidden"),
     [pytest.param(p, ("torch", *_ABOVE_CACHE), id=_ids(p)) for p in _sources("engine_adapter.cache")]
-    + [pytest.param(p, ("torch", *_ABOVE_SIM), id=_ids(p)) for p in _sources("engine_adapter.sim")],
+    + [pytest.param(p, ("torch", *_ABOVE_SIM), id=_ids(p)) for p in _sources("engine_adapter.sim")]
+    + [
+        pytest.param(p, ("torch", *_ABOVE_COLOCATION), id=_ids(p))
+        for p in _sources("engine_adapter.colocation")
+    ],
 )
 def test_the_cache_core_and_the_simulator_never_import_torch_or_a_layer_above(
     path: Path, forbidden: tuple[str, ...]
