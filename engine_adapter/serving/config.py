@@ -35,11 +35,14 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_adapter.cache.sizes import parse_bytes
 from engine_adapter.paths import DEFAULT_NAME, default_log_dir, default_socket, is_engine_name, sage_home
 from engine_adapter.safe_yaml import shorten
+
+if TYPE_CHECKING:
+    from engine_adapter.colocation import ColocationParams
 
 __all__ = [
     "CONFIG_ENV",
@@ -48,6 +51,7 @@ __all__ = [
     "SIZING_KEYS",
     "ConfigError",
     "EngineConfig",
+    "colocation_params",
     "config_keys",
     "default_log_dir",
     "default_socket",
@@ -212,6 +216,10 @@ class EngineConfig:
                 f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
             )
         self._check_tcp()
+        try:
+            colocation_params(self.colocation_params)
+        except ValueError as exc:
+            raise ConfigError(f"colocation_params: {exc}") from None
 
     def _check_tcp(self) -> None:
         """TCP needs a host and a port together, an API key unless waived, and TLS files in pairs."""
@@ -533,6 +541,46 @@ def _tenant_slos(value: Any, where: str) -> dict[str, dict[str, float]]:
     return out
 
 
+SYSTEM_PARAM = "system"  # ``colocation_params: system=spec`` runs the spec's algorithms as written
+
+
+def colocation_params(raw: Mapping[str, Any]) -> tuple[ColocationParams, str]:
+    """`ColocationParams` and the system (``sage`` or ``spec``) from ``k=v`` config params.
+
+    Values may be strings (flags, environment): each is converted to its field's type;
+    ``priority_weights`` takes ``1/2/4``.
+
+    Raises:
+        ValueError: An unknown name (the message lists the known ones) or a bad value.
+    """
+    from engine_adapter.colocation import ColocationParams  # pure Python; only when asked
+
+    known = ColocationParams.names()
+    values: dict[str, Any] = {}
+    system = "sage"
+    defaults = ColocationParams()
+    for name, value in raw.items():
+        if name == SYSTEM_PARAM:
+            system = str(value)
+            if system not in ("sage", "spec"):
+                raise ValueError(f"colocation param system={value!r}: must be sage or spec")
+            continue
+        if name not in known:
+            raise ValueError(f"unknown colocation param {name!r}; known: {', '.join((*known, SYSTEM_PARAM))}")
+        default = getattr(defaults, name)
+        try:
+            if isinstance(default, tuple):
+                parts = value if isinstance(value, list | tuple) else str(value).replace("/", " ").split()
+                values[name] = tuple(float(p) for p in parts)
+            elif isinstance(default, int) and not isinstance(default, bool):
+                values[name] = int(value)
+            else:
+                values[name] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"colocation param {name}={value!r}: not a {type(default).__name__}") from None
+    return ColocationParams(**values), system
+
+
 def _colocation(value: Any, where: str) -> str:
     mode = _text(value, where).lower()
     if (
@@ -676,7 +724,9 @@ def load_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 def _flag(key: str) -> str:
     """The flag of ``sage llm engine start`` that sets `key`."""
-    return "--policy-param" if key == "policy_params" else "--" + key.replace("_", "-")
+    if key in ("policy_params", "colocation_params"):
+        return "--" + key.removesuffix("s").replace("_", "-")
+    return "--" + key.replace("_", "-")
 
 
 def resolve_config(

@@ -219,6 +219,8 @@ class Scheduler:
         # Colocation: running sequences to preempt so that `blocks` blocks come free (Algorithm 3);
         # None: the eviction policy's `select_preemption_victims`.
         self.choose_victims: Callable[[list[Sequence], int], list[Sequence]] | None = None
+        # Colocation: whether a waiting sequence may be admitted within the LLM quota now.
+        self.llm_gate: Callable[[Sequence], bool] | None = None
         # --adaptive-batch: the running limit follows the re-prefill rate (adaptive_batch.py);
         # each change is logged here and handed to `on_batch_change` (the engine's metrics).
         self.adaptive: AdaptiveBatch | None = None
@@ -240,11 +242,13 @@ class Scheduler:
         self._next_seq_id += 1
         return self._next_seq_id
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a validated sequence."""
+    def add(self, seq: Sequence, *, keep_arrival: bool = False) -> None:
+        """Queue a validated sequence (`keep_arrival`: it arrived earlier, e.g. deferred by
+        colocation's admission, and its latency counts from then)."""
         if seq.generator is None and not seq.sampling.greedy:
             seq.generator = make_generator(seq.sampling.seed)
-        seq.arrival = self.clock()
+        if not keep_arrival:
+            seq.arrival = self.clock()
         self.waiting.append(seq)
         self._protect(seq)
         cap = self.limits.max_queued_requests
@@ -270,6 +274,14 @@ class Scheduler:
                 self._release(seq)
                 self.running.remove(seq)
                 self._finish(seq, reason, message)
+                return True
+        return False
+
+    def preempt_request(self, request_id: str) -> bool:
+        """Preempt a running request by recompute (colocation's ADMIT_WITH_PREEMPTION)."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._preempt(seq)
                 return True
         return False
 
@@ -445,6 +457,8 @@ class Scheduler:
         limit = self.adaptive.current if self.adaptive is not None else self.limits.max_num_seqs
         while self.waiting and len(self.running) < limit:
             seq = self.waiting[0]
+            if self.llm_gate is not None and not self.llm_gate(seq):
+                break  # over the LLM quota: wait for running sequences to finish
             tokens = seq.all_ids
             t = time.perf_counter()
             try:
