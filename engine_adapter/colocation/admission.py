@@ -142,8 +142,9 @@ def admit_embedding(
     deadline = req.arrival_s + req.slo.deadline_ms / 1000.0
     if seconds_per_token is not None:
         # EDF: the work that runs before this batch is what is due no later than it.
+        # A running batch is counted at half its tokens: the mean of what it has left.
         ahead = sum(
-            e.tokens
+            e.tokens if e.started_s is None else e.tokens / 2
             for e in queue
             if e.request_id != req.request_id and e.arrival_s + e.slo.deadline_ms / 1000.0 <= deadline
         )
@@ -151,7 +152,7 @@ def admit_embedding(
         if finish > deadline:
             return Admission(
                 Decision.REJECT,
-                f"would finish {finish - deadline:.3f}s past its deadline behind {ahead} queued tokens",
+                f"would finish {finish - deadline:.3f}s past its deadline behind {ahead:.0f} queued tokens",
             )
     if memory.free_blocks >= req.blocks:
         return Admission(Decision.ADMIT, f"fits: {req.blocks} of {memory.free_blocks} free blocks")
