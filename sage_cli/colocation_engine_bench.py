@@ -238,13 +238,13 @@ def _result(
 
 def run_colocation_engine_benchmark(
     *,
-    ratio: str = "5:5",
-    load: float = 1.0,
+    ratios: Sequence[str] = ("5:5",),
+    loads: Sequence[float] = (1.0,),
     arrival: str = "poisson",
     output: str = "short",
     seed: int = 0,
     requests: int = 48,
-    systems: Sequence[str] = tuple(ENGINE_SYSTEMS),
+    systems: Sequence[str] | None = None,
     engine: dict[str, Any] | None = None,
     slo_factor: float = 5.0,
     prompt_tokens: int = 48,
@@ -257,16 +257,16 @@ def run_colocation_engine_benchmark(
     gamma: float = 0.0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay one colocation workload through a fresh engine per system; the simulator's rows.
+    """Replay each (ratio, load) workload through a fresh engine per system; the simulator's rows.
 
     Args:
-        ratio: LLM:embedding ratio (``"7:3"``) or ``"shift"``.
-        load: Offered load as a fraction of the engine's serial capacity of the mix.
+        ratios: LLM:embedding ratios (``"7:3"``) or ``"shift"``.
+        loads: Offered loads as fractions of the engine's serial capacity of the mix.
         arrival: poisson, bursty or periodic.
         output: The simulator's output class (scaled to `max_output_tokens` here).
         seed: Seed of the workload.
-        requests: How many requests (the first of the generated stream).
-        systems: Names of `ENGINE_SYSTEMS` to run.
+        requests: How many requests per cell (the first of the generated stream).
+        systems: Names of `ENGINE_SYSTEMS` to run (default: all).
         engine: `EngineConfig` fields of every engine (model, num_blocks, block_size, device ...).
         slo_factor: SLOs are this many times the calibrated unloaded latencies.
         prompt_tokens: Prompt length of every LLM request (half of it shared per template).
@@ -275,22 +275,30 @@ def run_colocation_engine_benchmark(
         text_tokens: The longest embedding text.
         concurrency: Client threads.
         alpha, beta, gamma: The spec's objective weights.
-        progress: Called with each system's name as it starts.
+        progress: Called with each cell's and system's name as it starts.
 
     Returns:
-        ``{"workload", "mode": "engine", "calibration", "capacity_rps", "results": [row, ...]}``.
+        The simulator benchmark's shape (``settings``, ``capacity`` by ratio, ``results`` rows
+        with ``ratio``, ``load``, ``system`` and `metrics`' figures), plus ``mode: engine`` and
+        the ``calibration``.
+
+    Raises:
+        ValueError: An unknown system, ratio, arrival pattern or output class.
     """
     from engine_adapter.sim.colocation import metrics
-    from engine_adapter.sim.colocation_workload import generate
+    from engine_adapter.sim.colocation_workload import BATCH_TEXTS, generate
 
-    unknown = [s for s in systems if s not in ENGINE_SYSTEMS]
+    names = list(systems) if systems is not None else list(ENGINE_SYSTEMS)
+    unknown = [s for s in names if s not in ENGINE_SYSTEMS]
     if unknown:
         raise ValueError(
             f"unknown engine colocation system {unknown[0]!r}; known: {', '.join(ENGINE_SYSTEMS)}"
         )
+    workloads = {
+        r: generate(ratio=r, arrival=arrival, output=output, seed=seed, duration_s=600.0) for r in ratios
+    }
     base = {"device": "cpu", "num_blocks": 256, "block_size": 16, **(engine or {})}
-    workload = generate(ratio=ratio, load=1.0, arrival=arrival, output=output, seed=seed, duration_s=600.0)
-    mean_texts = max(1, round(statistics.mean([e.texts for e in workload.embeddings] or [64]) / text_divisor))
+    mean_texts = max(1, round(statistics.mean(BATCH_TEXTS) / text_divisor))
     with (
         start_temporary_engine({**base, "colocation": "off"}) as reference,
         ControlClient(reference.socket, timeout=120.0) as client,
@@ -302,53 +310,52 @@ def run_colocation_engine_benchmark(
             texts=mean_texts,
             text_tokens=text_tokens,
         )
-    reqs, capacity = build_requests(
-        workload,
-        calibration,
-        requests=requests,
-        load=load,
-        slo_factor=slo_factor,
-        prompt_tokens=prompt_tokens,
-        max_output_tokens=max_output_tokens,
-        text_divisor=text_divisor,
-        text_tokens=text_tokens,
-    )
-    runs_of = [(name, ENGINE_SYSTEMS[name], reqs) for name in systems]
-    if "sage" in systems:
-        runs_of.append((NO_EMBEDDINGS, ENGINE_SYSTEMS["sage"], [r for r in reqs if r.kind == "llm"]))
-    rows = []
-    for name, settings, stream in runs_of:
-        if progress is not None:
-            progress(name)
-        with (
-            start_temporary_engine({**base, **settings}) as temporary,
-            ControlClient(temporary.socket, timeout=120.0) as client,
-        ):
-            before = client.eviction_stats()
-            runs, wall = replay_requests(
-                stream,
-                lambda req, c=client: _send(c, req),
-                time_scale=1.0,
-                concurrency=concurrency,
-                tick=lambda: None,
+    rows: list[dict[str, Any]] = []
+    capacities: dict[str, float] = {}
+    for ratio in ratios:
+        for load in loads:
+            reqs, capacities[ratio] = build_requests(
+                workloads[ratio],
+                calibration,
+                requests=requests,
+                load=load,
+                slo_factor=slo_factor,
+                prompt_tokens=prompt_tokens,
+                max_output_tokens=max_output_tokens,
+                text_divisor=text_divisor,
+                text_tokens=text_tokens,
             )
-            after = client.eviction_stats()
-        result = _result(name, stream, runs, wall, before, after)
-        rows.append({"system": name, **metrics(result, alpha, beta, gamma), "lost": float(result.lost)})
+            cells = [(name, ENGINE_SYSTEMS[name], reqs) for name in names]
+            if "sage" in names:  # its TPOT without the embedding traffic: the shared-compute reference
+                cells.append((NO_EMBEDDINGS, ENGINE_SYSTEMS["sage"], [r for r in reqs if r.kind == "llm"]))
+            for name, settings, stream in cells:
+                if progress is not None:
+                    progress(f"{ratio} at {load:.0%}: {name}")
+                result = _run_system(name, {**base, **settings}, stream, concurrency)
+                rows.append(
+                    {
+                        "ratio": ratio,
+                        "load": load,
+                        "system": name,
+                        **metrics(result, alpha, beta, gamma),
+                        "lost": float(result.lost),
+                        "requests": float(len(stream)),
+                    }
+                )
     return {
-        "workload": {
-            "kind": "colocation",
-            "ratio": ratio,
-            "load": load,
-            "arrival": arrival,
-            "output": output,
-            "seed": seed,
-            "requests": len(reqs),
-            "llm_requests": sum(1 for r in reqs if r.kind == "llm"),
-            "embedding_requests": sum(1 for r in reqs if r.kind == "embedding"),
-            "slo_factor": slo_factor,
-        },
         "mode": "engine",
+        "settings": {
+            "compute": "shared (engine)",
+            "arrival": arrival,
+            "output_length": output,
+            "seeds": [seed],
+            "requests": requests,
+            "slo_factor": slo_factor,
+            "alpha": alpha,
+            "beta": beta,
+            "gamma": gamma,
+            "engine": base,
+        },
         "calibration": {
             "ttft_s": calibration.ttft_s,
             "tpot_s": calibration.tpot_s,
@@ -356,6 +363,24 @@ def run_colocation_engine_benchmark(
             "embedding_texts": mean_texts,
             "text_tokens": text_tokens,
         },
-        "capacity_rps": capacity,
+        "capacity": capacities,
         "results": rows,
     }
+
+
+def _run_system(name: str, config: dict[str, Any], stream: list[EngineRequest], concurrency: int) -> Any:
+    """Replay `stream` through a fresh engine of `config`; the simulator's `RunResult`."""
+    with (
+        start_temporary_engine(config) as temporary,
+        ControlClient(temporary.socket, timeout=120.0) as client,
+    ):
+        before = client.eviction_stats()
+        runs, wall = replay_requests(
+            stream,
+            lambda req: _send(client, req),
+            time_scale=1.0,
+            concurrency=concurrency,
+            tick=lambda: None,
+        )
+        after = client.eviction_stats()
+    return _result(name, stream, runs, wall, before, after)

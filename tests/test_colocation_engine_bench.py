@@ -74,7 +74,8 @@ def test_rows_count_met_rejected_and_lost_requests() -> None:
 @pytest.mark.slow
 def test_a_short_run_on_live_engines() -> None:
     out = run_colocation_engine_benchmark(
-        ratio="5:5",
+        ratios=["5:5"],
+        loads=[1.0],
         requests=10,
         systems=("shared-lru", "sage"),
         engine={"num_blocks": 64, "block_size": 16},
@@ -87,4 +88,5 @@ def test_a_short_run_on_live_engines() -> None:
     for row in out["results"]:
         assert row["lost"] == 0.0
         assert 0.0 <= row["combined_attainment"] <= 1.0
-    assert out["capacity_rps"] > 0 and out["workload"]["requests"] == 10
+    assert out["capacity"]["5:5"] > 0 and out["results"][0]["requests"] == 10.0
+    assert all(row["ratio"] == "5:5" and row["load"] == 1.0 for row in out["results"])
