@@ -207,3 +207,19 @@ def test_bad_colocation_settings_are_config_errors(
 ) -> None:
     with pytest.raises(ConfigError, match=needle):
         _config(tmp_path, **values)
+
+
+def test_a_deferred_request_whose_client_leaves_is_aborted_at_once(tmp_path: Path) -> None:
+    eng = Engine(_config(tmp_path))
+    eng.start()
+    try:
+        handle = eng.submit("y" * 100, SamplingParams(max_tokens=280), slo_ttft_ms=30_000)  # deferred
+        deadline = time.monotonic() + 5
+        while not (eng.colocation is not None and eng.colocation.deferred) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handle.abort()
+        output = handle.result(timeout=5)  # long before its 30 s of slack
+        assert output.finish_reason == "abort"
+        assert eng.colocation is not None and not eng.colocation.deferred
+    finally:
+        eng.shutdown(drain=False, timeout=10)

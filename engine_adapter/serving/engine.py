@@ -365,7 +365,8 @@ class Engine:
                 assert self.colocation is not None
                 self.colocation.deferred.append(arg)
             elif op == "abort":
-                self.scheduler.abort(arg)
+                if not self.scheduler.abort(arg) and self.colocation is not None:
+                    self._abort_deferred(arg)
             elif op == "abort_all":
                 for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self.scheduler.abort(seq.request_id, "abort", "engine shut down")
@@ -405,6 +406,15 @@ class Engine:
             item.finish(result)
         else:
             self.scheduler._finish(item, "rejected" if status == 429 else "abort", reason)
+
+    def _abort_deferred(self, request_id: str) -> None:
+        """A deferred request whose client went away leaves the deferred list at once."""
+        assert self.colocation is not None
+        for deferred in list(self.colocation.deferred):
+            item = deferred.item
+            if isinstance(item, Sequence) and item.request_id == request_id:
+                self.colocation.deferred.remove(deferred)
+                self.scheduler._finish(item, "abort", "aborted by the client")
 
     def _colocation_tick(self) -> None:
         """Each loop: recompute the quotas (each interval), and ask again for every deferred
