@@ -81,11 +81,17 @@ def _oracle(decoder: Any, ids: list[int]) -> torch.Tensor:
     return mean / mean.norm()
 
 
-def test_chunked_mean_pooling_equals_the_whole_forward_oracle() -> None:
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
     decoder, tokenizer, _ = load_model("sage-tiny", device="cpu")
-    ids = tokenizer.encode(LONG)[:90]
+    return decoder, tokenizer
+
+
+def test_chunked_mean_pooling_equals_the_whole_forward_oracle(tiny: tuple[Any, Any]) -> None:
+    decoder, tokenizer = tiny
+    ids = tokenizer.encode(LONG)[:40]
     expected = _oracle(decoder, ids)
-    for chunk in (7, 16, 90):
+    for chunk in (7, 16, 40):
         pool = decoder.make_pool(num_blocks=16, block_size=BLOCK_SIZE)
         table = pool.allocator.allocate(-(-len(ids) // BLOCK_SIZE))
         mean = MeanPool()
@@ -99,8 +105,8 @@ def test_chunked_mean_pooling_equals_the_whole_forward_oracle() -> None:
         assert torch.allclose(vector, expected, atol=1e-4), chunk
 
 
-def test_pooled_rows_leave_the_other_rows_logits_alone() -> None:
-    decoder, tokenizer, _ = load_model("sage-tiny", device="cpu")
+def test_pooled_rows_leave_the_other_rows_logits_alone(tiny: tuple[Any, Any]) -> None:
+    decoder, tokenizer = tiny
     a, b = tokenizer.encode("first sequence"), tokenizer.encode("second one, pooled")
     pool = decoder.make_pool(num_blocks=16, block_size=BLOCK_SIZE)
     ta, tb = pool.allocator.allocate(2), pool.allocator.allocate(3)
@@ -280,3 +286,35 @@ def test_tenant_slo_defaults_come_from_the_config(tmp_path: Path) -> None:
     for bad in ("gold:ttft=1", "gold:ttft_ms=-1", "nocolon"):
         with pytest.raises(ConfigError, match="tenant_slos"):
             _config(tmp_path, tenant_slos=bad)
+
+
+def test_embedding_chunks_beside_decodes_are_sized_to_the_tpot_headroom(tmp_path: Path) -> None:
+    from engine_adapter.serving.scheduler import EMBEDDING_TPOT_HEADROOM, MIN_EMBEDDING_CHUNK
+
+    eng = Engine(_config(tmp_path, embedding_chunk_tokens=64))
+    scheduler = eng.scheduler
+    assert scheduler.embedding_budget(decoding=False) == 64  # nothing to protect
+    assert scheduler.embedding_budget(decoding=True) == 0  # no decode-only baseline yet: probe
+    scheduler._learn_step_cost(0.010, decoding=True, embedding_tokens=0)
+    assert scheduler.embedding_budget(decoding=True) == MIN_EMBEDDING_CHUNK  # cost unknown yet
+    scheduler._learn_step_cost(0.010 + 32 * 2e-4, decoding=True, embedding_tokens=32)
+    assert scheduler._embedding_token_s == pytest.approx(2e-4)
+    fit = EMBEDDING_TPOT_HEADROOM * 0.010 / 2e-4  # 20 tokens add 40 % to a 10 ms decode step
+    assert abs(scheduler.embedding_budget(decoding=True) - fit) <= 1
+    for _ in range(40):  # the baseline is measured again every 32 decode steps
+        budgets = scheduler.embedding_budget(decoding=True)
+    assert budgets == 0
+
+
+def test_embeddings_and_decodes_share_steps_until_both_finish(tmp_path: Path) -> None:
+    eng = Engine(_config(tmp_path, embedding_chunk_tokens=32))  # not started: we step it
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    llm = eng.submit("decode while embedding", greedy)
+    emb = eng.submit_embedding([LONG[:150]])
+    eng._drain_inbox()
+    mixed = 0
+    while eng.scheduler.has_work():
+        stats = eng.scheduler.step()
+        mixed += stats.embedding_tokens > 0 and stats.decode_tokens > 0
+    assert mixed > 0  # some steps carried both
+    assert llm.result(timeout=1).finish_reason == "length" and emb.result(timeout=1).error is None

@@ -87,6 +87,7 @@ def test_a_rejected_embedding_batch_is_a_429_with_the_reason(client: TestClient)
     assert client.post("/v1/embeddings", json={"input": "fine"}).status_code == 200
 
 
+@pytest.mark.slow  # it waits out a second of slack by design
 def test_a_deferred_request_waits_up_to_its_slack_then_is_rejected(tmp_path: Path) -> None:
     eng = Engine(_config(tmp_path))
     eng.start()
@@ -155,6 +156,7 @@ def test_blocks_carry_the_requests_real_deadline(engine: Engine) -> None:
     assert now + 0.5 < deadlines[0] < now + 0.9
 
 
+@pytest.mark.slow  # two engines, 400 greedy tokens
 def test_algorithm_3_preempts_and_greedy_outputs_are_unchanged(tmp_path: Path) -> None:
     prompts = [f"{i} the pool is short and sequences must give way" for i in range(5)]
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

@@ -57,6 +57,15 @@ __all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "Sequenc
 
 log = structlog.get_logger("sage.scheduler")
 
+# Embedding chunks beside decodes (engine_adapter.serving.embedding_batch): the embedding work of
+# a step that also decodes is sized so that the step takes at most this much longer than a
+# decode-only step (TPOT stays within 1 + headroom of what it is without embeddings), learnt
+# from the steps' forward times; never fewer tokens than the floor, so embeddings progress.
+EMBEDDING_TPOT_HEADROOM = 0.4
+MIN_EMBEDDING_CHUNK = 8
+_PROBE_EVERY = 32  # steps: a decode step without embeddings re-measures the baseline
+_EWMA = 0.2
+
 
 class SequenceStatus(enum.Enum):
     """Where a sequence is."""
@@ -235,6 +244,9 @@ class Scheduler:
         # None: whenever the pool has them.
         self.embedding_gate: Callable[[EmbeddingJob, int], bool] | None = None
         self.on_embedding_finished: Callable[[EmbeddingJob, EmbeddingResult], None] | None = None
+        self._decode_step_s: float | None = None  # EWMA forward time of decode-only steps
+        self._embedding_token_s: float | None = None  # EWMA marginal forward time per embedding token
+        self._steps_since_probe = 0
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -307,15 +319,43 @@ class Scheduler:
         for job in [j for j in self.embedding_queue if j.started is not None]:
             self._finish_embedding(job, message, 500)
 
-    def _schedule_embeddings(self) -> tuple[list[EmbeddingText], list[int]]:
-        """This step's embedding chunks: up to `embedding_chunk_tokens` tokens, earliest deadline
-        first; a text reserves its workspace blocks at its first chunk (evicting cached blocks if
-        the pool is short) and waits when neither the pool nor its quota has them."""
-        budget = self.limits.embedding_chunk_tokens
+    def embedding_budget(self, decoding: bool) -> int:
+        """Embedding tokens this step may take: `embedding_chunk_tokens` when no sequence decodes;
+        beside decodes, what lengthens the step by `EMBEDDING_TPOT_HEADROOM` of a decode-only
+        step at the learnt cost per embedding token (0 for a probe step that re-measures the
+        decode-only baseline)."""
+        cap = self.limits.embedding_chunk_tokens
+        if not decoding:
+            return cap
+        self._steps_since_probe += 1
+        if self._decode_step_s is None or self._steps_since_probe >= _PROBE_EVERY:
+            return 0  # measure a decode step alone first
+        if self._embedding_token_s is None or self._embedding_token_s <= 0:
+            return min(cap, MIN_EMBEDDING_CHUNK)
+        fit = int(EMBEDDING_TPOT_HEADROOM * self._decode_step_s / self._embedding_token_s)
+        return max(min(cap, MIN_EMBEDDING_CHUNK), min(cap, fit))
+
+    def _learn_step_cost(self, forward_s: float, decoding: bool, embedding_tokens: int) -> None:
+        """Update the decode-only baseline and the marginal cost of an embedding token."""
+        if decoding and embedding_tokens == 0:
+            old = self._decode_step_s
+            self._decode_step_s = forward_s if old is None else (1 - _EWMA) * old + _EWMA * forward_s
+            self._steps_since_probe = 0
+        elif embedding_tokens > 0:
+            base = self._decode_step_s if decoding and self._decode_step_s is not None else 0.0
+            sample = max(forward_s - base, 0.0) / embedding_tokens
+            old = self._embedding_token_s
+            self._embedding_token_s = sample if old is None else (1 - _EWMA) * old + _EWMA * sample
+
+    def _schedule_embeddings(self, decoding: bool = False) -> tuple[list[EmbeddingText], list[int]]:
+        """This step's embedding chunks, earliest deadline first, within `embedding_budget`; a
+        text reserves its workspace blocks at its first chunk (evicting cached blocks if the pool
+        is short) and waits when neither the pool nor its quota has them."""
         texts: list[EmbeddingText] = []
         chunks: list[int] = []
         if not self.embedding_queue:
             return texts, chunks
+        budget = self.embedding_budget(decoding)
         self.embedding_queue.sort(key=lambda j: (j.deadline, -j.priority, j.arrival))
         now = self.clock()
         block_size = self.cache.block_size
@@ -387,7 +427,9 @@ class Scheduler:
         self._expire_waiting()
         stats.admitted = self._admit()
         batch_seqs, chunks, stats.preempted = self._schedule()
-        emb_texts, emb_chunks = self._schedule_embeddings()
+        # a step decodes when an LLM row computes one token; prefill chunks are no TPOT to protect
+        decoding = any(n == 1 for n in chunks)
+        emb_texts, emb_chunks = self._schedule_embeddings(decoding)
         t1 = time.perf_counter()
         if batch_seqs or emb_texts:
             observers: list[AttentionObserver | None] = [seq.observer for seq in batch_seqs]
@@ -416,6 +458,7 @@ class Scheduler:
             out = self.decoder(batch, self.pool)
             t2 = time.perf_counter()
             stats.forward_s = t2 - t1
+            self._learn_step_cost(stats.forward_s, decoding, sum(emb_chunks))
             if emb_texts:
                 assert out.hidden_sums is not None
                 stats.embedding_tokens = self._advance_embeddings(
