@@ -225,3 +225,15 @@ def test_a_deferred_request_whose_client_leaves_is_aborted_at_once(tmp_path: Pat
         assert eng.colocation is not None and not eng.colocation.deferred
     finally:
         eng.shutdown(drain=False, timeout=10)
+
+
+def test_eviction_stats_shows_the_quotas(client: TestClient) -> None:
+    from sage_cli.eviction import render_stats
+
+    assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    text = render_stats(client.get("/v1/eviction/stats").json())
+    lines = text.splitlines()
+    start = lines.index("Colocation:")
+    assert lines[start + 1] == "  Mode: dynamic (sage)"
+    assert lines[start + 2].startswith("  LLM Quota: ") and lines[start + 3].startswith("  Embedding Quota: ")
+    assert "llm:admit=" in text
