@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from sage_cli import colocation_bench as colo
 from sage_cli.errors import CLIError, CLIUsageError
 from sage_cli.options import NameOpt, SocketOpt
 from sage_cli.output import Output
@@ -47,6 +48,7 @@ class TraceFormat(str, Enum):
 class Workload(str, Enum):
     synthetic = "synthetic"
     spec = "spec"
+    colocation = "colocation"
 
 
 class EngineKind(str, Enum):
@@ -301,9 +303,20 @@ def benchmark(
         typer.Option(
             "--workload",
             show_default=False,
-            help="Generated workload when there is no --trace: synthetic, or the module spec's (spec).",
+            help="Generated workload when there is no --trace: synthetic, the module spec's (spec), or"
+            " LLM requests beside embedding batches (colocation: the --ratio ... --gamma options).",
         ),
     ] = None,
+    ratio: colo.RatioOpt = "1:9,3:7,5:5,7:3,9:1",
+    load: colo.LoadOpt = "1.0",
+    arrival: colo.ArrivalOpt = colo.Arrival.poisson,
+    output_length: colo.OutputLengthOpt = colo.OutputLength.medium,
+    compute: colo.ComputeOpt = colo.Compute.shared,
+    seeds: colo.SeedsOpt = None,
+    systems: colo.SystemsOpt = None,
+    alpha: colo.AlphaOpt = 0.5,
+    beta: colo.BetaOpt = 0.5,
+    gamma: colo.GammaOpt = 0.0,
     requests: Annotated[
         int | None,
         typer.Option(
@@ -453,8 +466,26 @@ def benchmark(
     """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
 
     Replays a Mooncake or Azure trace, or generates a workload, against each policy and cache
-    size, with the unbounded cache and Belady as reference rows.
+    size, with the unbounded cache and Belady as reference rows. With --workload colocation:
+    LLM requests beside embedding batches, the colocation systems side by side.
     """
+    if workload is Workload.colocation:
+        given = {
+            "--eviction-policies": eviction_policies is not None,
+            "--capacity-blocks": capacity_blocks is not None,
+            "--capacity-ratio": capacity_ratio is not None,
+            "--requests": requests is not None,
+            "--tenants": tenants is not None,
+            "--plot": plot is not None,
+            "--trace": trace is not None,
+        }
+        colo.run_colocation_cli(
+            ratio=ratio, load=load, arrival=arrival, output_length=output_length, compute=compute,
+            seeds=seeds, seed=seed, systems=systems, alpha=alpha, beta=beta, gamma=gamma,
+            duration=duration, output=output, json_out=json_out, engine_mode=mode is Mode.engine,
+            other_options=[flag for flag, on in given.items() if on],
+        )
+        return
     if engine_kind is EngineKind.vllm or engine_url is not None:
         label = (eviction_policies or "vllm").strip()
         _check_vllm_target(mode, engine_kind, engine_url, label, capacity_blocks, capacity_ratio)

@@ -195,19 +195,24 @@ def test_algorithm_2_moves_towards_the_urgent_class_by_at_most_max_change_rate()
     assert c.quota == Quota(70, 30)  # 10 + 85 * 0.7 = 69.5
     urgent = [llm(arrival=-5.0)]  # far past its deadline
     assert c.update_quota(0.0, urgent, []) == Quota(80, 20)
-    assert c.update_quota(0.1, urgent, []) == Quota(80, 20)  # within the interval
-    assert c.update_quota(0.5, urgent, []) == Quota(90, 10)
-    assert c.update_quota(1.0, urgent, []) == Quota(95, 5)  # the embedding floor
-    assert c.update_quota(1.5, [], [emb(arrival=1.5 - 5.0)]) == Quota(85, 15)
-    assert c.update_quota(2.0, [], []) == Quota(75, 25)
-    assert c.update_quota(2.5, [], []) == Quota(70, 30)  # back to the default share
+    assert c.update_quota(0.5, urgent, []) == Quota(80, 20)  # within the interval
+    assert c.update_quota(1.0, urgent, []) == Quota(90, 10)
+    assert c.update_quota(2.0, urgent, []) == Quota(95, 5)  # the embedding floor
+    assert c.update_quota(3.0, [], [emb(arrival=3.0 - 5.0)]) == Quota(85, 15)
+    assert c.update_quota(4.0, [], []) == Quota(75, 25)
+    assert c.update_quota(5.0, [], []) == Quota(70, 30)  # back to the default share
 
 
 def test_sage_quota_follows_the_demand_and_holds_still_in_the_dead_band() -> None:
     c = controller("sage")
     batches = [emb(str(i), blocks=10, deadline_ms=60_000) for i in range(8)]  # 80 blocks of embeddings
-    quotas = [c.update_quota(t * 0.5, [], batches).llm_blocks for t in range(7)]
+    quotas = [c.update_quota(float(t), [], batches).llm_blocks for t in range(7)]
     assert quotas == [60, 50, 40, 30, 20, 10, 10]  # target: the LLM floor, 10 blocks a step at most
+    # The mix turns to LLM only: the demand share's moving average (time constant 4 s) gets
+    # 1 - exp(-1/4) = 22.1 % of the way per second: targets 10 + 85 * 0.221 = 28.8, then 43.4.
+    only_llm = [llm(str(i), ttft_ms=60_000, tpot_ms=1000) for i in range(2)]
+    assert c.update_quota(7.0, only_llm, []).llm_blocks == 20
+    assert c.update_quota(8.0, only_llm, []).llm_blocks == 30
     c2 = controller("sage")
     steady = [llm(str(i), ttft_ms=60_000, tpot_ms=1000) for i in range(2)]  # 40 blocks of demand
     assert (
@@ -338,3 +343,12 @@ def test_every_decision_has_a_reason_and_only_preemption_names_victims(
     assert a.reason
     assert bool(a.preempt) == (a.decision is Decision.ADMIT_WITH_PREEMPTION)
     assert set(a.preempt) <= {r.request_id for r in running if r.priority < req.priority}
+
+
+def test_sage_quota_needs_twice_the_dead_band_to_turn_back() -> None:
+    c = controller("sage")
+    assert c.update_quota(0.0, [], [emb(blocks=10, deadline_ms=60_000)]).llm_blocks == 60  # down from 70
+    # 10 s later the demand share is 40 / 50 = 0.8, its average 0.8 * (1 - exp(-10/4)) = 0.734:
+    # target 10 + 85 * 0.734 = 72.4, 12.4 blocks up: past the band (8) but not twice it (16).
+    mix = [llm(str(i), ttft_ms=60_000, tpot_ms=1000) for i in range(2)]
+    assert c.update_quota(10.0, mix, [emb(blocks=10, deadline_ms=60_000)]).llm_blocks == 60

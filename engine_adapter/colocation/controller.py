@@ -98,6 +98,9 @@ class ColocationController:
             else round(quota.target_llm_blocks(total_blocks, share, self.params))
         )
         self._last_update_s: float | None = None
+        self._share_average: float | None = None
+        self._last_direction = 0
+        self._share_time_s: float | None = None
         self.last_urgency: tuple[float, float] = (0.0, 0.0)
 
     # ------------------------------------------------------------------ predictions
@@ -263,13 +266,29 @@ class ColocationController:
             embedding_demand = sum(e.blocks for e in embeddings) + self.forecaster.forecast_blocks(
                 now_s, params.forecast_horizon_s
             )
+            # Urgency is left out: it flips between the classes from one interval to the next
+            # (a single critical request makes a class urgent), which swung the quota both ways;
+            # sage serves urgency by ordering and pacing (EDF, chunk pacing) instead of memory.
             share = quota.demand_share(llm_demand, embedding_demand, params.default_llm_ratio)
-            if urgent:
-                share = (share + urgency_share) / 2
+            # A moving average over quota_smoothing_s: bursts average out, a shift in the mix
+            # comes through within a few time constants.
+            if self._share_average is None or self._share_time_s is None:
+                self._share_average = share
+            else:
+                weight = 1.0 - math.exp(-max(0.0, now_s - self._share_time_s) / params.quota_smoothing_s)
+                self._share_average += weight * (share - self._share_average)
+            self._share_time_s = now_s
+            share = self._share_average
         target = quota.target_llm_blocks(self.total_blocks, share, params)
         current = self._quota.llm_blocks
-        if self.system == "sage" and abs(target - current) <= params.quota_deadband * self.total_blocks:
-            return self._quota
+        if self.system == "sage":
+            # Hysteresis: a move inside the dead band is noise, and turning back against the
+            # last move takes twice the band.
+            band = params.quota_deadband * self.total_blocks
+            direction = (target > current) - (target < current)
+            if abs(target - current) <= (2 * band if direction == -self._last_direction else band):
+                return self._quota
+            self._last_direction = direction
         max_change = params.max_change_rate * self.total_blocks
         self._quota = self._split(quota.smooth_adjust(current, target, max_change))
         return self._quota
@@ -302,7 +321,12 @@ class ColocationController:
         self.forecaster.observe(now_s, blocks)
 
     def observe_embedding_finished(self, tokens: int, service_s: float) -> None:
-        """Teach the embedding throughput: a batch of `tokens` took `service_s` from start to end."""
+        """Teach the embedding throughput: a batch of `tokens` took `service_s` from start to end.
+
+        The wall time beside the LLM steps, not the batch's own compute: the admission then
+        estimates at the pace embeddings actually get (the compute time alone made it admit
+        batches that, run at full pace to catch up, broke the LLM's TPOT under overload).
+        """
         if tokens <= 0 or not service_s >= 0:
             return
         sample = service_s / tokens

@@ -86,6 +86,8 @@ class ColocationParams:
             recent arrival rate into Algorithm 1's reservation.
         quota_deadband: (sage) Algorithm 2 leaves the quota alone while its target is within
             this fraction of the pool of the current quota (no oscillation under steady load).
+        quota_smoothing_s: (sage) time constant of the moving average of the demand share that
+            Algorithm 2 follows (a burst does not swing the quota, a shift in the mix does).
         embedding_chunk_tokens: (sage, shared compute) an embedding batch runs in chunks of at
             most this many tokens between decode steps, so a batch never stalls TPOT.
     """
@@ -103,9 +105,10 @@ class ColocationParams:
     priority_weights: tuple[float, ...] = (1.0, 2.0, 4.0)
     completion_threshold: int = 16
     eps: float = 1e-3
-    quota_interval_s: float = 0.5
+    quota_interval_s: float = 1.0
     forecast_horizon_s: float = 0.5
-    quota_deadband: float = 0.05
+    quota_deadband: float = 0.08
+    quota_smoothing_s: float = 4.0
     embedding_chunk_tokens: int = 2048
 
     def __post_init__(self) -> None:
@@ -135,6 +138,7 @@ class ColocationParams:
             "critical_threshold",
             "recompute_weight",
             "forecast_horizon_s",
+            "quota_smoothing_s",
         )
         for name in positive:
             value = getattr(self, name)

@@ -50,6 +50,7 @@ from engine_adapter.sim.cost_model import CostModel
 __all__ = ["DEFAULT_SYSTEMS", "SYSTEMS", "RunResult", "SystemSpec", "run_colocation"]
 
 _DRAIN_S = 120.0  # after the last arrival, work still unfinished this much later is rejected
+_EPS_S = 1e-9  # work left below this is done (float rounding of the virtual clock)
 _ADMISSION_LOOKAHEAD = 64  # waiting LLM requests Algorithm 1 looks at per step
 _TPOT_SHARE = 0.9  # chunked embeddings keep each decoding request's mean TPOT within this share
 
@@ -557,21 +558,21 @@ class _Run:
     def _advance_split(self, start: float, dt: float) -> None:
         """The embedding device over [start, start + dt]: one EDF batch, or all running shared equally."""
         t = start
-        while dt > 1e-12 and self.emb_running:
+        while self.emb_running:
             active = self.emb_running[:1] if self.system.edf else list(self.emb_running)
             n = len(active)
             least = min(e.remaining_s for e in active)
-            if least * n <= dt:
+            if least * n <= dt + _EPS_S:
                 t += least * n
                 dt -= least * n
                 for e in active:
                     e.remaining_s -= least
-                for e in [e for e in active if e.remaining_s <= 1e-12]:
+                for e in [e for e in active if e.remaining_s <= _EPS_S]:
                     self._finish_emb(e, t)
             else:
                 for e in active:
                     e.remaining_s -= dt / n
-                dt = 0.0
+                break
 
     def _next_split_completion(self) -> float:
         if not self.emb_running:
@@ -628,9 +629,10 @@ class _Run:
                             self.queued.remove(e)
                             self._reject_emb(e, "capacity: does not fit the pool")
                     break
+                target = max(nxt, now + 1e-9)
                 if self.compute == "split":
-                    self._advance_split(now, nxt - now)
-                now = max(nxt, now + 1e-9)
+                    self._advance_split(now, target - now)
+                now = target
                 continue
             if self.compute == "split":
                 self._advance_split(now, duration)
@@ -721,12 +723,17 @@ class _Run:
                         if c == 0
                     )
                     give = max(give, headroom - llm_time)
-                    # And at least the pace at which the head batch still meets its deadline:
-                    # g chunks of `give` beside steps of `llm_time` finish R of work within T
-                    # when give >= R * llm_time / (T - R).
-                    left = head.req.arrival_s + head.req.deadline_ms / 1000 - now
-                    if left > head.remaining_s:
-                        give = max(give, head.remaining_s * llm_time / (left - head.remaining_s))
+                    # And at least the pace at which every batch still meets its deadline, in
+                    # EDF order: chunks of `give` beside steps of `llm_time` finish W of work
+                    # within T when give >= W * llm_time / (T - W), W the work due by then.
+                    work = 0.0
+                    for e in [head, *self.queued]:
+                        work += e.remaining_s if e is head else e.work_s
+                        left = e.req.arrival_s + e.req.deadline_ms / 1000 - now
+                        if left > work:
+                            give = max(give, work * llm_time / (left - work))
+                        elif left > 0:  # at risk even at full pace: the largest chunk
+                            give = math.inf
                 else:
                     give = max(give, self.params.embedding_chunk_tokens * per_token)
             give = min(give, head.remaining_s, self.params.embedding_chunk_tokens * per_token)
@@ -751,7 +758,7 @@ class _Run:
                 self._finish_llm(r, now)
         for e, work in self._emb_plan:
             e.remaining_s -= work
-            if e.remaining_s <= 1e-12 and e.state == "running":
+            if e.remaining_s <= _EPS_S and e.state == "running":
                 self._finish_emb(e, now)
         self._plan, self._emb_plan = [], []
 
