@@ -22,11 +22,13 @@ latencies, so the table reads like the simulator's.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sage_cli.client import ControlClient, SageClientError
@@ -384,3 +386,69 @@ def _run_system(name: str, config: dict[str, Any], stream: list[EngineRequest], 
         )
         after = client.eviction_stats()
     return _result(name, stream, runs, wall, before, after)
+
+
+def run_engine_colocation_cli(
+    *,
+    ratios: list[str],
+    loads: list[float],
+    arrival: str,
+    output_length: str,
+    compute: str,
+    seeds: list[int],
+    systems: list[str] | None,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    duration: float | None,
+    requests: int | None,
+    num_blocks: int | None,
+    output: Path | None,
+    json_out: bool,
+) -> None:
+    """``sage llm benchmark --mode engine --workload colocation``: check what the engine mode
+    takes, run the grid on temporary engines, print the simulator's table (or JSON).
+
+    Raises:
+        CLIUsageError: An option the engine mode cannot honour, or a bad system name.
+    """
+    from rich.console import Console
+
+    from sage_cli.colocation_bench import colocation_table
+    from sage_cli.errors import CLIUsageError
+    from sage_cli.output import Output
+
+    if compute != "shared":
+        raise CLIUsageError("--mode engine runs LLM steps and embeddings on one engine: --compute shared")
+    if duration is not None:
+        raise CLIUsageError("--mode engine sends --requests requests (default 48), not a --duration")
+    if len(seeds) > 1:
+        raise CLIUsageError("--mode engine runs one seed (each run starts engines): one --seeds")
+    if systems is not None:
+        unknown = [s for s in systems if s not in ENGINE_SYSTEMS]
+        if unknown:
+            raise CLIUsageError(
+                f"--systems {unknown[0]!r} has no engine setting; the engine runs {', '.join(ENGINE_SYSTEMS)}"
+            )
+    console = Console(stderr=True)
+    engine: dict[str, Any] = {"num_blocks": num_blocks} if num_blocks is not None else {}
+    try:
+        result = run_colocation_engine_benchmark(
+            ratios=ratios,
+            loads=loads,
+            arrival=arrival,
+            output=output_length,
+            seed=seeds[0],
+            requests=requests if requests is not None else 48,
+            systems=systems,
+            engine=engine,
+            alpha=alpha,
+            beta=beta,
+            gamma=gamma,
+            progress=lambda what: console.print(f"[dim]{what}[/dim]") if console.is_terminal else None,
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise CLIUsageError(str(exc)) from None
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    Output(json_out).result(result, lambda: colocation_table(result))

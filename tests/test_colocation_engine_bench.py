@@ -3,6 +3,12 @@ to a calibration, the rows computed from measured runs, and one short run on liv
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine_adapter.sim.colocation_workload import generate
@@ -16,6 +22,7 @@ from sage_cli.colocation_engine_bench import (
 )
 from sage_cli.engine_bench import EngineRun
 
+REPO = Path(__file__).resolve().parent.parent
 CALIBRATION = Calibration(ttft_s=0.05, tpot_s=0.01, embedding_s=0.2, output_tokens=8)
 
 
@@ -90,3 +97,42 @@ def test_a_short_run_on_live_engines() -> None:
         assert 0.0 <= row["combined_attainment"] <= 1.0
     assert out["capacity"]["5:5"] > 0 and out["results"][0]["requests"] == 10.0
     assert all(row["ratio"] == "5:5" and row["load"] == 1.0 for row in out["results"])
+
+
+def _sage(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--compute", "split"], "--compute shared"),
+        (["--systems", "sage-no-alg1"], "has no engine setting"),
+        (["--seeds", "1,2"], "one --seeds"),
+        (["--duration", "5"], "not a --duration"),
+    ],
+)
+def test_engine_mode_refuses_what_it_cannot_honour(args: list[str], needle: str) -> None:
+    done = _sage("--mode", "engine", "--workload", "colocation", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert needle in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_cli_runs_the_engine_grid_and_prints_the_table() -> None:
+    common = ["--mode", "engine", "--workload", "colocation", "--ratio", "7:3", "--load", "1.0"]
+    done = _sage(*common, "--requests", "6", "--systems", "sage", "--capacity-blocks", "64", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["mode"] == "engine" and result["settings"]["engine"]["num_blocks"] == 64
+    assert [row["system"] for row in result["results"]] == ["sage", "sage, LLM only"]
+    assert all(row["lost"] == 0.0 for row in result["results"])
