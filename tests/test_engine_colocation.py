@@ -237,3 +237,27 @@ def test_eviction_stats_shows_the_quotas(client: TestClient) -> None:
     assert lines[start + 1] == "  Mode: dynamic (sage)"
     assert lines[start + 2].startswith("  LLM Quota: ") and lines[start + 3].startswith("  Embedding Quota: ")
     assert "llm:admit=" in text
+
+
+@pytest.mark.parametrize("system", ["sage", "spec"])
+def test_sage_sheds_queued_work_past_its_deadline_and_the_spec_does_not(tmp_path: Path, system: str) -> None:
+    eng = Engine(_config(tmp_path, colocation_params={"system": system}))  # stepped by hand
+    llm = eng.submit("late", SamplingParams(max_tokens=2), slo_ttft_ms=5)
+    emb = eng.submit_embedding(["late too"], slo_deadline_ms=5)
+    eng._drain_inbox()  # both admitted on arrival: they fit
+    assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embedding_queue) == 1
+    time.sleep(0.02)  # their deadlines pass while they queue
+    eng._colocation_tick()
+    if system == "spec":
+        assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embedding_queue) == 1
+        return
+    assert not eng.scheduler.waiting and not eng.scheduler.embedding_queue
+    output = llm.result(timeout=1)
+    assert output.finish_reason == "rejected" and "first-token deadline passed" in (output.error or "")
+    result = emb.result(timeout=1)
+    assert result.status == 429 and "deadline passed" in (result.error or "")
+    stats = eng.colocation_stats()
+    assert (
+        stats is not None
+        and stats["decisions"]["llm:dropped"] == stats["decisions"]["embedding:dropped"] == 1
+    )

@@ -148,6 +148,25 @@ class EngineColocation:
         assert item.slo_ttft_ms is not None
         return max(item.arrival + item.slo_ttft_ms / 1e3, now)
 
+    def missed(self, now: float) -> list[tuple[Sequence | EmbeddingJob, str]]:
+        """(sage only) Queued work that can no longer meet its SLO, with the reason: LLM
+        requests still waiting for their first admission past their first-token deadline, and
+        embedding batches not started past their deadline. The spec sheds no admitted work
+        (issue 19's prototype: dropping it is most of what a baseline gains from admission)."""
+        if self.controller.system != "sage":
+            return []
+        out: list[tuple[Sequence | EmbeddingJob, str]] = []
+        for seq in self.scheduler.waiting:
+            if seq.num_preemptions or seq.first_token_time is not None or seq.slo_ttft_ms is None:
+                continue
+            late = now - (seq.arrival + seq.slo_ttft_ms / 1e3)
+            if late > 0:
+                out.append((seq, f"first-token deadline passed {late:.3f}s ago while queued"))
+        for job in self.scheduler.embedding_queue:
+            if job.started is None and now > job.deadline:
+                out.append((job, f"deadline passed {now - job.deadline:.3f}s ago while queued"))
+        return out
+
     # ---- quotas (Algorithm 2) ----------------------------------------------------------------
 
     def update_quota(self, now: float) -> Quota:

@@ -417,13 +417,22 @@ class Engine:
                 self.scheduler._finish(item, "abort", "aborted by the client")
 
     def _colocation_tick(self) -> None:
-        """Each loop: recompute the quotas (each interval), and ask again for every deferred
-        request: admitted, or rejected once its slack has run out (or the controller says so)."""
+        """Each loop: recompute the quotas (each interval), shed queued work that can no longer
+        meet its SLO (sage), and ask again for every deferred request: admitted, or rejected once
+        its slack has run out (or the controller says so)."""
         colocation = self.colocation
         assert colocation is not None
         now = self.scheduler.clock()
         quota = colocation.update_quota(now)
         self.metrics.set_quota(quota.llm_blocks, quota.embedding_blocks)
+        for item, reason in colocation.missed(now):  # sage: shed queued work past its deadline
+            kind = "embedding" if isinstance(item, EmbeddingJob) else "llm"
+            colocation.decisions[f"{kind}:dropped"] = colocation.decisions.get(f"{kind}:dropped", 0) + 1
+            if isinstance(item, EmbeddingJob):
+                self.scheduler.embedding_queue.remove(item)
+            else:
+                self.scheduler.waiting.remove(item)
+            self._reject(item, reason)
         for deferred in list(colocation.deferred):
             item = deferred.item
             is_embedding = isinstance(item, EmbeddingJob)
