@@ -46,8 +46,15 @@ __all__ = [
 # baselines, need engine settings that do not exist).
 ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {
     "shared-lru": {"colocation": "off"},
-    "static-50/50": {"colocation": "static:0.5"},
-    "static-80/20": {"colocation": "static:0.8"},
+    # plain partitions, as the simulator's: no admission control, the policy picks preemptions
+    "static-50/50": {
+        "colocation": "static:0.5",
+        "colocation_params": {"admission": False, "slo_preemption": False},
+    },
+    "static-80/20": {
+        "colocation": "static:0.8",
+        "colocation_params": {"admission": False, "slo_preemption": False},
+    },
     "spec": {"colocation": "dynamic", "colocation_params": {"system": "spec"}},
     "sage": {"colocation": "dynamic"},
 }

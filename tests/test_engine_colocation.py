@@ -202,6 +202,7 @@ def test_with_colocation_off_the_stats_are_as_before(tmp_path: Path) -> None:
         ({"colocation_params": "bogus=1"}, "unknown colocation param"),
         ({"colocation_params": "safety_ratio=2"}, "safety_ratio"),
         ({"colocation_params": "system=other"}, "sage or spec"),
+        ({"colocation_params": "admission=maybe"}, "admission"),
     ],
 )
 def test_bad_colocation_settings_are_config_errors(
@@ -261,3 +262,18 @@ def test_sage_sheds_queued_work_past_its_deadline_and_the_spec_does_not(tmp_path
         stats is not None
         and stats["decisions"]["llm:dropped"] == stats["decisions"]["embedding:dropped"] == 1
     )
+
+
+def test_a_plain_partition_admits_everything_and_leaves_preemption_to_the_policy(tmp_path: Path) -> None:
+    switches = {"admission": "false", "slo_preemption": "false"}  # strings, as flags give them
+    eng = Engine(_config(tmp_path, colocation="static:0.5", colocation_params=switches))
+    eng.start()
+    try:
+        assert eng.scheduler.choose_victims is None and eng.scheduler.embedding_gate is not None
+        # 47 blocks of workspace: sage's admission rejects it (test above); a partition takes it
+        assert eng.submit_embedding(["x" * 370]).result(timeout=60).error is None
+        stats = eng.colocation_stats()
+        assert stats is not None and stats["admission"] is False
+        assert stats["quota"] == {"llm_blocks": 24, "embedding_blocks": 24}
+    finally:
+        eng.shutdown(drain=False, timeout=10)

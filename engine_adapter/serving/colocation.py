@@ -29,6 +29,7 @@ from engine_adapter.colocation import (
     LLMSLO,
     Admission,
     ColocationController,
+    Decision,
     EmbeddingSLO,
     EmbeddingView,
     LLMView,
@@ -59,16 +60,27 @@ class EngineColocation:
         block_size: Tokens per block.
     """
 
-    def __init__(self, controller: ColocationController, scheduler: Scheduler, block_size: int) -> None:
+    def __init__(
+        self,
+        controller: ColocationController,
+        scheduler: Scheduler,
+        block_size: int,
+        *,
+        admission: bool = True,
+        slo_preemption: bool = True,
+    ) -> None:
         self.controller = controller
         self.scheduler = scheduler
         self.block_size = block_size
+        self.admission = admission  # False: every request admitted on arrival, nothing shed
+        self.slo_preemption = slo_preemption
         self.deferred: list[Deferred] = []
         self.decisions: dict[str, int] = {}
         scheduler.embedding_gate = self._embedding_fits_quota
         scheduler.llm_gate = self._llm_fits_quota
         scheduler.deadline_for = self.deadline_for
-        scheduler.choose_victims = self.choose_victims
+        if slo_preemption:
+            scheduler.choose_victims = self.choose_victims
 
     # ---- views ---------------------------------------------------------------------------
 
@@ -124,8 +136,12 @@ class EngineColocation:
 
     def admit_llm(self, seq: Sequence, now: float, *, count: bool = True) -> Admission:
         """Algorithm 1 for `seq` now (`count`: in the stats' decisions)."""
-        admission = self.controller.admit_llm(
-            self.llm_view(seq), now, self.memory(), self._running_views(), self._embedding_views()
+        admission = (
+            self.controller.admit_llm(
+                self.llm_view(seq), now, self.memory(), self._running_views(), self._embedding_views()
+            )
+            if self.admission
+            else Admission(Decision.ADMIT, "admission control off")
         )
         if count:
             self.count("llm", admission)
@@ -133,8 +149,12 @@ class EngineColocation:
 
     def admit_embedding(self, job: EmbeddingJob, now: float, *, count: bool = True) -> Admission:
         """sage's embedding admission for `job` now (`spec` admits every batch)."""
-        admission = self.controller.admit_embedding(
-            self.embedding_view(job), now, self.memory(), self._embedding_views()
+        admission = (
+            self.controller.admit_embedding(
+                self.embedding_view(job), now, self.memory(), self._embedding_views()
+            )
+            if self.admission
+            else Admission(Decision.ADMIT, "admission control off")
         )
         if count:
             self.count("embedding", admission)
@@ -153,7 +173,7 @@ class EngineColocation:
         requests still waiting for their first admission past their first-token deadline, and
         embedding batches not started past their deadline. The spec sheds no admitted work
         (issue 19's prototype: dropping it is most of what a baseline gains from admission)."""
-        if self.controller.system != "sage":
+        if self.controller.system != "sage" or not self.admission:
             return []
         out: list[tuple[Sequence | EmbeddingJob, str]] = []
         for seq in self.scheduler.waiting:
@@ -224,6 +244,8 @@ class EngineColocation:
         return {
             "mode": self.controller.mode,
             "system": self.controller.system,
+            "admission": self.admission,
+            "slo_preemption": self.slo_preemption,
             "quota": {"llm_blocks": quota.llm_blocks, "embedding_blocks": quota.embedding_blocks},
             "used": {
                 "llm_blocks": memory.used_llm_blocks,

@@ -52,6 +52,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "colocation_params",
+    "colocation_switches",
     "config_keys",
     "default_log_dir",
     "default_socket",
@@ -218,6 +219,7 @@ class EngineConfig:
         self._check_tcp()
         try:
             colocation_params(self.colocation_params)
+            colocation_switches(self.colocation_params)
         except ValueError as exc:
             raise ConfigError(f"colocation_params: {exc}") from None
 
@@ -542,10 +544,30 @@ def _tenant_slos(value: Any, where: str) -> dict[str, dict[str, float]]:
 
 
 SYSTEM_PARAM = "system"  # ``colocation_params: system=spec`` runs the spec's algorithms as written
+# Engine switches beside the controller's constants: ``admission=false`` admits every request on
+# arrival and sheds nothing; ``slo_preemption=false`` leaves preemption to the eviction policy.
+# Both false with ``static:F`` is a plain static partition (the simulator's static baselines).
+SWITCH_PARAMS = ("admission", "slo_preemption")
+
+
+def colocation_switches(raw: Mapping[str, Any]) -> dict[str, bool]:
+    """The engine switches of `SWITCH_PARAMS` in ``k=v`` config params (True when absent).
+
+    Raises:
+        ValueError: A value that is not a boolean.
+    """
+    switches = {}
+    for name in SWITCH_PARAMS:
+        try:
+            switches[name] = _bool(raw.get(name, True), f"colocation param {name}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return switches
 
 
 def colocation_params(raw: Mapping[str, Any]) -> tuple[ColocationParams, str]:
-    """`ColocationParams` and the system (``sage`` or ``spec``) from ``k=v`` config params.
+    """`ColocationParams` and the system (``sage`` or ``spec``) from ``k=v`` config params
+    (`SWITCH_PARAMS` are checked by `colocation_switches`).
 
     Values may be strings (flags, environment): each is converted to its field's type;
     ``priority_weights`` takes ``1/2/4``.
@@ -565,8 +587,11 @@ def colocation_params(raw: Mapping[str, Any]) -> tuple[ColocationParams, str]:
             if system not in ("sage", "spec"):
                 raise ValueError(f"colocation param system={value!r}: must be sage or spec")
             continue
+        if name in SWITCH_PARAMS:
+            continue
         if name not in known:
-            raise ValueError(f"unknown colocation param {name!r}; known: {', '.join((*known, SYSTEM_PARAM))}")
+            listed = ", ".join((*known, SYSTEM_PARAM, *SWITCH_PARAMS))
+            raise ValueError(f"unknown colocation param {name!r}; known: {listed}")
         default = getattr(defaults, name)
         try:
             if isinstance(default, tuple):

@@ -40,7 +40,7 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.colocation import Deferred, EngineColocation, colocation_params
-from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.config import EngineConfig, colocation_switches
 from engine_adapter.serving.embedding_batch import (
     EmbeddingHandle,
     EmbeddingJob,
@@ -267,7 +267,8 @@ class Engine:
         controller = ColocationController(
             self.cache.num_blocks, self.cache.block_size, params, config.colocation, system=system
         )
-        colocation = EngineColocation(controller, self.scheduler, self.cache.block_size)
+        switches = colocation_switches(config.colocation_params)
+        colocation = EngineColocation(controller, self.scheduler, self.cache.block_size, **switches)
         quota = controller.quota
         self.metrics.set_quota(quota.llm_blocks, quota.embedding_blocks)
         return colocation
