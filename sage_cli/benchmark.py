@@ -525,17 +525,19 @@ def benchmark(
     if workload is Workload.colocation:
         given = {
             "--eviction-policies": eviction_policies is not None,
-            "--capacity-blocks": capacity_blocks is not None,
+            "--capacity-blocks": capacity_blocks is not None and mode is not Mode.engine,
             "--capacity-ratio": capacity_ratio is not None,
-            "--requests": requests is not None,
+            "--requests": requests is not None and mode is not Mode.engine,
             "--tenants": tenants is not None,
             "--plot": plot is not None,
             "--trace": trace is not None,
         }
+        pool = capacity_blocks and parse_capacities(capacity_blocks, "--capacity-blocks", ratio=False)
         colo.run_colocation_cli(
             ratio=ratio, load=load, arrival=arrival, output_length=output_length, compute=compute,
             seeds=seeds, seed=seed, systems=systems, alpha=alpha, beta=beta, gamma=gamma,
             duration=duration, output=output, json_out=json_out, engine_mode=mode is Mode.engine,
+            requests=requests, num_blocks=int(pool[0]) if pool else None,
             other_options=[flag for flag, on in given.items() if on],
         )
         return

@@ -225,6 +225,10 @@ class ControlClient:
         """``POST /v1/completions`` without streaming: the whole answer."""
         return self._request("POST", "/v1/completions", json_body=body, timeout=timeout)
 
+    def embeddings(self, body: dict[str, Any], *, timeout: float | None = None) -> JSONObject:
+        """``POST /v1/embeddings``: one vector per input (a 429 is colocation's rejection)."""
+        return self._request("POST", "/v1/embeddings", json_body=body, timeout=timeout)
+
     def stream_completion(
         self, body: dict[str, Any], *, timeout: float | None = None
     ) -> Iterator[JSONObject]:

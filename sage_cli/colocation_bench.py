@@ -243,10 +243,11 @@ def run_colocation_cli(
     json_out: bool,
     engine_mode: bool,
     other_options: list[str],
+    requests: int | None = None,
+    num_blocks: int | None = None,
 ) -> None:
-    """Check the options, run the grid in the simulator, print the table (or JSON)."""
-    if engine_mode:
-        raise CLIUsageError("--workload colocation runs in --mode sim (engine mode is not available yet)")
+    """Check the options, run the grid in the simulator (or, `engine_mode`, on live engines:
+    sage_cli/colocation_engine_bench.py), print the table (or JSON)."""
     if other_options:
         raise CLIUsageError(f"--workload colocation does not take {', '.join(other_options)}")
     ratios = parse_ratios(ratio)
@@ -257,6 +258,15 @@ def run_colocation_cli(
         raise CLIUsageError(f"--duration {duration:g}: give a positive number of seconds")
     if alpha + beta + gamma <= 0:
         raise CLIUsageError("--alpha, --beta and --gamma: at least one must be > 0")
+    if engine_mode:
+        from sage_cli.colocation_engine_bench import run_engine_colocation_cli
+
+        run_engine_colocation_cli(
+            ratios=ratios, loads=loads, arrival=arrival.value, output_length=output_length.value,
+            compute=compute.value, seeds=seed_list, systems=names, alpha=alpha, beta=beta, gamma=gamma,
+            duration=duration, requests=requests, num_blocks=num_blocks, output=output, json_out=json_out,
+        )  # fmt: skip
+        return
     from rich.console import Console
     from rich.progress import Progress
 

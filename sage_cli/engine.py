@@ -496,6 +496,35 @@ def start(
             default="no",
         ),
     ] = None,
+    colocation: Annotated[
+        str | None,
+        _opt(
+            "--colocation",
+            metavar="MODE",
+            help="LLM + embedding colocation (spec 004): dynamic (admission control, SLO-driven "
+            "quotas, SLO-aware preemption) or static:F (a fixed LLM share F of the pool); off: none.",
+            default="off",
+        ),
+    ] = None,
+    colocation_param: Annotated[
+        list[str] | None,
+        _opt(
+            "--colocation-param",
+            metavar="K=V",
+            help="A colocation constant (safety_ratio, max_change_rate, quota_interval_s, ...; "
+            "system=spec for the spec's algorithms as written); repeat for more.",
+        ),
+    ] = None,
+    embedding_chunk_tokens: Annotated[
+        int | None,
+        _opt(
+            "--embedding-chunk-tokens",
+            metavar="N",
+            min=1,
+            help="Tokens of embedding work per engine step, beside the LLM's decodes.",
+            default="128",
+        ),
+    ] = None,
     token_eviction: Annotated[
         str | None,
         _opt(
@@ -612,6 +641,9 @@ def start(
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "adaptive_batch": adaptive_batch,
+        "colocation": colocation,
+        "colocation_params": colocation_param or None,
+        "embedding_chunk_tokens": embedding_chunk_tokens,
         "token_eviction": token_eviction,
         "eviction_window": eviction_window,
         "memory_threshold": memory_threshold,

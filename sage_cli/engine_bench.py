@@ -62,6 +62,7 @@ class EngineRun:
     completion_tokens: int = 0
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    status: int = 0  # the HTTP status of a refused request (429: colocation's admission)
 
 
 def _stream_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun:
@@ -88,6 +89,7 @@ def _stream_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun
         run.ok = True
     except SageClientError as exc:
         run.error = f"{type(exc).__name__}: {exc}"
+        run.status = int(getattr(exc, "status_code", 0) or 0)
     return run
 
 

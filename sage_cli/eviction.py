@@ -132,7 +132,28 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
     token = stats.get("token_eviction")
     if isinstance(token, dict):
         lines += _token_lines(token)
+    colocation = stats.get("colocation")
+    if isinstance(colocation, dict):
+        lines += _colocation_lines(colocation)
     return "\n".join(lines)
+
+
+def _colocation_lines(colocation: dict[str, Any]) -> list[str]:
+    """LLM + embedding colocation (spec 004): the quotas, their use, the admission decisions."""
+    quota = colocation.get("quota") or {}
+    used = colocation.get("used") or {}
+    decisions = colocation.get("decisions") or {}
+    lines = [
+        "Colocation:",
+        f"  Mode: {colocation.get('mode', '?')} ({colocation.get('system', '?')})",
+        f"  LLM Quota: {_count(quota.get('llm_blocks'))} blocks ({_count(used.get('llm_blocks'))} used)",
+        f"  Embedding Quota: {_count(quota.get('embedding_blocks'))} blocks "
+        f"({_count(used.get('embedding_blocks'))} reserved)",
+        f"  Deferred: {_count(colocation.get('deferred'))}",
+    ]
+    if isinstance(decisions, dict) and decisions:
+        lines.append("  Decisions: " + ", ".join(f"{k}={v}" for k, v in decisions.items()))
+    return lines
 
 
 def _token_lines(token: dict[str, Any]) -> list[str]:

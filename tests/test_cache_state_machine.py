@@ -3,9 +3,10 @@
 
 The stream draws prompts from a few shared prefixes (system prompts, multi-turn history) plus
 short random suffixes, and interleaves allocate, decode growth, commit, finish, preempt, lookup,
-pin/unpin, manual and background eviction, preemption choice, hot swaps and queue-aware
+pin/unpin, manual and background eviction, preemption choice, hot swaps, queue-aware
 protection (a request queued with its cached prefix protected, then admitted or leaving the
-queue). Failed calls must be clear errors that change nothing.
+queue) and pool reservations (an embedding batch's workspace, taken and released). Failed
+calls must be clear errors that change nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.now = 0.0
         self.prefixes: list[list[int]] = []
+        self.reserved: dict[int, int] = {}  # reservation owner -> blocks
 
     def _clock(self) -> float:
         self.now += 1.0
@@ -295,6 +297,38 @@ class CacheMachine(RuleBasedStateMachine):
         else:
             assert victims == []
 
+    @rule(n=st.integers(1, 12))
+    def reserve(self, n: int) -> None:
+        """A reservation evicts to make room and fails, changing nothing, only when free and
+        reclaimable blocks together fall short."""
+        m = self.m
+        available = m.num_available_blocks
+        before = snapshot(m)
+        owner = self.next_id
+        self.next_id += 1
+        ids = m.reserve_blocks(owner, n)
+        if ids is None:
+            assert n > available
+            assert snapshot(m) == before
+            return
+        assert n <= available and len(ids) == len(set(ids)) == n
+        assert not any(m.allocator.is_free(b) for b in ids)
+        self.reserved[owner] = n
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data())
+    def release_reservation(self, data: st.DataObject) -> None:
+        owner = data.draw(st.sampled_from(sorted(self.reserved)))
+        free = self.m.allocator.num_free
+        assert self.m.release_reservation(owner) == self.reserved.pop(owner)
+        assert self.m.release_reservation(owner) == 0
+        assert self.m.allocator.num_free > free
+
+    @invariant()
+    def reservations_are_counted(self) -> None:
+        assert self.m.num_reserved_blocks == sum(self.reserved.values())
+        assert self.m.stats().reserved_blocks == sum(self.reserved.values())
+
     @rule(name=st.sampled_from(ONLINE))
     def swap(self, name: str) -> None:
         cached = {b.key: (b.block_id, b.ref_count, b.pin_count) for b in self.m.radix.blocks()}
@@ -327,6 +361,8 @@ class CacheMachine(RuleBasedStateMachine):
             return
         for rid in list(self.queued):
             self.m.release_queued(rid)
+        for owner in list(self.reserved):
+            self.m.release_reservation(owner)
         assert self.m.num_protected_blocks == 0
         for seq, toks in list(self.tokens.items()):
             self.m.free_sequence(seq, toks)

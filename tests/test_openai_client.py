@@ -7,6 +7,7 @@ tokens, and the models list. Errors come back as the client's own exception type
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from engine_adapter.model.builtin import SMOLLM2_NAME, smollm2_gguf_path
@@ -182,3 +184,58 @@ def test_bad_chat_requests_are_400s_the_client_understands(client: openai.OpenAI
         model=SMOLLM2_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
     )
     assert ok.choices[0].message.role == "assistant"
+
+
+# ---- embeddings (issue 19) ----------------------------------------------------------------------
+
+PARAPHRASES = [
+    ("The cat sat on the mat.", "A cat was sitting on the rug."),
+    ("How do I reset my password?", "I forgot my password, how can I change it?"),
+]
+UNRELATED = [
+    "Stock markets fell sharply after the interest rate decision.",
+    "The recipe needs two cups of flour and one egg.",
+]
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def test_embeddings_through_the_client(client: openai.OpenAI) -> None:
+    texts = [PARAPHRASES[0][0], UNRELATED[0], PARAPHRASES[1][1]]
+    floats = client.embeddings.create(model=SMOLLM2_NAME, input=texts)
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > 0
+    vectors = [d.embedding for d in floats.data]
+    assert all(abs(_cosine(v, v) - 1.0) < 1e-4 for v in vectors)  # L2-normalised
+    # a list keeps its order: each equals the vector of its text alone
+    for text, vector in zip(texts, vectors, strict=True):
+        alone = client.embeddings.create(model=SMOLLM2_NAME, input=text).data[0].embedding
+        assert _cosine(alone, vector) > 0.9999
+    # base64: little-endian float32s (decoded here with numpy, as the client does) are the floats
+    packed = client.embeddings.create(model=SMOLLM2_NAME, input=texts, encoding_format="base64")
+    for plain, encoded in zip(floats.data, packed.data, strict=True):
+        assert isinstance(encoded.embedding, str)
+        decoded = np.frombuffer(base64.b64decode(encoded.embedding), dtype="<f4")
+        assert decoded.tolist() == pytest.approx(plain.embedding, abs=1e-6)
+
+
+def test_paraphrases_score_closer_than_unrelated_texts(client: openai.OpenAI) -> None:
+    texts = [t for pair in PARAPHRASES for t in pair] + UNRELATED
+    vectors = [d.embedding for d in client.embeddings.create(model=SMOLLM2_NAME, input=texts).data]
+    by_text = dict(zip(texts, vectors, strict=True))
+    for a, b in PARAPHRASES:
+        close = _cosine(by_text[a], by_text[b])
+        others = [_cosine(by_text[a], by_text[t]) for t in texts if t not in (a, b)]
+        others += [_cosine(by_text[b], by_text[t]) for t in texts if t not in (a, b)]
+        assert close > max(others), (a, close, max(others))
+
+
+def test_bad_embedding_requests_are_400s_the_client_understands(client: openai.OpenAI) -> None:
+    for bad in ([], "", ["fine", ""], "word " * 5000):
+        with pytest.raises(openai.BadRequestError):
+            client.embeddings.create(model=SMOLLM2_NAME, input=bad)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=SMOLLM2_NAME, input=[{"x": 1}])  # type: ignore[list-item]
+    assert len(client.embeddings.create(model=SMOLLM2_NAME, input="still served").data) == 1

@@ -150,6 +150,9 @@ class CacheManager:
         self._protected: dict[Hashable, list[CachedBlock]] = {}  # request id -> its locked path
         self._protect_refs: dict[Hashable, int] = {}  # block key -> protections holding it
         self.protections_yielded = 0  # protections dropped so that an allocation could proceed
+        # Pool reservations (an embedding batch's workspace): block ids off the free list that no
+        # sequence or cached block owns, held until released; eviction makes room for them.
+        self._reservations: dict[int, list[int]] = {}
 
         # metrics (docs/architecture.md, "Metrics")
         self._hits = HitCounter()
@@ -924,6 +927,60 @@ class CacheManager:
                 self.allocator.free([b.block_id for b in removed])
             return len(removed)
 
+    # ---- reservations ------------------------------------------------------------------------
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks held by reservations now."""
+        return sum(len(ids) for ids in self._reservations.values())
+
+    def reservations(self) -> dict[int, list[int]]:
+        """Each reservation's block ids (copies; for checks and tests)."""
+        with self.lock:
+            return {owner: list(ids) for owner, ids in self._reservations.items()}
+
+    def reserve_blocks(self, owner: int, num_blocks: int) -> list[int] | None:
+        """Take `num_blocks` blocks out of the pool for `owner` (an embedding batch's workspace),
+        evicting unreferenced cached blocks when the free list is short, as an allocation does.
+
+        Admission and eviction see a reservation as used blocks that are neither cached nor
+        reclaimable: `num_available_blocks` excludes them until `release_reservation`.
+
+        Returns:
+            The block ids, or None when free and reclaimable blocks fall short (nothing changed).
+
+        Raises:
+            ValueError: `owner` already holds a reservation, or `num_blocks` is not positive.
+            RequestTooLargeError: More blocks than the pool has.
+        """
+        with self.lock:
+            if owner in self._reservations:
+                raise ValueError(f"reservation {owner} already holds blocks")
+            if num_blocks <= 0:
+                raise ValueError(f"cannot reserve {num_blocks} blocks")
+            if num_blocks > self.num_blocks:
+                raise RequestTooLargeError(
+                    f"a reservation of {num_blocks} blocks exceeds the pool of {self.num_blocks}"
+                )
+            try:
+                deficit = self._deficit(owner, (), num_blocks)
+            except NoEvictableBlocksError:
+                return None
+            if deficit > 0:
+                self._evict(deficit, "reserve", pending=num_blocks)
+            ids = self.allocator.allocate(num_blocks)
+            self._reservations[owner] = ids
+            return list(ids)
+
+    def release_reservation(self, owner: int) -> int:
+        """Give a reservation's blocks back to the free list; returns how many (0: none held)."""
+        with self.lock:
+            ids = self._reservations.pop(owner, None)
+            if not ids:
+                return 0
+            self.allocator.free(ids)
+            return len(ids)
+
     # ---- preemption -------------------------------------------------------------------------
 
     def preemption_candidates(self, exclude: Iterable[int] = ()) -> list[EvictionCandidate]:
@@ -1076,6 +1133,7 @@ class CacheManager:
                 prefix_cache_hits_tokens=self._hits.hits,
                 re_prefill_blocks=self._reprefill.re_prefilled,
                 running_sequences=len(self._sequences),
+                reserved_blocks=self.num_reserved_blocks,
             )
 
     def usage(self) -> dict[str, Any]:
@@ -1105,6 +1163,7 @@ class CacheManager:
                 "cached_blocks": len(self.radix),
                 "evictable_blocks": self.radix.num_evictable,
                 "pinned_blocks": self.radix.num_pinned,
+                "reserved_blocks": self.num_reserved_blocks,
                 "by_tenant": by_tenant,
                 "by_class": by_class,
             }

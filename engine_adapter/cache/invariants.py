@@ -2,9 +2,10 @@
 
 free + used = total; the free list has no duplicates and matches the allocator's flags; the tree
 and the policy agree (`RadixCache.check`); every running sequence's cached path is a root path of
-live blocks matching its block table; ref counts equal the sequences and the waiting requests'
-protections holding each block, and the protections stay within their budget; no block
-is both free and in use, and none is leaked (docs/architecture.md, "Cache core").
+live blocks matching its block table; reservations own their blocks alone; ref counts equal the
+sequences and the waiting requests' protections holding each block, and the protections stay
+within their budget; no block is both free and in use, and none is leaked
+(docs/architecture.md, "Cache core").
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def check_manager_invariants(manager: CacheManager) -> None:
                     f"block id {block_id} of sequence {seq.sequence_id} is also owned by {owner[block_id]}"
                 )
             owner[block_id] = f"sequence {seq.sequence_id}"
+    for owner_id, block_ids in manager.reservations().items():  # an embedding batch's workspace
+        for block_id in block_ids:
+            if block_id in owner:
+                raise CacheInvariantError(
+                    f"block id {block_id} of reservation {owner_id} is also owned by {owner[block_id]}"
+                )
+            owner[block_id] = f"reservation {owner_id}"
     protected: dict[object, int] = {}
     for path in manager.protected_paths():  # a waiting request's protection holds a reference
         parent = None

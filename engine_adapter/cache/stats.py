@@ -48,6 +48,7 @@ class CacheStats:
         prefix_cache_hits_tokens: Of those, tokens served from cache.
         re_prefill_blocks: Evicted blocks that came back.
         running_sequences: Sequences holding blocks now.
+        reserved_blocks: Blocks held by pool reservations now (embedding batches' workspace).
     """
 
     strategy: str
@@ -78,6 +79,7 @@ class CacheStats:
     prefix_cache_hits_tokens: int
     re_prefill_blocks: int
     running_sequences: int
+    reserved_blocks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""

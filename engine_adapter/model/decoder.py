@@ -110,6 +110,9 @@ class ForwardBatch:
             from the pool: its new tokens take RoPE positions ``start + offset ...`` while they
             sit at cache index ``start ...`` (None: all 0, nothing evicted).
         observers: Per sequence, an `AttentionObserver` to feed, or None.
+        pool_hidden: Per sequence, whether to return the sum of its new tokens' last hidden
+            states (after the final norm) in `ForwardOutput.hidden_sums`: an embedding request's
+            chunk rides in the same forward as the LLM's decodes (None: no sequence).
     """
 
     token_ids: list[list[int]]
@@ -118,6 +121,7 @@ class ForwardBatch:
     return_all_logits: bool = False
     position_offsets: list[int] | None = None
     observers: list[AttentionObserver | None] | None = None
+    pool_hidden: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -136,10 +140,14 @@ class ForwardOutput:
         logits: ``[num_sequences, vocab_size]``: the logits after each sequence's last new token,
             i.e. the distribution of its next token.
         all_logits: With ``return_all_logits``: per sequence ``[num_new_tokens, vocab_size]``.
+        hidden_sums: With ``pool_hidden``: ``[num_sequences, hidden_size]`` float32, the sum of
+            the final-normed hidden states of each pooled sequence's new tokens (0 elsewhere);
+            mean pooling divides by the token count once the last chunk is in.
     """
 
     logits: torch.Tensor
     all_logits: list[torch.Tensor] | None = None
+    hidden_sums: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -384,13 +392,37 @@ class Decoder(nn.Module):
             h = self.embed_tokens(step.input_ids)
             for layer, block in enumerate(self.layers):
                 h = block(h, layer, step, pool)
+            sums = self._hidden_sums(batch, h) if batch.pool_hidden is not None else None
             if batch.return_all_logits:
                 logits_all = self.lm_head(self.norm(h)).float()
                 splits = [len(t) for t in batch.token_ids]
                 return ForwardOutput(
-                    logits=logits_all[step.last_index], all_logits=list(logits_all.split(splits))
+                    logits=logits_all[step.last_index],
+                    all_logits=list(logits_all.split(splits)),
+                    hidden_sums=sums,
                 )
-            return ForwardOutput(logits=self.lm_head(self.norm(h[step.last_index])).float())
+            return ForwardOutput(logits=self.lm_head(self.norm(h[step.last_index])).float(), hidden_sums=sums)
+
+    def _hidden_sums(self, batch: ForwardBatch, h: torch.Tensor) -> torch.Tensor:
+        """Per sequence, the sum of its new tokens' final-normed hidden states where
+        `batch.pool_hidden` asks for it (only those rows are normed)."""
+        assert batch.pool_hidden is not None
+        if len(batch.pool_hidden) != len(batch.token_ids):
+            raise ValueError("ForwardBatch pool_hidden differs in length from token_ids")
+        rows: list[int] = []
+        owners: list[int] = []
+        first = 0
+        for b, (pooled, ids) in enumerate(zip(batch.pool_hidden, batch.token_ids, strict=True)):
+            if pooled:
+                rows.extend(range(first, first + len(ids)))
+                owners.extend([b] * len(ids))
+            first += len(ids)
+        sums = torch.zeros(len(batch.token_ids), h.shape[-1], dtype=torch.float32, device=h.device)
+        if rows:
+            index = torch.tensor(rows, dtype=torch.long, device=h.device)
+            normed = self.norm(h.index_select(0, index)).float()
+            sums.index_add_(0, torch.tensor(owners, dtype=torch.long, device=h.device), normed)
+        return sums
 
     def _check_pool(self, pool: PagedKVPool) -> None:
         cfg = self.config

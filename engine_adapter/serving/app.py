@@ -28,12 +28,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine_adapter.serving.requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    EMBEDDING_FIELDS,
     MAX_BODY_BYTES,
     POLICY_FIELDS,
     TOKEN_POLICY_FIELDS,
     ApiError,
     ChatCompletion,
     Completion,
+    EmbeddingRequest,
     dumps,
     endpoint,
     http_exception,
@@ -155,7 +157,11 @@ async def eviction_stats(request: Request) -> Response:
     engine = _state(request).engine
     stats = await asyncio.to_thread(engine.eviction_stats)
     token = await asyncio.to_thread(engine.token_eviction)
-    return json_response({**stats.to_dict(), "token_eviction": token})
+    answer = {**stats.to_dict(), "token_eviction": token}
+    colocation = await asyncio.to_thread(engine.colocation_stats)
+    if colocation is not None:  # only with --colocation: the answer is unchanged without it
+        answer["colocation"] = colocation
+    return json_response(answer)
 
 
 @endpoint
@@ -252,6 +258,39 @@ async def chat_completions(request: Request) -> Response:
 
 
 @endpoint
+async def embeddings(request: Request) -> Response:
+    """POST /v1/embeddings: mean-pooled, L2-normalised last hidden states of the served model,
+    computed in the engine loop beside the LLM's steps (engine_adapter.serving.embedding_batch)."""
+    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
+
+    body = await json_body(request, EMBEDDING_FIELDS, "POST /v1/embeddings")
+    state = _state(request)
+    parsed = EmbeddingRequest(body, state.served_model)
+    if not state.admits_requests:
+        raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")
+    try:
+        handle = await asyncio.to_thread(
+            state.engine.submit_embedding,
+            parsed.inputs,
+            tenant=parsed.tenant,
+            priority=parsed.priority,
+            slo_deadline_ms=parsed.slo_deadline_ms,
+            request_id=parsed.request_id,
+        )
+    except RequestError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from None
+    except EngineClosedError as exc:
+        raise ApiError(503, "unavailable", str(exc)) from None
+    except AdmissionRejected as exc:
+        raise ApiError(429, "slo_rejected", str(exc)) from None
+    result = await call_in_daemon_thread(handle.result, f"sage-wait-{parsed.request_id}")
+    if result.error is not None:
+        kind = {429: "slo_rejected", 503: "unavailable"}.get(result.status, "engine_error")
+        raise ApiError(result.status if result.status >= 400 else 500, kind, result.error)
+    return json_response(parsed.answer(result.vectors, result.prompt_tokens))
+
+
+@endpoint
 async def models(request: Request) -> Response:
     state = _state(request)
     model = {"id": state.served_model, "object": "model", "created": state.started, "owned_by": "sage"}
@@ -270,12 +309,14 @@ def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
         cache_salt=completion.cache_salt,
         request_id=completion.request_id,
         kv_compression=completion.kv_compression,
+        slo_ttft_ms=completion.slo_ttft_ms,
+        slo_tpot_ms=completion.slo_tpot_ms,
     )
 
 
 async def _serve_completion(state: AppState, completion: Completion) -> Response:
     """Submit a parsed completion or chat request; stream it, or answer it whole."""
-    from engine_adapter.serving.engine import EngineClosedError, RequestError
+    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
 
     sampling = completion.sampling_params()
     if not state.admits_requests:
@@ -286,6 +327,8 @@ async def _serve_completion(state: AppState, completion: Completion) -> Response
         raise ApiError(400, "invalid_request", str(exc)) from None
     except EngineClosedError as exc:  # it began draining between the check and the submit
         raise ApiError(503, "unavailable", str(exc)) from None
+    except AdmissionRejected as exc:  # colocation's admission control: the reason is the message
+        raise ApiError(429, "slo_rejected", str(exc)) from None
     if completion.stream:
         return StreamingResponse(
             completion_events(completion, handle),
@@ -295,6 +338,8 @@ async def _serve_completion(state: AppState, completion: Completion) -> Response
     output = await call_in_daemon_thread(handle.result, f"sage-wait-{completion.request_id}")
     if output.finish_reason == "error":
         raise ApiError(500, "engine_error", output.error or "the engine failed on this request")
+    if output.finish_reason == "rejected":  # deferred by colocation, then no room within its slack
+        raise ApiError(429, "slo_rejected", output.error or "rejected by admission control")
     answer = completion.answer(output.text, output.finish_reason)
     answer["usage"] = usage(output)
     return json_response(answer)
@@ -337,6 +382,7 @@ ROUTES = [
     Route("/v1/eviction/logs", eviction_logs, methods=["GET"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/cache/reset", reset_cache, methods=["POST"]),
     Route("/v1/cache/tree", cache_tree, methods=["GET"]),

@@ -35,11 +35,14 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_adapter.cache.sizes import parse_bytes
 from engine_adapter.paths import DEFAULT_NAME, default_log_dir, default_socket, is_engine_name, sage_home
 from engine_adapter.safe_yaml import shorten
+
+if TYPE_CHECKING:
+    from engine_adapter.colocation import ColocationParams
 
 __all__ = [
     "CONFIG_ENV",
@@ -48,6 +51,8 @@ __all__ = [
     "SIZING_KEYS",
     "ConfigError",
     "EngineConfig",
+    "colocation_params",
+    "colocation_switches",
     "config_keys",
     "default_log_dir",
     "default_socket",
@@ -126,6 +131,18 @@ class EngineConfig:
         ssl_certfile: PEM certificate: serve TCP over TLS (with `ssl_keyfile`).
         ssl_keyfile: PEM private key of `ssl_certfile`.
         insecure_no_api_key: Allow TCP without an API key (anyone who reaches the port may use it).
+        slo_ttft_ms: Default time-to-first-token SLO of completions and chats (a request's
+            ``slo_ttft_ms`` overrides it); it sets the deadline the ``slo`` policy sees.
+        slo_tpot_ms: Default time-per-output-token SLO (a request's ``slo_tpot_ms`` overrides it).
+        slo_deadline_ms: Default deadline of an embedding request (its ``slo_deadline_ms``).
+        tenant_slos: Per-tenant defaults over the three above: ``{tenant: {ttft_ms, tpot_ms,
+            deadline_ms}}`` (YAML), or ``"a:ttft_ms=500,tpot_ms=50;b:deadline_ms=200"``.
+        embedding_chunk_tokens: Tokens of embedding work one engine step takes beside the LLM's
+            decodes (chunks, as chunked prefill, so embedding batches never stall a decode step).
+        colocation: ``off`` (default: the engine behaves as without embeddings' coordination),
+            ``dynamic`` (spec 004: admission control, SLO-driven quotas, SLO-aware preemption) or
+            ``static:F`` (the same with a fixed LLM share F of the pool).
+        colocation_params: The colocation constants (``ColocationParams`` fields, k=v).
     """
 
     model: str = "sage-tiny"
@@ -169,6 +186,14 @@ class EngineConfig:
     ssl_certfile: str = ""
     ssl_keyfile: str = ""
     insecure_no_api_key: bool = False
+    # SLOs (spec 004) and LLM + embedding colocation.
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 200.0
+    slo_deadline_ms: float = 2000.0
+    tenant_slos: dict[str, dict[str, float]] = field(default_factory=dict)
+    embedding_chunk_tokens: int = 128
+    colocation: str = "off"
+    colocation_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Check every value (a config built in code gets the same checks as one from a file),
@@ -192,6 +217,11 @@ class EngineConfig:
                 f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
             )
         self._check_tcp()
+        try:
+            colocation_params(self.colocation_params)
+            colocation_switches(self.colocation_params)
+        except ValueError as exc:
+            raise ConfigError(f"colocation_params: {exc}") from None
 
     def _check_tcp(self) -> None:
         """TCP needs a host and a port together, an API key unless waived, and TLS files in pairs."""
@@ -260,6 +290,13 @@ class EngineConfig:
         return cls.from_dict(values, source="--config-json")
 
     # -- checks that need the policy library ----------------------------------------------------
+
+    def slos_for(self, tenant: str | None) -> dict[str, float]:
+        """The SLO defaults of `tenant`: its ``tenant_slos`` entry over the engine's defaults."""
+        slos = {"ttft_ms": self.slo_ttft_ms, "tpot_ms": self.slo_tpot_ms, "deadline_ms": self.slo_deadline_ms}
+        if tenant is not None:
+            slos.update(self.tenant_slos.get(tenant, {}))
+        return slos
 
     def check_policy(self) -> None:
         """Check the policy name and params against `sage_eviction` (pure Python, no engine).
@@ -470,6 +507,116 @@ def _params(value: Any, where: str) -> dict[str, Any]:
     raise _fail(where, value, "a mapping of params, or k=v items")
 
 
+SLO_KEYS = ("ttft_ms", "tpot_ms", "deadline_ms")
+_COLOCATION = re.compile(r"^(off|dynamic|static:(0(\.[0-9]+)?|1(\.0*)?|\.[0-9]+))$")
+
+
+def _slo_ms(value: Any, where: str) -> float:
+    ms = _float(0.0, 86_400_000.0, low_open=True)(value, where)
+    return ms
+
+
+def _tenant_slos(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """``{tenant: {ttft_ms, tpot_ms, deadline_ms}}``, or ``"a:ttft_ms=500,tpot_ms=50;b:..."``."""
+    if isinstance(value, str):
+        parsed: dict[str, Any] = {}
+        for part in (p.strip() for p in value.split(";")):
+            if not part:
+                continue
+            tenant, colon, rest = part.partition(":")
+            if not colon or not tenant.strip():
+                raise _fail(where, part, "of the form TENANT:ttft_ms=MS,tpot_ms=MS,deadline_ms=MS")
+            parsed[tenant.strip()] = _params(rest, f"{where}.{tenant.strip()}")
+        value = parsed
+    if not isinstance(value, Mapping):
+        raise _fail(where, value, "a mapping of tenants to their SLOs")
+    out: dict[str, dict[str, float]] = {}
+    for tenant, slos in value.items():
+        if not isinstance(tenant, str) or not tenant:
+            raise _fail(where, tenant, "a tenant name")
+        if not isinstance(slos, Mapping):
+            raise _fail(f"{where}.{tenant}", slos, "a mapping of ttft_ms, tpot_ms, deadline_ms")
+        unknown = sorted(set(map(str, slos)) - set(SLO_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{tenant}: unknown SLO {unknown[0]!r}; known: {', '.join(SLO_KEYS)}")
+        out[tenant] = {str(k): _slo_ms(v, f"{where}.{tenant}.{k}") for k, v in slos.items()}
+    return out
+
+
+SYSTEM_PARAM = "system"  # ``colocation_params: system=spec`` runs the spec's algorithms as written
+# Engine switches beside the controller's constants: ``admission=false`` admits every request on
+# arrival and sheds nothing; ``slo_preemption=false`` leaves preemption to the eviction policy.
+# Both false with ``static:F`` is a plain static partition (the simulator's static baselines).
+SWITCH_PARAMS = ("admission", "slo_preemption")
+
+
+def colocation_switches(raw: Mapping[str, Any]) -> dict[str, bool]:
+    """The engine switches of `SWITCH_PARAMS` in ``k=v`` config params (True when absent).
+
+    Raises:
+        ValueError: A value that is not a boolean.
+    """
+    switches = {}
+    for name in SWITCH_PARAMS:
+        try:
+            switches[name] = _bool(raw.get(name, True), f"colocation param {name}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return switches
+
+
+def colocation_params(raw: Mapping[str, Any]) -> tuple[ColocationParams, str]:
+    """`ColocationParams` and the system (``sage`` or ``spec``) from ``k=v`` config params
+    (`SWITCH_PARAMS` are checked by `colocation_switches`).
+
+    Values may be strings (flags, environment): each is converted to its field's type;
+    ``priority_weights`` takes ``1/2/4``.
+
+    Raises:
+        ValueError: An unknown name (the message lists the known ones) or a bad value.
+    """
+    from engine_adapter.colocation import ColocationParams  # pure Python; only when asked
+
+    known = ColocationParams.names()
+    values: dict[str, Any] = {}
+    system = "sage"
+    defaults = ColocationParams()
+    for name, value in raw.items():
+        if name == SYSTEM_PARAM:
+            system = str(value)
+            if system not in ("sage", "spec"):
+                raise ValueError(f"colocation param system={value!r}: must be sage or spec")
+            continue
+        if name in SWITCH_PARAMS:
+            continue
+        if name not in known:
+            listed = ", ".join((*known, SYSTEM_PARAM, *SWITCH_PARAMS))
+            raise ValueError(f"unknown colocation param {name!r}; known: {listed}")
+        default = getattr(defaults, name)
+        try:
+            if isinstance(default, tuple):
+                parts = value if isinstance(value, list | tuple) else str(value).replace("/", " ").split()
+                values[name] = tuple(float(p) for p in parts)
+            elif isinstance(default, int) and not isinstance(default, bool):
+                values[name] = int(value)
+            else:
+                values[name] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"colocation param {name}={value!r}: not a {type(default).__name__}") from None
+    return ColocationParams(**values), system
+
+
+def _colocation(value: Any, where: str) -> str:
+    mode = _text(value, where).lower()
+    if (
+        not _COLOCATION.match(mode)
+        or mode in ("static:0", "static:1")
+        or (mode.startswith("static:") and not 0.0 < float(mode.split(":", 1)[1]) < 1.0)
+    ):
+        raise _fail(where, value, "off, dynamic or static:F with F in (0, 1)")
+    return mode
+
+
 _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "model": _model,
     "engine_kind": _engine_kind,
@@ -510,6 +657,13 @@ _CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
     "ssl_certfile": _path,
     "ssl_keyfile": _path,
     "insecure_no_api_key": _bool,
+    "slo_ttft_ms": _slo_ms,
+    "slo_tpot_ms": _slo_ms,
+    "slo_deadline_ms": _slo_ms,
+    "tenant_slos": _tenant_slos,
+    "embedding_chunk_tokens": _int(1),
+    "colocation": _colocation,
+    "colocation_params": _params,
 }
 assert set(_CONVERTERS) == {f.name for f in dataclasses.fields(EngineConfig)}, "a key without a converter"
 
@@ -595,7 +749,9 @@ def load_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 def _flag(key: str) -> str:
     """The flag of ``sage llm engine start`` that sets `key`."""
-    return "--policy-param" if key == "policy_params" else "--" + key.replace("_", "-")
+    if key in ("policy_params", "colocation_params"):
+        return "--" + key.removesuffix("s").replace("_", "-")
+    return "--" + key.replace("_", "-")
 
 
 def resolve_config(

@@ -33,12 +33,20 @@ from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.stats import CacheStats
 from engine_adapter.cache.tree import MAX_GHOSTS, tree_snapshot
+from engine_adapter.colocation import ColocationController, Decision
 from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
-from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.colocation import Deferred, EngineColocation, colocation_params
+from engine_adapter.serving.config import EngineConfig, colocation_switches
+from engine_adapter.serving.embedding_batch import (
+    EmbeddingHandle,
+    EmbeddingJob,
+    EmbeddingResult,
+    EmbeddingText,
+)
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import RequestOutput, Scheduler, SchedulerLimits, Sequence
 from engine_adapter.token_eviction import KVCompression
@@ -63,6 +71,7 @@ from sage_eviction.registry import parse_policy_spec
 __all__ = [
     "DEFAULT_NUM_BLOCKS",
     "Engine",
+    "AdmissionRejected",
     "EngineClosedError",
     "RequestError",
     "RequestHandle",
@@ -83,6 +92,10 @@ class RequestError(ValueError):
 
 class EngineClosedError(RuntimeError):
     """The engine is draining or stopped and takes no new request."""
+
+
+class AdmissionRejected(RuntimeError):
+    """Colocation's admission control rejected the request (the message is its reason): a 429."""
 
 
 class RequestHandle:
@@ -214,6 +227,7 @@ class Engine:
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_queued_requests=config.max_queued_requests,
                 queued_timeout=config.queued_timeout,
+                embedding_chunk_tokens=config.embedding_chunk_tokens,
             ),
         )
         self.scheduler.on_admitted = self._on_admitted
@@ -224,6 +238,8 @@ class Engine:
             self.scheduler.on_batch_change = self.metrics.on_batch_change
         self.metrics.set_batch_limit(config.max_num_seqs)
         self.scheduler.on_finished = self._on_finished
+        self.scheduler.on_embedding_finished = self._on_embedding_finished
+        self.colocation = self._colocation(config)
         # Mean time per output token, learnt from finished requests (a first guess until then).
         self.tpot_estimate_s = 0.02
         if config.enable_lifetime_prediction:
@@ -240,6 +256,23 @@ class Engine:
         self._forward_s = 0.0
         self._bookkeeping_s = 0.0
         self.loop_error: str | None = None
+
+    def _colocation(self, config: EngineConfig) -> EngineColocation | None:
+        """Spec 004's controller over the pool, wired into the scheduler; None when off."""
+        if config.colocation == "off":
+            return None
+        try:
+            params, system = colocation_params(config.colocation_params)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        controller = ColocationController(
+            self.cache.num_blocks, self.cache.block_size, params, config.colocation, system=system
+        )
+        switches = colocation_switches(config.colocation_params)
+        colocation = EngineColocation(controller, self.scheduler, self.cache.block_size, **switches)
+        quota = controller.quota
+        self.metrics.set_quota(quota.llm_blocks, quota.embedding_blocks)
+        return colocation
 
     def _token_manager(self, config: EngineConfig) -> TokenCacheManager:
         """Token-level eviction (spec 002): the policy, and pressure from the least of the pool's
@@ -287,6 +320,8 @@ class Engine:
         while True:
             with self.cache.lock:
                 stopping = self._drain_inbox() or stopping
+                if self.colocation is not None:
+                    self._colocation_tick()
                 if self.scheduler.has_work():
                     try:
                         stats = self.scheduler.step()
@@ -310,7 +345,7 @@ class Engine:
                         self.cache.evict_to_threshold()
                     self._update_gauges()
                     continue
-                if stopping:
+                if stopping and not (self.colocation is not None and self.colocation.deferred):
                     return
             self._wake.wait(0.05)
             self._wake.clear()
@@ -324,13 +359,132 @@ class Engine:
                 return stop
             if op == "add":
                 self.scheduler.add(arg)
+            elif op == "embed":
+                self.scheduler.add_embedding(arg)
+            elif op == "admitted":  # colocation admitted it on arrival (with preemptions, maybe)
+                self._enqueue_admitted(*arg)
+            elif op == "defer":
+                assert self.colocation is not None
+                self.colocation.deferred.append(arg)
             elif op == "abort":
-                self.scheduler.abort(arg)
+                if not self.scheduler.abort(arg) and self.colocation is not None:
+                    self._abort_deferred(arg)
             elif op == "abort_all":
                 for seq in list(self.scheduler.waiting) + list(self.scheduler.running):
                     self.scheduler.abort(seq.request_id, "abort", "engine shut down")
+                for job in list(self.scheduler.embedding_queue):
+                    self.scheduler.abort_embedding(job.request_id, "engine shut down", 503)
+                if self.colocation is not None:
+                    for deferred in list(self.colocation.deferred):
+                        self.colocation.deferred.remove(deferred)
+                        self._reject(deferred.item, "engine shut down", 503)
             elif op == "stop":
                 stop = True
+
+    # ---- colocation (engine_adapter.serving.colocation) --------------------------------------
+
+    def _enqueue_admitted(self, item: Sequence | EmbeddingJob, preempt: tuple[str, ...]) -> None:
+        for request_id in preempt:
+            if self.scheduler.preempt_request(request_id):
+                self.metrics.on_preemption(1)
+        if isinstance(item, EmbeddingJob):
+            self.scheduler.add_embedding(item)
+        else:
+            self.scheduler.add(item, keep_arrival=True)
+
+    def _reject(self, item: Sequence | EmbeddingJob, reason: str, status: int = 429) -> None:
+        """End a request colocation did not admit: 429 (its reason), or 503 when shutting down."""
+        if isinstance(item, EmbeddingJob):
+            now = self.scheduler.clock()
+            result = EmbeddingResult(
+                item.request_id,
+                [],
+                item.num_tokens,
+                error=reason,
+                status=status,
+                latency_s=now - item.arrival,
+            )
+            self._on_embedding_finished(item, result)
+            item.finish(result)
+        else:
+            self.scheduler._finish(item, "rejected" if status == 429 else "abort", reason)
+
+    def _abort_deferred(self, request_id: str) -> None:
+        """A deferred request whose client went away leaves the deferred list at once."""
+        assert self.colocation is not None
+        for deferred in list(self.colocation.deferred):
+            item = deferred.item
+            if isinstance(item, Sequence) and item.request_id == request_id:
+                self.colocation.deferred.remove(deferred)
+                self.scheduler._finish(item, "abort", "aborted by the client")
+
+    def _colocation_tick(self) -> None:
+        """Each loop: recompute the quotas (each interval), shed queued work that can no longer
+        meet its SLO (sage), and ask again for every deferred request: admitted, or rejected once
+        its slack has run out (or the controller says so)."""
+        colocation = self.colocation
+        assert colocation is not None
+        now = self.scheduler.clock()
+        quota = colocation.update_quota(now)
+        self.metrics.set_quota(quota.llm_blocks, quota.embedding_blocks)
+        for item, reason in colocation.missed(now):  # sage: shed queued work past its deadline
+            kind = "embedding" if isinstance(item, EmbeddingJob) else "llm"
+            colocation.decisions[f"{kind}:dropped"] = colocation.decisions.get(f"{kind}:dropped", 0) + 1
+            if isinstance(item, EmbeddingJob):
+                self.scheduler.embedding_queue.remove(item)
+            else:
+                self.scheduler.waiting.remove(item)
+            self._reject(item, reason)
+        for deferred in list(colocation.deferred):
+            item = deferred.item
+            is_embedding = isinstance(item, EmbeddingJob)
+            admission = (
+                colocation.admit_embedding(item, now, count=False)
+                if isinstance(item, EmbeddingJob)
+                else colocation.admit_llm(item, now, count=False)
+            )
+            kind = "embedding" if is_embedding else "llm"
+            if admission.decision is Decision.DEFER and now < deferred.until:
+                continue
+            colocation.deferred.remove(deferred)
+            colocation.count(kind, admission)
+            self.metrics.on_admission(kind, admission.decision.value)
+            if admission.decision in (Decision.ADMIT, Decision.ADMIT_WITH_PREEMPTION):
+                self._enqueue_admitted(item, admission.preempt)
+            else:
+                reason = admission.reason
+                if admission.decision is Decision.DEFER:
+                    reason = f"deferred until its slack ran out: {reason}"
+                self._reject(item, reason)
+
+    def _admit_on_arrival(self, kind: str, item: Sequence | EmbeddingJob) -> None:
+        """Colocation's admission of a new request, in the caller's thread under the lock, so
+        that a rejection is the caller's 429 before anything is queued.
+
+        Raises:
+            AdmissionRejected: REJECT, with the controller's reason.
+        """
+        colocation = self.colocation
+        assert colocation is not None
+        with self.cache.lock:
+            now = self.scheduler.clock()
+            if isinstance(item, EmbeddingJob):
+                colocation.controller.observe_embedding_arrival(now, item.blocks(self.cache.block_size))
+                admission = colocation.admit_embedding(item, now)
+            else:
+                item.arrival = now
+                admission = colocation.admit_llm(item, now)
+            until = colocation.defer_until(item, now)
+        self.metrics.on_admission(kind, admission.decision.value)
+        if admission.decision is Decision.REJECT:
+            if isinstance(item, EmbeddingJob):
+                self.metrics.on_embedding_finished(429, 0.0, item.num_tokens)
+            raise AdmissionRejected(admission.reason)
+        if admission.decision is Decision.DEFER:
+            self._inbox.put(("defer", Deferred(item, until)))
+        else:
+            self._inbox.put(("admitted", (item, admission.preempt)))
+        self._wake.set()
 
     def _fail_running(self, message: str) -> None:
         for seq in list(self.scheduler.running):
@@ -338,11 +492,13 @@ class Engine:
                 self.scheduler.abort(seq.request_id, "error", message)
             except SageCacheError:
                 self.scheduler.running.remove(seq)
+        self.scheduler.fail_embeddings(message)
 
     def _update_gauges(self) -> None:
         cache = self.cache
         self.metrics.set_usage(cache.allocator.num_used / cache.num_blocks if cache.num_blocks else 0.0)
         self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+        self.metrics.set_reserved(cache.num_reserved_blocks)
         reprefills = cache.re_prefill_blocks
         if reprefills > self._last_reprefills:
             self.metrics.on_re_prefill(reprefills - self._last_reprefills)
@@ -369,8 +525,13 @@ class Engine:
         cache_salt: str | None = None,
         request_id: str | None = None,
         kv_compression: KVCompression | None = None,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
     ) -> RequestHandle:
         """Queue a request; `kv_compression` compresses its prompt once after prefill.
+
+        `slo_ttft_ms` and `slo_tpot_ms` are its SLOs (None: its tenant's defaults from the
+        config); given, or with colocation on, its blocks carry the deadline they set.
 
         Raises:
             RequestError: It can never be served (empty prompt, token ids out of the vocabulary,
@@ -424,7 +585,80 @@ class Engine:
             cache_salt=cache_salt,
             kv_compression=kv_compression,
         )
+        self._set_slo(seq, slo_ttft_ms, slo_tpot_ms)
+        if self.colocation is not None:
+            self._admit_on_arrival("llm", seq)
+            return handle
         self._inbox.put(("add", seq))
+        self._wake.set()
+        return handle
+
+    def _set_slo(self, seq: Sequence, ttft_ms: float | None, tpot_ms: float | None) -> None:
+        """The request's SLOs (its own, else its tenant's defaults) and, when it gave one or
+        colocation is on, the deadline its blocks carry for the `slo` policy: the time by which
+        it would finish if it met both (arrival + TTFT + TPOT for each further token). With
+        colocation off and no SLO given, no deadline: the engine behaves as before SLOs."""
+        defaults = self.config.slos_for(seq.tenant)
+        seq.slo_ttft_ms = ttft_ms if ttft_ms is not None else defaults["ttft_ms"]
+        seq.slo_tpot_ms = tpot_ms if tpot_ms is not None else defaults["tpot_ms"]
+        if ttft_ms is not None or tpot_ms is not None or self.config.colocation != "off":
+            budget_ms = seq.slo_ttft_ms + seq.slo_tpot_ms * max(seq.sampling.max_tokens - 1, 0)
+            seq.deadline = self.cache.clock() + budget_ms / 1e3
+
+    def submit_embedding(
+        self,
+        inputs: list[str | list[int]],
+        *,
+        tenant: str | None = None,
+        priority: int = 0,
+        slo_deadline_ms: float | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingHandle:
+        """Queue an embedding request: one mean-pooled, L2-normalised vector per input.
+
+        Raises:
+            RequestError: An input is empty, has token ids outside the vocabulary, or is longer
+                than the model's context or the pool.
+            EngineClosedError: The engine is draining or stopped.
+        """
+        if self.draining or self.stopped:
+            raise EngineClosedError("the engine is shutting down and takes no new request")
+        if not inputs:
+            raise RequestError("input is empty")
+        texts: list[EmbeddingText] = []
+        limit = min(self.model_config.max_position_embeddings, self.cache.num_blocks * self.cache.block_size)
+        vocab = self.model_config.vocab_size
+        for i, item in enumerate(inputs):
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            if not ids:
+                raise RequestError(f"input {i} is empty")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"input {i}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            if len(ids) > limit:
+                raise RequestError(
+                    f"input {i} has {len(ids)} tokens; at most {limit} fit the model's context and the pool"
+                )
+            texts.append(EmbeddingText(ids=ids))
+        rid = request_id or f"emb-{uuid.uuid4().hex[:16]}"
+        handle = EmbeddingHandle(rid)
+        deadline_ms = (
+            slo_deadline_ms if slo_deadline_ms is not None else self.config.slos_for(tenant)["deadline_ms"]
+        )
+        now = self.scheduler.clock()
+        job = EmbeddingJob(
+            request_id=rid,
+            texts=texts,
+            arrival=now,
+            deadline=now + deadline_ms / 1e3,
+            finish=handle._finish,
+            tenant=tenant,
+            priority=priority,
+        )
+        if self.colocation is not None:
+            self._admit_on_arrival("embedding", job)
+            return handle
+        self._inbox.put(("embed", job))
         self._wake.set()
         return handle
 
@@ -461,6 +695,8 @@ class Engine:
         return remaining * self.tpot_estimate_s
 
     def _on_finished(self, seq: Sequence) -> None:
+        if self.colocation is not None and seq.finish_reason in ("stop", "length"):
+            self.colocation.controller.observe_llm_finished(len(seq.prompt_ids), len(seq.output_ids))
         times = seq.token_times
         if len(times) > 1:  # an exponential moving average of the time per output token
             tpot = (times[-1] - times[0]) / (len(times) - 1)
@@ -473,6 +709,13 @@ class Engine:
             prompt_tokens=len(seq.prompt_ids),
             generation_tokens=len(seq.output_ids),
         )
+
+    def _on_embedding_finished(self, job: EmbeddingJob, result: EmbeddingResult) -> None:
+        self.metrics.on_embedding_finished(result.status, result.latency_s, result.prompt_tokens)
+        if self.colocation is not None and result.status == 200:
+            self.colocation.controller.observe_embedding_finished(
+                result.prompt_tokens, result.latency_s - result.queued_s
+            )
 
     def abort(self, request_id: str) -> None:
         """End a request with finish_reason "abort"."""
@@ -511,6 +754,14 @@ class Engine:
     def eviction_stats(self) -> CacheStats:
         """GET /v1/eviction/stats (its JSON is `CacheStats.to_dict()`)."""
         return self.cache.stats()
+
+    def colocation_stats(self) -> dict[str, Any] | None:
+        """The ``colocation`` object of GET /v1/eviction/stats: mode, quotas, use, decisions;
+        None when colocation is off."""
+        if self.colocation is None:
+            return None
+        with self.cache.lock:
+            return self.colocation.stats()
 
     def policies(self) -> dict[str, Any]:
         """GET /v1/eviction/policies: the online policies with their params and defaults."""

@@ -26,6 +26,11 @@ Methods the engine calls:
 - ``set_queue(running, waiting)``: requests running and waiting right now.
 - ``set_batch_limit(n)`` and ``on_batch_change(change)``: the running-batch limit, and each
   change ``--adaptive-batch`` makes (engine_adapter.cache.adaptive_batch).
+- ``on_embedding_finished(status, latency, tokens)``: an embedding request ended (HTTP
+  ``status``), ``latency`` seconds after it arrived, over ``tokens`` input tokens.
+- ``set_reserved(blocks)``: pool blocks held by embedding reservations now.
+- ``set_quota(llm, embedding)`` and ``on_admission(kind, decision)``: colocation's quotas
+  (Algorithm 2) and each admission decision (Algorithm 1) by request kind.
 - ``set_pool_breakdown(usage, tenant_hit_rates)``: at each scrape, blocks by tenant and by
   priority class, and each tenant's hit rate with Jain's index over them (O(n): only when
   ``/metrics`` is read).
@@ -39,7 +44,10 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:prompt_tokens_total``, ``sage:generation_tokens_total``, ``sage:policy_swaps_total``,
 ``sage:policy_info{policy}``, ``sage:max_running_batch``, ``sage:batch_changes_total{direction}``,
 ``sage:kv_cache_blocks_by_tenant{tenant}``, ``sage:kv_cache_blocks_by_class{priority_class}``,
-``sage:prefix_cache_tenant_hit_rate{tenant}`` and ``sage:tenant_fairness_index``. The
+``sage:prefix_cache_tenant_hit_rate{tenant}``, ``sage:tenant_fairness_index``,
+``sage:embedding_requests_total{status}``, ``sage:embedding_latency_seconds``,
+``sage:embedding_tokens_total``, ``sage:reserved_blocks``, ``sage:quota_blocks{class}`` (``llm``,
+``embedding``; only with colocation on) and ``sage:admission_decisions_total{kind, decision}``. The
 dashboard (dashboards/sage.json) draws them; tests/test_dashboard.py keeps the two in step.
 """
 
@@ -169,6 +177,37 @@ class EngineMetrics:
         self.tenant_fairness = Gauge(
             "sage:tenant_fairness_index", "Jain's fairness index over the tenants' hit rates.", registry=r
         )
+        # Embeddings and colocation (spec 004).
+        self.embedding_requests = Counter(
+            "sage:embedding_requests_total",
+            "Finished embedding requests, by HTTP status.",
+            ["status"],
+            registry=r,
+        )
+        self.embedding_latency = Histogram(
+            "sage:embedding_latency_seconds",
+            "Embedding request latency, arrival to answer.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.embedding_tokens = Counter(
+            "sage:embedding_tokens_total", "Input tokens of finished embedding requests.", registry=r
+        )
+        self.reserved_blocks = Gauge(
+            "sage:reserved_blocks", "Pool blocks reserved as embedding batches' workspace.", registry=r
+        )
+        self.quota_blocks = Gauge(
+            "sage:quota_blocks",
+            "Colocation quota in blocks, by class (llm, embedding).",
+            ["class"],
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            "sage:admission_decisions_total",
+            "Colocation admission decisions, by request kind (llm, embedding) and decision.",
+            ["kind", "decision"],
+            registry=r,
+        )
         self._lock = threading.Lock()  # guards _policies and the policy_info flip
         self._policies: set[str] = set()
         if policy is not None:
@@ -255,6 +294,27 @@ class EngineMetrics:
         """--adaptive-batch changed the running-batch limit."""
         self.batch_changes.labels(direction="shrink" if change.new < change.old else "grow").inc()
         self.max_running_batch.set(change.new)
+
+    def on_embedding_finished(self, status: int, latency: float, tokens: int) -> None:
+        """An embedding request ended with HTTP `status` after `latency` seconds."""
+        self.embedding_requests.labels(status=str(status)).inc()
+        if status == 200:
+            self.embedding_latency.observe(latency)
+            if tokens > 0:
+                self.embedding_tokens.inc(tokens)
+
+    def set_reserved(self, blocks: int) -> None:
+        """Pool blocks held by reservations now."""
+        self.reserved_blocks.set(blocks)
+
+    def set_quota(self, llm: int, embedding: int) -> None:
+        """Colocation's current quotas in blocks."""
+        self.quota_blocks.labels("llm").set(llm)
+        self.quota_blocks.labels("embedding").set(embedding)
+
+    def on_admission(self, kind: str, decision: str) -> None:
+        """Colocation admitted, deferred or rejected a request of `kind` (llm, embedding)."""
+        self.admission_decisions.labels(kind=kind, decision=decision).inc()
 
     def set_pool_breakdown(
         self, usage: Mapping[str, Any], tenant_hit_rates: Mapping[str | None, float]

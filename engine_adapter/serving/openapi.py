@@ -21,6 +21,7 @@ _ERROR_STATUSES = {
     "404": "A model other than the one served.",
     "408": "The headers or the body did not arrive in time.",
     "413": "The body is over the engine's max_body_bytes.",
+    "429": "With colocation on: admission control rejected the request (the message says why).",
     "503": "The engine is shutting down, or too many connections are open.",
 }
 
@@ -59,7 +60,7 @@ def _json(schema: Schema, description: str) -> Schema:
 
 
 def _errors(*statuses: str) -> dict[str, Schema]:
-    codes = statuses or tuple(_ERROR_STATUSES)
+    codes = statuses or tuple(c for c in _ERROR_STATUSES if c != "429")
     return {code: _json(_ref("Error"), _ERROR_STATUSES[code]) for code in codes}
 
 
@@ -71,6 +72,15 @@ def _operation(
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if params:
         operation["parameters"] = params
+    return operation
+
+
+_SLO_MS: Schema = _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000})
+
+
+def _admitted(operation: Schema) -> Schema:
+    """An operation that colocation's admission control may answer with a 429."""
+    operation["responses"].update(_errors("429"))
     return operation
 
 
@@ -103,6 +113,9 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
                 extra=False,
             )
         ),
+        # SLOs (spec 004): defaults per tenant from the engine config.
+        "slo_ttft_ms": _SLO_MS,
+        "slo_tpot_ms": _SLO_MS,
     }
     schema = _obj({prompt_field: prompt}, {**fields, **extra}, extra=False)
     # stream_options only with stream: true.
@@ -227,21 +240,79 @@ def _paths() -> dict[str, Schema]:
             )
         },
         "/v1/completions": {
-            "post": _operation(
-                "OpenAI-compatible text completion",
-                _completion_answer("text_completion", text_choice),
-                body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+            "post": _admitted(
+                _operation(
+                    "OpenAI-compatible text completion",
+                    _completion_answer("text_completion", text_choice),
+                    body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+                )
             )
         },
         "/v1/chat/completions": {
-            "post": _operation(
-                "OpenAI-compatible chat completion, rendered with the model's chat template",
-                _completion_answer("chat.completion", chat_choice),
-                body=_completion_request(
-                    "messages",
-                    {"type": "array", "items": message, "minItems": 1},
-                    {"max_completion_tokens": _nullable({"type": "integer", "minimum": 1})},
-                ),
+            "post": _admitted(
+                _operation(
+                    "OpenAI-compatible chat completion, rendered with the model's chat template",
+                    _completion_answer("chat.completion", chat_choice),
+                    body=_completion_request(
+                        "messages",
+                        {"type": "array", "items": message, "minItems": 1},
+                        {"max_completion_tokens": _nullable({"type": "integer", "minimum": 1})},
+                    ),
+                )
+            )
+        },
+        "/v1/embeddings": {
+            "post": _admitted(
+                _operation(
+                    "OpenAI-compatible embeddings: the served model's mean-pooled, L2-normalised last "
+                    "hidden state, computed in chunks between the LLM's steps",
+                    _json(
+                        _obj(
+                            {
+                                "object": {"const": "list"},
+                                "data": {
+                                    "type": "array",
+                                    "items": _obj(
+                                        {
+                                            "object": {"const": "embedding"},
+                                            "index": INT,
+                                            "embedding": {"anyOf": [{"type": "array", "items": NUM}, STR]},
+                                        }
+                                    ),
+                                },
+                                "model": STR,
+                                "usage": _obj({"prompt_tokens": INT, "total_tokens": INT}),
+                            }
+                        ),
+                        "One vector per input, in input order (base64: little-endian float32s)",
+                    ),
+                    body=_obj(
+                        {
+                            "input": {
+                                "anyOf": [
+                                    text,
+                                    ids,
+                                    {
+                                        "type": "array",
+                                        "items": {"anyOf": [text, ids]},
+                                        "minItems": 1,
+                                        "maxItems": 2048,
+                                    },
+                                ]
+                            }
+                        },
+                        {
+                            "model": _nullable(STR),
+                            "encoding_format": _nullable({"enum": ["float", "base64"]}),
+                            "user": _nullable(STR),
+                            "dimensions": {"type": "null"},
+                            "tenant": _nullable(STR),
+                            "priority": _nullable(INT),
+                            "slo_deadline_ms": _SLO_MS,
+                        },
+                        extra=False,
+                    ),
+                )
             )
         },
         "/v1/models": {
@@ -335,7 +406,7 @@ def _components() -> Schema:
                     "preemptions": INT,
                     "policy_swaps": INT,
                 },
-                {"token_eviction": _ref("TokenEviction")},
+                {"token_eviction": _ref("TokenEviction"), "reserved_blocks": INT, "colocation": MAP},
             ),
             "TokenEviction": _obj(
                 {
@@ -378,6 +449,7 @@ def _components() -> Schema:
                     "cached_blocks": INT,
                     "evictable_blocks": INT,
                     "pinned_blocks": INT,
+                    "reserved_blocks": INT,
                     "by_tenant": MAP,
                     "by_class": MAP,
                     "running": INT,

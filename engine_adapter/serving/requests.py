@@ -25,12 +25,14 @@ from engine_adapter.serving.config import DEFAULT_MAX_BODY_BYTES
 
 __all__ = [
     "CHAT_FIELDS",
+    "EMBEDDING_FIELDS",
     "COMPLETION_FIELDS",
     "POLICY_FIELDS",
     "TOKEN_POLICY_FIELDS",
     "ApiError",
     "ChatCompletion",
     "Completion",
+    "EmbeddingRequest",
     "bad_value",
     "dumps",
     "error_json",
@@ -56,10 +58,17 @@ COMPLETION_FIELDS = frozenset(
     {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
         "stream_options", "user", "n", "logprobs", "echo",
-        "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression",
+        "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression", "slo_ttft_ms", "slo_tpot_ms",
     }
 )  # fmt: skip
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
+# POST /v1/embeddings: OpenAI's fields (`dimensions` is refused: the model's width is served) and
+# sage's extensions (tenant, priority, the deadline SLO).
+EMBEDDING_FIELDS = frozenset(
+    {"model", "input", "encoding_format", "user", "dimensions", "tenant", "priority", "slo_deadline_ms"}
+)
+MAX_SLO_MS = 86_400_000.0  # a day: beyond it an SLO is a typo, not a target
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the texts of one request
 POLICY_FIELDS = frozenset({"policy", "params"})
 TOKEN_POLICY_FIELDS = frozenset({"policy"})
 LOGS_QUERY = frozenset({"tail", "follow"})
@@ -246,6 +255,16 @@ def _opt_float(body: dict[str, Any], field: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise bad_value(field, f"must be a number, got {value!r}")
     return float(value)
+
+
+def opt_slo_ms(body: dict[str, Any], field: str) -> float | None:
+    """An SLO extension field in milliseconds: a positive number up to a day, or absent."""
+    value = _opt_float(body, field)
+    if value is None:
+        return None
+    if not 0.0 < value <= MAX_SLO_MS:
+        raise bad_value(field, f"must be a number of milliseconds in (0, {MAX_SLO_MS:.0f}], got {value:g}")
+    return value
 
 
 def _opt_str(body: dict[str, Any], field: str) -> str | None:
@@ -457,6 +476,9 @@ class Completion:
         if self.cache_salt == "":
             raise bad_value("cache_salt", "must not be empty; leave it out for no salt")
         self.kv_compression = _kv_compression(body.get("kv_compression"))
+        # SLO extensions (spec 004); None: the tenant's default from the engine config.
+        self.slo_ttft_ms = opt_slo_ms(body, "slo_ttft_ms")
+        self.slo_tpot_ms = opt_slo_ms(body, "slo_tpot_ms")
         self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -518,6 +540,88 @@ class ChatCompletion(Completion):
     def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
         return self._envelope("chat.completion", {"message": message, "finish_reason": finish_reason})
+
+
+class EmbeddingRequest:
+    """A parsed POST /v1/embeddings body (OpenAI's format, sage's SLO and tenant extensions)."""
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        model = _opt_str(body, "model")
+        if model is not None and model != served_model:
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"model {model!r} is not served here; this engine serves {served_model!r}",
+            )
+        self.model = served_model
+        self.inputs = _embedding_inputs(body)
+        encoding = _opt_str(body, "encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise bad_value("encoding_format", f"must be 'float' or 'base64', got {encoding!r:.40}")
+        self.encoding_format = encoding
+        if body.get("dimensions") is not None:
+            raise bad_value("dimensions", "the model's own width is served; leave it out")
+        self.user = _opt_str(body, "user")
+        tenant = _opt_str(body, "tenant")
+        self.tenant = tenant if tenant is not None else self.user
+        self.priority = _opt_int(body, "priority") or 0
+        self.slo_deadline_ms = opt_slo_ms(body, "slo_deadline_ms")
+        self.request_id = f"emb-{uuid.uuid4().hex}"
+
+    def answer(self, vectors: list[list[float]], prompt_tokens: int) -> dict[str, Any]:
+        """OpenAI's answer: one ``embedding`` object per input, in input order."""
+        from engine_adapter.model.pooling import encode_base64
+
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": encode_base64(v) if self.encoding_format == "base64" else v,
+            }
+            for i, v in enumerate(vectors)
+        ]
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+
+
+def _embedding_inputs(body: dict[str, Any]) -> list[str | list[int]]:
+    """`input`: a string, a list of strings, token ids, or a list of token-id lists; none empty."""
+    if "input" not in body or body["input"] is None:
+        raise ApiError(400, "invalid_value", "'input' is required: a string or a list of strings")
+    value = body["input"]
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif _is_token_ids(value) and value:
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise bad_value("input", f"must be a string or a list of strings, got {type(value).__name__}")
+    if not items:
+        raise bad_value("input", "must not be an empty list")
+    if len(items) > MAX_EMBEDDING_INPUTS:
+        raise bad_value("input", f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(items)}")
+    out: list[str | list[int]] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if not item:
+                raise bad_value("input", f"input {i} is an empty string")
+            out.append(item)
+        elif _is_token_ids(item):
+            if not item:
+                raise bad_value("input", f"input {i} is an empty list of token ids")
+            if any(t < 0 for t in item):
+                raise bad_value("input", f"input {i}: token ids must be >= 0")
+            out.append(list(item))
+        else:
+            raise bad_value(
+                "input", f"input {i} must be a string or a list of token ids, got {type(item).__name__}"
+            )
+    return out
 
 
 def usage(output: Any) -> dict[str, Any]:

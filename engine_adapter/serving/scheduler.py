@@ -32,6 +32,7 @@ The scheduler is not thread-safe: the engine calls `step` with the cache manager
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatc
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import SamplingParams, make_generator, sample_batch
 from engine_adapter.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine_adapter.serving.embedding_batch import EmbeddingJob, EmbeddingResult, EmbeddingText
 from engine_adapter.token_eviction import KVCompression
 from engine_adapter.token_eviction.policies import TokenEvictionPolicy, kept_for_ratio, make_token_policy
 from engine_adapter.token_eviction.pressure import TokenCacheManager
@@ -54,6 +56,15 @@ from engine_adapter.token_eviction.sequence_kv import CompactionRefused, Sequenc
 __all__ = ["RequestOutput", "Scheduler", "SchedulerLimits", "Sequence", "SequenceStatus", "StepStats"]
 
 log = structlog.get_logger("sage.scheduler")
+
+# Embedding chunks beside decodes (engine_adapter.serving.embedding_batch): the embedding work of
+# a step that also decodes is sized so that the step takes at most this much longer than a
+# decode-only step (TPOT stays within 1 + headroom of what it is without embeddings), learnt
+# from the steps' forward times; never fewer tokens than the floor, so embeddings progress.
+EMBEDDING_TPOT_HEADROOM = 0.4
+MIN_EMBEDDING_CHUNK = 8
+_PROBE_EVERY = 32  # steps: a decode step without embeddings re-measures the baseline
+_EWMA = 0.2
 
 
 class SequenceStatus(enum.Enum):
@@ -99,6 +110,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int = 2048
     max_queued_requests: int | None = None
     queued_timeout: float | None = None
+    embedding_chunk_tokens: int = 128
 
 
 @dataclass(eq=False)
@@ -133,6 +145,12 @@ class Sequence:
     evicted_tokens: int = 0  # tokens token-level eviction removed from its cache (RoPE offset)
     observer: AttentionObserver | None = None  # what its attention exposes to its token policy
     prompt_compressed: bool = False
+    # SLOs (spec 004), in milliseconds; None: no SLO given and colocation off.
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    # Absolute time (the cache's clock) its blocks should be done by: the `slo` policy's
+    # deadline. None: no deadline known (the policy's default slack).
+    deadline: float | None = None
 
     @property
     def cache_len(self) -> int:
@@ -155,6 +173,7 @@ class StepStats:
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    embedding_tokens: int = 0
     admitted: int = 0
     preempted: int = 0
     finished: int = 0
@@ -203,6 +222,14 @@ class Scheduler:
         self.on_finished: Callable[[Sequence], None] | None = None
         # Lifetime prediction (predictive policies): seconds a sequence has left, at admission.
         self.estimate_lifetime: Callable[[Sequence], float] | None = None
+        # Colocation: the deadline (cache clock) a sequence's blocks get at admission, from its
+        # real slack; None: the sequence's own `deadline`.
+        self.deadline_for: Callable[[Sequence], float | None] | None = None
+        # Colocation: running sequences to preempt so that `blocks` blocks come free (Algorithm 3);
+        # None: the eviction policy's `select_preemption_victims`.
+        self.choose_victims: Callable[[list[Sequence], int], list[Sequence]] | None = None
+        # Colocation: whether a waiting sequence may be admitted within the LLM quota now.
+        self.llm_gate: Callable[[Sequence], bool] | None = None
         # --adaptive-batch: the running limit follows the re-prefill rate (adaptive_batch.py);
         # each change is logged here and handed to `on_batch_change` (the engine's metrics).
         self.adaptive: AdaptiveBatch | None = None
@@ -210,6 +237,16 @@ class Scheduler:
         # Token-level eviction (--token-eviction, kv_compression); None: never compress.
         self.token_eviction: TokenCacheManager | None = None
         self._named_policies: dict[str, TokenEvictionPolicy] = {}
+        # Embedding requests (engine_adapter.serving.embedding_batch), earliest deadline first.
+        self.embedding_queue: list[EmbeddingJob] = []
+        self._reservation_ids = itertools.count(1)
+        # Colocation: whether an embedding job may reserve `n` more blocks now (its quota);
+        # None: whenever the pool has them.
+        self.embedding_gate: Callable[[EmbeddingJob, int], bool] | None = None
+        self.on_embedding_finished: Callable[[EmbeddingJob, EmbeddingResult], None] | None = None
+        self._decode_step_s: float | None = None  # EWMA forward time of decode-only steps
+        self._embedding_token_s: float | None = None  # EWMA marginal forward time per embedding token
+        self._steps_since_probe = 0
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -217,11 +254,13 @@ class Scheduler:
         self._next_seq_id += 1
         return self._next_seq_id
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a validated sequence."""
+    def add(self, seq: Sequence, *, keep_arrival: bool = False) -> None:
+        """Queue a validated sequence (`keep_arrival`: it arrived earlier, e.g. deferred by
+        colocation's admission, and its latency counts from then)."""
         if seq.generator is None and not seq.sampling.greedy:
             seq.generator = make_generator(seq.sampling.seed)
-        seq.arrival = self.clock()
+        if not keep_arrival:
+            seq.arrival = self.clock()
         self.waiting.append(seq)
         self._protect(seq)
         cap = self.limits.max_queued_requests
@@ -250,8 +289,133 @@ class Scheduler:
                 return True
         return False
 
+    def preempt_request(self, request_id: str) -> bool:
+        """Preempt a running request by recompute (colocation's ADMIT_WITH_PREEMPTION)."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self._preempt(seq)
+                return True
+        return False
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.embedding_queue)
+
+    # ---- embeddings ------------------------------------------------------------------------
+
+    def add_embedding(self, job: EmbeddingJob) -> None:
+        """Queue an embedding request (validated: every text fits the pool and the model)."""
+        self.embedding_queue.append(job)
+
+    def abort_embedding(self, request_id: str, message: str, status: int = 500) -> bool:
+        """End a queued or running embedding request with an error; returns whether found."""
+        for job in self.embedding_queue:
+            if job.request_id == request_id:
+                self._finish_embedding(job, message, status)
+                return True
+        return False
+
+    def fail_embeddings(self, message: str) -> None:
+        """End every embedding request that has started (a failed step), releasing its blocks."""
+        for job in [j for j in self.embedding_queue if j.started is not None]:
+            self._finish_embedding(job, message, 500)
+
+    def embedding_budget(self, decoding: bool) -> int:
+        """Embedding tokens this step may take: `embedding_chunk_tokens` when no sequence decodes;
+        beside decodes, what lengthens the step by `EMBEDDING_TPOT_HEADROOM` of a decode-only
+        step at the learnt cost per embedding token (0 for a probe step that re-measures the
+        decode-only baseline)."""
+        cap = self.limits.embedding_chunk_tokens
+        if not decoding:
+            return cap
+        self._steps_since_probe += 1
+        if self._decode_step_s is None or self._steps_since_probe >= _PROBE_EVERY:
+            return 0  # measure a decode step alone first
+        if self._embedding_token_s is None or self._embedding_token_s <= 0:
+            return min(cap, MIN_EMBEDDING_CHUNK)
+        fit = int(EMBEDDING_TPOT_HEADROOM * self._decode_step_s / self._embedding_token_s)
+        return max(min(cap, MIN_EMBEDDING_CHUNK), min(cap, fit))
+
+    def _learn_step_cost(self, forward_s: float, decoding: bool, embedding_tokens: int) -> None:
+        """Update the decode-only baseline and the marginal cost of an embedding token."""
+        if decoding and embedding_tokens == 0:
+            old = self._decode_step_s
+            self._decode_step_s = forward_s if old is None else (1 - _EWMA) * old + _EWMA * forward_s
+            self._steps_since_probe = 0
+        elif embedding_tokens > 0:
+            base = self._decode_step_s if decoding and self._decode_step_s is not None else 0.0
+            sample = max(forward_s - base, 0.0) / embedding_tokens
+            old = self._embedding_token_s
+            self._embedding_token_s = sample if old is None else (1 - _EWMA) * old + _EWMA * sample
+
+    def _schedule_embeddings(self, decoding: bool = False) -> tuple[list[EmbeddingText], list[int]]:
+        """This step's embedding chunks, earliest deadline first, within `embedding_budget`; a
+        text reserves its workspace blocks at its first chunk (evicting cached blocks if the pool
+        is short) and waits when neither the pool nor its quota has them."""
+        texts: list[EmbeddingText] = []
+        chunks: list[int] = []
+        if not self.embedding_queue:
+            return texts, chunks
+        budget = self.embedding_budget(decoding)
+        self.embedding_queue.sort(key=lambda j: (j.deadline, -j.priority, j.arrival))
+        now = self.clock()
+        block_size = self.cache.block_size
+        for job in self.embedding_queue:
+            for text in job.texts:
+                if budget <= 0:
+                    return texts, chunks
+                if text.finished:
+                    continue
+                if text.reservation is None:
+                    need = -(-len(text.ids) // block_size)
+                    if self.embedding_gate is not None and not self.embedding_gate(job, need):
+                        return texts, chunks
+                    owner = next(self._reservation_ids)
+                    t = time.perf_counter()
+                    table = self.cache.reserve_blocks(owner, need)
+                    self.cache_s += time.perf_counter() - t
+                    if table is None:  # the pool is full of blocks in use: wait for them
+                        return texts, chunks
+                    text.reservation, text.block_table = owner, table
+                if job.started is None:
+                    job.started = now
+                n = min(text.remaining, budget)
+                texts.append(text)
+                chunks.append(n)
+                budget -= n
+        return texts, chunks
+
+    def _advance_embeddings(self, texts: list[EmbeddingText], chunks: list[int], sums: torch.Tensor) -> int:
+        """Pool each chunk's hidden states; release finished texts' blocks; answer finished jobs."""
+        for row, (text, n) in enumerate(zip(texts, chunks, strict=True)):
+            text.pool.add(sums[row], n)
+            text.done_tokens += n
+            if text.finished and text.reservation is not None:
+                self.cache.release_reservation(text.reservation)
+                text.reservation, text.block_table = None, []
+        done = [job for job in self.embedding_queue if job.done]
+        for job in done:
+            self._finish_embedding(job, None, 200)
+        return sum(chunks)
+
+    def _finish_embedding(self, job: EmbeddingJob, error: str | None, status: int) -> None:
+        self.embedding_queue.remove(job)
+        for text in job.texts:
+            if text.reservation is not None:
+                self.cache.release_reservation(text.reservation)
+                text.reservation, text.block_table = None, []
+        now = self.clock()
+        result = EmbeddingResult(
+            request_id=job.request_id,
+            vectors=[t.pool.vector() for t in job.texts] if error is None else [],
+            prompt_tokens=job.num_tokens,
+            error=error,
+            status=status,
+            queued_s=(job.started if job.started is not None else now) - job.arrival,
+            latency_s=now - job.arrival,
+        )
+        if self.on_embedding_finished is not None:
+            self.on_embedding_finished(job, result)
+        job.finish(result)
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -263,25 +427,46 @@ class Scheduler:
         self._expire_waiting()
         stats.admitted = self._admit()
         batch_seqs, chunks, stats.preempted = self._schedule()
+        # a step decodes when an LLM row computes one token; prefill chunks are no TPOT to protect
+        decoding = any(n == 1 for n in chunks)
+        emb_texts, emb_chunks = self._schedule_embeddings(decoding)
         t1 = time.perf_counter()
-        if batch_seqs:
-            observers = [seq.observer for seq in batch_seqs]
+        if batch_seqs or emb_texts:
+            observers: list[AttentionObserver | None] = [seq.observer for seq in batch_seqs]
             offsets = [seq.evicted_tokens for seq in batch_seqs]
+            token_ids = [
+                seq.all_ids[seq.num_computed : seq.num_computed + n]
+                for seq, n in zip(batch_seqs, chunks, strict=True)
+            ]
+            starts = [seq.cache_len for seq in batch_seqs]
+            tables = [seq.block_table for seq in batch_seqs]
+            # Embedding chunks ride in the same forward, after the LLM's rows.
+            for text, n in zip(emb_texts, emb_chunks, strict=True):
+                token_ids.append(text.ids[text.done_tokens : text.done_tokens + n])
+                starts.append(text.done_tokens)
+                tables.append(text.block_table)
+                offsets.append(0)
+                observers.append(None)
             batch = ForwardBatch(
-                token_ids=[
-                    seq.all_ids[seq.num_computed : seq.num_computed + n]
-                    for seq, n in zip(batch_seqs, chunks, strict=True)
-                ],
-                start_positions=[seq.cache_len for seq in batch_seqs],
-                block_tables=[seq.block_table for seq in batch_seqs],
+                token_ids=token_ids,
+                start_positions=starts,
+                block_tables=tables,
                 position_offsets=offsets if any(offsets) else None,
                 observers=observers if any(o is not None for o in observers) else None,
+                pool_hidden=[False] * len(batch_seqs) + [True] * len(emb_texts) if emb_texts else None,
             )
             out = self.decoder(batch, self.pool)
             t2 = time.perf_counter()
             stats.forward_s = t2 - t1
-            stats.finished = self._advance(batch_seqs, chunks, out.logits, stats)
-            self._compress_after_step()
+            self._learn_step_cost(stats.forward_s, decoding, sum(emb_chunks))
+            if emb_texts:
+                assert out.hidden_sums is not None
+                stats.embedding_tokens = self._advance_embeddings(
+                    emb_texts, emb_chunks, out.hidden_sums[len(batch_seqs) :]
+                )
+            if batch_seqs:
+                stats.finished = self._advance(batch_seqs, chunks, out.logits[: len(batch_seqs)], stats)
+                self._compress_after_step()
             t3 = time.perf_counter()
             stats.bookkeeping_s = (t1 - t0) + (t3 - t2)
         else:
@@ -315,6 +500,8 @@ class Scheduler:
         limit = self.adaptive.current if self.adaptive is not None else self.limits.max_num_seqs
         while self.waiting and len(self.running) < limit:
             seq = self.waiting[0]
+            if self.llm_gate is not None and not self.llm_gate(seq):
+                break  # over the LLM quota: wait for running sequences to finish
             tokens = seq.all_ids
             t = time.perf_counter()
             try:
@@ -326,6 +513,7 @@ class Scheduler:
                     cache_salt=seq.cache_salt,
                     max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
                     estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
+                    deadline=self.deadline_for(seq) if self.deadline_for is not None else seq.deadline,
                     # A prompt compressed after prefill is scored by all its queries, as kvpress does.
                     match_prefix=seq.kv_compression is None,
                 )
@@ -416,10 +604,16 @@ class Scheduler:
             t = time.perf_counter()
             skip = {s.seq_id for s in batch}
             skip.add(seq.seq_id)
-            victim_ids = self.cache.select_preemption_victims(1, exclude=skip)
+            victim: Sequence | None
+            if self.choose_victims is not None:
+                others = [s for s in self.running if s.seq_id not in skip]
+                chosen = self.choose_victims(others, 1)
+                victim = chosen[0] if chosen else None
+            else:
+                victim_ids = self.cache.select_preemption_victims(1, exclude=skip)
+                by_id = {s.seq_id: s for s in self.running}
+                victim = by_id.get(victim_ids[0]) if victim_ids else None
             self.cache_s += time.perf_counter() - t
-            by_id = {s.seq_id: s for s in self.running}
-            victim = by_id.get(victim_ids[0]) if victim_ids else None
             if victim is None:
                 self._preempt(seq)  # nothing else can give way
                 return False

@@ -151,9 +151,11 @@ async def completion_events(completion: Completion, handle: Any) -> AsyncIterato
         async for output in ThreadPump(iter(handle), f"sage-stream-{completion.request_id}"):
             if output.finished:
                 finished = True
-                if output.finish_reason == "error":
+                if output.finish_reason in ("error", "rejected"):
                     message = output.error or "the engine failed on this request"
-                    yield sse({"error": {"type": "engine_error", "message": message}})
+                    # rejected: colocation deferred it, then found no room before its slack ran out
+                    kind = "slo_rejected" if output.finish_reason == "rejected" else "engine_error"
+                    yield sse({"error": {"type": kind, "message": message}})
                     break
                 chunk = completion.chunk(output.text, output.finish_reason)
                 chunk["usage"] = usage(output)

@@ -1,0 +1,260 @@
+"""The engine side of LLM + embedding colocation (spec 004, issue 19): `ColocationController`
+(engine_adapter.colocation) wired into the engine loop.
+
+With ``colocation`` off (the default) nothing here runs and the engine behaves as it did
+before. With ``dynamic`` or ``static:F``:
+
+- admission (Algorithm 1, and sage's admission of embedding batches) on arrival: ADMIT queues
+  the request; ADMIT_WITH_PREEMPTION preempts the named lower-priority requests first; DEFER
+  holds it out of the scheduler and asks again each loop until its slack runs out, then admits
+  or rejects it; REJECT answers 429 with the controller's reason;
+- quotas (Algorithm 2) recomputed each ``quota_interval_s``: an embedding text reserves its
+  workspace only within the embedding quota, a new LLM sequence is admitted only within the LLM
+  quota (each class may always run one, so neither starves);
+- deadlines from real slack: a sequence's blocks get ``now + slack_s`` as `EntryMeta.deadline`,
+  so the ``slo`` eviction policy ranks them by their request's SLO; preemption picks its victims
+  with Algorithm 3 (`preemption_victims`), the policy's choice only when it protects them all.
+
+Time is the scheduler's monotonic clock for the controller, the cache's clock for deadlines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter.colocation import (
+    LLMSLO,
+    Admission,
+    ColocationController,
+    Decision,
+    EmbeddingSLO,
+    EmbeddingView,
+    LLMView,
+    MemoryState,
+    Quota,
+)
+from engine_adapter.serving.config import colocation_params
+from engine_adapter.serving.embedding_batch import EmbeddingJob
+from engine_adapter.serving.scheduler import Scheduler, Sequence
+
+__all__ = ["Deferred", "EngineColocation", "colocation_params"]
+
+
+@dataclass(eq=False, slots=True)
+class Deferred:
+    """A request that admission deferred: asked again each loop until `until`."""
+
+    item: Sequence | EmbeddingJob
+    until: float
+
+
+class EngineColocation:
+    """The controller, its views of the engine's requests, and the hooks it sets on the scheduler.
+
+    Args:
+        controller: The colocation controller over the engine's pool.
+        scheduler: The engine's scheduler (hooks are installed on it).
+        block_size: Tokens per block.
+    """
+
+    def __init__(
+        self,
+        controller: ColocationController,
+        scheduler: Scheduler,
+        block_size: int,
+        *,
+        admission: bool = True,
+        slo_preemption: bool = True,
+    ) -> None:
+        self.controller = controller
+        self.scheduler = scheduler
+        self.block_size = block_size
+        self.admission = admission  # False: every request admitted on arrival, nothing shed
+        self.slo_preemption = slo_preemption
+        self.deferred: list[Deferred] = []
+        self.decisions: dict[str, int] = {}
+        scheduler.embedding_gate = self._embedding_fits_quota
+        scheduler.llm_gate = self._llm_fits_quota
+        scheduler.deadline_for = self.deadline_for
+        if slo_preemption:
+            scheduler.choose_victims = self.choose_victims
+
+    # ---- views ---------------------------------------------------------------------------
+
+    def llm_view(self, seq: Sequence) -> LLMView:
+        slo = LLMSLO(ttft_ms=seq.slo_ttft_ms or 1.0, tpot_ms=seq.slo_tpot_ms or 1.0)
+        return LLMView(
+            request_id=seq.request_id,
+            arrival_s=seq.arrival,
+            prompt_tokens=len(seq.prompt_ids),
+            generated_tokens=len(seq.output_ids),
+            max_tokens=seq.sampling.max_tokens,
+            slo=slo,
+            priority=seq.priority,
+            first_token_s=seq.first_token_time,
+            blocks=len(seq.block_table),
+        )
+
+    def embedding_view(self, job: EmbeddingJob) -> EmbeddingView:
+        return EmbeddingView(
+            request_id=job.request_id,
+            arrival_s=job.arrival,
+            tokens=job.num_tokens,
+            slo=EmbeddingSLO(deadline_ms=max((job.deadline - job.arrival) * 1e3, 1e-3)),
+            blocks=job.blocks(self.block_size),
+            started_s=job.started,
+        )
+
+    def memory(self) -> MemoryState:
+        """The pool as the controller sees it: reservations are the embeddings' use; free and
+        reclaimable (cached, unreferenced) blocks are free; the rest is the LLM's."""
+        cache = self.scheduler.cache
+        reserved = cache.num_reserved_blocks
+        free = cache.num_available_blocks
+        return MemoryState(
+            total_blocks=cache.num_blocks,
+            used_llm_blocks=max(cache.num_blocks - free - reserved, 0),
+            used_embedding_blocks=reserved,
+            free_blocks=free,
+        )
+
+    def _running_views(self) -> list[LLMView]:
+        return [self.llm_view(s) for s in self.scheduler.running]
+
+    def _embedding_views(self) -> list[EmbeddingView]:
+        return [self.embedding_view(j) for j in self.scheduler.embedding_queue]
+
+    # ---- admission (Algorithm 1) -----------------------------------------------------------
+
+    def count(self, kind: str, admission: Admission) -> None:
+        """Count a decision in the stats (on arrival, and the final one of a deferred request)."""
+        key = f"{kind}:{admission.decision.value}"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+
+    def admit_llm(self, seq: Sequence, now: float, *, count: bool = True) -> Admission:
+        """Algorithm 1 for `seq` now (`count`: in the stats' decisions)."""
+        admission = (
+            self.controller.admit_llm(
+                self.llm_view(seq), now, self.memory(), self._running_views(), self._embedding_views()
+            )
+            if self.admission
+            else Admission(Decision.ADMIT, "admission control off")
+        )
+        if count:
+            self.count("llm", admission)
+        return admission
+
+    def admit_embedding(self, job: EmbeddingJob, now: float, *, count: bool = True) -> Admission:
+        """sage's embedding admission for `job` now (`spec` admits every batch)."""
+        admission = (
+            self.controller.admit_embedding(
+                self.embedding_view(job), now, self.memory(), self._embedding_views()
+            )
+            if self.admission
+            else Admission(Decision.ADMIT, "admission control off")
+        )
+        if count:
+            self.count("embedding", admission)
+        return admission
+
+    def defer_until(self, item: Sequence | EmbeddingJob, now: float) -> float:
+        """How long a deferred request may wait: its slack (first-token deadline for an LLM
+        request, its deadline less the learnt service time for an embedding batch)."""
+        if isinstance(item, EmbeddingJob):
+            return now + max(self.controller.embedding_slack_s(self.embedding_view(item), now), 0.0)
+        assert item.slo_ttft_ms is not None
+        return max(item.arrival + item.slo_ttft_ms / 1e3, now)
+
+    def missed(self, now: float) -> list[tuple[Sequence | EmbeddingJob, str]]:
+        """(sage only) Queued work that can no longer meet its SLO, with the reason: LLM
+        requests still waiting for their first admission past their first-token deadline, and
+        embedding batches not started past their deadline. The spec sheds no admitted work
+        (issue 19's prototype: dropping it is most of what a baseline gains from admission)."""
+        if self.controller.system != "sage" or not self.admission:
+            return []
+        out: list[tuple[Sequence | EmbeddingJob, str]] = []
+        for seq in self.scheduler.waiting:
+            if seq.num_preemptions or seq.first_token_time is not None or seq.slo_ttft_ms is None:
+                continue
+            late = now - (seq.arrival + seq.slo_ttft_ms / 1e3)
+            if late > 0:
+                out.append((seq, f"first-token deadline passed {late:.3f}s ago while queued"))
+        for job in self.scheduler.embedding_queue:
+            if job.started is None and now > job.deadline:
+                out.append((job, f"deadline passed {now - job.deadline:.3f}s ago while queued"))
+        return out
+
+    # ---- quotas (Algorithm 2) ----------------------------------------------------------------
+
+    def update_quota(self, now: float) -> Quota:
+        llm = [self.llm_view(s) for s in (*self.scheduler.running, *self.scheduler.waiting)]
+        llm += [self.llm_view(d.item) for d in self.deferred if isinstance(d.item, Sequence)]
+        embeddings = self._embedding_views()
+        embeddings += [self.embedding_view(d.item) for d in self.deferred if isinstance(d.item, EmbeddingJob)]
+        return self.controller.update_quota(now, llm, embeddings)
+
+    def _embedding_fits_quota(self, job: EmbeddingJob, blocks: int) -> bool:
+        reserved = self.scheduler.cache.num_reserved_blocks
+        return reserved == 0 or reserved + blocks <= self.controller.quota.embedding_blocks
+
+    def _llm_fits_quota(self, seq: Sequence) -> bool:
+        running = self.scheduler.running
+        if not running:
+            return True
+        held = sum(len(s.block_table) for s in running)
+        need = math.ceil(seq.num_tokens / self.block_size)
+        return held + need <= self.controller.quota.llm_blocks
+
+    # ---- deadlines and preemption (Algorithm 3) ---------------------------------------------
+
+    def deadline_for(self, seq: Sequence) -> float:
+        """The cache-clock deadline of `seq`'s blocks: now + its slack (deadline minus the time
+        it still needs at its SLO's pace)."""
+        now = self.scheduler.clock()
+        return self.scheduler.cache.clock() + self.controller.slack_s(self.llm_view(seq), now)
+
+    def choose_victims(self, candidates: list[Sequence], blocks: int) -> list[Sequence]:
+        """Algorithm 3 over the running requests; the eviction policy's choice when it protects
+        every candidate (all nearly finished), so that a short pool still makes progress."""
+        if not candidates:
+            return []
+        by_id = {s.request_id: s for s in candidates}
+        ids = self.controller.preemption_victims(
+            [self.llm_view(s) for s in candidates], blocks, self.scheduler.clock()
+        )
+        chosen = [by_id[i] for i in ids if i in by_id]
+        if chosen:
+            return chosen
+        cache = self.scheduler.cache
+        skip = {s.seq_id for s in self.scheduler.running} - {s.seq_id for s in candidates}
+        fallback = cache.select_preemption_victims(blocks, exclude=skip)
+        by_seq = {s.seq_id: s for s in candidates}
+        return [by_seq[i] for i in fallback if i in by_seq]
+
+    # ---- what the stats show -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The ``colocation`` object of ``GET /v1/eviction/stats``."""
+        quota = self.controller.quota
+        memory = self.memory()
+        llm_urgency, embedding_urgency = self.controller.last_urgency
+        return {
+            "mode": self.controller.mode,
+            "system": self.controller.system,
+            "admission": self.admission,
+            "slo_preemption": self.slo_preemption,
+            "quota": {"llm_blocks": quota.llm_blocks, "embedding_blocks": quota.embedding_blocks},
+            "used": {
+                "llm_blocks": memory.used_llm_blocks,
+                "embedding_blocks": memory.used_embedding_blocks,
+                "free_blocks": memory.free_blocks,
+            },
+            "urgency": {"llm": llm_urgency, "embedding": embedding_urgency},
+            "decisions": dict(sorted(self.decisions.items())),
+            "deferred": len(self.deferred),
+            "embedding_queue": len(self.scheduler.embedding_queue),
+            "params": dataclasses.asdict(self.controller.params),
+        }
