@@ -8,13 +8,13 @@ test_openai_client.py; the reservation's cache invariants are in test_cache_stat
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from engine_fixtures import app_client, running_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
@@ -23,7 +23,6 @@ from engine_adapter.model.decoder import ForwardBatch
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.pooling import MeanPool, decode_base64, encode_base64
 from engine_adapter.model.sampling import SamplingParams
-from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import ConfigError, EngineConfig
 from engine_adapter.serving.engine import Engine, RequestError
 
@@ -46,16 +45,13 @@ def _config(root: Path, **overrides: Any) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    with tempfile.TemporaryDirectory(prefix="sage-emb-", dir="/tmp") as root:
-        eng = Engine(_config(Path(root)))
-        eng.start()
+    with running_engine(_config, "sage-emb-") as eng:
         yield eng
-        eng.shutdown(drain=False, timeout=10)
 
 
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> TestClient:
-    return TestClient(build_app(engine), raise_server_exceptions=False)
+    return app_client(engine)
 
 
 def _cos(a: list[float], b: list[float]) -> float:

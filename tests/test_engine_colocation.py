@@ -8,13 +8,13 @@ victims with outputs unchanged, and with colocation off the stats exactly as bef
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_fixtures import app_client, running_engine
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -43,16 +43,13 @@ def _config(root: Path, **overrides: Any) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    with tempfile.TemporaryDirectory(prefix="sage-col-", dir="/tmp") as root:
-        eng = Engine(_config(Path(root)))
-        eng.start()
+    with running_engine(_config, "sage-col-") as eng:
         yield eng
-        eng.shutdown(drain=False, timeout=10)
 
 
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> TestClient:
-    return TestClient(build_app(engine), raise_server_exceptions=False)
+    return app_client(engine)
 
 
 def _metric(text: str, name: str, labels: dict[str, str]) -> float | None:

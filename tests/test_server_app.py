@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_fixtures import app_client, running_engine
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 from structlog.testing import capture_logs
@@ -44,17 +45,13 @@ def _config(root: Path) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    with tempfile.TemporaryDirectory(prefix="sage-app-", dir="/tmp") as root:
-        eng = Engine(_config(Path(root)))
-        eng.start()
+    with running_engine(_config, "sage-app-") as eng:
         yield eng
-        eng.shutdown(drain=False, timeout=10)
 
 
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> TestClient:
-    # raise_server_exceptions=False: a 500 must come back as JSON, as a real client sees it.
-    return TestClient(build_app(engine), raise_server_exceptions=False)
+    return app_client(engine)
 
 
 def _complete(client: TestClient, prompt: str | list[int], **extra: Any) -> dict[str, Any]:

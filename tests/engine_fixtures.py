@@ -1,0 +1,36 @@
+"""An in-process engine behind Starlette's TestClient, for the tests of the HTTP API.
+
+The tests of the control API, of embeddings and of colocation each run one engine per module
+with their own config; this is the one place that starts it, drains nothing on the way out,
+and builds the client (a 500 comes back as JSON, as a real client sees it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from engine_adapter.serving.app import build_app
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.engine import Engine
+
+
+@contextmanager
+def running_engine(config: Callable[[Path], EngineConfig], prefix: str) -> Iterator[Engine]:
+    """A started engine whose socket and logs live in a fresh temporary folder."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp") as root:
+        engine = Engine(config(Path(root)))
+        engine.start()
+        try:
+            yield engine
+        finally:
+            engine.shutdown(drain=False, timeout=10)
+
+
+def app_client(engine: Engine) -> TestClient:
+    """The engine's HTTP app; server errors come back as responses, not exceptions."""
+    return TestClient(build_app(engine), raise_server_exceptions=False)
