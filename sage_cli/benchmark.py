@@ -27,7 +27,7 @@ import typer
 from sage_cli import colocation_bench as colo
 from sage_cli.errors import CLIError, CLIUsageError
 from sage_cli.options import NameOpt, SocketOpt
-from sage_cli.output import Output
+from sage_cli.output import Output, format_cell
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -225,21 +225,6 @@ _ADAPTIVE_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _cell(value: Any, kind: str) -> str:
-    if kind == "yesno":
-        return "yes" if value else "no"
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if kind == "percent":
-        return f"{value * 100:.1f}%"
-    if kind == "ratio":
-        return f"{value:.2f}"
-    if kind == "int":
-        return f"{int(value)}"
-    return f"{value:.3g}"
-
 
 def run_caption(run: Any) -> str | None:
     """How the simulator's rows ran, under the table: the implementation of the core (compiled or
@@ -294,7 +279,7 @@ def results_table(result: dict[str, Any]) -> Table | str:
             no_wrap=key == "policy",
         )
     for row in rows:
-        table.add_row(*(_cell(row.get(key), kind) for key, _, kind in columns))
+        table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in columns))
     return table
 
 

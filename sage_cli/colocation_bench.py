@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sage_cli.errors import CLIUsageError
-from sage_cli.output import Output
+from sage_cli.output import Output, format_cell
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -176,21 +176,6 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _cell(value: Any, kind: str) -> str:
-    if value is None:
-        return "-"
-    if kind == "text":
-        return str(value)
-    if kind == "percent0":
-        return f"{value * 100:.0f}%"
-    if kind == "percent":
-        return f"{value * 100:.1f}%"
-    if kind == "ratio":
-        return f"{value:.2f}"
-    if kind == "int":
-        return f"{value:.0f}"
-    return f"{value:.3g}"
-
 
 def colocation_table(result: dict[str, Any]) -> Table | str:
     """One row per ratio, load and system; the capacities in the caption."""
@@ -221,7 +206,7 @@ def colocation_table(result: dict[str, Any]) -> Table | str:
             title, justify="left" if key in ("ratio", "system") else "right", no_wrap=key == "system"
         )
     for row in rows:
-        table.add_row(*(_cell(row.get(key), kind) for key, _, kind in _COLUMNS))
+        table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in _COLUMNS))
     return table
 
 

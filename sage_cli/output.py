@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-__all__ = ["Output", "dump_json"]
+__all__ = ["Output", "dump_json", "format_cell"]
 
 
 def dump_json(payload: Any, *, compact: bool = False) -> str:
@@ -23,6 +23,27 @@ def dump_json(payload: Any, *, compact: bool = False) -> str:
     if compact:
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return json.dumps(payload, ensure_ascii=False, indent=2)
+
+
+def format_cell(value: Any, kind: str) -> str:
+    """One cell of a benchmark table: `kind` is "yesno", "text", "percent0" (a fraction as a
+    whole percentage), "percent" (to a tenth), "ratio" (two decimals), "int" (rounded), or
+    anything else for three significant digits. None is "-"; a value that is no number, as is."""
+    if kind == "yesno":
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if kind == "text" or isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if kind == "percent0":
+        return f"{value * 100:.0f}%"
+    if kind == "percent":
+        return f"{value * 100:.1f}%"
+    if kind == "ratio":
+        return f"{value:.2f}"
+    if kind == "int":
+        return f"{value:.0f}"
+    return f"{value:.3g}"
 
 
 class Output:

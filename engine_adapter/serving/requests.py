@@ -267,6 +267,18 @@ def opt_slo_ms(body: dict[str, Any], field: str) -> float | None:
     return value
 
 
+def _served_model(body: dict[str, Any], served_model: str) -> str:
+    """The body's `model`, which may be omitted but must name the served model when given."""
+    model = _opt_str(body, "model")
+    if model is not None and model != served_model:
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"model {model!r} is not served here; this engine serves {served_model!r}",
+        )
+    return served_model
+
+
 def _opt_str(body: dict[str, Any], field: str) -> str | None:
     value = body.get(field)
     if value is None:
@@ -422,14 +434,7 @@ class Completion:
     id_prefix = "cmpl"
 
     def __init__(self, body: dict[str, Any], served_model: str) -> None:
-        model = _opt_str(body, "model")
-        if model is not None and model != served_model:
-            raise ApiError(
-                404,
-                "model_not_found",
-                f"model {model!r} is not served here; this engine serves {served_model!r}",
-            )
-        self.model = served_model
+        self.model = _served_model(body, served_model)
         self.prompt: Any = self._read_prompt(body)
         n = _opt_int(body, "n")
         if n is not None and n != 1:
@@ -546,14 +551,7 @@ class EmbeddingRequest:
     """A parsed POST /v1/embeddings body (OpenAI's format, sage's SLO and tenant extensions)."""
 
     def __init__(self, body: dict[str, Any], served_model: str) -> None:
-        model = _opt_str(body, "model")
-        if model is not None and model != served_model:
-            raise ApiError(
-                404,
-                "model_not_found",
-                f"model {model!r} is not served here; this engine serves {served_model!r}",
-            )
-        self.model = served_model
+        self.model = _served_model(body, served_model)
         self.inputs = _embedding_inputs(body)
         encoding = _opt_str(body, "encoding_format") or "float"
         if encoding not in ("float", "base64"):
