@@ -76,7 +76,7 @@ def test_json_and_the_output_file_hold_the_same_rows(tmp_path: Path) -> None:
         (("--seeds", "a"), "--seeds"),
         (("--systems", "sage,magic"), "unknown system"),
         (("--capacity-blocks", "10"), "does not take --capacity-blocks"),
-        (("--mode", "engine"), "not a --duration"),  # engine mode sends --requests (h-19b)
+        (("--mode", "engine"), "not a --duration"),  # engine mode takes --requests instead
         (("--alpha", "0", "--beta", "0"), "at least one"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Colocation in the engine (issue 19): h-19a's `ColocationController` wired into the loop.
+"""Colocation in the engine (issue 19): engine_adapter.colocation's controller wired into the loop.
 
 sage-tiny in process: admission on arrival (REJECT is a 429 with its reason, DEFER waits up to
 the request's slack), quotas visible in the stats and ``/metrics`` and enforced on embedding
