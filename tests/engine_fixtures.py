@@ -34,3 +34,20 @@ def running_engine(config: Callable[[Path], EngineConfig], prefix: str) -> Itera
 def app_client(engine: Engine) -> TestClient:
     """The engine's HTTP app; server errors come back as responses, not exceptions."""
     return TestClient(build_app(engine), raise_server_exceptions=False)
+
+
+def started_engine(**overrides: object) -> Engine:
+    """A started sage-tiny engine on the CPU with 4-token blocks and a large pool; `overrides`
+    are EngineConfig fields. Its socket path is never bound: tests submit to it directly."""
+    values: dict[str, object] = {
+        "device": "cpu",
+        "block_size": 4,
+        "num_blocks": 4096,
+        "name": "test",
+        "socket": "/tmp/sage-test-unused.sock",
+        "max_num_batched_tokens": 64,
+    }
+    values.update(overrides)
+    engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
+    engine.start()
+    return engine

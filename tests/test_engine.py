@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from engine_fixtures import started_engine
 
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import EngineConfig
@@ -28,21 +29,6 @@ PROMPTS = [
 ]
 
 
-def _engine(tmp_path: object, **overrides: object) -> Engine:
-    values: dict[str, object] = {
-        "device": "cpu",
-        "block_size": 4,
-        "num_blocks": 4096,
-        "name": "test",
-        "socket": "/tmp/sage-test-unused.sock",
-        "max_num_batched_tokens": 64,
-    }
-    values.update(overrides)
-    engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
-    engine.start()
-    return engine
-
-
 def _run_all(engine: Engine, prompts: list[str], max_tokens: int = 24) -> list[list[int]]:
     handles = [engine.submit(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
     return [h.result(timeout=120).token_ids for h in handles]
@@ -50,7 +36,7 @@ def _run_all(engine: Engine, prompts: list[str], max_tokens: int = 24) -> list[l
 
 @pytest.fixture(scope="module")
 def reference_outputs(tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
-    engine = _engine(tmp_path_factory.mktemp("ref"))
+    engine = started_engine()
     try:
         outputs = _run_all(engine, PROMPTS)
         stats = engine.eviction_stats()
@@ -67,7 +53,7 @@ def test_greedy_outputs_equal_unbounded_pool_under_eviction_and_preemption(
 ) -> None:
     # 24 blocks of 4 tokens cannot hold six ~15-block sequences at once: the scheduler must
     # evict cached blocks and preempt running sequences, then recompute them.
-    engine = _engine(tmp_path, num_blocks=24, eviction_policy=policy)
+    engine = started_engine(num_blocks=24, eviction_policy=policy)
     try:
         outputs = _run_all(engine, PROMPTS)
         stats = engine.eviction_stats()
@@ -80,7 +66,7 @@ def test_greedy_outputs_equal_unbounded_pool_under_eviction_and_preemption(
 
 
 def test_repeated_prompt_is_served_from_the_prefix_cache(tmp_path: object) -> None:
-    engine = _engine(tmp_path)
+    engine = started_engine()
     try:
         first = engine.submit(PROMPTS[0], SamplingParams(max_tokens=4)).result(60)
         second = engine.submit(PROMPTS[0], SamplingParams(max_tokens=4)).result(60)
@@ -93,7 +79,7 @@ def test_repeated_prompt_is_served_from_the_prefix_cache(tmp_path: object) -> No
 
 
 def test_hot_swap_under_load_loses_no_request_and_no_block(tmp_path: object) -> None:
-    engine = _engine(tmp_path, num_blocks=48)
+    engine = started_engine(num_blocks=48)
     stop = threading.Event()
     swaps: list[dict[str, object]] = []
     errors: list[BaseException] = []
@@ -131,7 +117,7 @@ def test_hot_swap_under_load_loses_no_request_and_no_block(tmp_path: object) -> 
 
 
 def test_swap_keeps_every_cached_block(tmp_path: object) -> None:
-    engine = _engine(tmp_path, num_blocks=64)
+    engine = started_engine(num_blocks=64)
     try:
         _run_all(engine, PROMPTS, max_tokens=4)
         keys_before = {b.key for b in engine.cache.radix.blocks()}
@@ -157,7 +143,7 @@ def test_swap_keeps_every_cached_block(tmp_path: object) -> None:
 def test_bad_requests_are_rejected_and_the_engine_keeps_serving(
     tmp_path: object, prompt: str | list[int], sampling: dict[str, int], message: str
 ) -> None:
-    engine = _engine(tmp_path, num_blocks=64)
+    engine = started_engine(num_blocks=64)
     try:
         with pytest.raises(RequestError, match=message):
             engine.submit(prompt, SamplingParams(**sampling))
@@ -175,7 +161,7 @@ def test_bad_sampling_values_name_the_value(bad: dict[str, float]) -> None:
 
 
 def test_stop_string_ends_the_output_without_it(tmp_path: object) -> None:
-    engine = _engine(tmp_path)
+    engine = started_engine()
     try:
         free = engine.submit("abc", SamplingParams(max_tokens=30, ignore_eos=True)).result(60)
         text = free.text
@@ -193,7 +179,7 @@ def test_stop_string_ends_the_output_without_it(tmp_path: object) -> None:
 
 
 def test_queue_limit_drops_the_lowest_priority(tmp_path: object) -> None:
-    engine = _engine(tmp_path, max_queued_requests=2, max_num_seqs=1)
+    engine = started_engine(max_queued_requests=2, max_num_seqs=1)
     try:
         engine.draining = False
         with engine.cache.lock:  # hold the loop so that all four wait together
@@ -212,7 +198,7 @@ def test_queue_limit_drops_the_lowest_priority(tmp_path: object) -> None:
 
 
 def test_queued_timeout_aborts_with_a_reason(tmp_path: object) -> None:
-    engine = _engine(tmp_path, queued_timeout=0.001, max_num_seqs=1)
+    engine = started_engine(queued_timeout=0.001, max_num_seqs=1)
     try:
         with engine.cache.lock:
             handles = [engine.submit(f"wait {i}", SamplingParams(max_tokens=2)) for i in range(3)]
@@ -227,7 +213,7 @@ def test_queued_timeout_aborts_with_a_reason(tmp_path: object) -> None:
 
 
 def test_drain_finishes_requests_then_refuses_new_ones(tmp_path: object) -> None:
-    engine = _engine(tmp_path)
+    engine = started_engine()
     handles = [engine.submit(p, SamplingParams(max_tokens=6)) for p in PROMPTS]
     engine.shutdown(drain=True, timeout=120)
     assert all(h.finished and h.result().finish_reason == "length" for h in handles)
@@ -243,7 +229,7 @@ def test_offline_policy_is_refused(tmp_path: object) -> None:
 
 
 def test_lifetime_prediction_feeds_the_predictive_policy(tmp_path: object) -> None:
-    engine = _engine(tmp_path, eviction_policy="predictive", enable_lifetime_prediction=True)
+    engine = started_engine(eviction_policy="predictive", enable_lifetime_prediction=True)
     try:
         first = engine.submit(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True)).result(60)
         learnt = engine.tpot_estimate_s
@@ -264,7 +250,7 @@ def test_lifetime_prediction_feeds_the_predictive_policy(tmp_path: object) -> No
 
 
 def test_without_lifetime_prediction_no_lifetime_is_given(tmp_path: object) -> None:
-    engine = _engine(tmp_path, eviction_policy="predictive")
+    engine = started_engine(eviction_policy="predictive")
     try:
         with engine.cache.lock:
             handle = engine.submit(PROMPTS[1], SamplingParams(max_tokens=4))
@@ -281,7 +267,7 @@ def test_without_lifetime_prediction_no_lifetime_is_given(tmp_path: object) -> N
 def test_the_engine_seed_makes_unseeded_sampling_reproducible(tmp_path: object) -> None:
     outputs = []
     for _ in range(2):
-        engine = _engine(tmp_path, seed=7)
+        engine = started_engine(seed=7)
         try:
             params = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
             outputs.append([engine.submit("sample me", params).result(60).token_ids for _ in range(2)])
@@ -296,7 +282,7 @@ def test_a_failed_step_logs_its_traceback_with_the_request_ids_and_the_engine_se
 ) -> None:
     from structlog.testing import capture_logs
 
-    engine = _engine(tmp_path)
+    engine = started_engine()
     real_step = engine.scheduler.step
     calls = {"n": 0}
 
@@ -325,7 +311,7 @@ def test_a_failed_step_logs_its_traceback_with_the_request_ids_and_the_engine_se
 def test_a_request_whose_admission_fails_ends_alone_and_the_queue_moves_on(tmp_path: object) -> None:
     from structlog.testing import capture_logs
 
-    engine = _engine(tmp_path)
+    engine = started_engine()
     real_allocate = engine.cache.allocate
 
     def allocate(*args: object, **kwargs: object) -> object:
@@ -351,7 +337,7 @@ def test_a_request_whose_admission_fails_ends_alone_and_the_queue_moves_on(tmp_p
 def test_final_output_holds_every_generated_token(tmp_path: object) -> None:
     """The token that ends a request (here its max_tokens-th) is in the final token_ids and in
     the deltas, as completion_tokens counts it."""
-    engine = _engine(tmp_path)
+    engine = started_engine()
     try:
         handle = engine.submit(PROMPTS[0], SamplingParams(max_tokens=7, ignore_eos=True))
         result = handle.result(60)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_fixtures import started_engine
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
@@ -196,24 +197,6 @@ def test_the_benchmark_option_as_a_real_process(tmp_path: Path) -> None:
 # ---- the engine: the scheduler protects, admits, drops and times out with protection on ---------
 
 
-def _engine(**overrides: object) -> Any:
-    from engine_adapter.serving.config import EngineConfig
-    from engine_adapter.serving.engine import Engine
-
-    values: dict[str, object] = {
-        "device": "cpu",
-        "block_size": 4,
-        "num_blocks": 4096,
-        "name": "test",
-        "socket": "/tmp/sage-test-unused.sock",
-        "max_num_batched_tokens": 64,
-    }
-    values.update(overrides)
-    engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
-    engine.start()
-    return engine
-
-
 ENGINE_PROMPTS = [
     "You are a careful assistant. Tell me about caches.",
     "You are a careful assistant. Tell me about queues.",
@@ -234,12 +217,12 @@ def _outputs(engine: Any) -> list[list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["lru", "reuse"])
 def test_engine_outputs_are_exact_with_protection_under_eviction_and_preemption(policy: str) -> None:
-    reference = _engine()
+    reference = started_engine()
     try:
         expected = _outputs(reference)
     finally:
         reference.shutdown()
-    engine = _engine(num_blocks=24, eviction_policy=policy, protect_queued=0.5)
+    engine = started_engine(num_blocks=24, eviction_policy=policy, protect_queued=0.5)
     try:
         got = _outputs(engine)
         stats = engine.eviction_stats()
@@ -255,7 +238,7 @@ def test_engine_outputs_are_exact_with_protection_under_eviction_and_preemption(
 def test_engine_requests_leaving_the_queue_release_their_protection() -> None:
     from engine_adapter.model.sampling import SamplingParams
 
-    engine = _engine(max_queued_requests=2, max_num_seqs=1, protect_queued=0.5)
+    engine = started_engine(max_queued_requests=2, max_num_seqs=1, protect_queued=0.5)
     try:
         engine.submit(ENGINE_PROMPTS[0], SamplingParams(max_tokens=2)).result(60)  # cache a prefix
         with engine.cache.lock:  # hold the loop so that all four wait together
