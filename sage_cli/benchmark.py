@@ -104,7 +104,7 @@ def parse_policies(text: str, mode: str = "sim") -> list[str]:
         CLIUsageError: An unknown name (the message lists the available ones), an empty list,
             or an offline policy outside the simulator.
     """
-    from sage_eviction import UnknownPolicyError, available_policies, get_policy_class
+    from sage_eviction import PolicyConfigError, available_policies, get_policy_class
 
     names = [item.strip() for item in text.split(",") if item.strip()]
     if not names:
@@ -112,13 +112,9 @@ def parse_policies(text: str, mode: str = "sim") -> list[str]:
     policies: list[str] = []
     for item in names:
         try:
-            cls = get_policy_class(item)
-        except UnknownPolicyError:
-            raise CLIUsageError(
-                f"unknown eviction policy {item!r}; available: {', '.join(available_policies())}"
-            ) from None
-        if cls.offline and mode != "sim":
-            raise CLIUsageError(f"policy {cls.name!r} needs the future: it runs only with --mode sim")
+            cls = get_policy_class(item, online=mode != "sim")
+        except PolicyConfigError as exc:
+            raise CLIUsageError(str(exc)) from None
         if cls.name not in policies:
             policies.append(cls.name)
     return policies

@@ -16,6 +16,7 @@ from __future__ import annotations
 from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import (
     DuplicateKeyError,
+    OfflinePolicyError,
     PolicyConfigError,
     PolicyParamError,
     PolicyStateError,
@@ -59,6 +60,7 @@ __all__ = [
     "FlatHeapPolicy",
     "HeapPolicy",
     "LevelledRecencyPolicy",
+    "OfflinePolicyError",
     "PolicyConfigError",
     "PolicyEntry",
     "PolicyParamError",

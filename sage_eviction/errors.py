@@ -5,6 +5,7 @@ The tree::
     SageEvictionError
     ├── PolicyConfigError (also ValueError)
     │   ├── UnknownPolicyError       an unknown policy name; lists the names that exist
+    │   ├── OfflinePolicyError       an offline policy (it needs the future) where only online ones run
     │   └── PolicyParamError         an unknown or ill-typed param; lists the params and defaults
     └── PolicyStateError (also KeyError)
         ├── DuplicateKeyError        insert of a key the policy already holds
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "DuplicateKeyError",
+    "OfflinePolicyError",
     "PolicyConfigError",
     "PolicyParamError",
     "PolicyStateError",
@@ -34,6 +36,11 @@ class PolicyConfigError(SageEvictionError, ValueError):
 
 class UnknownPolicyError(PolicyConfigError):
     """No policy has this name."""
+
+
+class OfflinePolicyError(PolicyConfigError):
+    """An offline policy (it needs the future, e.g. Belady) asked for where only online ones run:
+    an engine, or an engine integration. The message lists the online policies."""
 
 
 class PolicyParamError(PolicyConfigError):

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
-from sage_eviction.errors import PolicyParamError, UnknownPolicyError
+from sage_eviction.errors import OfflinePolicyError, PolicyParamError, UnknownPolicyError
 from sage_eviction.policies import POLICIES
 from sage_eviction.types import EntryMeta
 
@@ -32,6 +32,9 @@ __all__ = [
     "policy_params",
     "resolve_policy",
 ]
+# This module is the one place a policy spec is read and checked: the engine's config, the
+# control API's hot swap, the CLI and the integrations all resolve names here (`online=True`
+# where the future is not known), so a name is accepted or refused with the same message.
 
 ENTRY_POINT_GROUP = "sage_eviction.policies"
 ALIASES = {"qos_aware": "priority", "qos": "priority", "s3-fifo": "s3fifo", "opt": "belady", "min": "belady"}
@@ -74,11 +77,17 @@ def available_policies(*, include_offline: bool = True) -> list[str]:
     return sorted(n for n, c in POLICIES.items() if include_offline or not c.offline)
 
 
-def get_policy_class(name: str) -> type[EvictionPolicy]:
+def get_policy_class(name: str, *, online: bool = False) -> type[EvictionPolicy]:
     """The class registered as `name` (or one of its aliases).
+
+    Args:
+        name: A registry name or alias, any case.
+        online: Refuse offline policies (they need the future: simulation only), as an engine
+            must; the messages then list the online policies.
 
     Raises:
         UnknownPolicyError: No such policy; the message lists the ones that exist.
+        OfflinePolicyError: `online` and the policy is offline; the message lists the online ones.
     """
     key = name.strip().lower()
     key = ALIASES.get(key, key)
@@ -87,8 +96,13 @@ def get_policy_class(name: str) -> type[EvictionPolicy]:
         _load_plugins()
         cls = POLICIES.get(key)
     if cls is None:
-        raise UnknownPolicyError(
-            f"unknown eviction policy {name!r}; available: {', '.join(available_policies())}"
+        listing = ", ".join(available_policies(include_offline=not online))
+        raise UnknownPolicyError(f"unknown eviction policy {name!r}; available: {listing}")
+    if online and cls.offline:
+        listing = ", ".join(available_policies(include_offline=False))
+        raise OfflinePolicyError(
+            f"eviction policy {cls.name!r} needs the future and runs only in simulation "
+            f"(sage llm benchmark --mode sim); online policies: {listing}"
         )
     return cls
 
@@ -220,7 +234,9 @@ class ResolvedPolicy:
             raise PolicyParamError(f"policy {self.cls.name!r}: {exc}; params: {listing}") from exc
 
 
-def resolve_policy(spec: str, capacity: int | None = None, /, **params: Any) -> ResolvedPolicy:
+def resolve_policy(
+    spec: str, capacity: int | None = None, /, *, online: bool = False, **params: Any
+) -> ResolvedPolicy:
     """Read `name` or `name:k=v,...` plus keyword params into a `ResolvedPolicy`.
 
     Values are converted by the param's annotation the same way wherever they come from (a spec
@@ -232,15 +248,18 @@ def resolve_policy(spec: str, capacity: int | None = None, /, **params: Any) -> 
         capacity: The cache's size in blocks, when a cache builds the policy: it is then the
             cache's to give, and a `capacity` param is an error. Positional only, so that a
             `capacity` among user params reaches the check rather than colliding with it.
+        online: Refuse offline policies, as an engine must (`get_policy_class`). No policy
+            takes a param of this name.
         **params: More params; they override the ones in `spec`.
 
     Raises:
         UnknownPolicyError: Unknown name.
+        OfflinePolicyError: `online` and the policy needs the future.
         PolicyParamError: Unknown or ill-typed param, or `capacity` given twice; the message lists
             the params with defaults.
     """
     name, raw = parse_policy_spec(spec)
-    cls = get_policy_class(name)
+    cls = get_policy_class(name, online=online)
     merged: dict[str, Any] = {**raw, **params}
     specs = policy_params(cls)
     if capacity is not None and "capacity" in merged:

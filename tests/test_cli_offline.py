@@ -341,7 +341,7 @@ def files(short_dir: Path) -> dict[str, Path]:
         (["--cost-model", "/nonexistent.yaml"], ["--cost-model /nonexistent.yaml: cannot read it"]),
         (["--cost-model", "{costs}"], ["the top level is not a mapping"]),
         (["--output", "/nonexistent/dir/r.json"], ["the folder /nonexistent/dir does not exist"]),
-        (["--eviction-policies", "belady", "--mode", "engine"], ["runs only with --mode sim"]),
+        (["--eviction-policies", "belady", "--mode", "engine"], ["runs only in simulation (sage llm benchmark --mode sim)"]),
     ],
 )
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from engine_fixtures import started_engine
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine, EngineClosedError, RequestError
+from sage_eviction import OfflinePolicyError
 
 pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
 
@@ -222,7 +223,7 @@ def test_drain_finishes_requests_then_refuses_new_ones(tmp_path: object) -> None
 
 
 def test_offline_policy_is_refused(tmp_path: object) -> None:
-    with pytest.raises(RequestError, match="offline"):
+    with pytest.raises(OfflinePolicyError, match="needs the future"):
         Engine(
             EngineConfig(device="cpu", num_blocks=16, eviction_policy="belady", socket="/tmp/x-unused.sock")
         )

@@ -17,7 +17,7 @@ from engine_adapter.serving.config import (
     load_yaml,
     resolve_config,
 )
-from sage_eviction import PolicyParamError, UnknownPolicyError
+from sage_eviction import OfflinePolicyError, PolicyParamError, UnknownPolicyError
 
 
 @pytest.fixture(autouse=True)
@@ -328,5 +328,5 @@ def test_check_policy() -> None:
         EngineConfig(eviction_policy="lru", policy_params={"x": "1"}).check_policy()
     with pytest.raises(PolicyParamError):
         EngineConfig(eviction_policy="slru", policy_params={"protected_threshold": "many"}).check_policy()
-    with pytest.raises(ConfigError, match="needs the future"):
+    with pytest.raises(OfflinePolicyError, match="needs the future"):
         EngineConfig(eviction_policy="belady").check_policy()

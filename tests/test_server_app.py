@@ -234,7 +234,7 @@ def test_bad_policy_param_and_offline_policy_are_400(client: TestClient) -> None
     r = client.put("/v1/eviction/policy", json={"policy": "s3fifo", "params": {"no_such_param": 1}})
     _assert_error(r, 400, "invalid_policy", "no_such_param")
     r = client.put("/v1/eviction/policy", json={"policy": "belady"})
-    _assert_error(r, 400, "invalid_policy", "offline", "available: arc, fifo")
+    _assert_error(r, 400, "invalid_policy", "needs the future", "online policies: arc, fifo")
     # The pool's size is the engine's to give: a 400 naming it, not a 500 from a duplicate keyword.
     r = client.put("/v1/eviction/policy", json={"policy": "arc", "params": {"capacity": 64}})
     _assert_error(r, 400, "invalid_policy", "'capacity'", "leave it out")

@@ -304,18 +304,13 @@ class EngineConfig:
         Raises:
             sage_eviction.UnknownPolicyError: Unknown name; the message lists the policies.
             sage_eviction.PolicyParamError: Unknown or ill-typed param; lists the params.
-            ConfigError: An offline policy (it needs the future: simulation only).
+            sage_eviction.OfflinePolicyError: An offline policy (it needs the future: simulation
+                only); lists the online ones.
         """
-        from sage_eviction import get_policy_class, resolve_policy
+        from sage_eviction import resolve_policy
 
-        cls = get_policy_class(self.eviction_policy)
-        if cls.offline:
-            raise ConfigError(
-                f"eviction policy {self.eviction_policy!r} needs the future and runs only in "
-                "simulation (sage llm benchmark --mode sim)"
-            )
         # The cache resolves the spec the same way with the pool's size, known only at start.
-        resolve_policy(self.eviction_policy, self.num_blocks or 1, **self.policy_params)
+        resolve_policy(self.eviction_policy, self.num_blocks or 1, online=True, **self.policy_params)
 
 
 def config_keys() -> list[str]:

@@ -60,7 +60,6 @@ from engine_adapter.token_eviction.pressure import (
     TokenCacheManager,
 )
 from sage_eviction import (
-    UnknownPolicyError,
     available_policies,
     get_policy_class,
     policy_params,
@@ -194,9 +193,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.name = config.name
-        policy_cls = get_policy_class(config.eviction_policy)
-        if policy_cls.offline:
-            raise RequestError(f"policy {policy_cls.name!r} is offline (needs the future): simulation only")
+        get_policy_class(config.eviction_policy, online=True)  # before the model loads
         self.decoder, self.tokenizer, self.model_config = load_model(config.model, device=config.device)
         device = str(self.decoder.device)
         self.pool = self.decoder.make_pool(
@@ -784,21 +781,12 @@ class Engine:
         """Hot swap between two steps.
 
         Raises:
-            UnknownPolicyError: No such policy; the message lists those an engine can serve.
+            UnknownPolicyError, OfflinePolicyError: No such policy, or one that needs the future;
+                the message lists those an engine can serve.
             PolicyParamError: A bad param, or `capacity`, which is the pool's to give
                 (`sage_eviction.resolve_policy`).
-            RequestError: An offline policy (it needs the future); the message lists the others.
         """
-        name = parse_policy_spec(policy)[0]
-        online = ", ".join(available_policies(include_offline=False))
-        try:
-            cls = get_policy_class(name)
-        except UnknownPolicyError:
-            raise UnknownPolicyError(f"unknown eviction policy {name!r}; available: {online}") from None
-        if cls.offline:
-            raise RequestError(
-                f"policy {cls.name!r} is offline (needs the future): simulation only; available: {online}"
-            )
+        get_policy_class(parse_policy_spec(policy)[0], online=True)
         with self.cache.lock:
             result = self.cache.swap_policy(policy, **params)
         self.metrics.on_swap(result.new_name)

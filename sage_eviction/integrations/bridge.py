@@ -99,12 +99,10 @@ class PolicyBridge:
         chosen = spec if spec and spec.strip() else policy_spec_from_env(env_var)
         if chosen is None:
             raise PolicyConfigError(f"sage's {engine} integration: no policy given; set {env_var}=name:k=v")
-        resolved = resolve_policy(chosen, capacity)
-        if resolved.cls.offline:
-            raise PolicyConfigError(
-                f"sage's {engine} integration: policy {resolved.cls.name!r} needs the future; "
-                "it runs only in the simulator"
-            )
+        try:
+            resolved = resolve_policy(chosen, capacity, online=True)
+        except PolicyConfigError as exc:
+            raise type(exc)(f"sage's {engine} integration: {exc}") from None
         self.spec = chosen
         self.capacity = capacity
         self.engine = engine

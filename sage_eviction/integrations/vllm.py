@@ -66,10 +66,10 @@ def register() -> None:
     if spec is None:
         return
     check_version("vllm")
-    if resolve_policy(spec, 1).cls.offline:
-        raise PolicyConfigError(
-            f"{GPU_POLICY_ENV}={spec}: this policy needs the future; it runs only in the simulator"
-        )
+    try:
+        resolve_policy(spec, 1, online=True)
+    except PolicyConfigError as exc:
+        raise type(exc)(f"{GPU_POLICY_ENV}={spec}: {exc}") from None
     from vllm.v1.core import kv_cache_coordinator
 
     kv_cache_coordinator.BlockPool = sage_block_pool_class()
