@@ -41,7 +41,6 @@ from engine_adapter.token_eviction.registry import (
     TokenPolicyError,
     TokenPolicyParamError,
     UnknownTokenPolicyError,
-    check_token_policy,
     make_token_policy,
     token_policy_class,
     token_policy_names,
@@ -79,7 +78,7 @@ def _prefilled(decoder: Decoder, policy: TokenEvictionPolicy) -> SequenceKV:
 def test_builds_by_name_with_its_defaults_and_knows_its_name(name: str) -> None:
     policy = make_token_policy(name)
     assert isinstance(policy, TokenEvictionPolicy) and policy.name() == name
-    assert type(policy) is token_policy_class(name) and check_token_policy(name) == name
+    assert type(policy) is token_policy_class(name)
     assert repr(policy).startswith(type(policy).__name__)
     assert type(policy).__doc__, f"{name}: the class says what it keeps"
     # params() are constructor params: building from them gives the same policy
@@ -164,7 +163,7 @@ def test_built_ins_are_one_file_each_under_presses() -> None:
 
 
 def test_an_unknown_name_lists_the_names() -> None:
-    for build in (make_token_policy, check_token_policy, token_policy_class):
+    for build in (make_token_policy, token_policy_class):
         with pytest.raises(UnknownTokenPolicyError, match="none, sliding, snapkv, h2o, tova"):
             build("lru")
     assert issubclass(UnknownTokenPolicyError, TokenPolicyError)
@@ -186,9 +185,11 @@ def test_names_and_checks_need_no_torch() -> None:
     probe = """
 import json, sys
 from engine_adapter.token_eviction import KVCompression
-from engine_adapter.token_eviction.registry import check_token_policy, token_policy_names
+from engine_adapter.serving.config import resolve_config
+from engine_adapter.token_eviction.registry import token_policy_names
 KVCompression("snapkv", 0.5)
-print(json.dumps([token_policy_names(), check_token_policy("tova"), "torch" in sys.modules]))
+token = resolve_config({"token_eviction": "tova"}, environ={}).token_eviction
+print(json.dumps([token_policy_names(), token, "torch" in sys.modules]))
 """
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [NAMES, "tova", False]
@@ -304,4 +305,4 @@ def test_plugin_registration_was_undone() -> None:
     """Runs after the plugin tests in file order: nothing of the plugin is left behind."""
     assert token_policy_names() == list(TOKEN_POLICIES)
     with pytest.raises(UnknownTokenPolicyError):
-        check_token_policy(PLUGIN_NAME)
+        token_policy_class(PLUGIN_NAME)

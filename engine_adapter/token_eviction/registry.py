@@ -34,7 +34,6 @@ __all__ = [
     "TokenPolicyError",
     "TokenPolicyParamError",
     "UnknownTokenPolicyError",
-    "check_token_policy",
     "make_token_policy",
     "token_policy_class",
     "token_policy_names",
@@ -88,16 +87,6 @@ def _import_path(name: str) -> str:
         listing = ", ".join(token_policy_names())
         raise UnknownTokenPolicyError(f"unknown token eviction policy {name!r}; choose one of {listing}")
     return path
-
-
-def check_token_policy(name: str) -> str:
-    """`name` itself when a token policy is registered under it (torch-free).
-
-    Raises:
-        UnknownTokenPolicyError: No such policy; the message lists the ones that exist.
-    """
-    _import_path(name)
-    return name
 
 
 def token_policy_class(name: str) -> type[TokenEvictionPolicy]:
