@@ -55,7 +55,8 @@ from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.token_eviction.generate import append_tokens
-from engine_adapter.token_eviction.policies import kept_for_ratio, make_token_policy
+from engine_adapter.token_eviction.presses.base import kept_for_ratio
+from engine_adapter.token_eviction.registry import make_token_policy
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 FILLER = [

@@ -24,13 +24,11 @@ from engine_adapter.serving.config import ConfigError, EngineConfig, resolve_con
 from engine_adapter.serving.engine import Engine, RequestError
 from engine_adapter.token_eviction import KVCompression
 from engine_adapter.token_eviction.generate import generate_compressed
-from engine_adapter.token_eviction.policies import (
-    NoEvictionPolicy,
-    SlidingWindowPolicy,
-    kept_for_ratio,
-    make_token_policy,
-)
+from engine_adapter.token_eviction.presses.base import kept_for_ratio
+from engine_adapter.token_eviction.presses.none import NoEvictionPolicy
+from engine_adapter.token_eviction.presses.sliding import SlidingWindowPolicy
 from engine_adapter.token_eviction.pressure import MemoryStats, TokenCacheManager
+from engine_adapter.token_eviction.registry import make_token_policy
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 LAYERS, HEADS, DIM, BS = 2, 3, 4, 4

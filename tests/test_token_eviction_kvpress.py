@@ -33,15 +33,12 @@ from test_model_hf_parity import SMALL, _randomize, _write_tokenizer  # noqa: E4
 from engine_adapter.model import load_model  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402
 from engine_adapter.token_eviction.generate import append_tokens, generate_compressed, prefill  # noqa: E402
-from engine_adapter.token_eviction.policies import (  # noqa: E402
-    H2OPolicy,
-    SlidingWindowPolicy,
-    SnapKVPolicy,
-    TokenEvictionPolicy,
-    TOVAPolicy,
-    kept_for_ratio,
-    make_token_policy,
-)
+from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, kept_for_ratio  # noqa: E402
+from engine_adapter.token_eviction.presses.h2o import H2OPolicy  # noqa: E402
+from engine_adapter.token_eviction.presses.sliding import SlidingWindowPolicy  # noqa: E402
+from engine_adapter.token_eviction.presses.snapkv import SnapKVPolicy  # noqa: E402
+from engine_adapter.token_eviction.presses.tova import TOVAPolicy  # noqa: E402
+from engine_adapter.token_eviction.registry import make_token_policy  # noqa: E402
 
 __all__ = ["one_thread_fixture", "reference_fixture", "reference_tokenizer_fixture", "smollm2_fixture"]
 

@@ -354,12 +354,12 @@ def _policy(value: Any, where: str) -> str:
 
 
 def _token_policy(value: Any, where: str) -> str:
-    from engine_adapter.token_eviction import TOKEN_POLICY_NAMES
+    from engine_adapter.token_eviction.registry import token_policy_names
 
     name = _text(value, where).lower()
-    if name not in TOKEN_POLICY_NAMES:
+    if name not in token_policy_names():
         raise ConfigError(
-            f"{where}: token eviction policy {shorten(value)} is not one of {', '.join(TOKEN_POLICY_NAMES)}"
+            f"{where}: token eviction policy {shorten(value)} is not one of {', '.join(token_policy_names())}"
         )
     return name
 

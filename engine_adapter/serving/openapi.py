@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine_adapter.token_eviction.registry import token_policy_names
+
 __all__ = ["openapi_document"]
 
 Schema = dict[str, Any]
@@ -107,7 +109,7 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
         "kv_compression": _nullable(
             _obj(
                 {
-                    "policy": {"enum": ["sliding", "snapkv", "h2o", "tova"]},
+                    "policy": {"enum": [n for n in token_policy_names() if n != "none"]},
                     "ratio": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
                 },
                 extra=False,

@@ -4,29 +4,32 @@ Block-level eviction (`sage_eviction`, `engine_adapter.cache`) drops whole cache
 between requests; token-level eviction compacts one sequence's K/V in the paged pool when memory
 runs short or a request asks for it, so a long generation survives on a small pool.
 
-    policies.py   TokenEvictionPolicy (should_evict / evict / name) and none, sliding, snapkv,
-                  h2o, tova; the scoring functions, tensor in, tensor out (kvpress's semantics)
+    registry.py    TOKEN_POLICIES (name -> ``module:Class``), the entry-point group
+                   ``sage.token_policies``, token_policy_names, make_token_policy, the errors
+    presses/       one policy per file over presses/base.py (TokenEvictionPolicy, kept_for_ratio,
+                   top_kept): none, sliding, snapkv, h2o, tova, each with its score function
+    policies.py    the serving layer's import: TokenEvictionPolicy, kept_for_ratio, make_token_policy
     sequence_kv.py SequenceKV: the spec's KVCache view of one sequence in the pool (compaction)
-    pressure.py   SystemMonitor (/proc/meminfo, CUDA, the pool) and TokenCacheManager.maybe_evict
+    pressure.py    SystemMonitor (/proc/meminfo, CUDA, the pool) and TokenCacheManager.maybe_evict
+    generate.py    one sequence prefilled, compressed once and decoded (kvpress tests, benchmark)
 
-This module is torch-free (it only names the policies) so that configs and the CLI can check a
-name without importing torch; the submodules import torch.
+This module and `registry.py` are torch-free (they name the policies; the request's
+`KVCompression` checks its policy against the registry) so that configs and the CLI can check a
+name without importing torch; the other modules import torch and the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine_adapter.token_eviction.registry import UnknownTokenPolicyError, token_policy_names
+
 __all__ = [
     "DEFAULT_EVICTION_WINDOW",
     "DEFAULT_MEMORY_THRESHOLD_MB",
     "DEFAULT_TARGET_RATIO",
-    "TOKEN_POLICY_NAMES",
     "KVCompression",
 ]
-
-TOKEN_POLICY_NAMES = ("none", "sliding", "snapkv", "h2o", "tova")
-"""Names of the token-level policies (``--token-eviction``); ``none`` changes nothing."""
 
 DEFAULT_EVICTION_WINDOW = 1024
 """The spec's ``--eviction-window``: tokens a sliding window keeps after its sinks."""
@@ -52,9 +55,10 @@ class KVCompression:
     ratio: float
 
     def __post_init__(self) -> None:
-        if self.policy not in TOKEN_POLICY_NAMES or self.policy == "none":
-            names = ", ".join(n for n in TOKEN_POLICY_NAMES if n != "none")
-            raise ValueError(f"kv_compression.policy {self.policy!r} is not one of {names}")
+        names = [n for n in token_policy_names() if n != "none"]  # `none` compresses nothing
+        if self.policy not in names:
+            listing = ", ".join(names)
+            raise UnknownTokenPolicyError(f"kv_compression.policy {self.policy!r} is not one of {listing}")
         if (
             isinstance(self.ratio, bool)
             or not isinstance(self.ratio, int | float)

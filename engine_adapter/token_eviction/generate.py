@@ -16,7 +16,7 @@ import torch
 
 from engine_adapter.model.decoder import Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
-from engine_adapter.token_eviction.policies import TokenEvictionPolicy, kept_for_ratio
+from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, kept_for_ratio
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = ["CompressedGeneration", "append_tokens", "generate_compressed", "prefill"]

@@ -21,7 +21,7 @@ import torch
 
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.token_eviction import DEFAULT_TARGET_RATIO
-from engine_adapter.token_eviction.policies import SlidingWindowPolicy, TokenEvictionPolicy
+from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy
 from engine_adapter.token_eviction.sequence_kv import CompactionRefused, SequenceKV
 
 __all__ = [
@@ -190,10 +190,7 @@ class TokenCacheManager:
 
     def target_len(self, policy: TokenEvictionPolicy, length: int) -> int:
         """What pressure shrinks a sequence of `length` tokens to under `policy`."""
-        target = max(1, int(length * self.target_ratio))
-        if isinstance(policy, SlidingWindowPolicy):
-            target = policy.target_len(length, target)
-        return target
+        return policy.target_len(length, max(1, int(length * self.target_ratio)))
 
     def eligible(
         self, sequence_id: int, cache: SequenceKV, policy: TokenEvictionPolicy, available: int

@@ -1,0 +1,166 @@
+"""What every token-level policy shares: the spec's interface, the kept count, and attention helpers.
+
+`TokenEvictionPolicy` is spec 002's ``EvictionPolicy`` for one sequence's tokens
+(``should_evict(cache, mem_available)``, ``evict(cache, target_len)``, ``name()``); a policy
+gives `scores` ``[kv_heads, L]`` (higher is kept) and the base keeps the `top_kept` per layer
+and KV head. `QueryScoredPolicy` is the base of the policies that score by the queries the
+decoder's `AttentionObserver` kept (SnapKV, TOVA). The kept count is kvpress's
+``max(1, int(L * (1 - compression_ratio)))`` (`kept_for_ratio`), the same for every layer and head.
+
+Imports torch, the decoder's `AttentionObserver` and `SequenceKV`; nothing of the registry.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from engine_adapter.model.decoder import AttentionObserver
+from engine_adapter.token_eviction.sequence_kv import SequenceKV
+
+__all__ = [
+    "QueryScoredPolicy",
+    "TokenEvictionPolicy",
+    "kept_for_ratio",
+    "recency_scores",
+    "top_kept",
+    "window_attention",
+]
+
+
+def kept_for_ratio(length: int, compression_ratio: float) -> int:
+    """Tokens kept when a fraction `compression_ratio` of `length` is removed (kvpress's rule)."""
+    if not 0.0 <= compression_ratio < 1.0:
+        raise ValueError(f"compression ratio {compression_ratio!r} must be in [0, 1)")
+    return max(1, int(length * (1 - compression_ratio)))
+
+
+def top_kept(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
+    """The `n_keep` highest-scoring cache indices per row of `scores` ``[..., L]``, ascending."""
+    return scores.topk(n_keep, dim=-1).indices.sort(dim=-1).values
+
+
+def recency_scores(kv_heads: int, length: int) -> torch.Tensor:
+    """``[kv_heads, L]`` scores that keep the newest tokens: what a policy falls back to when its
+    observer saw nothing (a sequence admitted before the policy was swapped in)."""
+    return torch.arange(length, dtype=torch.float32).repeat(kv_heads, 1)
+
+
+def window_attention(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of the last ``w`` queries onto all ``L`` keys, causal inside the window,
+    then the window's own columns dropped: ``[heads, w, L - w]``.
+
+    Args:
+        queries: ``[heads, w, D]``, rotated, the queries of cache indices ``L-w .. L-1``.
+        keys: ``[kv_heads, L, D]``, rotated.
+    """
+    heads, window, dim = queries.shape
+    kv_heads, length, _ = keys.shape
+    k = keys.repeat_interleave(heads // kv_heads, dim=0)
+    weights = torch.matmul(queries, k.transpose(1, 2)) / math.sqrt(dim)
+    mask = torch.triu(torch.full_like(weights, float("-inf")), diagonal=length - window + 1)
+    weights = torch.softmax(weights + mask, dim=-1, dtype=torch.float32).to(queries.dtype)
+    return weights[..., :-window]
+
+
+class TokenEvictionPolicy(ABC):
+    """The spec's ``EvictionPolicy`` for one sequence's tokens.
+
+    Subclasses give `scores` (or override `keep_indices`); `evict` compacts the sequence in the
+    pool. A policy keeps no per-sequence state: what it scores by lives in the sequence's
+    `AttentionObserver` (made by `make_observer`), so one policy serves every sequence and can be
+    swapped between two steps.
+
+    Attributes:
+        observation_window: Newest queries per layer the observer keeps for the policy (0: none).
+        accumulate_attention: Whether the observer sums the attention each key received.
+        window_param: The constructor param that takes the engine's ``--eviction-window``
+            (`make_token_policy`'s `window`), or None when the policy has no such window.
+    """
+
+    observation_window: int = 0
+    accumulate_attention: bool = False
+    window_param: str | None = None
+
+    @abstractmethod
+    def name(self) -> str:
+        """The policy's name (``--token-eviction``), the one it is registered under."""
+
+    def min_length(self) -> int:
+        """Shortest sequence it can shrink (what it always keeps, plus one)."""
+        return 2
+
+    def always_kept(self, length: int, target_len: int) -> list[int]:
+        """Cache indices it keeps whatever the scores when `length` tokens shrink to
+        `target_len` (attention sinks, an observation window, the newest tokens)."""
+        del length, target_len
+        return []
+
+    def target_len(self, length: int, target: int) -> int:
+        """What memory pressure shrinks a sequence of `length` tokens to, given the pressure's
+        own `target` (a windowed policy keeps at most its window)."""
+        del length
+        return target
+
+    def should_evict(self, cache: SequenceKV, mem_available: int) -> bool:
+        """Whether `cache` can and should shrink with `mem_available` bytes left (the caller has
+        compared that with its threshold)."""
+        del mem_available
+        return cache.length >= self.min_length()
+
+    def make_observer(self) -> AttentionObserver | None:
+        """What the attention must collect for this policy, per sequence (None: nothing)."""
+        if self.observation_window <= 0 and not self.accumulate_attention:
+            return None
+        return AttentionObserver(window=self.observation_window, accumulate=self.accumulate_attention)
+
+    def evict(self, cache: SequenceKV, target_len: int) -> int:
+        """Compact `cache` to `target_len` tokens per layer and KV head; returns tokens removed."""
+        if target_len >= cache.length:
+            return 0
+        target_len = max(1, target_len)
+        return cache.compact(self.keep_indices(cache, target_len))
+
+    def keep_indices(self, cache: SequenceKV, target_len: int) -> torch.Tensor:
+        """Cache indices to keep, ``[layers, kv_heads, target_len]``, ascending."""
+        return torch.stack(
+            [top_kept(self.scores(cache, layer, target_len), target_len) for layer in range(cache.num_layers)]
+        )
+
+    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+        """``[kv_heads, L]`` scores of layer `layer` (higher kept)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no scores")
+
+    def params(self) -> dict[str, Any]:
+        """Its parameters (for stats and logs)."""
+        return {}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{type(self).__name__}({params})"
+
+
+class QueryScoredPolicy(TokenEvictionPolicy):
+    """A policy scoring by the queries its observer kept: falls back to the most recent tokens
+    when it has none (a sequence admitted before the policy was swapped in)."""
+
+    def _queries(self, cache: SequenceKV, layer: int) -> torch.Tensor | None:
+        obs = cache.observer
+        q = None if obs is None else obs.queries.get(layer)
+        if q is None or q.shape[1] >= cache.length:
+            return None
+        return q
+
+    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+        q = self._queries(cache, layer)
+        if q is None:
+            return recency_scores(cache.num_kv_heads, cache.length)
+        return self.query_scores(q, cache.keys(layer))
+
+    @abstractmethod
+    def query_scores(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``[kv_heads, L]`` scores from the observed `queries` ``[heads, w, D]`` and the layer's
+        `keys` ``[kv_heads, L, D]``."""
