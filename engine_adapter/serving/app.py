@@ -25,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
 from engine_adapter.serving.requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -174,8 +175,6 @@ async def token_eviction(request: Request) -> Response:
 
 
 async def _set_token_policy(request: Request) -> Response:
-    from engine_adapter.serving.engine import RequestError
-
     body = await json_body(request, TOKEN_POLICY_FIELDS, "PUT /v1/eviction/token")
     policy = token_policy_swap(body)
     try:
@@ -199,7 +198,6 @@ async def eviction_policies(request: Request) -> Response:
 
 @endpoint
 async def set_policy(request: Request) -> Response:
-    from engine_adapter.serving.engine import RequestError
     from sage_eviction.errors import PolicyConfigError
 
     body = await json_body(request, POLICY_FIELDS, "PUT /v1/eviction/policy")
@@ -261,8 +259,6 @@ async def chat_completions(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings: mean-pooled, L2-normalised last hidden states of the served model,
     computed in the engine loop beside the LLM's steps (engine_adapter.serving.embedding_batch)."""
-    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
-
     body = await json_body(request, EMBEDDING_FIELDS, "POST /v1/embeddings")
     state = _state(request)
     parsed = EmbeddingRequest(body, state.served_model)
@@ -316,8 +312,6 @@ def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
 
 async def _serve_completion(state: AppState, completion: Completion) -> Response:
     """Submit a parsed completion or chat request; stream it, or answer it whole."""
-    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
-
     sampling = completion.sampling_params()
     if not state.admits_requests:
         raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")
