@@ -2,7 +2,8 @@
 
 The engine's methods block (they take the engine lock or wait for tokens), so the handlers call
 the short ones through `asyncio.to_thread` and leave waiting on tokens and events to
-`engine_adapter.serving.streams`; bodies are parsed and checked in `engine_adapter.serving.requests`.
+`engine_adapter.serving.streams`; bodies are parsed and checked in `engine_adapter.serving.requests`
+and its endpoint families (`completion_requests`, `embedding_requests`, `control_requests`).
 """
 
 from __future__ import annotations
@@ -25,29 +26,32 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
-from engine_adapter.serving.requests import (
+from engine_adapter.serving.completion_requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
-    EMBEDDING_FIELDS,
-    MAX_BODY_BYTES,
-    POLICY_FIELDS,
-    TOKEN_POLICY_FIELDS,
-    ApiError,
     ChatCompletion,
     Completion,
-    EmbeddingRequest,
+    usage,
+)
+from engine_adapter.serving.control_requests import (
+    POLICY_FIELDS,
+    TOKEN_POLICY_FIELDS,
+    logs_query,
+    policy_swap,
+    token_policy_swap,
+    tree_query,
+)
+from engine_adapter.serving.embedding_requests import EMBEDDING_FIELDS, EmbeddingRequest
+from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
+from engine_adapter.serving.requests import (
+    MAX_BODY_BYTES,
+    ApiError,
     dumps,
     endpoint,
     http_exception,
     json_body,
     json_response,
-    logs_query,
-    policy_swap,
-    token_policy_swap,
-    tree_query,
     unhandled_exception,
-    usage,
 )
 from engine_adapter.serving.streams import call_in_daemon_thread, completion_events, follow_events
 
