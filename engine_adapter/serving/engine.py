@@ -81,6 +81,13 @@ class Engine(EngineControl):
         self.metrics = EngineMetrics(policy=self.cache.policy_name)
         self.events.subscribe(self._on_event)
         self.token_manager = token_manager(config, self.cache, self.pool, self.events)
+        # The scheduler's hooks exist before it (colocation's gates need only the controller and
+        # the cache manager), so it gets them at construction.
+        self.hooks = EngineHooks(
+            self.metrics,
+            colocation=colocation_gates(config, self.cache, time.monotonic),
+            lifetime_prediction=config.enable_lifetime_prediction,
+        )
         self.scheduler = self._scheduler(config)
         self.metrics.set_batch_limit(config.max_num_seqs)
         self.colocation = self._colocation(config)
@@ -97,12 +104,6 @@ class Engine(EngineControl):
     def _scheduler(self, config: EngineConfig) -> Scheduler:
         """The scheduler with the engine's hooks (metrics, lifetime prediction, colocation's
         gates), token-level eviction and adaptive batching, all given at construction."""
-        clock = time.monotonic
-        self.hooks = EngineHooks(
-            self.metrics,
-            colocation=colocation_gates(config, self.cache, clock),
-            lifetime_prediction=config.enable_lifetime_prediction,
-        )
         limits = SchedulerLimits(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -116,7 +117,7 @@ class Engine(EngineControl):
             self.pool,
             self.tokenizer,
             limits,
-            clock,
+            time.monotonic,
             hooks=self.hooks,
             token_eviction=self.token_manager,
             adaptive=AdaptiveBatch(config.max_num_seqs) if config.adaptive_batch else None,
