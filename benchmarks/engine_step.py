@@ -229,7 +229,8 @@ def bench_scheduler(
     from engine_adapter.cache.cache_manager import CacheManager
     from engine_adapter.model.sampling import SamplingParams
     from engine_adapter.model.tokenizer import IncrementalDetokenizer
-    from engine_adapter.serving.scheduler import Scheduler, SchedulerLimits, Sequence
+    from engine_adapter.serving.scheduler import Scheduler
+    from engine_adapter.serving.sequence import SchedulerLimits, Sequence
 
     blocks_per_seq = -(-(prompt_len + decode_steps) // block_size)
     pool = decoder.make_pool(

@@ -123,7 +123,7 @@ def test_benchmark_shows_with_and_without(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_engine_scheduler_follows_the_limit_and_keeps_greedy_outputs() -> None:
+def test_engine_scheduler_follows_the_limit_and_keeps_greedy_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's scheduler with --adaptive-batch (a 1-step window, so it moves often in a
     short run): no request is admitted while the running ones reach the limit, each change is
     exported, and greedy outputs equal those of the same engine without it."""
@@ -151,9 +151,13 @@ def test_engine_scheduler_follows_the_limit_and_keeps_greedy_outputs() -> None:
     finally:
         plain.shutdown()
 
+    # The engine builds its AdaptiveBatch with the default window: here, one of a step.
+    monkeypatch.setattr(
+        "engine_adapter.serving.engine.AdaptiveBatch", lambda max_batch: AdaptiveBatch(max_batch, window=1)
+    )
     engine = Engine(EngineConfig(**config, adaptive_batch=True))  # type: ignore[arg-type]
-    adaptive = AdaptiveBatch(8, window=1)
-    engine.scheduler.adaptive = adaptive
+    adaptive = engine.scheduler.adaptive
+    assert adaptive is not None and adaptive.ceiling == 8 and adaptive.window == 1
     steps: list[tuple[int, int, int]] = []  # running before, limit before, admitted
     step = engine.scheduler.step
 

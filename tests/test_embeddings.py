@@ -24,7 +24,8 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.model.pooling import MeanPool, decode_base64, encode_base64
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import ConfigError, EngineConfig
-from engine_adapter.serving.engine import Engine, RequestError
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.errors import RequestError
 
 BLOCK_SIZE = 8
 LONG = "Embedding batches share the pool with the KV cache of the language model. " * 3
@@ -252,15 +253,21 @@ def test_bad_slo_values_are_400s(client: TestClient, field: str, value: Any) -> 
     assert client.post("/v1/chat/completions", json=chat).status_code in (400,)
 
 
-def test_a_completion_with_an_slo_gives_its_blocks_that_deadline(engine: Engine) -> None:
+def test_a_completion_with_an_slo_gives_its_blocks_that_deadline(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[float | None] = []
-    engine.scheduler.on_admitted = lambda seq, _hit: seen.append(engine.cache.sequence(seq.seq_id).deadline)
-    try:
+    on_admitted = engine.hooks.on_admitted
+
+    def spy(seq: Any, hit: int) -> None:  # what the cache holds for it, the moment it is admitted
+        seen.append(engine.cache.sequence(seq.seq_id).deadline)
+        on_admitted(seq, hit)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.hooks, "on_admitted", spy)
         before = engine.cache.clock()
         engine.submit("hi", SamplingParams(max_tokens=3), slo_ttft_ms=500, slo_tpot_ms=100).result(timeout=60)
         engine.submit("hi there", SamplingParams(max_tokens=3)).result(timeout=60)
-    finally:
-        engine.scheduler.on_admitted = engine._on_admitted
     assert seen[0] is not None and before + 0.7 - 0.01 <= seen[0] <= engine.cache.clock() + 0.7
     assert seen[1] is None  # no SLO given, colocation off: no deadline, as before SLOs existed
 
@@ -285,20 +292,20 @@ def test_tenant_slo_defaults_come_from_the_config(tmp_path: Path) -> None:
 
 
 def test_embedding_chunks_beside_decodes_are_sized_to_the_tpot_headroom(tmp_path: Path) -> None:
-    from engine_adapter.serving.scheduler import EMBEDDING_TPOT_HEADROOM, MIN_EMBEDDING_CHUNK
+    from engine_adapter.serving.embedding_scheduler import EMBEDDING_TPOT_HEADROOM, MIN_EMBEDDING_CHUNK
 
     eng = Engine(_config(tmp_path, embedding_chunk_tokens=64))
-    scheduler = eng.scheduler
-    assert scheduler.embedding_budget(decoding=False) == 64  # nothing to protect
-    assert scheduler.embedding_budget(decoding=True) == 0  # no decode-only baseline yet: probe
-    scheduler._learn_step_cost(0.010, decoding=True, embedding_tokens=0)
-    assert scheduler.embedding_budget(decoding=True) == MIN_EMBEDDING_CHUNK  # cost unknown yet
-    scheduler._learn_step_cost(0.010 + 32 * 2e-4, decoding=True, embedding_tokens=32)
-    assert scheduler._embedding_token_s == pytest.approx(2e-4)
+    scheduler = eng.scheduler.embeddings
+    assert scheduler.budget(decoding=False) == 64  # nothing to protect
+    assert scheduler.budget(decoding=True) == 0  # no decode-only baseline yet: probe
+    scheduler.learn_step_cost(0.010, decoding=True, embedding_tokens=0)
+    assert scheduler.budget(decoding=True) == MIN_EMBEDDING_CHUNK  # cost unknown yet
+    scheduler.learn_step_cost(0.010 + 32 * 2e-4, decoding=True, embedding_tokens=32)
+    assert scheduler.embedding_token_s == pytest.approx(2e-4)
     fit = EMBEDDING_TPOT_HEADROOM * 0.010 / 2e-4  # 20 tokens add 40 % to a 10 ms decode step
-    assert abs(scheduler.embedding_budget(decoding=True) - fit) <= 1
+    assert abs(scheduler.budget(decoding=True) - fit) <= 1
     for _ in range(40):  # the baseline is measured again every 32 decode steps
-        budgets = scheduler.embedding_budget(decoding=True)
+        budgets = scheduler.budget(decoding=True)
     assert budgets == 0
 
 

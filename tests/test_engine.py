@@ -14,7 +14,8 @@ from engine_fixtures import started_engine
 
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import EngineConfig
-from engine_adapter.serving.engine import Engine, EngineClosedError, RequestError
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.errors import EngineClosedError, RequestError
 from sage_eviction import OfflinePolicyError
 
 pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
@@ -233,7 +234,7 @@ def test_lifetime_prediction_feeds_the_predictive_policy(tmp_path: object) -> No
     engine = started_engine(eviction_policy="predictive", enable_lifetime_prediction=True)
     try:
         first = engine.submit(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True)).result(60)
-        learnt = engine.tpot_estimate_s
+        learnt = engine.hooks.tpot_estimate_s
         with engine.cache.lock:  # hold the loop: the request is admitted, not yet finished
             handle = engine.submit(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))
             engine._drain_inbox()

@@ -21,7 +21,8 @@ from starlette.testclient import TestClient
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import ConfigError, EngineConfig
-from engine_adapter.serving.engine import AdmissionRejected, Engine
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.errors import AdmissionRejected
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 48
@@ -134,20 +135,20 @@ def test_embedding_reservations_stay_within_the_embedding_quota(tmp_path: Path) 
     assert handle.result(timeout=1).error is None
 
 
-def test_blocks_carry_the_requests_real_deadline(engine: Engine) -> None:
+def test_blocks_carry_the_requests_real_deadline(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     deadlines: list[float | None] = []
+    on_admitted = engine.hooks.on_admitted
 
-    def seen(seq: Any, _hit: int) -> None:
+    def seen(seq: Any, hit: int) -> None:  # what the cache holds for it, the moment it is admitted
         deadlines.append(engine.cache.sequence(seq.seq_id).deadline)
+        on_admitted(seq, hit)
 
-    engine.scheduler.on_admitted = seen
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.hooks, "on_admitted", seen)
         now = engine.cache.clock()
         engine.submit("slack", SamplingParams(max_tokens=4), slo_ttft_ms=800, slo_tpot_ms=50).result(
             timeout=60
         )
-    finally:
-        engine.scheduler.on_admitted = engine._on_admitted
     # deadline = now + slack; slack = TTFT + TPOT * (predicted - 1) - remaining time at TPOT pace
     assert deadlines and deadlines[0] is not None
     assert now + 0.5 < deadlines[0] < now + 0.9
@@ -186,7 +187,9 @@ def test_with_colocation_off_the_stats_are_as_before(tmp_path: Path) -> None:
         client = TestClient(build_app(eng), raise_server_exceptions=False)
         assert "colocation" not in client.get("/v1/eviction/stats").json()
         assert _metric(client.get("/metrics").text, "sage:quota_blocks", {"class": "llm"}) is None
-        assert eng.scheduler.choose_victims is None and eng.scheduler.embedding_gate is None
+        # no hook of colocation's: the policy picks victims, and nothing gates embeddings
+        assert eng.hooks.choose_victims(eng.scheduler.running, set(), 1) is None
+        assert eng.hooks.colocation is None
     finally:
         eng.shutdown(drain=False, timeout=10)
 
@@ -243,13 +246,13 @@ def test_sage_sheds_queued_work_past_its_deadline_and_the_spec_does_not(tmp_path
     llm = eng.submit("late", SamplingParams(max_tokens=2), slo_ttft_ms=5)
     emb = eng.submit_embedding(["late too"], slo_deadline_ms=5)
     eng._drain_inbox()  # both admitted on arrival: they fit
-    assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embedding_queue) == 1
+    assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embeddings.queue) == 1
     time.sleep(0.02)  # their deadlines pass while they queue
     eng._colocation_tick()
     if system == "spec":
-        assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embedding_queue) == 1
+        assert len(eng.scheduler.waiting) == 1 and len(eng.scheduler.embeddings.queue) == 1
         return
-    assert not eng.scheduler.waiting and not eng.scheduler.embedding_queue
+    assert not eng.scheduler.waiting and not eng.scheduler.embeddings.queue
     output = llm.result(timeout=1)
     assert output.finish_reason == "rejected" and "first-token deadline passed" in (output.error or "")
     result = emb.result(timeout=1)
@@ -266,7 +269,9 @@ def test_a_plain_partition_admits_everything_and_leaves_preemption_to_the_policy
     eng = Engine(_config(tmp_path, colocation="static:0.5", colocation_params=switches))
     eng.start()
     try:
-        assert eng.scheduler.choose_victims is None and eng.scheduler.embedding_gate is not None
+        # the policy picks victims, and the embedding quota gates reservations
+        assert eng.hooks.choose_victims(eng.scheduler.running, set(), 1) is None
+        assert eng.hooks.colocation is not None
         # 47 blocks of workspace: sage's admission rejects it (test above); a partition takes it
         assert eng.submit_embedding(["x" * 370]).result(timeout=60).error is None
         stats = eng.colocation_stats()

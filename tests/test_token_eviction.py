@@ -21,7 +21,8 @@ from engine_adapter.model.decoder import ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import ConfigError, EngineConfig, resolve_config
-from engine_adapter.serving.engine import Engine, RequestError
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.errors import RequestError
 from engine_adapter.token_eviction import KVCompression
 from engine_adapter.token_eviction.generate import generate_compressed
 from engine_adapter.token_eviction.presses.base import kept_for_ratio

@@ -1,15 +1,50 @@
-"""The serving engine.
+"""The serving engine: the scheduler, the engine loop and its control API.
 
-    config.py     EngineConfig: flags > environment > YAML > defaults, checked in one place
-    scheduler.py  continuous batching with chunked prefill and preemption by recompute
-    engine.py     Engine: the model, the pool, the cache manager and the scheduler on one loop
-    requests.py   the control API's request parsing, errors as JSON, OpenAI-shaped answers
-    app.py        the control API: one handler per endpoint over the engine (`AppState`)
-    streams.py    SSE completion chunks and NDJSON eviction events, in daemon threads
-    server.py     the engine process: socket, pid file, uvicorn, signals, draining shutdown
-    metrics.py    Prometheus metrics of the engine and its cache
+The engine (a request's way in and out):
 
-Importing this package imports no submodule (the engine imports torch); import what you need.
+    config.py               EngineConfig: flags > environment > YAML > defaults, checked in one place
+    engine.py               Engine: the parts' assembly, the loop thread and its inbox, submission,
+                            colocation's admission in the loop
+    engine_parts.py         the builders of the parts: the pool's size, the cache manager,
+                            token-level eviction, colocation's gates
+    intake.py               RequestIntake: a request's checks against the model and the pool, its SLOs
+    control.py              EngineControl (the base of Engine): the control plane's queries and swaps
+    handles.py              RequestHandle: a submitted completion's deltas and result
+    errors.py               RequestError, EngineClosedError, AdmissionRejected
+    engine_hooks.py         EngineHooks: the engine's SchedulerHooks (metrics, lifetime, colocation)
+    colocation.py           ColocationGates (the scheduler's side) and EngineColocation (the loop's)
+    metrics.py              EngineMetrics: the sage:* Prometheus metrics, declared in one table
+
+The scheduler (one step: admit, reserve or preempt, forward, sample, release):
+
+    scheduler.py            Scheduler: admission, reservation and preemption, the step
+    sequence.py             its records: Sequence, RequestOutput, SchedulerLimits, StepStats
+    hooks.py                SchedulerHooks, what it tells its owner and asks it; NoHooks
+    outputs.py              a sequence's text, stop strings and the deltas it emits
+    compression.py          SequenceCompressor: token-level eviction in the step
+    embedding_batch.py      embedding requests' records and handle
+    embedding_scheduler.py  EmbeddingScheduler: the embedding queue and each step's chunks
+
+The control API (HTTP/1.1 JSON on the engine's socket):
+
+    server.py               the engine process: socket, pid file, uvicorn, signals, draining shutdown
+    app.py                  one handler per endpoint over the engine (`AppState`)
+    requests.py             errors as JSON, the body within its limit, the shared field checks
+    completion_requests.py  POST /v1/completions and /v1/chat/completions, OpenAI-shaped answers
+    embedding_requests.py   POST /v1/embeddings
+    control_requests.py     the policy swaps, the logs' and the tree's queries
+    streams.py              SSE completion chunks and NDJSON eviction events, in daemon threads
+    http_limits.py          what uvicorn does not bound: deadlines, a connection cap, JSON errors
+    auth.py                 the bearer API key over TCP
+    openapi.py              the OpenAPI document of all of it (docs/openapi.json)
+
+Imports: `engine_adapter.model`, `engine_adapter.cache`, `engine_adapter.token_eviction`,
+`engine_adapter.colocation`, `engine_adapter.paths` and `engine_adapter.safe_yaml` (the
+config), and `sage_eviction`; never `engine_adapter.sim` or `sage_cli`. Within
+the package the scheduler's modules never import the engine's, and the control API's modules
+import the engine only for types (`server.py` inside the function that starts it): the engine
+imports torch, and `errors.py`, `requests.py` and its endpoint families do not. Importing this
+package imports no submodule; import what you need.
 """
 
 from __future__ import annotations

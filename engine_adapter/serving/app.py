@@ -2,7 +2,8 @@
 
 The engine's methods block (they take the engine lock or wait for tokens), so the handlers call
 the short ones through `asyncio.to_thread` and leave waiting on tokens and events to
-`engine_adapter.serving.streams`; bodies are parsed and checked in `engine_adapter.serving.requests`.
+`engine_adapter.serving.streams`; bodies are parsed and checked in `engine_adapter.serving.requests`
+and its endpoint families (`completion_requests`, `embedding_requests`, `control_requests`).
 """
 
 from __future__ import annotations
@@ -25,28 +26,32 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine_adapter.serving.requests import (
+from engine_adapter.serving.completion_requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
-    EMBEDDING_FIELDS,
-    MAX_BODY_BYTES,
-    POLICY_FIELDS,
-    TOKEN_POLICY_FIELDS,
-    ApiError,
     ChatCompletion,
     Completion,
-    EmbeddingRequest,
+    usage,
+)
+from engine_adapter.serving.control_requests import (
+    POLICY_FIELDS,
+    TOKEN_POLICY_FIELDS,
+    logs_query,
+    policy_swap,
+    token_policy_swap,
+    tree_query,
+)
+from engine_adapter.serving.embedding_requests import EMBEDDING_FIELDS, EmbeddingRequest
+from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
+from engine_adapter.serving.requests import (
+    MAX_BODY_BYTES,
+    ApiError,
     dumps,
     endpoint,
     http_exception,
     json_body,
     json_response,
-    logs_query,
-    policy_swap,
-    token_policy_swap,
-    tree_query,
     unhandled_exception,
-    usage,
 )
 from engine_adapter.serving.streams import call_in_daemon_thread, completion_events, follow_events
 
@@ -174,8 +179,6 @@ async def token_eviction(request: Request) -> Response:
 
 
 async def _set_token_policy(request: Request) -> Response:
-    from engine_adapter.serving.engine import RequestError
-
     body = await json_body(request, TOKEN_POLICY_FIELDS, "PUT /v1/eviction/token")
     policy = token_policy_swap(body)
     try:
@@ -199,7 +202,6 @@ async def eviction_policies(request: Request) -> Response:
 
 @endpoint
 async def set_policy(request: Request) -> Response:
-    from engine_adapter.serving.engine import RequestError
     from sage_eviction.errors import PolicyConfigError
 
     body = await json_body(request, POLICY_FIELDS, "PUT /v1/eviction/policy")
@@ -261,8 +263,6 @@ async def chat_completions(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     """POST /v1/embeddings: mean-pooled, L2-normalised last hidden states of the served model,
     computed in the engine loop beside the LLM's steps (engine_adapter.serving.embedding_batch)."""
-    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
-
     body = await json_body(request, EMBEDDING_FIELDS, "POST /v1/embeddings")
     state = _state(request)
     parsed = EmbeddingRequest(body, state.served_model)
@@ -316,8 +316,6 @@ def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
 
 async def _serve_completion(state: AppState, completion: Completion) -> Response:
     """Submit a parsed completion or chat request; stream it, or answer it whole."""
-    from engine_adapter.serving.engine import AdmissionRejected, EngineClosedError, RequestError
-
     sampling = completion.sampling_params()
     if not state.admits_requests:
         raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")

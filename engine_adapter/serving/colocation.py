@@ -15,16 +15,29 @@ before. With ``dynamic`` or ``static:F``:
   so the ``slo`` eviction policy ranks them by their request's SLO; preemption picks its victims
   with Algorithm 3 (`preemption_victims`), the policy's choice only when it protects them all.
 
+Two parts, built in the order the engine needs them:
+
+- `ColocationGates`, the scheduler's side: the quotas, deadlines and victims the scheduler asks
+  for through its hooks (`EngineHooks` delegates to it). It needs the controller and the cache
+  manager only, so it exists before the scheduler and is handed to it at construction.
+- `EngineColocation`, the engine loop's side: admission on arrival, the deferred requests, the
+  quotas' recomputation, shedding, and the stats. It reads the scheduler's queues (it never
+  changes them; the engine does).
+
 Time is the scheduler's monotonic clock for the controller, the cache's clock for deadlines.
+
+Imports: the colocation controller, the cache manager, and this package's records.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
+from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.colocation import (
     LLMSLO,
     Admission,
@@ -36,11 +49,11 @@ from engine_adapter.colocation import (
     MemoryState,
     Quota,
 )
-from engine_adapter.serving.config import colocation_params
 from engine_adapter.serving.embedding_batch import EmbeddingJob
-from engine_adapter.serving.scheduler import Scheduler, Sequence
+from engine_adapter.serving.scheduler import Scheduler
+from engine_adapter.serving.sequence import Sequence
 
-__all__ = ["Deferred", "EngineColocation", "colocation_params"]
+__all__ = ["ColocationGates", "Deferred", "EngineColocation", "embedding_view", "llm_view", "memory_state"]
 
 
 @dataclass(eq=False, slots=True)
@@ -51,81 +64,154 @@ class Deferred:
     until: float
 
 
-class EngineColocation:
-    """The controller, its views of the engine's requests, and the hooks it sets on the scheduler.
+# ---- the controller's views of the engine's requests and pool ---------------------------------
+
+
+def llm_view(seq: Sequence) -> LLMView:
+    """A sequence as the controller sees it."""
+    slo = LLMSLO(ttft_ms=seq.slo_ttft_ms or 1.0, tpot_ms=seq.slo_tpot_ms or 1.0)
+    return LLMView(
+        request_id=seq.request_id,
+        arrival_s=seq.arrival,
+        prompt_tokens=len(seq.prompt_ids),
+        generated_tokens=len(seq.output_ids),
+        max_tokens=seq.sampling.max_tokens,
+        slo=slo,
+        priority=seq.priority,
+        first_token_s=seq.first_token_time,
+        blocks=len(seq.block_table),
+    )
+
+
+def embedding_view(job: EmbeddingJob, block_size: int) -> EmbeddingView:
+    """An embedding request as the controller sees it."""
+    return EmbeddingView(
+        request_id=job.request_id,
+        arrival_s=job.arrival,
+        tokens=job.num_tokens,
+        slo=EmbeddingSLO(deadline_ms=max((job.deadline - job.arrival) * 1e3, 1e-3)),
+        blocks=job.blocks(block_size),
+        started_s=job.started,
+    )
+
+
+def memory_state(cache: CacheManager) -> MemoryState:
+    """The pool as the controller sees it: reservations are the embeddings' use; free and
+    reclaimable (cached, unreferenced) blocks are free; the rest is the LLM's."""
+    reserved = cache.num_reserved_blocks
+    free = cache.num_available_blocks
+    return MemoryState(
+        total_blocks=cache.num_blocks,
+        used_llm_blocks=max(cache.num_blocks - free - reserved, 0),
+        used_embedding_blocks=reserved,
+        free_blocks=free,
+    )
+
+
+# ---- the scheduler's side: quotas, deadlines, victims -----------------------------------------
+
+
+class ColocationGates:
+    """What colocation decides inside the scheduler's step: quotas (Algorithm 2), deadlines
+    from real slack, and preemption victims (Algorithm 3).
 
     Args:
         controller: The colocation controller over the engine's pool.
-        scheduler: The engine's scheduler (hooks are installed on it).
-        block_size: Tokens per block.
+        cache: The engine's cache manager.
+        clock: The scheduler's monotonic clock.
+        slo_preemption: Whether Algorithm 3 picks preemption victims (False: the policy does).
     """
 
     def __init__(
         self,
         controller: ColocationController,
-        scheduler: Scheduler,
-        block_size: int,
+        cache: CacheManager,
+        clock: Callable[[], float],
         *,
-        admission: bool = True,
         slo_preemption: bool = True,
     ) -> None:
         self.controller = controller
-        self.scheduler = scheduler
-        self.block_size = block_size
-        self.admission = admission  # False: every request admitted on arrival, nothing shed
+        self.cache = cache
+        self.clock = clock
+        self.block_size = cache.block_size
         self.slo_preemption = slo_preemption
+
+    def admits_embedding(self, job: EmbeddingJob, blocks: int) -> bool:
+        """Whether `blocks` more reserved blocks stay within the embedding quota (one text may
+        always run)."""
+        reserved = self.cache.num_reserved_blocks
+        return reserved == 0 or reserved + blocks <= self.controller.quota.embedding_blocks
+
+    def admits_llm(self, seq: Sequence, running: list[Sequence]) -> bool:
+        """Whether `seq` fits the LLM quota beside `running` (one sequence may always run)."""
+        if not running:
+            return True
+        held = sum(len(s.block_table) for s in running)
+        need = math.ceil(seq.num_tokens / self.block_size)
+        return held + need <= self.controller.quota.llm_blocks
+
+    def deadline_for(self, seq: Sequence) -> float:
+        """The cache-clock deadline of `seq`'s blocks: now + its slack (deadline minus the time
+        it still needs at its SLO's pace)."""
+        now = self.clock()
+        return self.cache.clock() + self.controller.slack_s(llm_view(seq), now)
+
+    def choose_victims(
+        self, running: list[Sequence], exclude: Set[int], blocks: int
+    ) -> list[Sequence] | None:
+        """Algorithm 3 over the running requests not in `exclude`; the eviction policy's choice
+        when it protects every candidate (all nearly finished), so that a short pool still
+        makes progress. None without ``slo_preemption``: the scheduler asks the policy."""
+        if not self.slo_preemption:
+            return None
+        candidates = [s for s in running if s.seq_id not in exclude]
+        if not candidates:
+            return []
+        by_id = {s.request_id: s for s in candidates}
+        ids = self.controller.preemption_victims([llm_view(s) for s in candidates], blocks, self.clock())
+        chosen = [by_id[i] for i in ids if i in by_id]
+        if chosen:
+            return chosen
+        skip = {s.seq_id for s in running} - {s.seq_id for s in candidates}
+        fallback = self.cache.select_preemption_victims(blocks, exclude=skip)
+        by_seq = {s.seq_id: s for s in candidates}
+        return [by_seq[i] for i in fallback if i in by_seq]
+
+
+# ---- the engine loop's side: admission, deferral, quotas, stats -------------------------------
+
+
+class EngineColocation:
+    """Admission, the deferred requests, the quotas' recomputation and the stats, over the
+    scheduler's queues.
+
+    Args:
+        gates: The scheduler's side (its controller is this side's too).
+        scheduler: The engine's scheduler, whose queues the controller sees.
+        admission: False: every request is admitted on arrival and nothing is shed.
+    """
+
+    def __init__(self, gates: ColocationGates, scheduler: Scheduler, *, admission: bool = True) -> None:
+        self.gates = gates
+        self.controller = gates.controller
+        self.scheduler = scheduler
+        self.block_size = gates.block_size
+        self.admission = admission
         self.deferred: list[Deferred] = []
         self.decisions: dict[str, int] = {}
-        scheduler.embedding_gate = self._embedding_fits_quota
-        scheduler.llm_gate = self._llm_fits_quota
-        scheduler.deadline_for = self.deadline_for
-        if slo_preemption:
-            scheduler.choose_victims = self.choose_victims
 
-    # ---- views ---------------------------------------------------------------------------
-
-    def llm_view(self, seq: Sequence) -> LLMView:
-        slo = LLMSLO(ttft_ms=seq.slo_ttft_ms or 1.0, tpot_ms=seq.slo_tpot_ms or 1.0)
-        return LLMView(
-            request_id=seq.request_id,
-            arrival_s=seq.arrival,
-            prompt_tokens=len(seq.prompt_ids),
-            generated_tokens=len(seq.output_ids),
-            max_tokens=seq.sampling.max_tokens,
-            slo=slo,
-            priority=seq.priority,
-            first_token_s=seq.first_token_time,
-            blocks=len(seq.block_table),
-        )
-
-    def embedding_view(self, job: EmbeddingJob) -> EmbeddingView:
-        return EmbeddingView(
-            request_id=job.request_id,
-            arrival_s=job.arrival,
-            tokens=job.num_tokens,
-            slo=EmbeddingSLO(deadline_ms=max((job.deadline - job.arrival) * 1e3, 1e-3)),
-            blocks=job.blocks(self.block_size),
-            started_s=job.started,
-        )
+    @property
+    def slo_preemption(self) -> bool:
+        return self.gates.slo_preemption
 
     def memory(self) -> MemoryState:
-        """The pool as the controller sees it: reservations are the embeddings' use; free and
-        reclaimable (cached, unreferenced) blocks are free; the rest is the LLM's."""
-        cache = self.scheduler.cache
-        reserved = cache.num_reserved_blocks
-        free = cache.num_available_blocks
-        return MemoryState(
-            total_blocks=cache.num_blocks,
-            used_llm_blocks=max(cache.num_blocks - free - reserved, 0),
-            used_embedding_blocks=reserved,
-            free_blocks=free,
-        )
+        return memory_state(self.scheduler.cache)
 
     def _running_views(self) -> list[LLMView]:
-        return [self.llm_view(s) for s in self.scheduler.running]
+        return [llm_view(s) for s in self.scheduler.running]
 
     def _embedding_views(self) -> list[EmbeddingView]:
-        return [self.embedding_view(j) for j in self.scheduler.embedding_queue]
+        return [embedding_view(j, self.block_size) for j in self.scheduler.embeddings.queue]
 
     # ---- admission (Algorithm 1) -----------------------------------------------------------
 
@@ -138,7 +224,7 @@ class EngineColocation:
         """Algorithm 1 for `seq` now (`count`: in the stats' decisions)."""
         admission = (
             self.controller.admit_llm(
-                self.llm_view(seq), now, self.memory(), self._running_views(), self._embedding_views()
+                llm_view(seq), now, self.memory(), self._running_views(), self._embedding_views()
             )
             if self.admission
             else Admission(Decision.ADMIT, "admission control off")
@@ -151,7 +237,7 @@ class EngineColocation:
         """sage's embedding admission for `job` now (`spec` admits every batch)."""
         admission = (
             self.controller.admit_embedding(
-                self.embedding_view(job), now, self.memory(), self._embedding_views()
+                embedding_view(job, self.block_size), now, self.memory(), self._embedding_views()
             )
             if self.admission
             else Admission(Decision.ADMIT, "admission control off")
@@ -164,7 +250,8 @@ class EngineColocation:
         """How long a deferred request may wait: its slack (first-token deadline for an LLM
         request, its deadline less the learnt service time for an embedding batch)."""
         if isinstance(item, EmbeddingJob):
-            return now + max(self.controller.embedding_slack_s(self.embedding_view(item), now), 0.0)
+            view = embedding_view(item, self.block_size)
+            return now + max(self.controller.embedding_slack_s(view, now), 0.0)
         assert item.slo_ttft_ms is not None
         return max(item.arrival + item.slo_ttft_ms / 1e3, now)
 
@@ -182,7 +269,7 @@ class EngineColocation:
             late = now - (seq.arrival + seq.slo_ttft_ms / 1e3)
             if late > 0:
                 out.append((seq, f"first-token deadline passed {late:.3f}s ago while queued"))
-        for job in self.scheduler.embedding_queue:
+        for job in self.scheduler.embeddings.queue:
             if job.started is None and now > job.deadline:
                 out.append((job, f"deadline passed {now - job.deadline:.3f}s ago while queued"))
         return out
@@ -190,49 +277,13 @@ class EngineColocation:
     # ---- quotas (Algorithm 2) ----------------------------------------------------------------
 
     def update_quota(self, now: float) -> Quota:
-        llm = [self.llm_view(s) for s in (*self.scheduler.running, *self.scheduler.waiting)]
-        llm += [self.llm_view(d.item) for d in self.deferred if isinstance(d.item, Sequence)]
+        llm = [llm_view(s) for s in (*self.scheduler.running, *self.scheduler.waiting)]
+        llm += [llm_view(d.item) for d in self.deferred if isinstance(d.item, Sequence)]
         embeddings = self._embedding_views()
-        embeddings += [self.embedding_view(d.item) for d in self.deferred if isinstance(d.item, EmbeddingJob)]
+        embeddings += [
+            embedding_view(d.item, self.block_size) for d in self.deferred if isinstance(d.item, EmbeddingJob)
+        ]
         return self.controller.update_quota(now, llm, embeddings)
-
-    def _embedding_fits_quota(self, job: EmbeddingJob, blocks: int) -> bool:
-        reserved = self.scheduler.cache.num_reserved_blocks
-        return reserved == 0 or reserved + blocks <= self.controller.quota.embedding_blocks
-
-    def _llm_fits_quota(self, seq: Sequence) -> bool:
-        running = self.scheduler.running
-        if not running:
-            return True
-        held = sum(len(s.block_table) for s in running)
-        need = math.ceil(seq.num_tokens / self.block_size)
-        return held + need <= self.controller.quota.llm_blocks
-
-    # ---- deadlines and preemption (Algorithm 3) ---------------------------------------------
-
-    def deadline_for(self, seq: Sequence) -> float:
-        """The cache-clock deadline of `seq`'s blocks: now + its slack (deadline minus the time
-        it still needs at its SLO's pace)."""
-        now = self.scheduler.clock()
-        return self.scheduler.cache.clock() + self.controller.slack_s(self.llm_view(seq), now)
-
-    def choose_victims(self, candidates: list[Sequence], blocks: int) -> list[Sequence]:
-        """Algorithm 3 over the running requests; the eviction policy's choice when it protects
-        every candidate (all nearly finished), so that a short pool still makes progress."""
-        if not candidates:
-            return []
-        by_id = {s.request_id: s for s in candidates}
-        ids = self.controller.preemption_victims(
-            [self.llm_view(s) for s in candidates], blocks, self.scheduler.clock()
-        )
-        chosen = [by_id[i] for i in ids if i in by_id]
-        if chosen:
-            return chosen
-        cache = self.scheduler.cache
-        skip = {s.seq_id for s in self.scheduler.running} - {s.seq_id for s in candidates}
-        fallback = cache.select_preemption_victims(blocks, exclude=skip)
-        by_seq = {s.seq_id: s for s in candidates}
-        return [by_seq[i] for i in fallback if i in by_seq]
 
     # ---- what the stats show -------------------------------------------------------------------
 
@@ -255,6 +306,6 @@ class EngineColocation:
             "urgency": {"llm": llm_urgency, "embedding": embedding_urgency},
             "decisions": dict(sorted(self.decisions.items())),
             "deferred": len(self.deferred),
-            "embedding_queue": len(self.scheduler.embedding_queue),
+            "embedding_queue": len(self.scheduler.embeddings.queue),
             "params": dataclasses.asdict(self.controller.params),
         }

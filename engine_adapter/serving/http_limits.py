@@ -30,7 +30,7 @@ from engine_adapter.serving.requests import error_json
 if TYPE_CHECKING:
     from engine_adapter.serving.config import EngineConfig
 
-__all__ = ["HttpLimits", "limited_protocol", "raise_open_file_limit"]
+__all__ = ["HttpLimits", "LimitedH11Protocol", "limited_protocol", "raise_open_file_limit"]
 
 log = structlog.get_logger("sage.server")
 
@@ -74,87 +74,96 @@ def _raw_error(status: int, type_: str, message: str) -> bytes:
     return head + body
 
 
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header and body deadlines, a connection cap and JSON errors;
+    `limited_protocol` gives it its `limits`."""
+
+    limits: HttpLimits
+    _deadline: asyncio.TimerHandle | None = None
+    _phase = "headers"
+    _over_cap = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # Over the cap, the 503 goes out once the client's first bytes are read: closing
+        # with its request unread would reset the connection and lose the answer.
+        self._over_cap = len(self.connections) > self.limits.max_connections
+        self._arm("headers", self.limits.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._over_cap:
+            if not self.transport.is_closing():
+                log.warning("connection refused: too many open", limit=self.limits.max_connections)
+                self._disarm()
+                self._close_with(503, "unavailable", f"over {self.limits.max_connections} open connections")
+            return
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm("headers", self.limits.header_timeout)  # for the next request on this connection
+
+    def send_400_response(self, msg: str) -> None:
+        # h11 refused the request (bad request line, header, Content-Length...): the API's
+        # JSON error instead of uvicorn's plain text.
+        log.info("malformed HTTP request")
+        self._disarm()
+        self._write_and_close(
+            _raw_error(400, "invalid_request", "malformed HTTP request: bad request line or headers")
+        )
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._deadline = self.loop.call_later(seconds, self._on_deadline)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _on_deadline(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
+            self._close_with(
+                408, "timeout", f"no complete request headers within {self.limits.header_timeout:g} s"
+            )
+        elif state is h11.SEND_BODY:
+            if self._phase == "headers":  # the headers came in time; now the body's deadline
+                self._arm("body", self.limits.body_timeout)
+            else:
+                self._close_with(
+                    408, "timeout", f"request body not received within {self.limits.body_timeout:g} s"
+                )
+        # Otherwise the request is in and being answered (a generation may take minutes).
+
+    def _close_with(self, status: int, type_: str, message: str) -> None:
+        log.info("connection closed", status=status, reason=message)
+        self._write_and_close(_raw_error(status, type_, message))
+
+    def _write_and_close(self, data: bytes) -> None:
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the app's own answer, if any, goes nowhere
+        self.transport.write(data)
+        self.transport.close()
+
+
 def limited_protocol(limits: HttpLimits) -> type[H11Protocol]:
     """uvicorn's h11 protocol with `limits` (pass it as ``uvicorn.Config(http=...)``)."""
 
-    class LimitedH11Protocol(H11Protocol):
-        _deadline: asyncio.TimerHandle | None = None
-        _phase = "headers"
-        _over_cap = False
+    class WithLimits(LimitedH11Protocol):
+        pass
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            # Over the cap, the 503 goes out once the client's first bytes are read: closing
-            # with its request unread would reset the connection and lose the answer.
-            self._over_cap = len(self.connections) > limits.max_connections
-            self._arm("headers", limits.header_timeout)
-
-        def data_received(self, data: bytes) -> None:
-            if self._over_cap:
-                if not self.transport.is_closing():
-                    log.warning("connection refused: too many open", limit=limits.max_connections)
-                    self._disarm()
-                    self._close_with(503, "unavailable", f"over {limits.max_connections} open connections")
-                return
-            super().data_received(data)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm("headers", limits.header_timeout)  # for the next request on this connection
-
-        def send_400_response(self, msg: str) -> None:
-            # h11 refused the request (bad request line, header, Content-Length...): the API's
-            # JSON error instead of uvicorn's plain text.
-            log.info("malformed HTTP request")
-            self._disarm()
-            self._write_and_close(
-                _raw_error(400, "invalid_request", "malformed HTTP request: bad request line or headers")
-            )
-
-        def _arm(self, phase: str, seconds: float) -> None:
-            self._disarm()
-            self._phase = phase
-            self._deadline = self.loop.call_later(seconds, self._on_deadline)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _on_deadline(self) -> None:
-            self._deadline = None
-            if self.transport.is_closing():
-                return
-            state = self.conn.their_state
-            if state is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
-                self._close_with(
-                    408, "timeout", f"no complete request headers within {limits.header_timeout:g} s"
-                )
-            elif state is h11.SEND_BODY:
-                if self._phase == "headers":  # the headers came in time; now the body's deadline
-                    self._arm("body", limits.body_timeout)
-                else:
-                    self._close_with(
-                        408, "timeout", f"request body not received within {limits.body_timeout:g} s"
-                    )
-            # Otherwise the request is in and being answered (a generation may take minutes).
-
-        def _close_with(self, status: int, type_: str, message: str) -> None:
-            log.info("connection closed", status=status, reason=message)
-            self._write_and_close(_raw_error(status, type_, message))
-
-        def _write_and_close(self, data: bytes) -> None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                self.cycle.disconnected = True  # the app's own answer, if any, goes nowhere
-            self.transport.write(data)
-            self.transport.close()
-
-    return LimitedH11Protocol
+    WithLimits.limits = limits
+    return WithLimits
 
 
 def raise_open_file_limit(wanted: int) -> None:

@@ -146,28 +146,16 @@ def _completion_answer(object_name: str, choice: Schema) -> Schema:
     }
 
 
-def _paths() -> dict[str, Schema]:
-    finish = _nullable(STR)
-    text_choice = _obj({"index": INT, "text": STR, "finish_reason": finish})
-    chat_choice = _obj(
-        {"index": INT, "message": _obj({"role": STR, "content": STR}), "finish_reason": finish}
-    )
-    text_part = _obj({"type": {"const": "text"}, "text": STR})
-    content = {"anyOf": [STR, {"type": "array", "items": text_part}, {"type": "null"}]}
-    message = _obj(
-        {"role": {"enum": ["system", "user", "assistant", "tool", "developer"]}}, {"content": content}
-    )
-    text = {"type": "string", "minLength": 1}
-    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    # A string or token ids; a batch of exactly one of either is taken as that one.
-    prompt = {
-        "anyOf": [
-            text,
-            ids,
-            {"type": "array", "items": text, "minItems": 1, "maxItems": 1},
-            {"type": "array", "items": ids, "minItems": 1, "maxItems": 1},
-        ]
-    }
+def _text() -> Schema:
+    return {"type": "string", "minLength": 1}
+
+
+def _token_ids() -> Schema:
+    return {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+
+
+def _engine_paths() -> dict[str, Schema]:
+    """The engine itself: liveness and its info."""
     return {
         "/health": {
             "get": _operation("Liveness", _json(_obj({"status": STR, "name": STR, "pid": INT}), "Alive"))
@@ -177,6 +165,12 @@ def _paths() -> dict[str, Schema]:
                 "The engine: model, device, policy, pool, requests", _json(_ref("Engine"), "Info")
             )
         },
+    }
+
+
+def _eviction_paths() -> dict[str, Schema]:
+    """Block-level eviction: stats, the policies and their hot swap."""
+    return {
         "/v1/eviction/stats": {
             "get": _operation("Eviction statistics", _json(_ref("EvictionStats"), "Stats"))
         },
@@ -207,6 +201,12 @@ def _paths() -> dict[str, Schema]:
                 ),
             )
         },
+    }
+
+
+def _token_and_log_paths() -> dict[str, Schema]:
+    """Token-level eviction and its hot swap, and the eviction events."""
+    return {
         "/v1/eviction/token": {
             "get": _operation(
                 "Token-level eviction: the policy, its settings, what it evicted",
@@ -241,6 +241,32 @@ def _paths() -> dict[str, Schema]:
                 ],
             )
         },
+    }
+
+
+def _completion_paths() -> dict[str, Schema]:
+    """OpenAI's completions and chat completions."""
+    finish = _nullable(STR)
+    text_choice = _obj({"index": INT, "text": STR, "finish_reason": finish})
+    chat_choice = _obj(
+        {"index": INT, "message": _obj({"role": STR, "content": STR}), "finish_reason": finish}
+    )
+    text_part = _obj({"type": {"const": "text"}, "text": STR})
+    content = {"anyOf": [STR, {"type": "array", "items": text_part}, {"type": "null"}]}
+    message = _obj(
+        {"role": {"enum": ["system", "user", "assistant", "tool", "developer"]}}, {"content": content}
+    )
+    text, ids = _text(), _token_ids()
+    # A string or token ids; a batch of exactly one of either is taken as that one.
+    prompt = {
+        "anyOf": [
+            text,
+            ids,
+            {"type": "array", "items": text, "minItems": 1, "maxItems": 1},
+            {"type": "array", "items": ids, "minItems": 1, "maxItems": 1},
+        ]
+    }
+    return {
         "/v1/completions": {
             "post": _admitted(
                 _operation(
@@ -263,57 +289,58 @@ def _paths() -> dict[str, Schema]:
                 )
             )
         },
+    }
+
+
+def _embedding_paths() -> dict[str, Schema]:
+    """OpenAI's embeddings."""
+    text, ids = _text(), _token_ids()
+    answer = _obj(
+        {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "object": {"const": "embedding"},
+                        "index": INT,
+                        "embedding": {"anyOf": [{"type": "array", "items": NUM}, STR]},
+                    }
+                ),
+            },
+            "model": STR,
+            "usage": _obj({"prompt_tokens": INT, "total_tokens": INT}),
+        }
+    )
+    body = _obj(
+        {
+            "input": {
+                "anyOf": [
+                    text,
+                    ids,
+                    {"type": "array", "items": {"anyOf": [text, ids]}, "minItems": 1, "maxItems": 2048},
+                ]
+            }
+        },
+        {
+            "model": _nullable(STR),
+            "encoding_format": _nullable({"enum": ["float", "base64"]}),
+            "user": _nullable(STR),
+            "dimensions": {"type": "null"},
+            "tenant": _nullable(STR),
+            "priority": _nullable(INT),
+            "slo_deadline_ms": _SLO_MS,
+        },
+        extra=False,
+    )
+    return {
         "/v1/embeddings": {
             "post": _admitted(
                 _operation(
                     "OpenAI-compatible embeddings: the served model's mean-pooled, L2-normalised last "
                     "hidden state, computed in chunks between the LLM's steps",
-                    _json(
-                        _obj(
-                            {
-                                "object": {"const": "list"},
-                                "data": {
-                                    "type": "array",
-                                    "items": _obj(
-                                        {
-                                            "object": {"const": "embedding"},
-                                            "index": INT,
-                                            "embedding": {"anyOf": [{"type": "array", "items": NUM}, STR]},
-                                        }
-                                    ),
-                                },
-                                "model": STR,
-                                "usage": _obj({"prompt_tokens": INT, "total_tokens": INT}),
-                            }
-                        ),
-                        "One vector per input, in input order (base64: little-endian float32s)",
-                    ),
-                    body=_obj(
-                        {
-                            "input": {
-                                "anyOf": [
-                                    text,
-                                    ids,
-                                    {
-                                        "type": "array",
-                                        "items": {"anyOf": [text, ids]},
-                                        "minItems": 1,
-                                        "maxItems": 2048,
-                                    },
-                                ]
-                            }
-                        },
-                        {
-                            "model": _nullable(STR),
-                            "encoding_format": _nullable({"enum": ["float", "base64"]}),
-                            "user": _nullable(STR),
-                            "dimensions": {"type": "null"},
-                            "tenant": _nullable(STR),
-                            "priority": _nullable(INT),
-                            "slo_deadline_ms": _SLO_MS,
-                        },
-                        extra=False,
-                    ),
+                    _json(answer, "One vector per input, in input order (base64: little-endian float32s)"),
+                    body=body,
                 )
             )
         },
@@ -323,6 +350,12 @@ def _paths() -> dict[str, Schema]:
                 _json(_obj({"object": {"const": "list"}, "data": {"type": "array", "items": MAP}}), "Models"),
             )
         },
+    }
+
+
+def _cache_paths() -> dict[str, Schema]:
+    """The prefix cache: reset, its tree and its use."""
+    return {
         "/v1/cache/reset": {
             "post": _operation(
                 "Drop every unreferenced cached block", _json(_obj({"freed_blocks": INT}), "Reset")
@@ -352,6 +385,12 @@ def _paths() -> dict[str, Schema]:
                 _json(_ref("CacheUsage"), "Pool use"),
             )
         },
+    }
+
+
+def _process_paths() -> dict[str, Schema]:
+    """The process: shutdown, metrics and this document."""
+    return {
         "/v1/engine/shutdown": {
             "post": _operation(
                 "Drain and stop the engine", _json(_obj({"status": {"const": "draining"}}), "Draining")
@@ -367,101 +406,128 @@ def _paths() -> dict[str, Schema]:
     }
 
 
-def _components() -> Schema:
+def _paths() -> dict[str, Schema]:
+    """Every path, grouped as the API is (the order is the document's)."""
+    return {
+        **_engine_paths(),
+        **_eviction_paths(),
+        **_token_and_log_paths(),
+        **_completion_paths(),
+        **_embedding_paths(),
+        **_cache_paths(),
+        **_process_paths(),
+    }
+
+
+def _engine_schemas() -> dict[str, Schema]:
     policy_ref = _obj({"name": STR, "params": MAP})
     return {
-        "schemas": {
-            "Error": _obj({"error": _obj({"type": STR, "message": STR})}),
-            "PolicyRef": policy_ref,
-            "Policy": _obj({"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"paper": STR}),
-            "Engine": _obj(
-                {
-                    "name": STR,
-                    "model": _nullable(STR),
-                    "pid": INT,
-                    "device": STR,
-                    "policy": policy_ref,
-                    "num_blocks": INT,
-                    "block_size": INT,
-                    "requests": _obj({"running": INT, "waiting": INT, "finished": INT}),
-                },
-                {
-                    "started_at": NUM,
-                    "uptime_s": NUM,
-                    "socket": _nullable(STR),
-                    "loop_error": _nullable(STR),
-                    "implementation": STR,
-                },
-            ),
-            "EvictionStats": _obj(
-                {
-                    "policy": STR,
-                    "total_evictions": INT,
-                    "hit_rate": NUM,
-                    "re_prefill_rate": NUM,
-                    "memory_utilization": NUM,
-                    "total_blocks": INT,
-                    "used_blocks": INT,
-                    "free_blocks": INT,
-                    "evictions_by_reason": MAP,
-                    "evictions_by_policy": MAP,
-                    "preemptions": INT,
-                    "policy_swaps": INT,
-                },
-                {"token_eviction": _ref("TokenEviction"), "reserved_blocks": INT, "colocation": MAP},
-            ),
-            "TokenEviction": _obj(
-                {
-                    "policy": STR,
-                    "params": MAP,
-                    "eviction_window": INT,
-                    "memory_threshold_bytes": INT,
-                    "target_ratio": NUM,
-                    "available_bytes": INT,
-                    "compressions": INT,
-                    "tokens_evicted": MAP,
-                    "bytes_freed": MAP,
-                    "tokens_evicted_total": INT,
-                    "bytes_freed_total": INT,
-                    "by_reason": MAP,
-                    "compress_s": NUM,
-                }
-            ),
-            "CacheTree": _obj(
-                {
-                    "policy": STR,
-                    "num_blocks": INT,
-                    "block_size": INT,
-                    "cached_blocks": INT,
-                    "shown_nodes": INT,
-                    "depth": INT,
-                    "max_nodes": INT,
-                    "truncated": BOOL,
-                    "hidden": _obj({"nodes": INT, "blocks": INT}),
-                    "roots": {"type": "array", "items": MAP},
-                    "ghost_blocks": INT,
-                }
-            ),
-            "CacheUsage": _obj(
-                {
-                    "policy": STR,
-                    "num_blocks": INT,
-                    "used_blocks": INT,
-                    "free_blocks": INT,
-                    "cached_blocks": INT,
-                    "evictable_blocks": INT,
-                    "pinned_blocks": INT,
-                    "reserved_blocks": INT,
-                    "by_tenant": MAP,
-                    "by_class": MAP,
-                    "running": INT,
-                    "waiting": INT,
-                    "max_running_batch": INT,
-                    "adaptive_batch": BOOL,
-                    "explain_evictions": BOOL,
-                }
-            ),
-        },
+        "Error": _obj({"error": _obj({"type": STR, "message": STR})}),
+        "PolicyRef": policy_ref,
+        "Policy": _obj({"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"paper": STR}),
+        "Engine": _obj(
+            {
+                "name": STR,
+                "model": _nullable(STR),
+                "pid": INT,
+                "device": STR,
+                "policy": policy_ref,
+                "num_blocks": INT,
+                "block_size": INT,
+                "requests": _obj({"running": INT, "waiting": INT, "finished": INT}),
+            },
+            {
+                "started_at": NUM,
+                "uptime_s": NUM,
+                "socket": _nullable(STR),
+                "loop_error": _nullable(STR),
+                "implementation": STR,
+            },
+        ),
+    }
+
+
+def _eviction_schemas() -> dict[str, Schema]:
+    return {
+        "EvictionStats": _obj(
+            {
+                "policy": STR,
+                "total_evictions": INT,
+                "hit_rate": NUM,
+                "re_prefill_rate": NUM,
+                "memory_utilization": NUM,
+                "total_blocks": INT,
+                "used_blocks": INT,
+                "free_blocks": INT,
+                "evictions_by_reason": MAP,
+                "evictions_by_policy": MAP,
+                "preemptions": INT,
+                "policy_swaps": INT,
+            },
+            {"token_eviction": _ref("TokenEviction"), "reserved_blocks": INT, "colocation": MAP},
+        ),
+        "TokenEviction": _obj(
+            {
+                "policy": STR,
+                "params": MAP,
+                "eviction_window": INT,
+                "memory_threshold_bytes": INT,
+                "target_ratio": NUM,
+                "available_bytes": INT,
+                "compressions": INT,
+                "tokens_evicted": MAP,
+                "bytes_freed": MAP,
+                "tokens_evicted_total": INT,
+                "bytes_freed_total": INT,
+                "by_reason": MAP,
+                "compress_s": NUM,
+            }
+        ),
+    }
+
+
+def _cache_schemas() -> dict[str, Schema]:
+    return {
+        "CacheTree": _obj(
+            {
+                "policy": STR,
+                "num_blocks": INT,
+                "block_size": INT,
+                "cached_blocks": INT,
+                "shown_nodes": INT,
+                "depth": INT,
+                "max_nodes": INT,
+                "truncated": BOOL,
+                "hidden": _obj({"nodes": INT, "blocks": INT}),
+                "roots": {"type": "array", "items": MAP},
+                "ghost_blocks": INT,
+            }
+        ),
+        "CacheUsage": _obj(
+            {
+                "policy": STR,
+                "num_blocks": INT,
+                "used_blocks": INT,
+                "free_blocks": INT,
+                "cached_blocks": INT,
+                "evictable_blocks": INT,
+                "pinned_blocks": INT,
+                "reserved_blocks": INT,
+                "by_tenant": MAP,
+                "by_class": MAP,
+                "running": INT,
+                "waiting": INT,
+                "max_running_batch": INT,
+                "adaptive_batch": BOOL,
+                "explain_evictions": BOOL,
+            }
+        ),
+    }
+
+
+def _components() -> Schema:
+    return {
+        "schemas": {**_engine_schemas(), **_eviction_schemas(), **_cache_schemas()},
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
     }
 

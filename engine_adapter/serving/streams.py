@@ -16,15 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from engine_adapter.serving.requests import FOLLOW_POLL_S, dumps, usage
+from engine_adapter.serving.completion_requests import usage
+from engine_adapter.serving.requests import dumps
 
 if TYPE_CHECKING:
+    from engine_adapter.serving.completion_requests import Completion
     from engine_adapter.serving.engine import Engine
-    from engine_adapter.serving.requests import Completion
 
 __all__ = ["ThreadPump", "call_in_daemon_thread", "completion_events", "follow_events", "sse"]
 
 log = structlog.get_logger("sage.server")
+
+FOLLOW_POLL_S = 0.5  # how long a follow stream waits on the event queue before checking the engine
 
 
 def sse(value: Any) -> str:

@@ -1,0 +1,222 @@
+"""The parsed bodies of ``POST /v1/completions`` and ``POST /v1/chat/completions``, and their answers.
+
+`Completion` and `ChatCompletion` check a body field by field (OpenAI's fields that sage
+serves, and sage's extensions: priority, tenant, cache_salt, ignore_eos, kv_compression, the
+SLOs) and build the OpenAI-shaped answer, whole or as stream chunks; `usage` is the answer's
+token counts.
+
+Imports: the shared request handling (`requests`); the model's sampling and chat template and
+token-level eviction's request record, inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from engine_adapter.serving.requests import (
+    ApiError,
+    bad_value,
+    check_model,
+    is_token_ids,
+    opt_bool,
+    opt_float,
+    opt_int,
+    opt_slo_ms,
+    opt_str,
+)
+
+__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ChatCompletion", "Completion", "usage"]
+
+# The top-level fields of POST /v1/completions: OpenAI's that we serve, and sage's extensions.
+COMPLETION_FIELDS = frozenset(
+    {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+        "stream_options", "user", "n", "logprobs", "echo",
+        "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression", "slo_ttft_ms", "slo_tpot_ms",
+    }
+)  # fmt: skip
+CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    """`prompt`: a string or a list of token ids; a batch of exactly one of either is unwrapped."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise ApiError(400, "invalid_value", "'prompt' is required: a string or a list of token ids")
+    prompt = body["prompt"]
+    if (
+        isinstance(prompt, list)
+        and len(prompt) == 1
+        and (isinstance(prompt[0], str) or is_token_ids(prompt[0]))
+    ):
+        prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise bad_value("prompt", f"batches of prompts are not served ({len(prompt)} given); send one")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_value("prompt", "must not be empty")
+        return prompt
+    if is_token_ids(prompt):
+        if not prompt:
+            raise bad_value("prompt", "must not be empty")
+        if any(t < 0 for t in prompt):
+            raise bad_value("prompt", "token ids must be >= 0")
+        return list(prompt)
+    raise bad_value("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
+
+
+def _stop(body: dict[str, Any]) -> list[str] | None:
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise bad_value("stop", f"must be a string or a list of strings, got {stop!r}")
+
+
+def _kv_compression(value: Any) -> Any:
+    """A request's ``kv_compression: {"policy": NAME, "ratio": R}`` (None when absent)."""
+    from engine_adapter.token_eviction import KVCompression
+
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"policy", "ratio"}:
+        raise bad_value("kv_compression", f'must be {{"policy": NAME, "ratio": R}}, got {value!r:.80}')
+    try:
+        return KVCompression(value["policy"], value["ratio"])
+    except ValueError as exc:
+        raise bad_value("kv_compression", str(exc).removeprefix("kv_compression.")) from None
+
+
+class Completion:
+    """A parsed POST /v1/completions body."""
+
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        self.model = check_model(body, served_model)
+        self.prompt: Any = self._read_prompt(body)
+        n = opt_int(body, "n")
+        if n is not None and n != 1:
+            raise bad_value("n", f"only n=1 is served, got {n}")
+        if body.get("logprobs") not in (None, 0):
+            raise bad_value("logprobs", "log probabilities are not served; send null")
+        if opt_bool(body, "echo", False):
+            raise bad_value("echo", "echo is not served; send false")
+        self.stream = opt_bool(body, "stream", False)
+        options = body.get("stream_options")
+        if options is not None:
+            if not isinstance(options, dict) or set(options) - {"include_usage"}:
+                raise bad_value("stream_options", f'must be {{"include_usage": bool}}, got {options!r}')
+            if not self.stream:
+                raise bad_value("stream_options", "only allowed with stream=true")
+        self.include_usage = bool(options and opt_bool(options, "include_usage", False))
+        sampling: dict[str, Any] = {}
+        max_tokens = opt_int(body, "max_tokens", minimum=1)
+        if max_tokens is None:  # the chat API's newer name
+            max_tokens = opt_int(body, "max_completion_tokens", minimum=1)
+        if max_tokens is not None:
+            sampling["max_tokens"] = max_tokens
+        for field in ("temperature", "top_p"):
+            value = opt_float(body, field)
+            if value is not None:
+                sampling[field] = value
+        top_k = opt_int(body, "top_k", minimum=-1)
+        if top_k is not None:
+            sampling["top_k"] = max(top_k, 0)  # vLLM's -1 and sage's 0 both mean "no top-k"
+        stop = _stop(body)
+        if stop is not None:
+            sampling["stop"] = stop
+        seed = opt_int(body, "seed")
+        if seed is not None:
+            sampling["seed"] = seed
+        if opt_bool(body, "ignore_eos", False):  # vLLM's extension: benchmarks fix output lengths
+            sampling["ignore_eos"] = True
+        self.sampling_kwargs = sampling
+        self.user = opt_str(body, "user")
+        self.priority = opt_int(body, "priority") or 0
+        tenant = opt_str(body, "tenant")
+        self.tenant = tenant if tenant is not None else self.user
+        self.cache_salt = opt_str(body, "cache_salt")
+        if self.cache_salt == "":
+            raise bad_value("cache_salt", "must not be empty; leave it out for no salt")
+        self.kv_compression = _kv_compression(body.get("kv_compression"))
+        # SLO extensions (spec 004); None: the tenant's default from the engine config.
+        self.slo_ttft_ms = opt_slo_ms(body, "slo_ttft_ms")
+        self.slo_tpot_ms = opt_slo_ms(body, "slo_tpot_ms")
+        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        return _prompt(body)
+
+    def sampling_params(self) -> Any:
+        from engine_adapter.model.sampling import SamplingParams
+
+        try:
+            return SamplingParams(**self.sampling_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(400, "invalid_value", str(exc)) from None
+
+    def _envelope(self, object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, **choice, "logprobs": None}],
+        }
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """One server-sent event's object."""
+        return self._envelope(self.object_name, {"text": text, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """The whole answer of a request that does not stream."""
+        return self.chunk(text, finish_reason)
+
+
+class ChatCompletion(Completion):
+    """A parsed POST /v1/chat/completions body: the same fields as a completion, with messages
+    instead of a prompt; the engine renders them with the model's chat template."""
+
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def __init__(self, body: dict[str, Any], served_model: str) -> None:
+        super().__init__(body, served_model)
+        self._role_sent = False
+
+    def _read_prompt(self, body: dict[str, Any]) -> Any:
+        from engine_adapter.model.chat_template import ChatTemplateError, parse_messages
+
+        try:
+            return parse_messages(body.get("messages"))
+        except ChatTemplateError as exc:
+            raise bad_value("messages", str(exc)) from None
+
+    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {"content": text} if text or finish_reason is None else {}
+        if not self._role_sent:  # OpenAI's first delta names the role
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        return self._envelope(self.object_name, {"delta": delta, "finish_reason": finish_reason})
+
+    def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return self._envelope("chat.completion", {"message": message, "finish_reason": finish_reason})
+
+
+def usage(output: Any) -> dict[str, Any]:
+    prompt_tokens = int(output.prompt_tokens)
+    completion_tokens = int(output.completion_tokens)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": int(output.cached_tokens)},
+    }

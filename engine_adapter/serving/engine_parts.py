@@ -1,0 +1,118 @@
+"""An engine's parts built from its config: the pool's size, the cache manager, token-level
+eviction, and colocation's gates.
+
+`Engine.__init__` builds its parts in the order each needs the ones before it: the model and
+the pool, the event log and the cache manager, the metrics, token-level eviction, colocation's
+gates (the controller over the pool), the scheduler's hooks, the scheduler, and last the
+colocation loop that reads the scheduler's queues. The builders that take more than a line of
+config live here.
+
+Imports: the cache core, the model's pool, token-level eviction, the colocation controller and
+this package's config and colocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.colocation import ColocationController
+from engine_adapter.model.kv_pool import PagedKVPool
+from engine_adapter.serving.colocation import ColocationGates
+from engine_adapter.serving.config import EngineConfig, colocation_params, colocation_switches
+from engine_adapter.serving.errors import RequestError
+from engine_adapter.token_eviction.policies import make_token_policy
+from engine_adapter.token_eviction.pressure import (
+    CudaMonitor,
+    LeastMonitor,
+    PoolMonitor,
+    ProcMeminfoMonitor,
+    SystemMonitor,
+    TokenCacheManager,
+)
+
+__all__ = ["DEFAULT_NUM_BLOCKS", "cache_manager", "colocation_gates", "pool_blocks", "token_manager"]
+
+# The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
+# --kv-cache-memory or --gpu-memory-utilization for a real model.
+DEFAULT_NUM_BLOCKS = 2048
+
+
+def pool_blocks(config: EngineConfig, decoder: Any, device: str) -> int:
+    """Blocks of the KV pool: ``num_blocks``, else what ``kv_cache_memory`` or
+    ``gpu_memory_utilization`` holds for the model, else `DEFAULT_NUM_BLOCKS`."""
+    cfg = decoder.config
+    shape = {
+        "num_layers": cfg.num_hidden_layers,
+        "num_kv_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "block_size": config.block_size,
+        "dtype": decoder.dtype,
+    }
+    if config.num_blocks is not None:
+        return config.num_blocks
+    if config.kv_cache_memory is not None:
+        return PagedKVPool.blocks_for_memory(config.kv_cache_memory, **shape)
+    if config.gpu_memory_utilization is not None:
+        return PagedKVPool.blocks_for_utilization(config.gpu_memory_utilization, device=device, **shape)
+    return DEFAULT_NUM_BLOCKS
+
+
+def cache_manager(config: EngineConfig, pool: PagedKVPool, events: EvictionEventLog) -> CacheManager:
+    """The cache manager over the pool's allocator, with the config's policy and limits."""
+    return CacheManager(
+        pool.allocator,
+        policy=config.eviction_policy,
+        policy_params=dict(config.policy_params),
+        max_pinned_ratio=config.max_pinned_ratio,
+        eviction_threshold=config.eviction_threshold,
+        event_log=events,
+        protect_queued=config.protect_queued,
+        explain=config.explain_evictions,
+    )
+
+
+def token_manager(
+    config: EngineConfig, cache: CacheManager, pool: PagedKVPool, events: EvictionEventLog
+) -> TokenCacheManager:
+    """Token-level eviction (spec 002): the policy, and pressure from the least of the pool's
+    available blocks and the device's memory."""
+    monitors: list[SystemMonitor] = [
+        PoolMonitor(lambda: cache.num_available_blocks, cache.num_blocks, pool.bytes_per_block)
+    ]
+    if pool.device.type == "cuda":
+        monitors.append(CudaMonitor(pool.device))
+    elif pool.device.type == "cpu":
+        monitors.append(ProcMeminfoMonitor())
+    return TokenCacheManager(
+        make_token_policy(config.token_eviction, window=config.eviction_window),
+        LeastMonitor(*monitors),
+        config.memory_threshold * 1024 * 1024,
+        config.token_target_ratio,
+        window=config.eviction_window,
+        events=events,
+    )
+
+
+def colocation_gates(
+    config: EngineConfig, cache: CacheManager, clock: Callable[[], float]
+) -> ColocationGates | None:
+    """Spec 004's controller over the pool, as the scheduler's gates; None when colocation is off.
+
+    Raises:
+        RequestError: A colocation param the controller refuses.
+        ValueError: A colocation switch that is not a boolean.
+    """
+    if config.colocation == "off":
+        return None
+    try:
+        params, system = colocation_params(config.colocation_params)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    controller = ColocationController(
+        cache.num_blocks, cache.block_size, params, config.colocation, system=system
+    )
+    switches = colocation_switches(config.colocation_params)
+    return ColocationGates(controller, cache, clock, slo_preemption=switches["slo_preemption"])

@@ -1,0 +1,168 @@
+"""Request intake: what a completion or embedding request is checked against before it is queued.
+
+`RequestIntake` turns a caller's prompt, messages or embedding inputs into token ids and
+refuses, with a `RequestError` the caller sees as a 400, what the engine could never serve: an
+empty prompt, token ids outside the vocabulary, a prompt plus ``max_tokens`` beyond the pool or
+the model's context. It also gives a sequence its SLOs (its own, else its tenant's defaults)
+and the deadline they set, and an unseeded sampled request the engine's seed. It runs in the
+caller's thread and reads only what does not change while the engine serves (the config, the
+tokenizer, the pool's size), and the token policy's name.
+
+Imports: the model's tokenizer and chat template, the cache manager (its size and clock),
+token-level eviction's manager, and this package's config, records and errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
+from engine_adapter.model.config import ModelConfig
+from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.model.tokenizer import Tokenizer
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.embedding_batch import EmbeddingText
+from engine_adapter.serving.errors import RequestError
+from engine_adapter.serving.sequence import Sequence
+from engine_adapter.token_eviction.pressure import TokenCacheManager
+
+__all__ = ["RequestIntake"]
+
+
+class RequestIntake:
+    """Checks requests against the model and the pool and prepares them for the scheduler.
+
+    Args:
+        config: The engine's config (its seed, SLO defaults, colocation mode, model name).
+        tokenizer: The served model's tokenizer.
+        model_config: The served model's config (vocabulary size, context length).
+        cache: The cache manager (the pool's size, the cache's clock for deadlines).
+        token_manager: Token-level eviction (with a policy a sequence may outgrow the pool).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        tokenizer: Tokenizer,
+        model_config: ModelConfig,
+        cache: CacheManager,
+        token_manager: TokenCacheManager,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.cache = cache
+        self.token_manager = token_manager
+
+    # ---- completions ---------------------------------------------------------------------------
+
+    def prompt_ids(self, prompt: str | list[int], sampling: SamplingParams) -> list[int]:
+        """The prompt's token ids, checked: not empty, in the vocabulary, and with ``max_tokens``
+        within the pool (only the prompt with a token policy) and the model's context.
+
+        Raises:
+            RequestError: What the engine could never serve; the message says why.
+        """
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if not ids:
+            raise RequestError("prompt is empty")
+        self._check_room(ids, sampling)
+        return ids
+
+    def _check_room(self, ids: list[int], sampling: SamplingParams) -> None:
+        total = len(ids) + sampling.max_tokens
+        max_tokens_in_pool = self.cache.num_blocks * self.cache.block_size
+        # With a token policy a sequence shrinks as it grows: only its prompt must fit the pool.
+        compresses = self.token_manager.policy.name() != "none"
+        if (len(ids) + 1 if compresses else total) > max_tokens_in_pool:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the KV pool "
+                f"({self.cache.num_blocks} blocks of {self.cache.block_size} tokens = {max_tokens_in_pool})"
+            )
+        limit = self.model_config.max_position_embeddings
+        if total > limit:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the model's "
+                f"context of {limit} tokens"
+            )
+
+    def seeded(self, sampling: SamplingParams, seq_id: int) -> SamplingParams:
+        """`sampling`, with a seed from the engine's when it samples and has none."""
+        if sampling.seed is None and not sampling.greedy:
+            # The engine's seed makes an unseeded sampled request reproducible, as vLLM's --seed does.
+            return dataclasses.replace(sampling, seed=self.config.seed * 1_000_003 + seq_id)
+        return sampling
+
+    def set_slo(self, seq: Sequence, ttft_ms: float | None, tpot_ms: float | None) -> None:
+        """The request's SLOs (its own, else its tenant's defaults) and, when it gave one or
+        colocation is on, the deadline its blocks carry for the `slo` policy: the time by which
+        it would finish if it met both (arrival + TTFT + TPOT for each further token). With
+        colocation off and no SLO given, no deadline: the engine behaves as before SLOs."""
+        defaults = self.config.slos_for(seq.tenant)
+        seq.slo_ttft_ms = ttft_ms if ttft_ms is not None else defaults["ttft_ms"]
+        seq.slo_tpot_ms = tpot_ms if tpot_ms is not None else defaults["tpot_ms"]
+        if ttft_ms is not None or tpot_ms is not None or self.config.colocation != "off":
+            budget_ms = seq.slo_ttft_ms + seq.slo_tpot_ms * max(seq.sampling.max_tokens - 1, 0)
+            seq.deadline = self.cache.clock() + budget_ms / 1e3
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        """The prompt ids of a conversation, rendered with the model's chat template.
+
+        Raises:
+            RequestError: The model has no chat template, or the template refused the messages.
+        """
+        template = self.tokenizer.chat_template
+        if template is None:
+            raise RequestError(
+                f"model {self.config.model!r} has no chat template; send a prompt to /v1/completions"
+            )
+        tokenizer = self.tokenizer
+        try:
+            text = render_chat(
+                template,
+                messages,
+                bos_token=tokenizer.token_text(tokenizer.bos_token_id),
+                eos_token=tokenizer.token_text(tokenizer.eos_token_id),
+            )
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc)) from exc
+        # The rendered text holds its special tokens already.
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    # ---- embeddings ----------------------------------------------------------------------------
+
+    def embedding_texts(self, inputs: list[str | list[int]]) -> list[EmbeddingText]:
+        """The inputs as the scheduler runs them, each checked: not empty, in the vocabulary,
+        within the model's context and the pool.
+
+        Raises:
+            RequestError: What the engine could never serve; the message names the input.
+        """
+        if not inputs:
+            raise RequestError("input is empty")
+        texts: list[EmbeddingText] = []
+        limit = min(self.model_config.max_position_embeddings, self.cache.num_blocks * self.cache.block_size)
+        vocab = self.model_config.vocab_size
+        for i, item in enumerate(inputs):
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            if not ids:
+                raise RequestError(f"input {i} is empty")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"input {i}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+            if len(ids) > limit:
+                raise RequestError(
+                    f"input {i} has {len(ids)} tokens; at most {limit} fit the model's context and the pool"
+                )
+            texts.append(EmbeddingText(ids=ids))
+        return texts
