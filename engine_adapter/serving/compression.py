@@ -30,8 +30,9 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.serving.sequence import Sequence, SequenceStatus
-from engine_adapter.token_eviction.policies import TokenEvictionPolicy, kept_for_ratio, make_token_policy
+from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, kept_for_ratio
 from engine_adapter.token_eviction.pressure import TokenCacheManager
+from engine_adapter.token_eviction.registry import make_token_policy
 from engine_adapter.token_eviction.sequence_kv import CompactionRefused, SequenceKV
 
 __all__ = ["SequenceCompressor"]

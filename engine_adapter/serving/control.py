@@ -31,8 +31,8 @@ from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
-from engine_adapter.token_eviction.policies import make_token_policy
 from engine_adapter.token_eviction.pressure import TokenCacheManager
+from engine_adapter.token_eviction.registry import make_token_policy
 from sage_eviction import available_policies, get_policy_class, policy_params
 from sage_eviction.native import core_implementation
 from sage_eviction.registry import parse_policy_spec

@@ -23,7 +23,6 @@ from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.serving.colocation import ColocationGates
 from engine_adapter.serving.config import EngineConfig, colocation_params, colocation_switches
 from engine_adapter.serving.errors import RequestError
-from engine_adapter.token_eviction.policies import make_token_policy
 from engine_adapter.token_eviction.pressure import (
     CudaMonitor,
     LeastMonitor,
@@ -32,6 +31,7 @@ from engine_adapter.token_eviction.pressure import (
     SystemMonitor,
     TokenCacheManager,
 )
+from engine_adapter.token_eviction.registry import make_token_policy
 
 __all__ = ["DEFAULT_NUM_BLOCKS", "cache_manager", "colocation_gates", "pool_blocks", "token_manager"]
 

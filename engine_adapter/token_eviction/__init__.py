@@ -8,7 +8,6 @@ runs short or a request asks for it, so a long generation survives on a small po
                    ``sage.token_policies``, token_policy_names, make_token_policy, the errors
     presses/       one policy per file over presses/base.py (TokenEvictionPolicy, kept_for_ratio,
                    top_kept): none, sliding, snapkv, h2o, tova, each with its score function
-    policies.py    the serving layer's import: TokenEvictionPolicy, kept_for_ratio, make_token_policy
     sequence_kv.py SequenceKV: the spec's KVCache view of one sequence in the pool (compaction)
     pressure.py    SystemMonitor (/proc/meminfo, CUDA, the pool) and TokenCacheManager.maybe_evict
     generate.py    one sequence prefilled, compressed once and decoded (kvpress tests, benchmark)
