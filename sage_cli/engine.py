@@ -173,7 +173,7 @@ def stop(
     Waits until the engine has removed its socket and pid file (with --url: until it stops
     answering).
     """
-    from sage_cli.paths import pid_path
+    from engine_adapter.paths import pid_path
 
     out = Output(json_out)
     with client_for(socket, name, url=url, api_key=api_key) as client:

@@ -19,7 +19,7 @@ per source; none means the engine sizes the pool itself), and the policy (``poli
 of sources below the one that picked ``eviction_policy`` are dropped: they were meant for
 another policy). When only ``socket`` is set, ``name`` is the socket's stem.
 
-Paths (the same as ``sage_cli.paths``): ``$SAGE_HOME`` (default ``~/.sage``), the socket
+Paths (`engine_adapter.paths`): ``$SAGE_HOME`` (default ``~/.sage``), the socket
 ``$SAGE_HOME/run/<name>.sock``, the logs ``$SAGE_HOME/logs/<name>/`` (``evictions.jsonl``,
 ``engine.log``).
 """
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_adapter import paths
 from engine_adapter.cache.sizes import parse_bytes
 from engine_adapter.paths import DEFAULT_NAME, default_log_dir, default_socket, is_engine_name, sage_home
 from engine_adapter.safe_yaml import shorten
@@ -250,15 +251,15 @@ class EngineConfig:
     @property
     def pid_path(self) -> Path:
         """``<name>.pid`` next to the socket (the stem of the socket's file name)."""
-        return self.socket_path.with_name(f"{self.socket_path.stem}.pid")
+        return paths.pid_path(self.socket_path)
 
     @property
     def eviction_log_path(self) -> Path:
-        return Path(self.log_dir) / "evictions.jsonl"
+        return paths.eviction_log_path(Path(self.log_dir))
 
     @property
     def engine_log_path(self) -> Path:
-        return Path(self.log_dir) / "engine.log"
+        return paths.engine_log_path(Path(self.log_dir))
 
     # -- serialisation ------------------------------------------------------------------------
 
