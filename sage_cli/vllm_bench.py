@@ -13,7 +13,6 @@ The CLI imports no vLLM: only httpx and prometheus_client's text parser.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 
 from sage_cli.engine_bench import EngineRun, latency_figures, prompt_tokens, replay_requests
+from sage_cli.sse import StreamError, json_chunks
 
 __all__ = ["VLLMBenchmarkError", "prefix_cache_counters", "run_vllm_benchmark"]
 
@@ -69,10 +69,7 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
                 response.read()
                 run.error = f"HTTP {response.status_code}: {response.text[:200]}"
                 return run
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            for chunk in json_chunks(response.iter_lines()):
                 usage = chunk.get("usage")
                 if usage:
                     run.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -88,7 +85,7 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
                             run.tpot_s.append(now - last)
                         last = now
         run.ok = True
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, StreamError) as exc:  # an error event or a chunk that is no JSON object
         run.error = f"{type(exc).__name__}: {exc}"
     return run
 
