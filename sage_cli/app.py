@@ -14,7 +14,6 @@ import typer
 from typer.core import TyperGroup
 
 from sage_cli import __version__, benchmark, engine, eviction
-from sage_cli import eviction_view as _eviction_view  # noqa: F401 - registers explain, tree and top
 
 __all__ = ["app", "build_command", "llm_app", "main"]
 
