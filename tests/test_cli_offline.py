@@ -35,7 +35,7 @@ from sage_cli.client import (
     EngineProtocolError,
     EngineTimeout,
 )
-from sage_cli.engine import render_status
+from sage_cli.engine.status import render_status
 from sage_cli.eviction.render import policies_table, render_event, render_stats, render_swap
 from sage_cli.options import parse_params
 from sage_cli.output import Output

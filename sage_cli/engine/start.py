@@ -1,9 +1,7 @@
-"""``sage llm engine``: start, stop and inspect an engine.
+"""``sage llm engine start``: an engine in the foreground, or in the background with ``--detach``.
 
-``start`` loads `engine_adapter` (and through it torch) lazily; ``stop`` and ``status`` only
-talk to the engine over its socket.
-
-The server contract ``start`` relies on:
+The command loads `engine_adapter` (and through it torch) inside its function only. The server
+contract it relies on:
 
 - ``engine_adapter.serving.server.serve(config: EngineConfig) -> int`` runs an engine in the
   foreground until SIGINT, SIGTERM or ``POST /v1/engine/shutdown``; its return is the exit code.
@@ -16,200 +14,19 @@ The server contract ``start`` relies on:
 
 from __future__ import annotations
 
-import datetime as dt
-import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sage_cli.errors import CLIError, CLITimeout, CLIUsageError
-from sage_cli.options import ApiKeyOpt, JsonOpt, NameOpt, SocketOpt, UrlOpt, client_for
+from sage_cli.errors import CLIError, CLIUsageError
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
     from engine_adapter.serving.config import EngineConfig
     from sage_cli.client import ControlClient
 
-__all__ = ["app", "render_status"]
-
-app = typer.Typer(
-    name="engine",
-    help="Start, stop and inspect an LLM engine with a pluggable KV-cache eviction policy.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-)
-
-_POLL_S = 0.1
-
-
-def _duration(seconds: Any) -> str:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return "?"
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    parts = [f"{days}d"] if days else []
-    if days or hours:
-        parts.append(f"{hours}h")
-    if days or hours or minutes:
-        parts.append(f"{minutes}m")
-    parts.append(f"{s}s")
-    return " ".join(parts)
-
-
-def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
-    """``GET /v1/engine`` for people: one aligned ``key: value`` line per fact."""
-    policy = engine.get("policy")
-    if isinstance(policy, dict):
-        params = policy.get("params")
-        policy_text = str(policy.get("name", "?"))
-        if isinstance(params, dict) and params:
-            policy_text += " (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
-    else:
-        policy_text = "?" if policy is None else str(policy)
-    started = engine.get("started_at")
-    started_text = "?"
-    if isinstance(started, int | float) and not isinstance(started, bool):
-        started_text = dt.datetime.fromtimestamp(
-            started, tz=tz or dt.datetime.now().astimezone().tzinfo
-        ).strftime("%Y-%m-%d %H:%M:%S")
-    requests = engine.get("requests")
-    if not isinstance(requests, dict):
-        requests = {}
-
-    def get(key: str) -> str:
-        value = engine.get(key)
-        return "?" if value is None else str(value)
-
-    rows = [
-        ("Name", get("name")),
-        ("Model", get("model")),
-        ("PID", get("pid")),
-        ("Socket", get("socket")),
-        ("Device", get("device")),
-        ("Implementation", get("implementation")),
-        ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),
-        ("Eviction Policy", policy_text),
-        ("KV Cache", f"{get('num_blocks')} blocks x {get('block_size')} tokens"),
-        (
-            "Requests",
-            f"{requests.get('running', '?')} running, {requests.get('waiting', '?')} waiting, "
-            f"{requests.get('finished', '?')} finished",
-        ),
-    ]
-    width = max(len(key) for key, _ in rows) + 1
-    return "\n".join(["Engine Status:"] + [f"  {key + ':':<{width}} {value}" for key, value in rows])
-
-
-@app.command("status")
-def status(
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Show a running engine: model, device, policy, KV cache and requests."""
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.engine()
-    out.result(answer, lambda: render_status(answer))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _wait_until_unreachable(client: ControlClient, health: dict[str, Any], timeout: float) -> None:
-    """A remote engine is gone when its port stops answering (its files are not ours to see)."""
-    from sage_cli.client import EngineUnavailable
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            client.close()
-            client.health()
-        except EngineUnavailable:
-            return
-        time.sleep(_POLL_S)
-    raise CLITimeout(
-        f"the engine (pid {health.get('pid', '?')}) at {client.address} did not exit within {timeout:g} s"
-    )
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-@app.command("stop")
-def stop(
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout", min=0.0, metavar="SECONDS", help="How long to wait for the engine to exit."
-        ),
-    ] = 60.0,
-    json_out: JsonOpt = False,
-) -> None:
-    """Stop a running engine: it finishes the requests in flight, then exits.
-
-    Waits until the engine has removed its socket and pid file (with --url: until it stops
-    answering).
-    """
-    from engine_adapter.paths import pid_path
-
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        health = client.health()
-        client.shutdown()
-    if url is not None:
-        _wait_until_unreachable(client, health, timeout)
-        result = {"status": "stopped", "name": health.get("name"), "pid": health.get("pid"), "url": url}
-        out.result(result, lambda: f"Engine {health.get('name', '?')!s} (pid {health.get('pid')}) stopped")
-        return
-    sock = client.socket
-    pid_file = pid_path(sock)
-    pid = health.get("pid") if isinstance(health.get("pid"), int) else _read_pid(pid_file)
-    deadline = time.monotonic() + timeout
-    dead_since: float | None = None
-    while sock.exists() or pid_file.exists():
-        now = time.monotonic()
-        if pid is not None and not _pid_alive(pid):
-            # Exited without cleaning up (killed while draining): after a grace period the
-            # files are stale; remove them so the next start does not trip on them.
-            dead_since = dead_since or now
-            if now - dead_since > 1.0:
-                for path in (sock, pid_file):
-                    path.unlink(missing_ok=True)
-                break
-        if now > deadline:
-            raise CLITimeout(
-                f"the engine (pid {pid if pid is not None else '?'}) on {sock} did not exit within "
-                f"{timeout:g} s; it may still be draining requests"
-            )
-        time.sleep(_POLL_S)
-    result = {"status": "stopped", "name": health.get("name"), "pid": pid, "socket": str(sock)}
-    out.result(result, lambda: f"Engine {health.get('name', '?')!s} (pid {pid}) stopped")
-
-
-# -- start ---------------------------------------------------------------------------------------
+__all__ = ["start"]
 
 
 def _live_engine(client: ControlClient) -> dict[str, Any] | None:
@@ -320,7 +137,6 @@ def _opt(*names: str, help: str, metavar: str | None = None, default: str | None
 
 # One option per engine setting: the signature is long, the one accepted exception to the
 # 80-line rule for functions; the body is the named steps above.
-@app.command("start")
 def start(
     model: ModelArg = None,
     engine_kind: Annotated[
