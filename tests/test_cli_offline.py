@@ -741,7 +741,7 @@ def test_error_mapping() -> None:
 def test_benchmark_results_table() -> None:
     from rich.console import Console
 
-    from sage_cli.benchmark import results_table
+    from sage_cli.benchmark.table import results_table
 
     rows = [
         {
