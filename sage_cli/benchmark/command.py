@@ -12,12 +12,13 @@ from typing import Any
 
 from sage_cli.benchmark.checks import check_plan, parse_policies
 from sage_cli.benchmark.colocation import check_grid
-from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode, Workload, with_options
+from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode, Workload
+from sage_cli.options import record_parameters, with_parameters
 
 __all__ = ["benchmark", "run"]
 
 
-@with_options(BenchmarkArgs)
+@with_parameters(record_parameters(BenchmarkArgs))
 def benchmark(**options: Any) -> None:
     """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
 

