@@ -1,7 +1,7 @@
 """``sage llm benchmark --workload colocation``: the grid both colocation modes run, and its table.
 
 `check_grid` turns the options into a `ColocationGrid` (ratios, loads, seeds, systems, the
-objective's weights) or names the first option it cannot use; the
+objective's weights, the eviction policy of the pool) or names the first option it cannot use; the
 simulator (`colocation_sim`) and live engines (`colocation_engine`) run it; `colocation_table`
 shows either's rows, one per ratio, load and system.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sage_cli.benchmark.checks import parse_capacities
+from sage_cli.benchmark.checks import parse_capacities, parse_policies
 from sage_cli.benchmark.options import BenchmarkArgs, Mode
 from sage_cli.errors import CLIUsageError
 from sage_cli.output import format_cell
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
+    "DEFAULT_POLICY",
     "ColocationGrid",
     "check_grid",
     "colocation_table",
@@ -29,6 +30,8 @@ __all__ = [
     "parse_ratios",
     "parse_seeds",
 ]
+DEFAULT_POLICY = "lru"
+
 
 @dataclass(frozen=True, slots=True)
 class ColocationGrid:
@@ -48,6 +51,8 @@ class ColocationGrid:
         duration: Simulated seconds; None: the default.
         requests: Requests per cell on engines; None: the default.
         num_blocks: Pool of each engine; None: the default.
+        policy: The eviction policy of the shared pool in the simulator (one registry name).
+        policy_given: Whether ``--eviction-policies`` named it (else `DEFAULT_POLICY`).
         output: ``--output``.
         json_out: ``--json``.
     """
@@ -65,6 +70,8 @@ class ColocationGrid:
     duration: float | None
     requests: int | None
     num_blocks: int | None
+    policy: str
+    policy_given: bool
     output: Path | None
     json_out: bool
 
@@ -108,12 +115,30 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def _policy(text: str | None) -> str:
+    """The one eviction policy of a colocation run (``--eviction-policies``; default lru).
+
+    Raises:
+        CLIUsageError: An unknown name, or more than one.
+    """
+    if text is None:
+        return DEFAULT_POLICY
+    policies = parse_policies(text, Mode.sim.value)
+    if len(policies) > 1:
+        raise CLIUsageError(
+            "--workload colocation runs one eviction policy on the shared pool: give one name in "
+            f"--eviction-policies, not {', '.join(policies)}"
+        )
+    return policies[0]
+
+
 def _options_it_does_not_take(args: BenchmarkArgs) -> list[str]:
     """The flags given that a colocation run has no use for (in engine mode it takes
-    ``--capacity-blocks`` as each engine's pool and ``--requests`` per cell)."""
+    ``--capacity-blocks`` as each engine's pool and ``--requests`` per cell; in the simulator one
+    ``--eviction-policies``, the pool's)."""
     engine = args.mode is Mode.engine
     given = {
-        "--eviction-policies": args.eviction_policies is not None,
+        "--eviction-policies": args.eviction_policies is not None and engine,
         "--capacity-blocks": args.capacity_blocks is not None and not engine,
         "--capacity-ratio": args.capacity_ratio is not None,
         "--requests": args.requests is not None and not engine,
@@ -134,6 +159,7 @@ def check_grid(args: BenchmarkArgs) -> ColocationGrid:
     other_options = _options_it_does_not_take(args)
     if other_options:
         raise CLIUsageError(f"--workload colocation does not take {', '.join(other_options)}")
+    policy = _policy(args.eviction_policies)
     ratios = parse_ratios(args.ratio)
     loads = parse_loads(args.load)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else [args.seed]
@@ -157,6 +183,8 @@ def check_grid(args: BenchmarkArgs) -> ColocationGrid:
         duration=duration,
         requests=args.requests,
         num_blocks=int(pool[0]) if pool else None,
+        policy=policy,
+        policy_given=args.eviction_policies is not None,
         output=args.output,
         json_out=args.json_out,
     )
@@ -180,8 +208,9 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def colocation_table(result: dict[str, Any]) -> Table | str:
-    """One row per ratio, load and system; the capacities in the caption."""
+def colocation_table(result: dict[str, Any], policy: str = DEFAULT_POLICY) -> Table | str:
+    """One row per ratio, load and system; the eviction policy (the result's ``settings.policy``,
+    else `policy`) and the capacities in the caption."""
     from rich import box
     from rich.table import Table
 
@@ -190,7 +219,8 @@ def colocation_table(result: dict[str, Any]) -> Table | str:
         return "No results."
     settings = result.get("settings", {})
     caps = result.get("capacity", {})
-    caption = "capacity at 100 % load (requests/s): " + ", ".join(f"{r} {c:.2f}" for r, c in caps.items())
+    caption = f"eviction policy: {settings.get('policy') or policy}; capacity at 100 % load (requests/s): "
+    caption += ", ".join(f"{r} {c:.2f}" for r, c in caps.items())
     seeds = settings.get("seeds", [])
     table = Table(
         title=(

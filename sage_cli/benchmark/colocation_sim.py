@@ -1,7 +1,8 @@
 """``sage llm benchmark --workload colocation`` (``--mode sim``): the colocation grid in the simulator.
 
-The simulator (`engine_adapter.sim.colocation_bench`) is imported only when the command runs; it
-writes ``--output`` itself.
+The simulator (`engine_adapter.sim.colocation_bench.run_colocation_benchmark`) is imported only
+when the command runs; it writes ``--output`` itself. Its pool runs the registered eviction policy
+``--eviction-policies`` names (``policy=``; default lru).
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ def run_in_simulator(grid: ColocationGrid) -> None:
                 duration_s=grid.duration if grid.duration is not None else 60.0,
                 output=grid.output,
                 progress=lambda done, total: bar.update(task, completed=done),
+                **_policy(grid),
             )
         except ColocationBenchmarkError as exc:
             raise CLIUsageError(str(exc)) from None
-    Output(grid.json_out).result(result, lambda: colocation_table(result))
+    Output(grid.json_out).result(result, lambda: colocation_table(result, grid.policy))
+
+
+def _policy(grid: ColocationGrid) -> dict[str, str]:
+    """``policy=`` of the run when ``--eviction-policies`` named one; else nothing, and the
+    simulator runs its own default, the same lru (`DEFAULT_POLICY`)."""
+    return {"policy": grid.policy} if grid.policy_given else {}

@@ -83,7 +83,8 @@ PoliciesOpt = Annotated[
         metavar="P[,P...]",
         show_default=False,
         help="Policies to compare, comma-separated (default: lru,lfu,arc; with --engine-kind vllm, "
-        "the one policy the server runs, 'vllm' for its own, the default).",
+        "the one policy the server runs, 'vllm' for its own, the default; with --workload colocation, "
+        "the one policy of the simulated pool, lru by default).",
     ),
 ]
 ModeOpt = Annotated[
