@@ -221,6 +221,30 @@ def test_the_cli_imports_torch_and_the_engine_only_where_a_command_needs_them(pa
     assert not bad, f"{_ids(path)}: " + "; ".join(bad)
 
 
+_CLI_GROUPS = ("sage_cli.engine", "sage_cli.eviction", "sage_cli.benchmark")
+
+
+def _group(module: str) -> str | None:
+    return next((g for g in _CLI_GROUPS if _is(module, (g,))), None)
+
+
+@pytest.mark.parametrize("path", _sources("sage_cli"), ids=_ids)
+def test_a_cli_group_imports_no_other_and_the_shared_modules_none(path: Path) -> None:
+    # sage_cli/__init__.py: the root app imports the groups; a group imports the shared modules
+    # and its own; a shared module imports no group.
+    parts = path.relative_to(REPO).with_suffix("").parts
+    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    if module == "sage_cli.app":
+        return
+    own = _group(module)
+    bad = [
+        f"line {line}: imports {m}"
+        for m, line, _ in _imports(_parse(path))
+        if _group(m) is not None and _group(m) != own
+    ]
+    assert not bad, f"{_ids(path)}: " + "; ".join(bad)
+
+
 def test_the_ast_scan_sees_every_kind_of_import() -> None:
     tree = ast.parse(
         "import os, torch.nn\n"

@@ -56,20 +56,24 @@ class ConfigError(ValueError):
 
 
 def fail(where: str, value: Any, expected: str) -> ConfigError:
+    """The error for `value` at `where`, which is not `expected` (the value shortened)."""
     return ConfigError(f"{where}: {shorten(value)} is not {expected}")
 
 
 def parse_text(value: Any, where: str) -> str:
+    """A non-empty string, stripped."""
     if not isinstance(value, str) or not value.strip():
         raise fail(where, value, "a non-empty string")
     return value.strip()
 
 
 def parse_model(value: Any, where: str) -> str:
+    """A model name or path (the loader checks it at start)."""
     return parse_text(value, where)
 
 
 def parse_engine_kind(value: Any, where: str) -> str:
+    """One of `ENGINE_KINDS`."""
     kind = parse_text(value, where).lower()
     if kind not in ENGINE_KINDS:
         raise ConfigError(
@@ -79,10 +83,12 @@ def parse_engine_kind(value: Any, where: str) -> str:
 
 
 def parse_policy(value: Any, where: str) -> str:
+    """A policy name, lower-cased (`EngineConfig.check_policy` checks it against the registry)."""
     return parse_text(value, where).lower()
 
 
 def parse_token_policy(value: Any, where: str) -> str:
+    """A token-level policy of `engine_adapter.token_eviction`."""
     from engine_adapter.token_eviction import TOKEN_POLICY_NAMES
 
     name = parse_text(value, where).lower()
@@ -94,6 +100,7 @@ def parse_token_policy(value: Any, where: str) -> str:
 
 
 def parse_device(value: Any, where: str) -> str:
+    """auto, cpu, cuda or cuda:N."""
     device = parse_text(value, where).lower()
     if not DEVICE.match(device):
         raise fail(where, value, "a device: auto, cpu, cuda or cuda:N")
@@ -101,6 +108,7 @@ def parse_device(value: Any, where: str) -> str:
 
 
 def parse_engine_name(value: Any, where: str) -> str:
+    """A name that can name an engine's files (`engine_adapter.paths.is_engine_name`)."""
     name = parse_text(value, where)
     if not is_engine_name(name):
         raise fail(where, value, "an engine name: up to 64 letters, digits, '.', '_' or '-'")
@@ -108,6 +116,7 @@ def parse_engine_name(value: Any, where: str) -> str:
 
 
 def parse_path(value: Any, where: str) -> str:
+    """An absolute path (``~`` expanded), or "" for the default."""
     if isinstance(value, Path):
         value = str(value)
     if not isinstance(value, str):
@@ -118,6 +127,7 @@ def parse_path(value: Any, where: str) -> str:
 
 
 def parse_bool(value: Any, where: str) -> bool:
+    """A boolean, or true/false, 1/0, yes/no, on/off."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -130,6 +140,8 @@ def parse_bool(value: Any, where: str) -> bool:
 
 
 def int_at_least(minimum: int) -> Callable[[Any, str], int]:
+    """The parser of whole numbers (or their strings) no smaller than `minimum`."""
+
     def convert(value: Any, where: str) -> int:
         if isinstance(value, bool):
             raise fail(where, value, "an integer")
@@ -150,6 +162,9 @@ def int_at_least(minimum: int) -> Callable[[Any, str], int]:
 
 
 def float_in(low: float, high: float | None, *, low_open: bool) -> Callable[[Any, str], float]:
+    """The parser of numbers in [low, high] (or (low, high] with `low_open`; no upper bound when
+    `high` is None)."""
+
     def convert(value: Any, where: str) -> float:
         if isinstance(value, bool):
             raise fail(where, value, "a number")
@@ -172,6 +187,7 @@ def float_in(low: float, high: float | None, *, low_open: bool) -> Callable[[Any
 
 
 def parse_size(value: Any, where: str) -> int:
+    """A positive number of bytes, or a size such as ``2GiB``."""
     if isinstance(value, float) and not value.is_integer():
         raise fail(where, value, "a whole number of bytes")
     try:
@@ -184,12 +200,14 @@ def parse_size(value: Any, where: str) -> int:
 
 
 def parse_host(value: Any, where: str) -> str:
+    """A host name or IP address to listen on."""
     if not isinstance(value, str) or any(c.isspace() or c in "/[]" for c in value.strip()):
         raise fail(where, value, "a host name or IP address")
     return value.strip()
 
 
 def parse_port(value: Any, where: str) -> int:
+    """A TCP port, 1..65535."""
     port = int_at_least(1)(value, where)
     if port > 65535:
         raise ConfigError(f"{where}: {port} is not a TCP port (1..65535)")
@@ -197,6 +215,7 @@ def parse_port(value: Any, where: str) -> int:
 
 
 def parse_secret(value: Any, where: str) -> str:
+    """An API key: printable, no spaces, 16 characters at least (never echoed)."""
     # Never echo the value: it is a credential.
     if not isinstance(value, str) or any(c.isspace() or not c.isprintable() for c in value):
         raise ConfigError(f"{where}: not a usable API key (printable, no spaces)")
