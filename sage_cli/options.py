@@ -1,6 +1,11 @@
 """Options shared by the commands, as `Annotated` aliases, and the helpers that read them.
 
 def stats(socket: SocketOpt = None, name: NameOpt = None, json_out: JsonOpt = False): ...
+
+A command whose options are declared elsewhere (the fields of a record, the rows of a table)
+takes ``**options`` and gets them as its parameters from `with_parameters`: ``sage llm
+benchmark`` from `BenchmarkArgs` (`record_parameters`), ``sage llm engine start`` from the
+config's keys.
 """
 
 from __future__ import annotations
