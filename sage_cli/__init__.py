@@ -1,16 +1,29 @@
 """sage_cli: the ``sage`` command line, a client of the engine's control API.
 
-Layout (one module per command group, as in huggingface_hub's Typer-era ``hf`` CLI)::
+Layout (a package per command group, as in huggingface_hub's Typer-era ``hf`` CLI)::
 
     app.py        the root app ``sage``, the group ``llm`` and ``main()``
-    engine.py     sage llm engine start | stop | status
-    eviction.py   sage llm eviction stats | logs | set-policy | policies
-    benchmark.py  sage llm benchmark
-    options.py    options shared as Annotated aliases (SocketOpt, NameOpt, PolicyOpt, JsonOpt)
+    engine/       sage llm engine start | stop | status; start's options are the engine config's
+                  keys (engine/start_options.py, generated from ``engine_adapter.serving.config``)
+    eviction/     sage llm eviction stats | logs | set-policy | set-token-policy | policies |
+                  explain | tree | top, what they print apart from the commands
+    benchmark/    sage llm benchmark: its options, its checks, a module per mode
+    options.py    options shared as Annotated aliases (SocketOpt, NameOpt, PolicyOpt, JsonOpt),
+                  and commands whose options are declared elsewhere (`with_parameters`)
     output.py     the one output sink: text, a Rich table, or --json
     errors.py     exceptions to a one-line message and an exit code
-    client.py     the control client (httpx over a Unix socket) and its exception tree
-    paths.py      $SAGE_HOME, sockets, pid files and logs
+    client.py     the control client (httpx over the Unix socket, or TCP) and its exception tree
+    sse.py        the one reader of event streams (the engine's and vLLM's streamed completions)
+    spawn.py      an engine process in the background (--detach, the benchmark's temporary engines)
+    paths.py      which engine a command talks to: --socket, --name, $SAGE_SOCKET, $SAGE_NAME
+    _params.py    option values converted without pydantic (the light commands' start-up time)
+
+What may import what: the shared modules (options, output, errors, client, sse, spawn, paths,
+_params) import no command package; a command package imports the shared modules and its own
+modules, never another group; ``app`` imports the groups. Of the engine, only
+`engine_adapter.paths` (standard library only: where an engine's files live) loads when the
+command tree is built; ``engine start`` and ``benchmark`` import `engine_adapter` inside their
+functions (tests/test_import_graph.py checks both).
 
 Importing this package imports nothing else.
 """

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from sage_cli import __version__, benchmark, engine, eviction
-from sage_cli import eviction_view as _eviction_view  # noqa: F401 - registers explain, tree and top
+from sage_cli import __version__, engine, eviction
+from sage_cli.benchmark.command import benchmark
 
 __all__ = ["app", "build_command", "llm_app", "main"]
 
@@ -38,7 +38,7 @@ llm_app = typer.Typer(
 )
 llm_app.add_typer(engine.app, name="engine")
 llm_app.add_typer(eviction.app, name="eviction")
-llm_app.command("benchmark")(benchmark.benchmark)
+llm_app.command("benchmark")(benchmark)
 app.add_typer(llm_app, name="llm")
 
 

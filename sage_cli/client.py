@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from sage_cli.sse import StreamDecodeError, StreamErrorEvent, json_chunks
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ControlClient",
@@ -233,23 +235,19 @@ class ControlClient:
         self, body: dict[str, Any], *, timeout: float | None = None
     ) -> Iterator[JSONObject]:
         """``POST /v1/completions`` with ``"stream": true``: each server-sent event's object, until
-        ``[DONE]``.
+        ``[DONE]`` (read by `sage_cli.sse`, the one reader of event streams).
 
         Raises:
             EngineError: The engine refused the request (4xx/5xx) or sent an error event.
         """
         body = {**body, "stream": True}
-        for line in self._stream_lines("POST", "/v1/completions", json_body=body, read_timeout=timeout):
-            if not line.startswith("data: "):
-                continue
-            payload = line.removeprefix("data: ")
-            if payload == "[DONE]":
-                return
-            chunk = self._decode_event(payload)
-            error = chunk.get("error")
-            if isinstance(error, dict):
-                raise EngineError(500, str(error.get("type")), str(error.get("message")))
-            yield chunk
+        lines = self._stream_lines("POST", "/v1/completions", json_body=body, read_timeout=timeout)
+        try:
+            yield from json_chunks(lines)
+        except StreamErrorEvent as exc:
+            raise EngineError(500, exc.error_type, exc.message) from None
+        except StreamDecodeError as exc:
+            raise EngineProtocolError(f"completion stream: {exc}") from None
 
     def _stream_lines(
         self,

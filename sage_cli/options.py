@@ -1,13 +1,22 @@
 """Options shared by the commands, as `Annotated` aliases, and the helpers that read them.
 
 def stats(socket: SocketOpt = None, name: NameOpt = None, json_out: JsonOpt = False): ...
+
+A command whose options are declared elsewhere (the fields of a record, the rows of a table)
+takes ``**options`` and gets them as its parameters from `with_parameters`: ``sage llm
+benchmark`` from `BenchmarkArgs` (`record_parameters`), ``sage llm engine start`` from the
+config's keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
+import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -26,8 +35,12 @@ __all__ = [
     "ApiKeyOpt",
     "client_for",
     "parse_params",
+    "record_parameters",
     "start_hint",
+    "with_parameters",
 ]
+
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 SocketOpt = Annotated[
     Path | None,
@@ -150,3 +163,26 @@ def client_for(
         api_key=api_key,
         ca_file=os.environ.get("SAGE_CA_FILE") or None,
     )
+
+
+def record_parameters(record: type) -> list[inspect.Parameter]:
+    """The fields of the dataclass `record` as keyword parameters, with their annotations (the
+    `Annotated` options) and defaults."""
+    hints = typing.get_type_hints(record, include_extras=True)
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter(f.name, keyword, default=f.default, annotation=hints[f.name])
+        for f in dataclasses.fields(record)
+    ]
+
+
+def with_parameters(parameters: Iterable[inspect.Parameter]) -> Callable[[Command], Command]:
+    """Give a command that takes ``**options`` these parameters, which Typer reads as its options
+    and arguments (in this order), so that options declared elsewhere are declared once."""
+    signature = inspect.Signature(list(parameters))
+
+    def decorate(command: Command) -> Command:
+        command.__signature__ = signature  # type: ignore[attr-defined]
+        return command
+
+    return decorate

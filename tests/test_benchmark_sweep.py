@@ -31,7 +31,7 @@ from engine_adapter.sim.sweep import (
     run_rows,
     usable_cores,
 )
-from sage_cli.benchmark import run_caption
+from sage_cli.benchmark.table import run_caption
 from sage_eviction.native import PURE_ENV, core_implementation
 
 # Fields that time the run on the wall clock: the only ones an executor may change.

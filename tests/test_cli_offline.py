@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine_adapter.paths import pid_path
 from sage_cli import errors
 from sage_cli.client import (
     ControlClient,
@@ -34,11 +35,11 @@ from sage_cli.client import (
     EngineProtocolError,
     EngineTimeout,
 )
-from sage_cli.engine import render_status
-from sage_cli.eviction import policies_table, render_event, render_stats, render_swap
+from sage_cli.engine.status import render_status
+from sage_cli.eviction.render import policies_table, render_event, render_stats, render_swap
 from sage_cli.options import parse_params
 from sage_cli.output import Output
-from sage_cli.paths import pid_path, resolve_socket
+from sage_cli.paths import resolve_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 UTC = dt.timezone.utc
@@ -341,7 +342,10 @@ def files(short_dir: Path) -> dict[str, Path]:
         (["--cost-model", "/nonexistent.yaml"], ["--cost-model /nonexistent.yaml: cannot read it"]),
         (["--cost-model", "{costs}"], ["the top level is not a mapping"]),
         (["--output", "/nonexistent/dir/r.json"], ["the folder /nonexistent/dir does not exist"]),
-        (["--eviction-policies", "belady", "--mode", "engine"], ["runs only in simulation (sage llm benchmark --mode sim)"]),
+        (
+            ["--eviction-policies", "belady", "--mode", "engine"],
+            ["runs only in simulation (sage llm benchmark --mode sim)"],
+        ),
     ],
 )
 @pytest.mark.slow
@@ -361,7 +365,8 @@ _IMPORT_PROBE = textwrap.dedent(
     code = main(json.loads(sys.argv[1]))
     heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "engine_adapter", "sage_eviction",
                                                              "numpy", "pydantic"})
-    print(json.dumps({"code": code, "heavy": heavy}))
+    engine = sorted(m for m in sys.modules if m.split(".")[0] == "engine_adapter")
+    print(json.dumps({"code": code, "heavy": heavy, "engine": engine}))
     """
 )
 
@@ -379,7 +384,9 @@ def test_light_commands_import_no_engine(args: list[str], env: dict[str, str]) -
     probe = json.loads(result.stdout.strip().splitlines()[-1])
     assert probe["code"] == errors.EXIT_NO_ENGINE
     heavy = set(probe["heavy"])
-    assert not heavy & {"torch", "engine_adapter", "sage_eviction", "numpy"}, heavy
+    assert not heavy & {"torch", "sage_eviction", "numpy"}, heavy
+    # Of the engine, only where its files live (standard library only; tests/test_import_graph.py).
+    assert set(probe["engine"]) <= {"engine_adapter", "engine_adapter.paths"}, probe["engine"]
     from sage_cli._params import install_plain_conversion
     from sage_cli.app import build_command
 
@@ -734,7 +741,7 @@ def test_error_mapping() -> None:
 def test_benchmark_results_table() -> None:
     from rich.console import Console
 
-    from sage_cli.benchmark import results_table
+    from sage_cli.benchmark.table import results_table
 
     rows = [
         {

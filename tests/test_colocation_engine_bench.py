@@ -1,4 +1,4 @@
-"""The engine-mode colocation benchmark (sage_cli/colocation_engine_bench.py): the workload fitted
+"""The engine-mode colocation benchmark (sage_cli/benchmark/colocation_engine.py): the workload fitted
 to a calibration, the rows computed from measured runs, and one short run on live engines."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.sim.colocation_workload import generate
-from sage_cli.colocation_engine_bench import (
+from sage_cli.benchmark.colocation_engine import (
     ENGINE_SYSTEMS,
     Calibration,
     EngineRequest,
@@ -20,7 +20,7 @@ from sage_cli.colocation_engine_bench import (
     build_requests,
     run_colocation_engine_benchmark,
 )
-from sage_cli.engine_bench import EngineRun
+from sage_cli.benchmark.replay import EngineRun
 
 REPO = Path(__file__).resolve().parent.parent
 CALIBRATION = Calibration(ttft_s=0.05, tpot_s=0.01, embedding_s=0.2, output_tokens=8)

@@ -229,7 +229,7 @@ def test_a_deferred_request_whose_client_leaves_is_aborted_at_once(tmp_path: Pat
 
 
 def test_eviction_stats_shows_the_quotas(client: TestClient) -> None:
-    from sage_cli.eviction import render_stats
+    from sage_cli.eviction.render import render_stats
 
     assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
     text = render_stats(client.get("/v1/eviction/stats").json())

@@ -59,22 +59,31 @@ def test_defaults(sage_home: Path) -> None:
     assert config.engine_log_path == sage_home / "logs" / "default" / "engine.log"
 
 
-def test_paths_agree_with_the_cli(sage_home: Path) -> None:
-    from sage_cli import paths
-
+def test_the_config_paths_are_those_of_engine_adapter_paths(sage_home: Path) -> None:
     config = EngineConfig(name="blue")
-    assert config.socket_path == paths.socket_path("blue")
-    assert config.pid_path == paths.pid_path(paths.socket_path("blue"))
-    assert config.eviction_log_path == paths.eviction_log_path("blue")
-    assert config.engine_log_path == paths.engine_log_path("blue")
-    assert engine_paths.DEFAULT_NAME == paths.DEFAULT_NAME
-    for name in ("a", "blue-1.x_y", "9", "x" * 64, "", ".hidden", "a/b", "x" * 65, "é", "-a"):
-        cli_accepts = True
-        try:
-            paths.validate_name(name)
-        except ValueError:
-            cli_accepts = False
-        assert engine_paths.is_engine_name(name) is cli_accepts, name
+    assert engine_paths.sage_home() == sage_home
+    assert engine_paths.run_dir() == sage_home / "run"
+    assert config.socket_path == engine_paths.default_socket("blue") == sage_home / "run" / "blue.sock"
+    assert config.pid_path == engine_paths.pid_path(config.socket_path) == sage_home / "run" / "blue.pid"
+    assert Path(config.log_dir) == engine_paths.default_log_dir("blue")
+    assert config.eviction_log_path == engine_paths.eviction_log_path(Path(config.log_dir))
+    assert config.engine_log_path == engine_paths.engine_log_path(Path(config.log_dir))
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        *[(name, True) for name in ("a", "blue-1.x_y", "9", "x" * 64)],
+        *[(name, False) for name in ("", ".hidden", "a/b", "x" * 65, "é", "-a")],
+    ],
+)
+def test_engine_names(name: str, valid: bool) -> None:
+    assert engine_paths.is_engine_name(name) is valid
+    if valid:
+        assert engine_paths.validate_name(name) == name
+    else:
+        with pytest.raises(ValueError, match="is not valid"):
+            engine_paths.validate_name(name)
 
 
 def test_every_key_is_an_env_var_and_a_flag() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
-from sage_cli.eviction_view import explain_lines, explain_one_line
+from sage_cli.eviction.explanations import explain_lines, explain_one_line
 
 REPO = Path(__file__).resolve().parent.parent
 BS = 4

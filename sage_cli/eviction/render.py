@@ -1,58 +1,26 @@
-"""``sage llm eviction``: statistics, the eviction log and the policy of a running engine.
+"""The engine's answers for people: the statistics block, eviction log lines, a swap, the policies.
 
-Every command here only talks to the engine over its socket: none imports torch,
-`engine_adapter` or `sage_eviction` (``stats`` answers in a new process in well under 0.4 s).
+Pure functions of the engine's JSON (docs/architecture.md, "Control API"), so the tests feed them
+recorded answers too; the commands in `sage_cli.eviction.commands` print what they return. Rich is
+imported only when a table is built.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
-import os
-import time
-from collections import deque
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
-
-from sage_cli.errors import CLIUsageError
-from sage_cli.options import (
-    ApiKeyOpt,
-    JsonOpt,
-    NameOpt,
-    ParamOpt,
-    PolicyOpt,
-    SocketOpt,
-    UrlOpt,
-    client_for,
-    parse_params,
-)
-from sage_cli.output import Output
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
-    "app",
     "policies_table",
     "render_event",
     "render_stats",
     "render_swap",
+    "stats_block",
 ]
-
-app = typer.Typer(
-    name="eviction",
-    help="Inspect and change the eviction policy of a running engine.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-)
-
-
-# -- rendering (pure functions of the engine's JSON) ---------------------------------------------
 
 
 def _number(value: Any) -> float | None:
@@ -173,7 +141,7 @@ def _token_lines(token: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _stats_block(stats: dict[str, Any], verbose: bool) -> str:
+def stats_block(stats: dict[str, Any], verbose: bool) -> str:
     """One refresh of ``stats --watch`` when the output is not a terminal: the block, a blank line."""
     return render_stats(stats, verbose=verbose) + "\n"
 
@@ -283,235 +251,3 @@ def policies_table(answer: dict[str, Any]) -> Table:
     table.caption = f"* active: {active}" if active else None
     table.caption_justify = "left"
     return table
-
-
-# -- commands -------------------------------------------------------------------------------------
-
-WatchOpt = Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")]
-IntervalOpt = Annotated[
-    float,
-    typer.Option("--interval", min=0.1, metavar="SECONDS", help="Seconds between refreshes with --watch."),
-]
-
-
-@app.command("stats")
-def stats(
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    json_out: JsonOpt = False,
-    watch: WatchOpt = False,
-    interval: IntervalOpt = 1.0,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show tail latencies, blocks and counters.")
-    ] = False,
-) -> None:
-    """Show the eviction statistics of a running engine.
-
-    Strategy, evictions, average policy time per eviction call, re-prefill rate, fairness
-    (Jain's index over tenants), prefix-cache hit rate and memory utilization. With --json the
-    engine's object is printed as is; with --watch --json one JSON line per refresh.
-    """
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        if not watch:
-            answer = client.eviction_stats()
-            out.result(answer, lambda: render_stats(answer, verbose=verbose))
-            return
-        try:
-            if json_out or not out.is_terminal():
-                while True:
-                    snapshot = client.eviction_stats()
-                    out.item(snapshot, functools.partial(_stats_block, snapshot, verbose))
-                    time.sleep(interval)
-            from rich.live import Live
-            from rich.text import Text
-
-            answer = client.eviction_stats()
-            with Live(
-                Text(render_stats(answer, verbose=verbose)), console=out.console, auto_refresh=False
-            ) as live:
-                while True:
-                    time.sleep(interval)
-                    answer = client.eviction_stats()
-                    live.update(Text(render_stats(answer, verbose=verbose)), refresh=True)
-        except KeyboardInterrupt:
-            return
-
-
-@app.command("logs")
-def logs(
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    tail: Annotated[int, typer.Option("--tail", min=0, metavar="N", help="Show the last N events.")] = 50,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
-    explain: Annotated[
-        bool,
-        typer.Option("--explain", help="One line per victim with why it went (engine run with --explain)."),
-    ] = False,
-    file: Annotated[
-        Path | None,
-        typer.Option(
-            "--file",
-            metavar="PATH",
-            help="Read an eviction log file (e.g. of a stopped engine) instead of asking the engine.",
-            dir_okay=False,
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Show the eviction log: one line per evicted block and per eviction call.
-
-    The engine writes it with --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl;
-    --file reads such a file directly, with no engine.
-    """
-    out = Output(json_out)
-
-    def show(event: dict[str, Any]) -> None:
-        if not explain:
-            out.item(event, lambda: render_event(event))
-        elif event.get("event") == "evict":  # --explain: the victims, each on one line
-            from sage_cli.eviction_view import explain_one_line
-
-            out.item(event, lambda: f"{render_event(event).split(' EVICTION:')[0]} {explain_one_line(event)}")
-
-    try:
-        if file is not None:
-            if socket is not None or name is not None:
-                raise CLIUsageError("--file reads a log file; it does not take --socket or --name")
-            for event in _read_log_file(file, tail, follow):
-                show(event)
-            return
-        with client_for(socket, name, url=url, api_key=api_key) as client:
-            if follow:
-                for event in client.follow_eviction_logs(tail):
-                    show(event)
-            else:
-                for event in client.eviction_logs(tail):
-                    show(event)
-    except KeyboardInterrupt:
-        return
-
-
-def _parse_log_line(path: Path, lineno: int, line: str) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
-    try:
-        event = json.loads(line)
-    except json.JSONDecodeError:
-        raise CLIUsageError(f"{path}:{lineno}: not a JSON line") from None
-    if not isinstance(event, dict):
-        raise CLIUsageError(f"{path}:{lineno}: not a JSON object")
-    return event
-
-
-def _read_log_file(path: Path, tail: int, follow: bool) -> Iterator[dict[str, Any]]:
-    """The last `tail` events of a JSON-lines log file, then (with `follow`) new ones, across
-    rotations (a new inode or a shorter file starts over)."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise CLIUsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        last: deque[tuple[int, str]] = deque(maxlen=tail)
-        lineno = 0
-        for line in handle:
-            lineno += 1
-            if line.strip():
-                last.append((lineno, line))
-        for n, line in last:
-            event = _parse_log_line(path, n, line)
-            if event is not None:
-                yield event
-        if not follow:
-            return
-        inode = os.fstat(handle.fileno()).st_ino
-        partial = ""
-        while True:
-            line = handle.readline()
-            if line:
-                partial += line
-                if partial.endswith("\n"):
-                    lineno += 1
-                    event = _parse_log_line(path, lineno, partial)
-                    partial = ""
-                    if event is not None:
-                        yield event
-                continue
-            time.sleep(0.2)
-            try:
-                now = path.stat()
-            except FileNotFoundError:
-                continue  # between the rename and the new file of a rotation
-            if now.st_ino != inode or now.st_size < handle.tell():
-                handle.close()
-                handle = path.open(encoding="utf-8")
-                inode, lineno, partial = os.fstat(handle.fileno()).st_ino, 0, ""
-    finally:
-        handle.close()
-
-
-@app.command("set-policy")
-def set_policy(
-    policy: PolicyOpt,
-    param: ParamOpt = None,
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Hot-swap the eviction policy of a running engine.
-
-    The swap happens between two engine steps; the cached blocks carry over to the new policy
-    and no request is lost. Prints the old and new policy and the swap time.
-    """
-    params = parse_params(param)
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.set_policy(policy.strip(), params)
-    out.result(answer, lambda: render_swap(answer))
-
-
-@app.command("set-token-policy")
-def set_token_policy(
-    policy: Annotated[
-        str,
-        typer.Argument(metavar="NAME", help="Token-level policy: none, sliding, snapkv, h2o, tova."),
-    ],
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Hot-swap the token-level eviction policy of a running engine (--token-eviction).
-
-    The swap happens between two engine steps; running sequences keep what their attention
-    observed so far. Prints the old and new policy.
-    """
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.set_token_policy(policy.strip())
-    out.result(answer, lambda: f"Token eviction policy: {answer.get('old', '?')} -> {answer.get('new', '?')}")
-
-
-@app.command("policies")
-def policies(
-    socket: SocketOpt = None,
-    name: NameOpt = None,
-    url: UrlOpt = None,
-    api_key: ApiKeyOpt = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """List the eviction policies a running engine offers, with their params and papers."""
-    out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.eviction_policies()
-    out.result(answer, lambda: policies_table(answer))

@@ -6,23 +6,39 @@ own numbers: the prefix-cache hit rate is the change of `vllm:prefix_cache_hits`
 times of streamed completions. vLLM cannot switch its eviction policy at run time, so one run
 measures the policy the server was started with (`SAGE_VLLM_GPU_POLICY`, or vLLM's own LRU):
 restart the server with the next policy and run again. Prompts are the same token ids as the
-sage engine's benchmark (`engine_bench.prompt_tokens`), so the two are comparable.
+sage engine's benchmark (`replay.prompt_tokens`), so the two are comparable.
 
 The CLI imports no vLLM: only httpx and prometheus_client's text parser.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-from sage_cli.engine_bench import EngineRun, latency_figures, prompt_tokens, replay_requests
+from sage_cli.benchmark.checks import BenchmarkPlan, parse_policies
+from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode
+from sage_cli.benchmark.replay import (
+    EngineRun,
+    engine_workload,
+    latency_figures,
+    prompt_tokens,
+    replay_requests,
+)
+from sage_cli.benchmark.table import save_and_show
+from sage_cli.errors import CLIError, CLIUsageError
+from sage_cli.sse import StreamError, json_chunks
 
-__all__ = ["VLLMBenchmarkError", "prefix_cache_counters", "run_vllm_benchmark"]
+__all__ = [
+    "VLLMBenchmarkError",
+    "prefix_cache_counters",
+    "run_on_vllm",
+    "run_vllm_benchmark",
+    "vllm_policies",
+]
 
 HITS = "vllm:prefix_cache_hits"
 QUERIES = "vllm:prefix_cache_queries"
@@ -30,6 +46,62 @@ QUERIES = "vllm:prefix_cache_queries"
 
 class VLLMBenchmarkError(RuntimeError):
     """The server at the URL is not a reachable vLLM OpenAI server, or its metrics lack a counter."""
+
+
+def vllm_policies(args: BenchmarkArgs) -> list[str]:
+    """The one policy the vLLM server runs (its label: a sage policy, or ``vllm`` for its own),
+    after the options of a vLLM run are checked.
+
+    Raises:
+        CLIUsageError: Not engine mode, no or a bad ``--engine-url``, more than one policy, or a
+            ``--capacity-*`` (the server's pool is its own).
+    """
+    label = (args.eviction_policies or "vllm").strip()
+    if args.mode is not Mode.engine:
+        raise CLIUsageError("--engine-url and --engine-kind vllm go with --mode engine")
+    if args.engine_kind is not EngineKind.vllm:
+        raise CLIUsageError("--engine-url is a vLLM server's: give --engine-kind vllm with it")
+    url = args.engine_url
+    if url is None:
+        raise CLIUsageError("--engine-kind vllm needs --engine-url URL (the running vLLM OpenAI server)")
+    if not url.startswith(("http://", "https://")):
+        raise CLIUsageError(f"--engine-url {url!r}: give an http:// or https:// URL")
+    if "," in label:
+        raise CLIUsageError(
+            "vLLM runs one eviction policy per server start: give the one it runs in --eviction-policies "
+            "(a sage policy name, or 'vllm' for its own), then restart it with the next one "
+            "(SAGE_VLLM_GPU_POLICY=name) and run again"
+        )
+    if args.capacity_blocks is not None or args.capacity_ratio is not None:
+        raise CLIUsageError(
+            "the vLLM server's pool is its own (--num-gpu-blocks-override): drop --capacity-*"
+        )
+    return [label] if label == "vllm" else parse_policies(label, args.mode.value)
+
+
+def run_on_vllm(args: BenchmarkArgs, plan: BenchmarkPlan, url: str) -> None:
+    """Replay the workload through the vLLM server at `url` (``--engine-url``); save and print its row."""
+    from rich.progress import Progress
+
+    built = engine_workload(plan.source)
+    policy = plan.policies[0]
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"{policy} on vLLM", total=len(built.requests))
+        try:
+            result = run_vllm_benchmark(
+                url=url,
+                policy=policy,
+                requests=built.requests,
+                workload=built.describe(),
+                tokens_per_block=16,
+                max_output_tokens=args.max_output_tokens,
+                time_scale=args.time_scale,
+                concurrency=args.concurrency,
+                tick=lambda: bar.advance(task),
+            )
+        except VLLMBenchmarkError as exc:
+            raise CLIError(str(exc)) from None
+    save_and_show(result, args.output, args.json_out)
 
 
 def prefix_cache_counters(metrics_text: str) -> tuple[float, float]:
@@ -69,10 +141,7 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
                 response.read()
                 run.error = f"HTTP {response.status_code}: {response.text[:200]}"
                 return run
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            for chunk in json_chunks(response.iter_lines()):
                 usage = chunk.get("usage")
                 if usage:
                     run.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -88,7 +157,7 @@ def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
                             run.tpot_s.append(now - last)
                         last = now
         run.ok = True
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, StreamError) as exc:  # an error event or a chunk that is no JSON object
         run.error = f"{type(exc).__name__}: {exc}"
     return run
 

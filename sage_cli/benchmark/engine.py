@@ -1,13 +1,9 @@
-"""`sage llm benchmark --mode engine`: replay a workload through a live engine's completions API.
+"""``sage llm benchmark --mode engine``: replay a workload through a live engine's completions API.
 
 For each policy: switch the engine to it (`PUT /v1/eviction/policy`), drop the prefix cache
 (`POST /v1/cache/reset`) so no run inherits another's blocks, replay the requests at their
 arrival times (scaled by `time_scale`) from a pool of client threads with streamed completions,
 and read the engine's counters before and after. TTFT, TPOT and throughput are real wall times.
-
-Prompts are made from the workload's block ids: each block id becomes `tokens_per_block` token
-ids drawn from a generator seeded with the id, so requests that share blocks share a token
-prefix exactly as they share blocks in the trace.
 
 With no engine on the socket, a temporary one is started for the run (and stopped after); it
 also runs the unbounded-cache reference that `throughput_impact` is measured against.
@@ -17,132 +13,78 @@ from __future__ import annotations
 
 import functools
 import os
-import random
-import threading
-import time
-from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sage_cli.benchmark.checks import BenchmarkPlan
+from sage_cli.benchmark.options import BenchmarkArgs
+from sage_cli.benchmark.replay import (
+    EngineRun,
+    engine_workload,
+    latency_figures,
+    prompt_tokens,
+    replay_requests,
+    start_temporary_engine,
+    timed_completion,
+)
+from sage_cli.benchmark.table import save_and_show
 from sage_cli.client import ControlClient, SageClientError
-from sage_cli.spawn import TemporaryEngine
-from sage_eviction.metrics import percentile
+from sage_cli.errors import CLIError, CLIUsageError
 
-__all__ = [
-    "EngineRun",
-    "latency_figures",
-    "prompt_tokens",
-    "replay_requests",
-    "run_engine_benchmark",
-    "start_temporary_engine",
-]
-
-TOKEN_ID_RANGE = 256  # byte ids: valid for sage-tiny and for any larger vocabulary
+__all__ = ["run_engine_benchmark", "run_on_engine"]
 
 
-def prompt_tokens(block_keys: Sequence[Hashable], tokens_per_block: int) -> list[int]:
-    """Token ids for a prompt made of these blocks; equal keys give equal tokens."""
-    ids: list[int] = []
-    for key in block_keys:
-        rng = random.Random(f"sage-block-{key!r}")
-        ids.extend(rng.randrange(TOKEN_ID_RANGE) for _ in range(tokens_per_block))
-    return ids
+def run_on_engine(args: BenchmarkArgs, plan: BenchmarkPlan) -> None:
+    """Check what engine mode takes, replay the workload through the engine on ``--socket`` or
+    ``--name`` (a temporary one when none answers), save and print the rows."""
+    if args.adaptive_batch:
+        raise CLIUsageError("--adaptive-batch compares in sim mode; start an engine with it for engine mode")
+    blocks = plan.capacity_blocks
+    if plan.capacity_ratios is not None or (blocks is not None and len(blocks) > 1):
+        raise CLIUsageError(
+            "engine mode runs one pool size: give --capacity-blocks N (a temporary engine's pool)"
+        )
+    built = engine_workload(plan.source)
+    result = _replay_with_progress(args, plan.policies, built, blocks[0] if blocks else None)
+    save_and_show(result, args.output, args.json_out)
 
 
-@dataclass
-class EngineRun:
-    """One request's timings."""
+def _replay_with_progress(
+    args: BenchmarkArgs, policies: list[str], built: Any, num_blocks: int | None
+) -> dict[str, Any]:
+    """`run_engine_benchmark` behind a progress bar per policy; its errors as the CLI's."""
+    from rich.progress import Progress
 
-    ok: bool = False
-    error: str | None = None
-    ttft_s: float | None = None
-    tpot_s: list[float] = field(default_factory=list)
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    prompt_tokens: int = 0
-    status: int = 0  # the HTTP status of a refused request (429: colocation's admission)
+    from sage_cli.paths import resolve_socket
 
-
-def _stream_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun:
-    """One streamed request: its time to first token, times between tokens and usage."""
-    run = EngineRun()
-    start = time.perf_counter()
-    last: float | None = None
     try:
-        for chunk in client.stream_completion(body, timeout=600.0):
-            usage = chunk.get("usage")
-            if usage:
-                run.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                details = usage.get("prompt_tokens_details") or {}
-                run.cached_tokens = int(details.get("cached_tokens", 0))
-            for choice in chunk.get("choices", []):
-                if choice.get("text") or choice.get("finish_reason") is None:
-                    now = time.perf_counter()
-                    if run.ttft_s is None:
-                        run.ttft_s = now - start
-                    elif last is not None:
-                        run.tpot_s.append(now - last)
-                    last = now
-                    run.completion_tokens += 1
-        run.ok = True
-    except SageClientError as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-        run.status = int(getattr(exc, "status_code", 0) or 0)
-    return run
+        target = resolve_socket(args.socket, args.name)
+    except ValueError as exc:
+        raise CLIUsageError(str(exc)) from None
+    with Progress(transient=True) as bar:
 
+        def progress(index: int, total: int) -> Callable[[], None]:
+            task = bar.add_task(f"{policies[index]} ({index + 1}/{total})", total=len(built.requests))
+            return lambda: bar.advance(task)
 
-def replay_requests(
-    requests: Sequence[Any],
-    send: Callable[[Any], EngineRun],
-    *,
-    time_scale: float,
-    concurrency: int,
-    tick: Callable[[], None],
-) -> tuple[list[EngineRun], float]:
-    """Send each request at its arrival time (`arrival_s` x `time_scale` after the start) from
-    `concurrency` client threads; returns each request's run and the wall time of them all.
-
-    Both engine modes replay through here: sage's engine over its socket and a vLLM server
-    over HTTP differ only in `send`.
-    """
-    runs: list[EngineRun] = [EngineRun() for _ in requests]
-    lock = threading.Lock()
-    start = time.perf_counter()
-
-    def one(i: int) -> None:
-        req = requests[i]
-        delay = req.arrival_s * time_scale - (time.perf_counter() - start)
-        if delay > 0:
-            time.sleep(delay)
-        runs[i] = send(req)
-        with lock:
-            tick()
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(one, range(len(requests))))
-    return runs, time.perf_counter() - start
-
-
-def latency_figures(runs: list[EngineRun], wall: float) -> dict[str, Any]:
-    """What every engine-mode row reports of its requests: failures, TTFT and TPOT quantiles,
-    throughput."""
-    ok = [r for r in runs if r.ok]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    tpots = [t for r in ok for t in r.tpot_s]
-    tokens = sum(r.completion_tokens for r in ok)
-    return {
-        "requests": len(runs),
-        "failed": len(runs) - len(ok),
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p99_s": _quantile(ttfts, 0.99),
-        "tpot_p50_s": _quantile(tpots, 0.5),
-        "tpot_p99_s": _quantile(tpots, 0.99),
-        "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
-        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
-        "wall_s": wall,
-    }
+        try:
+            return run_engine_benchmark(
+                policies=policies,
+                requests=built.requests,
+                workload=built.describe(),
+                socket=target,
+                tokens_per_block=16,
+                max_output_tokens=args.max_output_tokens,
+                time_scale=args.time_scale,
+                concurrency=args.concurrency,
+                num_blocks=num_blocks,
+                progress=progress,
+            )
+        except RuntimeError as exc:
+            raise CLIError(str(exc)) from None
+        except ValueError as exc:
+            raise CLIUsageError(str(exc)) from None
 
 
 def _replay(
@@ -169,7 +111,7 @@ def _replay(
             }
             if req.tenant is not None:
                 body["tenant"] = str(req.tenant)
-            return _stream_completion(client, body)
+            return timed_completion(client, body)
 
         return replay_requests(requests, send, time_scale=time_scale, concurrency=concurrency, tick=tick)
 
@@ -192,26 +134,6 @@ def _row(
         "memory_utilization": after.get("memory_utilization"),
         **latency_figures(runs, wall),
     }
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    """The q-quantile of `values` (`sage_eviction.metrics.percentile`), or None when there are none."""
-    return percentile(sorted(values), q) if values else None
-
-
-def start_temporary_engine(config: dict[str, Any], timeout: float = 120.0) -> TemporaryEngine:
-    """An engine on a private socket (`TemporaryEngine`), warmed up so that the first measured
-    requests do not pay for torch's first calls."""
-    engine = TemporaryEngine(config, timeout)
-    try:
-        with ControlClient(engine.socket, timeout=120.0) as client:
-            for size in (8, 64, 8):
-                client.complete({"prompt": [1] * size, "max_tokens": 4, "ignore_eos": True})
-            client.reset_cache()
-    except BaseException:
-        engine.stop()
-        raise
-    return engine
 
 
 def run_engine_benchmark(

@@ -15,7 +15,7 @@ the ratio, the arrival pattern, the output class, the seed), fitted to the engin
    coordination (``off``, LRU), static 50/50 and 80/20, the spec's Algorithms 1-3 as written,
    sage's; and sage again with the embedding traffic removed (its TPOT reference).
 
-Every request is replayed by `sage_cli.engine_bench.replay_requests` at its arrival time; the row
+Every request is replayed by `sage_cli.benchmark.replay.replay_requests` at its arrival time; the row
 of each system is the simulator's (`engine_adapter.sim.colocation.metrics`) over measured
 latencies, so the table reads like the simulator's.
 """
@@ -28,18 +28,28 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from sage_cli.benchmark.colocation import ColocationGrid, colocation_table
+from sage_cli.benchmark.replay import (
+    TOKEN_ID_RANGE,
+    EngineRun,
+    replay_requests,
+    start_temporary_engine,
+    timed_completion,
+)
 from sage_cli.client import ControlClient, SageClientError
-from sage_cli.engine_bench import EngineRun, _stream_completion, replay_requests, start_temporary_engine
+from sage_cli.errors import CLIUsageError
+from sage_cli.output import Output
 
 __all__ = [
     "ENGINE_SYSTEMS",
+    "EngineColocationSettings",
     "EngineRequest",
     "build_requests",
     "calibrate",
     "run_colocation_engine_benchmark",
+    "run_on_engines",
 ]
 
 # Systems that run on the engine (the simulator's other rows, ablations and admission-only
@@ -59,7 +69,6 @@ ENGINE_SYSTEMS: dict[str, dict[str, Any]] = {
     "sage": {"colocation": "dynamic"},
 }
 NO_EMBEDDINGS = "sage, LLM only"
-TOKEN_ID_RANGE = 256  # byte ids: valid for sage-tiny and any larger vocabulary
 
 
 @dataclass(frozen=True)
@@ -119,7 +128,7 @@ def calibrate(
     tpots: list[float] = []
     embeds: list[float] = []
     for i in range(3):
-        run = _stream_completion(client, _llm_body(0, f"calibrate-{i}", prompt_tokens, output_tokens))
+        run = timed_completion(client, _llm_body(0, f"calibrate-{i}", prompt_tokens, output_tokens))
         if not run.ok or run.ttft_s is None:
             raise RuntimeError(f"calibration request failed: {run.error}")
         ttfts.append(run.ttft_s)
@@ -184,7 +193,7 @@ def build_requests(
 def _send(client: ControlClient, req: EngineRequest) -> EngineRun:
     """One request; an embedding's latency (arrival to whole answer) is kept as its `ttft_s`."""
     if req.kind == "llm":
-        return _stream_completion(client, req.body)
+        return timed_completion(client, req.body)
     run = EngineRun(prompt_tokens=req.tokens)
     start = time.perf_counter()
     try:
@@ -245,30 +254,11 @@ def _result(
     return result
 
 
-def run_colocation_engine_benchmark(
-    *,
-    ratios: Sequence[str] = ("5:5",),
-    loads: Sequence[float] = (1.0,),
-    arrival: str = "poisson",
-    output: str = "short",
-    seed: int = 0,
-    requests: int = 48,
-    systems: Sequence[str] | None = None,
-    engine: dict[str, Any] | None = None,
-    slo_factor: float = 5.0,
-    prompt_tokens: int = 48,
-    max_output_tokens: int = 16,
-    text_divisor: int = 8,
-    text_tokens: int = 32,
-    concurrency: int = 64,
-    alpha: float = 0.5,
-    beta: float = 0.5,
-    gamma: float = 0.0,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Replay each (ratio, load) workload through a fresh engine per system; the simulator's rows.
+@dataclass(frozen=True, slots=True)
+class EngineColocationSettings:
+    """What an engine colocation run does: the keyword arguments of `run_colocation_engine_benchmark`.
 
-    Args:
+    Attributes:
         ratios: LLM:embedding ratios (``"7:3"``) or ``"shift"``.
         loads: Offered loads as fractions of the engine's serial capacity of the mix.
         arrival: poisson, bursty or periodic.
@@ -283,8 +273,58 @@ def run_colocation_engine_benchmark(
         text_divisor: An embedding batch of N texts sends N // text_divisor (at least 1).
         text_tokens: The longest embedding text.
         concurrency: Client threads.
-        alpha, beta, gamma: The spec's objective weights.
+        alpha: The spec's objective weight of LLM SLO attainment.
+        beta: Its weight of embedding SLO attainment.
+        gamma: Its weight of the completion ratio.
+    """
+
+    ratios: Sequence[str] = ("5:5",)
+    loads: Sequence[float] = (1.0,)
+    arrival: str = "poisson"
+    output: str = "short"
+    seed: int = 0
+    requests: int = 48
+    systems: Sequence[str] | None = None
+    engine: dict[str, Any] | None = None
+    slo_factor: float = 5.0
+    prompt_tokens: int = 48
+    max_output_tokens: int = 16
+    text_divisor: int = 8
+    text_tokens: int = 32
+    concurrency: int = 64
+    alpha: float = 0.5
+    beta: float = 0.5
+    gamma: float = 0.0
+
+    @property
+    def base_config(self) -> dict[str, Any]:
+        """The config of every engine: a CPU engine of 256 blocks of 16 tokens unless `engine` says."""
+        return {"device": "cpu", "num_blocks": 256, "block_size": 16, **(self.engine or {})}
+
+    def system_names(self) -> list[str]:
+        """The systems to run, checked.
+
+        Raises:
+            ValueError: A name `ENGINE_SYSTEMS` does not have.
+        """
+        names = list(self.systems) if self.systems is not None else list(ENGINE_SYSTEMS)
+        unknown = [s for s in names if s not in ENGINE_SYSTEMS]
+        if unknown:
+            raise ValueError(
+                f"unknown engine colocation system {unknown[0]!r}; known: {', '.join(ENGINE_SYSTEMS)}"
+            )
+        return names
+
+
+def run_colocation_engine_benchmark(
+    progress: Callable[[str], None] | None = None, **settings: Any
+) -> dict[str, Any]:
+    """Replay each (ratio, load) workload through a fresh engine per system; the simulator's rows.
+
+    Args:
         progress: Called with each cell's and system's name as it starts.
+        **settings: The fields of `EngineColocationSettings` (ratios, loads, requests, systems,
+            engine, ...), each with its default when not given.
 
     Returns:
         The simulator benchmark's shape (``settings``, ``capacity`` by ratio, ``results`` rows
@@ -293,84 +333,127 @@ def run_colocation_engine_benchmark(
 
     Raises:
         ValueError: An unknown system, ratio, arrival pattern or output class.
+        TypeError: A setting `EngineColocationSettings` does not have.
     """
-    from engine_adapter.sim.colocation import metrics
-    from engine_adapter.sim.colocation_workload import BATCH_TEXTS, generate
+    from engine_adapter.sim.colocation_workload import generate
 
-    names = list(systems) if systems is not None else list(ENGINE_SYSTEMS)
-    unknown = [s for s in names if s not in ENGINE_SYSTEMS]
-    if unknown:
-        raise ValueError(
-            f"unknown engine colocation system {unknown[0]!r}; known: {', '.join(ENGINE_SYSTEMS)}"
-        )
+    run = EngineColocationSettings(**settings)
+    names = run.system_names()
     workloads = {
-        r: generate(ratio=r, arrival=arrival, output=output, seed=seed, duration_s=600.0) for r in ratios
+        r: generate(ratio=r, arrival=run.arrival, output=run.output, seed=run.seed, duration_s=600.0)
+        for r in run.ratios
     }
-    base = {"device": "cpu", "num_blocks": 256, "block_size": 16, **(engine or {})}
-    mean_texts = max(1, round(statistics.mean(BATCH_TEXTS) / text_divisor))
+    calibration, mean_texts = _calibrate_on_a_reference_engine(run)
+    rows: list[dict[str, Any]] = []
+    capacities: dict[str, float] = {}
+    for ratio in run.ratios:
+        for load in run.loads:
+            reqs, capacities[ratio] = _fitted_requests(run, workloads[ratio], calibration, load)
+            for name, settings_of_system, stream in _cells(names, reqs):
+                if progress is not None:
+                    progress(f"{ratio} at {load:.0%}: {name}")
+                rows.append(_row(run, ratio, load, name, {**run.base_config, **settings_of_system}, stream))
+    return _document(run, calibration, mean_texts, capacities, rows)
+
+
+def _calibrate_on_a_reference_engine(run: EngineColocationSettings) -> tuple[Calibration, int]:
+    """The unloaded latencies on a temporary engine with colocation off, and the texts of a mean
+    embedding batch (thinned by `text_divisor`)."""
+    from engine_adapter.sim.colocation_workload import BATCH_TEXTS
+
+    mean_texts = max(1, round(statistics.mean(BATCH_TEXTS) / run.text_divisor))
     with (
-        start_temporary_engine({**base, "colocation": "off"}) as reference,
+        start_temporary_engine({**run.base_config, "colocation": "off"}) as reference,
         ControlClient(reference.socket, timeout=120.0) as client,
     ):
         calibration = calibrate(
             client,
-            prompt_tokens=prompt_tokens,
-            output_tokens=max_output_tokens // 2 or 1,
+            prompt_tokens=run.prompt_tokens,
+            output_tokens=run.max_output_tokens // 2 or 1,
             texts=mean_texts,
-            text_tokens=text_tokens,
+            text_tokens=run.text_tokens,
         )
-    rows: list[dict[str, Any]] = []
-    capacities: dict[str, float] = {}
-    for ratio in ratios:
-        for load in loads:
-            reqs, capacities[ratio] = build_requests(
-                workloads[ratio],
-                calibration,
-                requests=requests,
-                load=load,
-                slo_factor=slo_factor,
-                prompt_tokens=prompt_tokens,
-                max_output_tokens=max_output_tokens,
-                text_divisor=text_divisor,
-                text_tokens=text_tokens,
-            )
-            cells = [(name, ENGINE_SYSTEMS[name], reqs) for name in names]
-            if "sage" in names:  # its TPOT without the embedding traffic: the shared-compute reference
-                cells.append((NO_EMBEDDINGS, ENGINE_SYSTEMS["sage"], [r for r in reqs if r.kind == "llm"]))
-            for name, settings, stream in cells:
-                if progress is not None:
-                    progress(f"{ratio} at {load:.0%}: {name}")
-                result = _run_system(name, {**base, **settings}, stream, concurrency)
-                rows.append(
-                    {
-                        "ratio": ratio,
-                        "load": load,
-                        "system": name,
-                        **metrics(result, alpha, beta, gamma),
-                        "lost": float(result.lost),
-                        "requests": float(len(stream)),
-                    }
-                )
+    return calibration, mean_texts
+
+
+def _fitted_requests(
+    run: EngineColocationSettings, workload: Any, calibration: Calibration, load: float
+) -> tuple[list[EngineRequest], float]:
+    """`build_requests` with the run's settings."""
+    return build_requests(
+        workload,
+        calibration,
+        requests=run.requests,
+        load=load,
+        slo_factor=run.slo_factor,
+        prompt_tokens=run.prompt_tokens,
+        max_output_tokens=run.max_output_tokens,
+        text_divisor=run.text_divisor,
+        text_tokens=run.text_tokens,
+    )
+
+
+def _cells(
+    names: list[str], reqs: list[EngineRequest]
+) -> list[tuple[str, dict[str, Any], list[EngineRequest]]]:
+    """Each system with its engine settings and its requests; sage again on the LLM requests alone
+    (its TPOT without the embedding traffic: the shared-compute reference)."""
+    cells = [(name, ENGINE_SYSTEMS[name], reqs) for name in names]
+    if "sage" in names:
+        cells.append((NO_EMBEDDINGS, ENGINE_SYSTEMS["sage"], [r for r in reqs if r.kind == "llm"]))
+    return cells
+
+
+def _row(
+    run: EngineColocationSettings,
+    ratio: str,
+    load: float,
+    name: str,
+    config: dict[str, Any],
+    stream: list[EngineRequest],
+) -> dict[str, Any]:
+    """One system's row: the simulator's `metrics` over the replay on a fresh engine."""
+    from engine_adapter.sim.colocation import metrics
+
+    result = _run_system(name, config, stream, run.concurrency)
+    return {
+        "ratio": ratio,
+        "load": load,
+        "system": name,
+        **metrics(result, run.alpha, run.beta, run.gamma),
+        "lost": float(result.lost),
+        "requests": float(len(stream)),
+    }
+
+
+def _document(
+    run: EngineColocationSettings,
+    calibration: Calibration,
+    mean_texts: int,
+    capacities: dict[str, float],
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The result, in the simulator benchmark's shape."""
     return {
         "mode": "engine",
         "settings": {
             "compute": "shared (engine)",
-            "arrival": arrival,
-            "output_length": output,
-            "seeds": [seed],
-            "requests": requests,
-            "slo_factor": slo_factor,
-            "alpha": alpha,
-            "beta": beta,
-            "gamma": gamma,
-            "engine": base,
+            "arrival": run.arrival,
+            "output_length": run.output,
+            "seeds": [run.seed],
+            "requests": run.requests,
+            "slo_factor": run.slo_factor,
+            "alpha": run.alpha,
+            "beta": run.beta,
+            "gamma": run.gamma,
+            "engine": run.base_config,
         },
         "calibration": {
             "ttft_s": calibration.ttft_s,
             "tpot_s": calibration.tpot_s,
             "embedding_s": calibration.embedding_s,
             "embedding_texts": mean_texts,
-            "text_tokens": text_tokens,
+            "text_tokens": run.text_tokens,
         },
         "capacity": capacities,
         "results": rows,
@@ -395,24 +478,7 @@ def _run_system(name: str, config: dict[str, Any], stream: list[EngineRequest], 
     return _result(name, stream, runs, wall, before, after)
 
 
-def run_engine_colocation_cli(
-    *,
-    ratios: list[str],
-    loads: list[float],
-    arrival: str,
-    output_length: str,
-    compute: str,
-    seeds: list[int],
-    systems: list[str] | None,
-    alpha: float,
-    beta: float,
-    gamma: float,
-    duration: float | None,
-    requests: int | None,
-    num_blocks: int | None,
-    output: Path | None,
-    json_out: bool,
-) -> None:
+def run_on_engines(grid: ColocationGrid) -> None:
     """``sage llm benchmark --mode engine --workload colocation``: check what the engine mode
     takes, run the grid on temporary engines, print the simulator's table (or JSON).
 
@@ -421,41 +487,43 @@ def run_engine_colocation_cli(
     """
     from rich.console import Console
 
-    from sage_cli.colocation_bench import colocation_table
-    from sage_cli.errors import CLIUsageError
-    from sage_cli.output import Output
-
-    if compute != "shared":
-        raise CLIUsageError("--mode engine runs LLM steps and embeddings on one engine: --compute shared")
-    if duration is not None:
-        raise CLIUsageError("--mode engine sends --requests requests (default 48), not a --duration")
-    if len(seeds) > 1:
-        raise CLIUsageError("--mode engine runs one seed (each run starts engines): one --seeds")
-    if systems is not None:
-        unknown = [s for s in systems if s not in ENGINE_SYSTEMS]
-        if unknown:
-            raise CLIUsageError(
-                f"--systems {unknown[0]!r} has no engine setting; the engine runs {', '.join(ENGINE_SYSTEMS)}"
-            )
+    _check_engine_grid(grid)
     console = Console(stderr=True)
-    engine: dict[str, Any] = {"num_blocks": num_blocks} if num_blocks is not None else {}
+    engine: dict[str, Any] = {"num_blocks": grid.num_blocks} if grid.num_blocks is not None else {}
     try:
         result = run_colocation_engine_benchmark(
-            ratios=ratios,
-            loads=loads,
-            arrival=arrival,
-            output=output_length,
-            seed=seeds[0],
-            requests=requests if requests is not None else 48,
-            systems=systems,
+            ratios=grid.ratios,
+            loads=grid.loads,
+            arrival=grid.arrival,
+            output=grid.output_length,
+            seed=grid.seeds[0],
+            requests=grid.requests if grid.requests is not None else 48,
+            systems=grid.systems,
             engine=engine,
-            alpha=alpha,
-            beta=beta,
-            gamma=gamma,
+            alpha=grid.alpha,
+            beta=grid.beta,
+            gamma=grid.gamma,
             progress=lambda what: console.print(f"[dim]{what}[/dim]") if console.is_terminal else None,
         )
     except (ValueError, RuntimeError) as exc:
         raise CLIUsageError(str(exc)) from None
-    if output is not None:
-        output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    Output(json_out).result(result, lambda: colocation_table(result))
+    if grid.output is not None:
+        grid.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    Output(grid.json_out).result(result, lambda: colocation_table(result))
+
+
+def _check_engine_grid(grid: ColocationGrid) -> None:
+    """What the engine mode cannot honour: split compute, a duration, several seeds, systems
+    with no engine setting."""
+    if grid.compute != "shared":
+        raise CLIUsageError("--mode engine runs LLM steps and embeddings on one engine: --compute shared")
+    if grid.duration is not None:
+        raise CLIUsageError("--mode engine sends --requests requests (default 48), not a --duration")
+    if len(grid.seeds) > 1:
+        raise CLIUsageError("--mode engine runs one seed (each run starts engines): one --seeds")
+    if grid.systems is not None:
+        unknown = [s for s in grid.systems if s not in ENGINE_SYSTEMS]
+        if unknown:
+            raise CLIUsageError(
+                f"--systems {unknown[0]!r} has no engine setting; the engine runs {', '.join(ENGINE_SYSTEMS)}"
+            )

@@ -1,0 +1,262 @@
+"""The checks of ``sage llm benchmark``'s options, made before anything runs, and what they yield.
+
+`check_plan` checks, in a fixed order (the first bad option is the one reported), the workload
+(``--trace`` or a generated ``--workload``), the cache sizes, the duration, the files to write,
+the cost model, ``--protect-queued`` and where the simulator's rows run; it returns a
+`BenchmarkPlan`. Policy names are checked against the light `sage_eviction` registry.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sage_cli.benchmark.options import BenchmarkArgs, CacheModel, Mode, TraceFormat, Workload
+from sage_cli.errors import CLIUsageError
+
+__all__ = [
+    "BenchmarkPlan",
+    "WorkloadSource",
+    "check_plan",
+    "parse_capacities",
+    "parse_policies",
+    "readable",
+    "writable_target",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSource:
+    """The workload a run replays: a readable trace and its format, or a generated workload.
+
+    Attributes:
+        trace: The trace file, or None for a generated workload.
+        trace_format: ``mooncake`` or ``azure`` with a trace.
+        workload: The generated workload (``synthetic`` or ``spec``); None with a trace.
+        requests: How many requests to generate or take from the trace; None: the default.
+        tenants: Tenants of a generated workload; None: the default.
+        seed: Seed of a generated workload.
+        duration: Seconds of the workload to run; None: all of it.
+    """
+
+    trace: Path | None
+    trace_format: str | None
+    workload: str | None
+    requests: int | None
+    tenants: int | None
+    seed: int
+    duration: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BenchmarkPlan:
+    """What the options ask for, checked: the policies, the workload, the cache sizes, the costs."""
+
+    policies: list[str]
+    source: WorkloadSource
+    capacity_blocks: list[int] | None
+    capacity_ratios: list[float] | None
+    cost_model: dict[str, Any] | None
+
+
+def parse_policies(text: str, mode: str = "sim") -> list[str]:
+    """``lru,lfu,arc`` as checked registry names (aliases resolved, duplicates dropped).
+
+    Raises:
+        CLIUsageError: An unknown name (the message lists the available ones), an empty list,
+            or an offline policy outside the simulator.
+    """
+    from sage_eviction import PolicyConfigError, available_policies, get_policy_class
+
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    if not names:
+        raise CLIUsageError("--eviction-policies is empty; available: " + ", ".join(available_policies()))
+    policies: list[str] = []
+    for item in names:
+        try:
+            cls = get_policy_class(item, online=mode != "sim")
+        except PolicyConfigError as exc:
+            raise CLIUsageError(str(exc)) from None
+        if cls.name not in policies:
+            policies.append(cls.name)
+    return policies
+
+
+def parse_capacities(text: str, flag: str, *, ratio: bool) -> list[int] | list[float]:
+    """``N[,N...]`` block counts (positive integers) or ``R[,R...]`` ratios in (0, 1].
+
+    Raises:
+        CLIUsageError: A value that is not one, or an empty list.
+    """
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise CLIUsageError(
+            f"{flag} {text!r}: give a comma-separated list, e.g. {'0.1,0.2' if ratio else '1000,2000'}"
+        )
+    values: list[Any] = []
+    for item in items:
+        try:
+            value: float = float(item) if ratio else int(item)
+        except ValueError:
+            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            raise CLIUsageError(f"{flag}: {item!r} is not {kind}") from None
+        if (ratio and not 0.0 < value <= 1.0) or (not ratio and value < 1):
+            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            raise CLIUsageError(f"{flag}: {item!r} is not {kind}")
+        if value not in values:
+            values.append(value)
+    return values
+
+
+def readable(path: Path, flag: str) -> Path:
+    """`path`, when it is a file this process can read.
+
+    Raises:
+        CLIUsageError: A folder, or a file that cannot be opened (the reason given).
+    """
+    try:
+        with path.open("rb"):
+            pass
+    except IsADirectoryError:
+        raise CLIUsageError(f"{flag} {path}: is a directory") from None
+    except OSError as exc:
+        raise CLIUsageError(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from None
+    return path
+
+
+def writable_target(path: Path, flag: str) -> Path:
+    """`path`, when a file can be written there (its folder exists and is writable).
+
+    Raises:
+        CLIUsageError: A folder, a missing folder, or one this process cannot write in.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CLIUsageError(f"{flag} {path}: is a directory")
+    if not parent.is_dir():
+        raise CLIUsageError(f"{flag} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CLIUsageError(f"{flag} {path}: cannot write in {parent}")
+    return path
+
+
+def check_plan(args: BenchmarkArgs, policies: list[str]) -> BenchmarkPlan:
+    """Every option of a policy benchmark (not ``--workload colocation``), checked in order.
+
+    Raises:
+        CLIUsageError: The first option that cannot be used, named in the message.
+    """
+    source = _workload_source(args)
+    blocks, ratios = _capacities(args)
+    if args.duration is not None and not args.duration > 0:
+        raise CLIUsageError(f"--duration {args.duration:g}: give a positive number of seconds")
+    _check_targets(args)
+    costs = _load_cost_model(args.cost_model) if args.cost_model is not None else None
+    _check_protect_queued(args)
+    _check_executor(args)
+    return BenchmarkPlan(policies, source, blocks, ratios, costs)
+
+
+def _workload_source(args: BenchmarkArgs) -> WorkloadSource:
+    """``--trace`` (readable, its format given or told by its name) or a generated ``--workload``."""
+    if args.trace is not None and args.workload is not None:
+        raise CLIUsageError("give either --trace or --workload, not both")
+    if args.trace is None and args.trace_format is not None:
+        raise CLIUsageError("--trace-format goes with --trace")
+    if args.trace is not None and args.tenants is not None:
+        raise CLIUsageError("--tenants applies to a generated --workload, not to --trace")
+    fmt: str | None = None
+    if args.trace is not None:
+        readable(args.trace, "--trace")
+        fmt = args.trace_format.value if args.trace_format is not None else _infer_trace_format(args.trace)
+    return WorkloadSource(
+        trace=args.trace,
+        trace_format=fmt,
+        workload=None if args.trace is not None else (args.workload or Workload.synthetic).value,
+        requests=args.requests,
+        tenants=args.tenants,
+        seed=args.seed,
+        duration=args.duration,
+    )
+
+
+def _infer_trace_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return TraceFormat.mooncake.value
+    if suffix == ".csv":
+        return TraceFormat.azure.value
+    raise CLIUsageError(
+        f"--trace {path}: cannot tell its format from the name; give --trace-format mooncake|azure"
+    )
+
+
+def _capacities(args: BenchmarkArgs) -> tuple[list[int] | None, list[float] | None]:
+    """``--capacity-blocks`` or ``--capacity-ratio`` (one of them, or neither)."""
+    if args.capacity_blocks is not None and args.capacity_ratio is not None:
+        raise CLIUsageError("give either --capacity-blocks or --capacity-ratio, not both")
+    blocks = (
+        None
+        if args.capacity_blocks is None
+        else [int(b) for b in parse_capacities(args.capacity_blocks, "--capacity-blocks", ratio=False)]
+    )
+    ratios = (
+        None
+        if args.capacity_ratio is None
+        else [float(r) for r in parse_capacities(args.capacity_ratio, "--capacity-ratio", ratio=True)]
+    )
+    return blocks, ratios
+
+
+def _check_targets(args: BenchmarkArgs) -> None:
+    """``--output`` and ``--plot`` can be written (and matplotlib draws the plot)."""
+    if args.output is not None:
+        writable_target(args.output, "--output")
+    if args.plot is not None:
+        writable_target(args.plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CLIUsageError("--plot needs matplotlib: pip install 'sage-kv[plot]'")
+
+
+def _load_cost_model(path: Path) -> dict[str, Any]:
+    from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
+
+    readable(path, "--cost-model")
+    try:
+        values = load_yaml_file(path)
+    except (YAMLInputError, UnicodeDecodeError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CLIUsageError(f"--cost-model {path}: not valid YAML: {first}") from None
+    if not isinstance(values, dict):
+        raise CLIUsageError(f"--cost-model {path}: the top level is not a mapping")
+    return values
+
+
+def _check_protect_queued(args: BenchmarkArgs) -> None:
+    """``--protect-queued`` is the simulator's radix model's."""
+    if args.protect_queued > 0 and args.mode is Mode.engine:
+        raise CLIUsageError(
+            "--protect-queued applies to the simulator; start the engine with --protect-queued instead"
+        )
+    if args.protect_queued > 0 and args.cache_model is not CacheModel.radix:
+        raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
+
+
+def _check_executor(args: BenchmarkArgs) -> None:
+    """--jobs and --ray: where the simulator's rows run, checked before anything runs."""
+    jobs, ray_address = args.jobs, args.ray_address
+    if (jobs is not None or ray_address is not None) and args.mode is not Mode.sim:
+        raise CLIUsageError("--jobs and --ray spread the simulator's rows: they go with --mode sim")
+    if jobs is not None and jobs < 1:
+        raise CLIUsageError(f"--jobs {jobs}: give a positive number of processes (1 runs the rows here)")
+    if ray_address is None:
+        return
+    if jobs is not None:
+        raise CLIUsageError("give either --jobs (processes here) or --ray (tasks on a Ray cluster), not both")
+    if not ray_address.strip():
+        raise CLIUsageError("--ray: give a cluster address, 'local' to start one here or 'auto'")
+    if importlib.util.find_spec("ray") is None:
+        raise CLIUsageError("--ray needs Ray, which is not installed: pip install 'sage-kv[ray]'")

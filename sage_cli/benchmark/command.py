@@ -1,0 +1,75 @@
+"""``sage llm benchmark``: the one command, its options declared by `BenchmarkArgs`, its steps.
+
+The command checks the options (`checks`, `colocation`), then runs one mode, each in a module of
+its own, imported only then: the simulator (`sim`), a live sage engine (`engine`), a vLLM server
+(`vllm`), or the colocation grid in the simulator (`colocation_sim`) or on engines
+(`colocation_engine`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sage_cli.benchmark.checks import check_plan, parse_policies
+from sage_cli.benchmark.colocation import check_grid
+from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode, Workload
+from sage_cli.options import record_parameters, with_parameters
+
+__all__ = ["benchmark", "run"]
+
+
+@with_parameters(record_parameters(BenchmarkArgs))
+def benchmark(**options: Any) -> None:
+    """Compare eviction policies: hit rate, re-prefill rate, fairness, utilization, latency.
+
+    Replays a Mooncake or Azure trace, or generates a workload, against each policy and cache
+    size, with the unbounded cache and Belady as reference rows. With --workload colocation:
+    LLM requests beside embedding batches, the colocation systems side by side.
+    """
+    run(BenchmarkArgs(**options))
+
+
+def run(args: BenchmarkArgs) -> None:
+    """Check the options, then run the mode they name and print its table (or JSON).
+
+    Raises:
+        CLIUsageError: The first option that cannot be used.
+    """
+    if args.workload is Workload.colocation:
+        _run_colocation(args)
+        return
+    plan = check_plan(args, _policies(args))
+    if args.engine_url is not None:
+        from sage_cli.benchmark.vllm import run_on_vllm
+
+        run_on_vllm(args, plan, args.engine_url)
+    elif args.mode is Mode.engine:
+        from sage_cli.benchmark.engine import run_on_engine
+
+        run_on_engine(args, plan)
+    else:
+        from sage_cli.benchmark.sim import run_in_simulator
+
+        run_in_simulator(args, plan)
+
+
+def _policies(args: BenchmarkArgs) -> list[str]:
+    """The policies to compare (default lru,lfu,arc), or the one a vLLM server runs."""
+    if args.engine_kind is EngineKind.vllm or args.engine_url is not None:
+        from sage_cli.benchmark.vllm import vllm_policies
+
+        return vllm_policies(args)
+    return parse_policies(args.eviction_policies or "lru,lfu,arc", args.mode.value)
+
+
+def _run_colocation(args: BenchmarkArgs) -> None:
+    """``--workload colocation``: the grid in the simulator, or on live engines with ``--mode engine``."""
+    grid = check_grid(args)
+    if args.mode is Mode.engine:
+        from sage_cli.benchmark.colocation_engine import run_on_engines
+
+        run_on_engines(grid)
+    else:
+        from sage_cli.benchmark.colocation_sim import run_in_simulator
+
+        run_in_simulator(grid)

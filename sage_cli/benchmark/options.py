@@ -1,0 +1,394 @@
+"""The options of ``sage llm benchmark``: their choices, their `Annotated` aliases, and `BenchmarkArgs`.
+
+`BenchmarkArgs` is the command line as one record, one field per option whose annotation is the
+option's alias: `sage_cli.benchmark.command` gives the command its fields as parameters
+(`sage_cli.options.record_parameters`), so each option is declared once, here, and the modes
+read the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sage_cli.options import NameOpt, SocketOpt
+
+__all__ = [
+    "Arrival",
+    "BenchmarkArgs",
+    "CacheModel",
+    "Compute",
+    "EngineKind",
+    "Mode",
+    "OutputLength",
+    "TraceFormat",
+    "Workload",
+]
+
+
+class Mode(str, Enum):
+    sim = "sim"
+    engine = "engine"
+
+
+class TraceFormat(str, Enum):
+    mooncake = "mooncake"
+    azure = "azure"
+
+
+class Workload(str, Enum):
+    synthetic = "synthetic"
+    spec = "spec"
+    colocation = "colocation"
+
+
+class EngineKind(str, Enum):
+    sage = "sage"
+    vllm = "vllm"
+
+
+class CacheModel(str, Enum):
+    radix = "radix"
+    flat = "flat"
+
+
+class Arrival(str, Enum):
+    poisson = "poisson"
+    bursty = "bursty"
+    periodic = "periodic"
+
+
+class OutputLength(str, Enum):
+    short = "short"
+    medium = "medium"
+    long = "long"
+    mixed = "mixed"
+
+
+class Compute(str, Enum):
+    shared = "shared"
+    split_devices = "split"  # `split` would shadow str.split
+
+
+# -- what to run ---------------------------------------------------------------------------------
+
+PoliciesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--eviction-policies",
+        metavar="P[,P...]",
+        show_default=False,
+        help="Policies to compare, comma-separated (default: lru,lfu,arc; with --engine-kind vllm, "
+        "the one policy the server runs, 'vllm' for its own, the default; with --workload colocation, "
+        "the one policy of the simulated pool, lru by default).",
+    ),
+]
+ModeOpt = Annotated[
+    Mode, typer.Option("--mode", help="sim: the simulator on a virtual clock; engine: a real engine.")
+]
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        metavar="FILE",
+        dir_okay=False,
+        show_default=False,
+        help="Replay a trace instead of generating a workload.",
+    ),
+]
+TraceFormatOpt = Annotated[
+    TraceFormat | None,
+    typer.Option(
+        "--trace-format",
+        show_default=False,
+        help="Format of --trace: mooncake (JSON lines) or azure (CSV); default: from the file name.",
+    ),
+]
+WorkloadOpt = Annotated[
+    Workload | None,
+    typer.Option(
+        "--workload",
+        show_default=False,
+        help="Generated workload when there is no --trace: synthetic, the module spec's (spec), or"
+        " LLM requests beside embedding batches (colocation: the --ratio ... --gamma options).",
+    ),
+]
+
+# -- the colocation grid (--workload colocation) --------------------------------------------------
+
+RatioOpt = Annotated[
+    str,
+    typer.Option(
+        "--ratio",
+        metavar="L:E[,L:E...]",
+        help="colocation: LLM:embedding request ratios, or 'shift' (9:1 -> 1:9 -> 9:1 during the run).",
+    ),
+]
+LoadOpt = Annotated[
+    str,
+    typer.Option(
+        "--load",
+        metavar="F[,F...]",
+        help="colocation: offered load as fractions (1.25) or percentages (125%) of the mix's capacity.",
+    ),
+]
+ArrivalOpt = Annotated[Arrival, typer.Option("--arrival", help="colocation: arrival pattern.")]
+OutputLengthOpt = Annotated[
+    OutputLength,
+    typer.Option(
+        "--output-length",
+        help="colocation: LLM output tokens, short 50-100, medium 200-500, long 1000-2000, or mixed.",
+    ),
+]
+ComputeOpt = Annotated[
+    Compute,
+    typer.Option(
+        "--compute",
+        help="colocation: shared (one engine time-slices both) or split (own devices, shared memory).",
+    ),
+]
+SeedsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--seeds",
+        metavar="S[,S...]",
+        show_default=False,
+        help="colocation: seeds to average over (default: --seed).",
+    ),
+]
+SystemsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--systems",
+        metavar="NAME[,NAME...]",
+        show_default=False,
+        help="colocation: systems to compare (default: all; see the README's Colocation section).",
+    ),
+]
+AlphaOpt = Annotated[
+    float, typer.Option("--alpha", min=0.0, help="colocation: objective weight of LLM SLO attainment.")
+]
+BetaOpt = Annotated[
+    float, typer.Option("--beta", min=0.0, help="colocation: objective weight of embedding SLO attainment.")
+]
+GammaOpt = Annotated[
+    float, typer.Option("--gamma", min=0.0, help="colocation: objective weight of the completion ratio.")
+]
+
+# -- the workload and the cache ---------------------------------------------------------------------
+
+RequestsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--requests",
+        min=1,
+        metavar="N",
+        show_default=False,
+        help="Requests to generate (or to take from the start of --trace).",
+    ),
+]
+TenantsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tenants", min=1, metavar="K", show_default=False, help="Tenants of the generated workload."
+    ),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the generated workload.")]
+CapacityBlocksOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--capacity-blocks",
+        metavar="N[,N...]",
+        show_default=False,
+        help="Cache sizes in blocks to run each policy at.",
+    ),
+]
+CapacityRatioOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--capacity-ratio",
+        metavar="R[,R...]",
+        show_default=False,
+        help="Cache sizes as fractions of the workload's distinct blocks, in (0, 1].",
+    ),
+]
+CacheModelOpt = Annotated[
+    CacheModel,
+    typer.Option(
+        "--cache-model",
+        help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
+    ),
+]
+ProtectQueuedOpt = Annotated[
+    float,
+    typer.Option(
+        "--protect-queued",
+        min=0.0,
+        max=1.0,
+        metavar="FRACTION",
+        help=(
+            "radix model: protect queued requests' cached prefixes from eviction"
+            " until they run, within this fraction of the pool."
+        ),
+    ),
+]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--duration",
+        metavar="SECONDS",
+        show_default=False,
+        help="Stop after this much (virtual, in sim) time; default: the whole workload.",
+    ),
+]
+
+# -- where the results go ------------------------------------------------------------------------------
+
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE.json",
+        dir_okay=False,
+        show_default=False,
+        help="Write the results as JSON.",
+    ),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="FILE.png",
+        dir_okay=False,
+        show_default=False,
+        help="Plot hit rate against capacity and the latency CDF (needs matplotlib).",
+    ),
+]
+CostModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cost-model",
+        metavar="FILE.yaml",
+        dir_okay=False,
+        show_default=False,
+        help="Prefill and decode cost model of the simulator (YAML).",
+    ),
+]
+AdaptiveBatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--adaptive-batch",
+        help="sim mode: run each policy also with the adaptive batch limit, side by side.",
+    ),
+]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        metavar="N",
+        show_default=False,
+        help="sim mode: run the (policy, capacity) rows in N processes (default: the usable cores; "
+        "1: in this process). The results are the same, wall times aside.",
+    ),
+]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        show_default=False,
+        help="sim mode: run the rows as tasks on a Ray cluster: local (start one here), auto (the one "
+        "running here), HOST:6379 or ray://HOST:10001. Needs the ray extra: pip install 'sage-kv[ray]'.",
+    ),
+]
+ResultsJsonOpt = Annotated[bool, typer.Option("--json", help="Print the results as JSON.")]
+
+# -- engine mode -----------------------------------------------------------------------------------
+
+MaxOutputTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-output-tokens",
+        min=1,
+        metavar="N",
+        help="engine mode: cap on each request's output tokens.",
+    ),
+]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", min=1, metavar="N", help="engine mode: client threads.")
+]
+TimeScaleOpt = Annotated[
+    float,
+    typer.Option(
+        "--time-scale",
+        min=0.0,
+        metavar="F",
+        help="engine mode: wall seconds per trace second (0: send as fast as possible).",
+    ),
+]
+EngineKindOpt = Annotated[
+    EngineKind,
+    typer.Option(
+        "--engine-kind",
+        help="engine mode: sage (the engine on --socket) or vllm (a vLLM server at --engine-url).",
+    ),
+]
+EngineUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-url",
+        metavar="URL",
+        show_default=False,
+        help="engine mode, --engine-kind vllm: the running vLLM OpenAI server, e.g. http://127.0.0.1:8000.",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchmarkArgs:
+    """The command line of ``sage llm benchmark``, as given: one field per option, in the order of
+    its help; each field's annotation is the option (its flag, metavar, bounds and help)."""
+
+    eviction_policies: PoliciesOpt = None
+    mode: ModeOpt = Mode.sim
+    trace: TraceOpt = None
+    trace_format: TraceFormatOpt = None
+    workload: WorkloadOpt = None
+    ratio: RatioOpt = "1:9,3:7,5:5,7:3,9:1"
+    load: LoadOpt = "1.0"
+    arrival: ArrivalOpt = Arrival.poisson
+    output_length: OutputLengthOpt = OutputLength.medium
+    compute: ComputeOpt = Compute.shared
+    seeds: SeedsOpt = None
+    systems: SystemsOpt = None
+    alpha: AlphaOpt = 0.5
+    beta: BetaOpt = 0.5
+    gamma: GammaOpt = 0.0
+    requests: RequestsOpt = None
+    tenants: TenantsOpt = None
+    seed: SeedOpt = 0
+    capacity_blocks: CapacityBlocksOpt = None
+    capacity_ratio: CapacityRatioOpt = None
+    cache_model: CacheModelOpt = CacheModel.radix
+    protect_queued: ProtectQueuedOpt = 0.0
+    duration: DurationOpt = None
+    output: OutputOpt = None
+    plot: PlotOpt = None
+    cost_model: CostModelOpt = None
+    adaptive_batch: AdaptiveBatchOpt = False
+    jobs: JobsOpt = None
+    ray_address: RayOpt = None
+    json_out: ResultsJsonOpt = False
+    socket: SocketOpt = None
+    name: NameOpt = None
+    max_output_tokens: MaxOutputTokensOpt = 16
+    concurrency: ConcurrencyOpt = 8
+    time_scale: TimeScaleOpt = 0.0
+    engine_kind: EngineKindOpt = EngineKind.sage
+    engine_url: EngineUrlOpt = None

@@ -1,0 +1,112 @@
+"""The table of a policy benchmark (one row per policy and cache size), and where a result goes.
+
+The simulator, a live engine and a vLLM server all return ``{"results": [row, ...], ...}`` with
+flat rows; `results_table` shows the columns the rows have, `save_and_show` writes ``--output``
+(for the engine modes; the simulator writes its own) and prints the table or ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sage_cli.output import Output, format_cell
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["results_table", "run_caption", "save_and_show"]
+
+
+# The table's columns (key, title, format); --json and --output carry every field.
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("hit_rate", "Hit", "percent"),
+    ("re_prefill_rate", "Re-prefill", "percent"),
+    ("fairness_score", "Fair", "ratio"),
+    ("memory_utilization", "Util", "percent"),
+    ("evictions", "Evicted", "int"),
+    ("eviction_p50_us", "p50 µs", "number"),
+    ("throughput_impact", "Tput loss", "percent"),
+)
+
+# With --adaptive-batch: each policy without and with it, on the figures the batch limit moves.
+_ADAPTIVE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("adaptive_batch", "Adaptive", "yesno"),
+    ("hit_rate", "Hit", "percent"),
+    ("re_prefill_rate", "Re-prefill", "percent"),
+    ("evictions", "Evicted", "int"),
+    ("preemptions", "Preempted", "int"),
+    ("throughput_tok_s", "Tok/s", "number"),
+    ("ttft_p99_s", "TTFT p99 s", "number"),
+    ("batch_changes", "Batch changes", "int"),
+)
+
+
+def run_caption(run: Any) -> str | None:
+    """How the simulator's rows ran, under the table: the implementation of the core (compiled or
+    pure Python) and the executor, e.g. "core: compiled; 2 processes; 4.1 s"."""
+    if not isinstance(run, dict):
+        return None
+    parts = []
+    if run.get("implementation"):
+        parts.append(f"core: {run['implementation']}")
+    executor = run.get("executor")
+    if executor == "ray":
+        parts.append(f"Ray tasks at {run.get('ray_address')}")
+    elif executor == "processes":
+        parts.append(f"{run.get('workers')} processes")
+    elif executor == "in-process":
+        parts.append("1 process")
+    wall = run.get("wall_s")
+    if isinstance(wall, int | float) and not isinstance(wall, bool):
+        parts.append(f"{wall:.1f} s")
+    return "; ".join(parts) or None
+
+
+def results_table(result: dict[str, Any]) -> Table | str:
+    """The rows ``run_benchmark`` returned, one per policy and capacity, as a table."""
+    from rich import box
+    from rich.table import Table
+
+    rows = result.get("results", result.get("rows"))
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return "No results."
+    present = {key for row in rows for key in row}
+    adaptive = any(row.get("adaptive_batch") for row in rows)
+    columns = [c for c in (_ADAPTIVE_COLUMNS if adaptive else _COLUMNS) if c[0] in present]
+    if not columns:  # rows of another shape: show them as they are
+        keys = list(dict.fromkeys(key for row in rows for key in row))
+        columns = [(key, key, "number") for key in keys]
+    table = Table(
+        title="Eviction policy benchmark",
+        title_justify="left",
+        caption=run_caption(result.get("run")),
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for key, title, _ in columns:
+        widest_word = max(len(word) for word in title.split())
+        table.add_column(
+            title,
+            justify="left" if key == "policy" else "right",
+            min_width=widest_word,
+            no_wrap=key == "policy",
+        )
+    for row in rows:
+        table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in columns))
+    return table
+
+
+def save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -> None:
+    """An engine-mode result: written to --output as JSON (the simulator writes its own), then
+    shown as the table or as JSON."""
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    Output(json_out).result(result, lambda: results_table(result))
