@@ -435,12 +435,90 @@ cdef inline bint is_int(object c, Py_ssize_t offset) noexcept:
     return v != NULL and (PyLong_CheckExact(<object>v) or PyBool_Check(<object>v))
 
 
+cdef inline bint s3fifo_key(object c, double* p, Key* k) noexcept:
+    """(0, 0, t) seen once, else (1, min(count, max_freq), t); p[0]: max_freq."""
+    cdef double a
+    if not field(c, OFF_COUNT, &a):
+        return False
+    if a < 2:
+        k.k0 = 0.0
+    else:
+        k.k0 = 1.0
+        k.k1 = a if a < p[0] else p[0]
+    return field(c, OFF_TIME, &k.k2)
+
+
+cdef inline bint gdsf_key(object c, Key* k) noexcept:
+    """((access_count + 1) * sequence_length / max(len(block_ids), 1), t)."""
+    cdef double a, b, v
+    cdef long long ia, ib, blocks
+    cdef PyObject* ids = slot(c, OFF_BLOCKS)
+    if ids == NULL or type(<object>ids) is not list:
+        return False
+    blocks = PyList_GET_SIZE(<object>ids)
+    if blocks < 1:
+        blocks = 1
+    if exact_int(c, OFF_COUNT, &ia) and exact_int(c, OFF_SEQ_LEN, &ib):
+        # Python multiplies the ints exactly and divides them correctly rounded: so does
+        # a double division of the exact product (|product| < 2**63, checked < 2**53)
+        v = <double>((ia + 1) * ib)
+        if v > EXACT or v < -EXACT:
+            return False
+        k.k0 = v / <double>blocks
+    elif is_int(c, OFF_COUNT) or is_int(c, OFF_SEQ_LEN):
+        return False  # int and float mixed: rare, left to Python
+    else:
+        if not (field(c, OFF_COUNT, &a) and field(c, OFF_SEQ_LEN, &b)):
+            return False
+        k.k0 = (a + 1.0) * b / <double>blocks
+    return not isnan(k.k0) and field(c, OFF_TIME, &k.k1)
+
+
+cdef inline bint predictive_key(object c, double* p, Key* k) noexcept:
+    """(predicted end, -completion, t); p: decode_time_per_token, by_tokens (1.0 or 0.0)."""
+    cdef long long ia, ib
+    cdef PyObject* lifetime
+    if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
+        return False
+    lifetime = slot(c, OFF_LIFETIME)
+    if lifetime == NULL:
+        return False
+    if <object>lifetime is not None:
+        if not as_double(lifetime, &k.k0):
+            return False
+    elif ib > 0 and p[1] != 0.0:
+        k.k0 = <double>(ib - ia if ib > ia else 0) * p[0]
+    else:
+        k.k0 = INFINITY
+    k.k1 = -(<double>ia / <double>ib) if ib > 0 else -0.0
+    return not isnan(k.k0) and field(c, OFF_TIME, &k.k2)
+
+
+cdef double URGENCY[33]  # pow(base, i) / slack for i in -16..16, filled per SLO call
+
+
+cdef inline bint slo_key(object c, double* p, Key* k) noexcept:
+    """(protected, urgency + cost, t); p: priority_base, slack + eps, cost_weight,
+    protect_completion."""
+    cdef double v
+    cdef long long ia, ib, priority
+    if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
+        return False
+    if not exact_int(c, OFF_PRIORITY, &priority) or priority < -1000 or priority > 1000:
+        return False
+    k.k0 = 1.0 if ib > 0 and <double>ia >= p[3] * <double>ib else 0.0
+    # pow(base, priority) / slack: a table for the usual priorities (pow costs ~30 ns)
+    v = (URGENCY[priority + 16] if -16 <= priority <= 16 else pow(p[0], <double>priority) / p[1])
+    v = v + p[2] * <double>ia
+    if isnan(v) or v == INFINITY or v == -INFINITY:
+        return False  # Python raises on the overflow: let it
+    k.k1 = v
+    return field(c, OFF_TIME, &k.k2)
+
+
 cdef bint candidate_key(object c, int kind, double* p, Key* k) noexcept:
     """The key of `candidate_key` for this kind as doubles; False when it cannot be exact."""
-    cdef double t, a, b, v
-    cdef long long ia, ib, blocks
-    cdef PyObject* lifetime
-    cdef PyObject* ids
+    cdef double t, a
     k.k1 = 0.0
     k.k2 = 0.0
     if kind == LRU:
@@ -466,68 +544,15 @@ cdef bint candidate_key(object c, int kind, double* p, Key* k) noexcept:
             return False
         k.k0 = 1.0 if a > 1 else 0.0
         return field(c, OFF_TIME, &k.k1)
-    if kind == S3FIFO:  # (0, 0, t) seen once, else (1, min(count, max_freq), t); p[0]: max_freq
-        if not field(c, OFF_COUNT, &a):
-            return False
-        if a < 2:
-            k.k0 = 0.0
-        else:
-            k.k0 = 1.0
-            k.k1 = a if a < p[0] else p[0]
-        return field(c, OFF_TIME, &k.k2)
-    if kind == GDSF:  # ((access_count + 1) * sequence_length / max(len(block_ids), 1), t)
-        ids = slot(c, OFF_BLOCKS)
-        if ids == NULL or type(<object>ids) is not list:
-            return False
-        blocks = PyList_GET_SIZE(<object>ids)
-        if blocks < 1:
-            blocks = 1
-        if exact_int(c, OFF_COUNT, &ia) and exact_int(c, OFF_SEQ_LEN, &ib):
-            # Python multiplies the ints exactly and divides them correctly rounded: so does
-            # a double division of the exact product (|product| < 2**63, checked < 2**53)
-            v = <double>((ia + 1) * ib)
-            if v > EXACT or v < -EXACT:
-                return False
-            k.k0 = v / <double>blocks
-        elif is_int(c, OFF_COUNT) or is_int(c, OFF_SEQ_LEN):
-            return False  # int and float mixed: rare, left to Python
-        else:
-            if not (field(c, OFF_COUNT, &a) and field(c, OFF_SEQ_LEN, &b)):
-                return False
-            k.k0 = (a + 1.0) * b / <double>blocks
-        return not isnan(k.k0) and field(c, OFF_TIME, &k.k1)
-    if kind == PREDICTIVE:  # p: decode_time_per_token, by_tokens (1.0 or 0.0)
-        if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
-            return False
-        lifetime = slot(c, OFF_LIFETIME)
-        if lifetime == NULL:
-            return False
-        if <object>lifetime is not None:
-            if not as_double(lifetime, &k.k0):
-                return False
-        elif ib > 0 and p[1] != 0.0:
-            k.k0 = <double>(ib - ia if ib > ia else 0) * p[0]
-        else:
-            k.k0 = INFINITY
-        k.k1 = -(<double>ia / <double>ib) if ib > 0 else -0.0
-        return not isnan(k.k0) and field(c, OFF_TIME, &k.k2)
-    if kind == SLO:  # p: priority_base, slack + eps, cost_weight, protect_completion
-        if not (exact_int(c, OFF_SEQ_LEN, &ia) and exact_int(c, OFF_MAX_LEN, &ib)):
-            return False
-        if not exact_int(c, OFF_PRIORITY, &blocks) or blocks < -1000 or blocks > 1000:
-            return False
-        k.k0 = 1.0 if ib > 0 and <double>ia >= p[3] * <double>ib else 0.0
-        # pow(base, priority) / slack: a table for the usual priorities (pow costs ~30 ns)
-        v = (URGENCY[blocks + 16] if -16 <= blocks <= 16 else pow(p[0], <double>blocks) / p[1])
-        v = v + p[2] * <double>ia
-        if isnan(v) or v == INFINITY or v == -INFINITY:
-            return False  # Python raises on the overflow: let it
-        k.k1 = v
-        return field(c, OFF_TIME, &k.k2)
+    if kind == S3FIFO:
+        return s3fifo_key(c, p, k)
+    if kind == GDSF:
+        return gdsf_key(c, k)
+    if kind == PREDICTIVE:
+        return predictive_key(c, p, k)
+    if kind == SLO:
+        return slo_key(c, p, k)
     return False
-
-
-cdef double URGENCY[33]  # pow(base, i) / slack for i in -16..16, filled per SLO call
 
 
 cdef void key_sift_down(Key* h, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
@@ -546,6 +571,38 @@ cdef void key_sift_down(Key* h, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
     h[i] = moving
 
 
+cdef object take_in_order(Key* keys, Py_ssize_t m, list candidates, Py_ssize_t required):
+    """Heapify the `m` keys and pop them in order, taking unpinned candidates until they free
+    `required` blocks: their sequence ids, or None when a candidate lacks a slot."""
+    cdef Py_ssize_t i = (m - 2) // 2 if m > 1 else -1
+    cdef Py_ssize_t freed = 0
+    cdef Key top
+    cdef object c
+    cdef PyObject* pinned
+    cdef list victims = []
+    while i >= 0:
+        key_sift_down(keys, m, i)
+        i -= 1
+    while m:
+        top = keys[0]
+        m -= 1
+        if m:
+            keys[0] = keys[m]
+            key_sift_down(keys, m, 0)
+        c = <object>PyList_GET_ITEM(candidates, top.index)
+        pinned = slot(c, OFF_PINNED)
+        if pinned == NULL:
+            return None
+        if not <object>pinned:
+            if slot(c, OFF_BLOCKS) == NULL or slot(c, OFF_SEQ) == NULL:
+                return None
+            victims.append(<object>slot(c, OFF_SEQ))
+            freed += len(<object>slot(c, OFF_BLOCKS))
+            if freed >= required:
+                break
+    return victims
+
+
 def select_victims(list candidates, object required_blocks, str kind, tuple params):
     """`select_in_order(candidates, required_blocks, candidate_key)` for the `candidate_key`
     named `kind` (with its constants `params`): sequence ids in key order (ties by position),
@@ -555,14 +612,11 @@ def select_victims(list candidates, object required_blocks, str kind, tuple para
     `required_blocks` that is not an int, a key that is not an exact double.
     """
     cdef Py_ssize_t n = PyList_GET_SIZE(candidates)
-    cdef Py_ssize_t i, m = 0, freed = 0, required
+    cdef Py_ssize_t i, m = 0, required
     cdef int code
     cdef double p[4]
     cdef Key* keys
-    cdef Key top
     cdef object c
-    cdef PyObject* pinned
-    cdef list victims = []
     if _candidate_type is None or type(required_blocks) is not int:
         return None
     required = required_blocks
@@ -586,28 +640,7 @@ def select_victims(list candidates, object required_blocks, str kind, tuple para
                 return None
             keys[m].index = i
             m += 1
-        i = (m - 2) // 2 if m > 1 else -1
-        while i >= 0:
-            key_sift_down(keys, m, i)
-            i -= 1
-        while m:
-            top = keys[0]
-            m -= 1
-            if m:
-                keys[0] = keys[m]
-                key_sift_down(keys, m, 0)
-            c = <object>PyList_GET_ITEM(candidates, top.index)
-            pinned = slot(c, OFF_PINNED)
-            if pinned == NULL:
-                return None
-            if not <object>pinned:
-                if slot(c, OFF_BLOCKS) == NULL or slot(c, OFF_SEQ) == NULL:
-                    return None
-                victims.append(<object>slot(c, OFF_SEQ))
-                freed += len(<object>slot(c, OFF_BLOCKS))
-                if freed >= required:
-                    break
-        return victims
+        return take_in_order(keys, m, candidates, required)
     finally:
         PyMem_Free(keys)
 
