@@ -1,6 +1,8 @@
 """sage_eviction: KV-cache eviction policies behind one incremental interface.
 
-Pure Python; imports nothing from the engine or the CLI and never imports torch.
+Pure Python (one optional compiled module), the standard library only: it imports nothing of
+`engine_adapter` or `sage_cli` and never torch, not even inside a function; the engine
+integrations import their engine lazily (docs/architecture.md, "Layers").
 
     >>> from sage_eviction import create_policy, EntryMeta
     >>> policy = create_policy("lru")
@@ -9,6 +11,23 @@ Pure Python; imports nothing from the engine or the CLI and never imports torch.
     >>> policy.access("a", now=1.0)
     >>> policy.evict(1)
     ['b']
+
+What lives where (docs/architecture.md, "Policy interface"):
+
+- `types`: the records that cross the policy boundary (`EntryMeta`, `PolicyEntry`, the module
+  spec's `EvictionCandidate`, `EvictionMetrics`, `EvictionPolicyProtocol` ...).
+- `errors`: the exception tree.
+- `base`: `EvictionPolicy`, the incremental interface every policy implements, with its two
+  mixins: `handover` (the hot-swap handover: `entries`, `from_entries`, bulk loads) and
+  `sequence_level` (the module spec's `select_victims`, `update_access`, `get_metrics`).
+- `recency` and `heap`: the bases most policies build on (O(1) recency queues; scores in a lazy
+  heap).
+- `policies/`: one file and one class per policy; `registry`: names to classes, entry-point
+  plugins and the one reader of policy specs (`resolve_policy`).
+- `metrics`: the metric definitions; `flat`: a flat (independent blocks) cache driver.
+- `native` and `_core` (Cython, optional): the compiled score heap and `select_victims`, and
+  the switch between them and the pure-Python reference.
+- `integrations/`: sage's policies inside vLLM, SGLang and LMCache.
 """
 
 from __future__ import annotations

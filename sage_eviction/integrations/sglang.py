@@ -27,10 +27,10 @@ import os
 import sys
 import time
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, ClassVar
 
 from sage_eviction.integrations.bridge import PolicyBridge
-from sage_eviction.integrations.compat import check_version
+from sage_eviction.integrations.compat import EngineClass, check_version
 from sage_eviction.registry import available_policies
 from sage_eviction.types import EntryMeta
 
@@ -114,9 +114,9 @@ def _wrap_default_factory(original: Any) -> Any:
     return default_radix_cache_factory
 
 
-@functools.cache
-def sage_full_component_class(spec: str | None = None) -> type[Any]:
-    """SGLang's `FullComponent` whose device victims are a sage policy's (None: SAGE_POLICY).
+class _SageFullComponent(EngineClass):  # type: ignore[misc]
+    """SGLang's `FullComponent` whose device victims are the policy `sage_spec` names (None:
+    SAGE_POLICY); a mixin over SGLang's class (`sage_full_component_class`).
 
     Keys are tree node ids. Hooks: a node gets device KV (`commit_insert_component_data`) →
     `insert`; a prefix match → `access` of each matched node, root first; a split → `insert` of
@@ -124,80 +124,90 @@ def sage_full_component_class(spec: str | None = None) -> type[Any]:
     (`evict_component`) → `remove` (a no-op for the policy's own victims). At each eviction
     walk the evictable flags are synced to the tree's evictable device leaves.
     """
+
+    sage_spec: ClassVar[str | None] = None
+
+    def __init__(self, cache: Any, params: Any) -> None:
+        super().__init__(cache, params)
+        self.sage = PolicyBridge(self.sage_spec, engine="sglang")
+        self._nodes: dict[Hashable, Any] = {}
+        self._last_victim: Any = None
+
+    def _meta(self, node: Any) -> EntryMeta:
+        now = time.time()
+        return EntryMeta(size=len(node.key), cost=float(len(node.key)), created_at=now, last_access=now)
+
+    def _track(self, node: Any) -> None:
+        if node.id not in self.sage and node.component_data[self.component_type].value is not None:
+            self.sage.insert(node.id, self._meta(node), evictable=False)
+            self._nodes[node.id] = node
+
+    def commit_insert_component_data(self, node: Any, *args: Any, **kwargs: Any) -> None:
+        super().commit_insert_component_data(node, *args, **kwargs)
+        # The walk may have added the leaf and split a node on the way: track the new ones.
+        walk = node
+        while walk is not None and walk is not self.tree_core.root_node and walk.id not in self.sage:
+            self._track(walk)
+            walk = walk.parent
+
+    def redistribute_on_node_split(self, new_parent: Any, child: Any) -> None:
+        super().redistribute_on_node_split(new_parent, child)
+        self._track(new_parent)
+
+    def finalize_match_result_in_tree_core(self, result: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().finalize_match_result_in_tree_core(result, *args, **kwargs)
+        path = []
+        node = result.last_device_node
+        while node is not None and node is not self.tree_core.root_node:
+            path.append(node.id)
+            node = node.parent
+        for node_id in reversed(path):  # root first: the deepest node is the most recent
+            self.sage.access(node_id)
+        return out
+
+    def evict_component(self, node: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().evict_component(node, *args, **kwargs)
+        if node.component_data[self.component_type].value is None or node.id in self.sage:
+            self.sage.remove(node.id)
+            self._nodes.pop(node.id, None)
+        return out
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        super()._evict_device_start(request_cnt)  # keeps SGLang's bookkeeping consistent
+        self._evict_device_heap: list[Any] = []  # SGLang's heap: not used for device victims
+        leaves = self.tree_core.evictable_device_leaves
+        for node_id, node in self._nodes.items():
+            self.sage.set_evictable(node_id, node in leaves)
+        self._last_victim = None
+
+    def _evict_device_next_node(
+        self, tracker: Any, device_frees: Any, host_frees: Any, cache_actions: Any
+    ) -> Any:
+        leaves = self.tree_core.evictable_device_leaves
+        last = self._last_victim
+        if last is not None and last.parent is not None and last.parent in leaves:
+            self.sage.set_evictable(last.parent.id, True)  # the parent became a leaf
+        self._last_victim = None
+        if tracker[self.component_type] >= self._evict_device_request_cnt:
+            return None
+        while True:
+            victims = self.sage.evict(1)
+            if not victims:
+                return None
+            node = self._nodes.pop(victims[0], None)
+            if node is not None and node in leaves:
+                self.sage.note("engine_evict", key=node.id)
+                self._last_victim = node
+                return node.id
+
+
+@functools.cache
+def sage_full_component_class(spec: str | None = None) -> type[Any]:
+    """SGLang's `FullComponent` whose device victims are a sage policy's (None: SAGE_POLICY):
+    `_SageFullComponent` over the installed SGLang's class (built once per spec)."""
     from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
-    class SageFullComponent(FullComponent):  # type: ignore[misc]
-        def __init__(self, cache: Any, params: Any) -> None:
-            super().__init__(cache, params)
-            self.sage = PolicyBridge(spec, engine="sglang")
-            self._nodes: dict[Hashable, Any] = {}
-            self._last_victim: Any = None
-
-        def _meta(self, node: Any) -> EntryMeta:
-            now = time.time()
-            return EntryMeta(size=len(node.key), cost=float(len(node.key)), created_at=now, last_access=now)
-
-        def _track(self, node: Any) -> None:
-            if node.id not in self.sage and node.component_data[self.component_type].value is not None:
-                self.sage.insert(node.id, self._meta(node), evictable=False)
-                self._nodes[node.id] = node
-
-        def commit_insert_component_data(self, node: Any, *args: Any, **kwargs: Any) -> None:
-            super().commit_insert_component_data(node, *args, **kwargs)
-            # The walk may have added the leaf and split a node on the way: track the new ones.
-            walk = node
-            while walk is not None and walk is not self.tree_core.root_node and walk.id not in self.sage:
-                self._track(walk)
-                walk = walk.parent
-
-        def redistribute_on_node_split(self, new_parent: Any, child: Any) -> None:
-            super().redistribute_on_node_split(new_parent, child)
-            self._track(new_parent)
-
-        def finalize_match_result_in_tree_core(self, result: Any, *args: Any, **kwargs: Any) -> Any:
-            out = super().finalize_match_result_in_tree_core(result, *args, **kwargs)
-            path = []
-            node = result.last_device_node
-            while node is not None and node is not self.tree_core.root_node:
-                path.append(node.id)
-                node = node.parent
-            for node_id in reversed(path):  # root first: the deepest node is the most recent
-                self.sage.access(node_id)
-            return out
-
-        def evict_component(self, node: Any, *args: Any, **kwargs: Any) -> Any:
-            out = super().evict_component(node, *args, **kwargs)
-            if node.component_data[self.component_type].value is None or node.id in self.sage:
-                self.sage.remove(node.id)
-                self._nodes.pop(node.id, None)
-            return out
-
-        def _evict_device_start(self, request_cnt: int) -> None:
-            super()._evict_device_start(request_cnt)  # keeps SGLang's bookkeeping consistent
-            self._evict_device_heap: list[Any] = []  # SGLang's heap: not used for device victims
-            leaves = self.tree_core.evictable_device_leaves
-            for node_id, node in self._nodes.items():
-                self.sage.set_evictable(node_id, node in leaves)
-            self._last_victim = None
-
-        def _evict_device_next_node(
-            self, tracker: Any, device_frees: Any, host_frees: Any, cache_actions: Any
-        ) -> Any:
-            leaves = self.tree_core.evictable_device_leaves
-            last = self._last_victim
-            if last is not None and last.parent is not None and last.parent in leaves:
-                self.sage.set_evictable(last.parent.id, True)  # the parent became a leaf
-            self._last_victim = None
-            if tracker[self.component_type] >= self._evict_device_request_cnt:
-                return None
-            while True:
-                victims = self.sage.evict(1)
-                if not victims:
-                    return None
-                node = self._nodes.pop(victims[0], None)
-                if node is not None and node in leaves:
-                    self.sage.note("engine_evict", key=node.id)
-                    self._last_victim = node
-                    return node.id
+    class SageFullComponent(_SageFullComponent, FullComponent):  # type: ignore[misc]
+        sage_spec = spec
 
     return SageFullComponent

@@ -21,7 +21,9 @@ Two seams (docs/architecture.md, "Engine integrations"):
    name with its defaults) with a `CachePolicy` subclass that runs on both the 0.32 and the 0.33
    signature (0.33 added `req_context` to `insert`).
 
-vLLM is imported only inside these functions; classes are built on first use.
+vLLM is imported only inside these functions; classes are built on first use, each a
+module-level mixin (`_SageBlockPool`, `_SageFreeQueue`, `_SageCachePolicy`) put over vLLM's own
+class by a small cached factory.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import logging
 import os
 import time
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from sage_eviction.errors import PolicyConfigError
 from sage_eviction.integrations.bridge import PolicyBridge, policy_spec_from_env
-from sage_eviction.integrations.compat import check_version
+from sage_eviction.integrations.compat import EngineClass, check_version
 from sage_eviction.registry import resolve_policy
 from sage_eviction.types import EntryMeta
 
@@ -76,207 +78,275 @@ def register() -> None:
     _log.info("sage: vLLM's GPU prefix cache evicts in the order of policy %r", spec)
 
 
+class _SageFreeQueue(EngineClass):  # type: ignore[misc]
+    """vLLM's free list (still the truth of which blocks are free) that reports every change to
+    its pool and lets the policy pick among the cached blocks.
+
+    A mixin over vLLM's `FreeKVCacheBlockQueue` (`_sage_free_queue_class`): `super()` is vLLM's
+    queue, so its own `remove` unlinks a victim without reporting it as taken.
+    """
+
+    pool: Any
+
+    def popleft(self) -> Any:
+        head = self.fake_free_list_head.next_free_block
+        if head is None or head is self.fake_free_list_tail or head.block_hash is None:
+            return super().popleft()  # an uncached block: reusing it loses nothing
+        block = self.pool._policy_victim()
+        super().remove(block)
+        return block
+
+    def popleft_n(self, n: int) -> list[Any]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot pop {n} blocks from {self.num_free_blocks} free")
+        return [self.popleft() for _ in range(n)]
+
+    def remove(self, block: Any) -> None:
+        super().remove(block)
+        self.pool._taken(block)
+
+    def append(self, block: Any) -> None:
+        super().append(block)
+        self.pool._freed((block,))
+
+    def append_n(self, blocks: list[Any]) -> None:
+        super().append_n(blocks)
+        self.pool._freed(blocks)
+
+    def prepend_n(self, blocks: list[Any]) -> None:
+        super().prepend_n(blocks)
+        self.pool._freed(blocks)
+
+
 @functools.cache
-def sage_block_pool_class() -> type[Any]:
-    """`SageBlockPool`, a subclass of the installed vLLM's `BlockPool` (built once)."""
-    from vllm.v1.core.block_pool import BlockPool
+def _sage_free_queue_class() -> type[Any]:
+    """`SageFreeQueue`, `_SageFreeQueue` over the installed vLLM's free list (built once)."""
     from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 
-    base_popleft = FreeKVCacheBlockQueue.popleft
-    base_remove = FreeKVCacheBlockQueue.remove
+    class SageFreeQueue(_SageFreeQueue, FreeKVCacheBlockQueue):  # type: ignore[misc]
+        """vLLM's free list reporting to its `SageBlockPool` (`_SageFreeQueue`)."""
 
-    class SageFreeQueue(FreeKVCacheBlockQueue):  # type: ignore[misc]
-        """vLLM's free list (still the truth of which blocks are free) that reports every
-        change to its pool and lets the policy pick among the cached blocks."""
+    return SageFreeQueue
 
-        pool: Any
 
-        def popleft(self) -> Any:
-            head = self.fake_free_list_head.next_free_block
-            if head is None or head is self.fake_free_list_tail or head.block_hash is None:
-                return base_popleft(self)  # an uncached block: reusing it loses nothing
-            block = self.pool._policy_victim()
-            base_remove(self, block)
-            return block
+class _SageBlockPool(EngineClass):  # type: ignore[misc]
+    """vLLM's BlockPool whose cached blocks are evicted in a sage policy's order.
 
-        def popleft_n(self, n: int) -> list[Any]:
-            if n > self.num_free_blocks:
-                raise ValueError(f"cannot pop {n} blocks from {self.num_free_blocks} free")
-            return [self.popleft() for _ in range(n)]
+    A mixin over vLLM's `BlockPool` (`sage_block_pool_class`). Policy keys are block ids.
+    Events: a block gets a hash → `insert` (in use, so not evictable); a prefix hit → `access`;
+    freed with no cached child → evictable; taken by a hit or gaining a cached child → not
+    evictable; hash dropped otherwise (a connector's invalidation, a promotion) → `remove`; a
+    prefix-cache reset → `clear`.
+    """
 
-        def remove(self, block: Any) -> None:
-            base_remove(self, block)
-            self.pool._taken(block)
-
-        def append(self, block: Any) -> None:
-            super().append(block)
-            self.pool._freed((block,))
-
-        def append_n(self, blocks: list[Any]) -> None:
-            super().append_n(blocks)
-            self.pool._freed(blocks)
-
-        def prepend_n(self, blocks: list[Any]) -> None:
-            super().prepend_n(blocks)
-            self.pool._freed(blocks)
-
-    class SageBlockPool(BlockPool):  # type: ignore[misc]
-        """vLLM's BlockPool whose cached blocks are evicted in a sage policy's order.
-
-        Policy keys are block ids. Events: a block gets a hash → `insert` (in use, so not
-        evictable); a prefix hit → `access`; freed with no cached child → evictable; taken
-        by a hit or gaining a cached child → not evictable; hash dropped otherwise (a
-        connector's invalidation, a promotion) → `remove`; a prefix-cache reset → `clear`.
-        """
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.sage: PolicyBridge | None = None
-            self.sage_fallbacks = 0  # pops the policy could not serve (vLLM's order was used)
-            # Chains by hash, not block id: when a parent is evicted and recomputed into
-            # another block, its cached children are reachable again through the new one.
-            self._parent_hash: dict[int, Any] = {}  # child block id -> parent's hash key
-            self._children: dict[Any, set[int]] = {}  # hash key -> cached child block ids
-            self._invalidating = False
-            if self.enable_caching:
-                self.sage = PolicyBridge(capacity=self.num_gpu_blocks, engine="vllm", env_var=GPU_POLICY_ENV)
-                self.free_block_queue.__class__ = SageFreeQueue
-                self.free_block_queue.pool = self
-                _log.info(
-                    "sage: BlockPool of %d blocks evicts with %s", self.num_gpu_blocks, self.sage.describe()
-                )
-
-        # ---- what the free queue reports ----------------------------------------------
-
-        def _evictable(self, block: Any) -> bool:
-            return (
-                block.ref_cnt == 0
-                and block.prev_free_block is not None
-                and not self._children.get(block.block_hash)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sage: PolicyBridge | None = None
+        self.sage_fallbacks = 0  # pops the policy could not serve (vLLM's order was used)
+        # Chains by hash, not block id: when a parent is evicted and recomputed into
+        # another block, its cached children are reachable again through the new one.
+        self._parent_hash: dict[int, Any] = {}  # child block id -> parent's hash key
+        self._children: dict[Any, set[int]] = {}  # hash key -> cached child block ids
+        self._invalidating = False
+        if self.enable_caching:
+            self.sage = PolicyBridge(capacity=self.num_gpu_blocks, engine="vllm", env_var=GPU_POLICY_ENV)
+            self.free_block_queue.__class__ = _sage_free_queue_class()
+            self.free_block_queue.pool = self
+            _log.info(
+                "sage: BlockPool of %d blocks evicts with %s", self.num_gpu_blocks, self.sage.describe()
             )
 
-        def _sync(self, block: Any) -> None:
-            if self.sage is not None and block.block_id in self.sage:
-                self.sage.set_evictable(block.block_id, self._evictable(block))
+    # ---- what the free queue reports ----------------------------------------------------
 
-        def _freed(self, blocks: Iterable[Any]) -> None:
-            for block in blocks:
-                self._sync(block)
+    def _evictable(self, block: Any) -> bool:
+        return (
+            block.ref_cnt == 0
+            and block.prev_free_block is not None
+            and not self._children.get(block.block_hash)
+        )
 
-        def _taken(self, block: Any) -> None:
-            if self.sage is not None:
-                self.sage.set_evictable(block.block_id, False)
+    def _sync(self, block: Any) -> None:
+        if self.sage is not None and block.block_id in self.sage:
+            self.sage.set_evictable(block.block_id, self._evictable(block))
 
-        def _policy_victim(self) -> Any:
-            """The next cached block to reuse. `get_new_blocks` pops all its blocks before it
-            drops their hashes, so each victim leaves its chain here, at once: its parent may
-            be the very next victim."""
-            assert self.sage is not None
-            victims = self.sage.evict(1)
-            block = self.blocks[victims[0]] if victims else None
-            if block is None or block.prev_free_block is None:
-                # Nothing evictable (e.g. free parents whose children a sliding-window group
-                # still holds) or a state mismatch: vLLM's own order.
-                self.sage_fallbacks += 1
-                self.sage.note("fallback")
-                block = self.free_block_queue.fake_free_list_head.next_free_block
+    def _freed(self, blocks: Iterable[Any]) -> None:
+        for block in blocks:
+            self._sync(block)
+
+    def _taken(self, block: Any) -> None:
+        if self.sage is not None:
+            self.sage.set_evictable(block.block_id, False)
+
+    def _policy_victim(self) -> Any:
+        """The next cached block to reuse. `get_new_blocks` pops all its blocks before it
+        drops their hashes, so each victim leaves its chain here, at once: its parent may
+        be the very next victim."""
+        assert self.sage is not None
+        victims = self.sage.evict(1)
+        block = self.blocks[victims[0]] if victims else None
+        if block is None or block.prev_free_block is None:
+            # Nothing evictable (e.g. free parents whose children a sliding-window group
+            # still holds) or a state mismatch: vLLM's own order.
+            self.sage_fallbacks += 1
+            self.sage.note("fallback")
+            block = self.free_block_queue.fake_free_list_head.next_free_block
+        self._unlink(block)
+        return block
+
+    def _unlink(self, block: Any) -> None:
+        """`block` leaves the cache: out of the policy (a no-op for its own victims) and out
+        of its chain, which may make its parent a tail."""
+        assert self.sage is not None
+        self.sage.remove(block.block_id)
+        parent = self._parent_hash.pop(block.block_id, None)
+        if parent is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(block.block_id)
+                if not siblings:
+                    del self._children[parent]
+                    self._sync_hash(parent)
+
+    def _sync_hash(self, key: Any) -> None:
+        holder = self.cached_block_hash_to_block.get_one_block(key)
+        if holder is not None:
+            self._sync(holder)
+
+    # ---- the pool's events ----------------------------------------------------------------
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[Any],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+        if self.sage is None:
+            return
+        for i in range(max(num_cached_blocks, 1), num_full_blocks):
+            parent, child = blocks[i - 1], blocks[i]
+            if parent.is_null or child.is_null or parent.block_hash is None:
+                continue
+            if child.block_id in self.sage and child.block_id not in self._parent_hash:
+                self._parent_hash[child.block_id] = parent.block_hash
+                self._children.setdefault(parent.block_hash, set()).add(child.block_id)
+                self._sync(parent)
+
+    def _insert_block_hash(self, block_hash: Any, block: Any, num_tokens: int | None) -> None:
+        super()._insert_block_hash(block_hash, block, num_tokens)
+        sage = self.sage
+        if sage is not None and block.block_hash is not None and block.block_id not in sage:
+            now = time.time()
+            meta = EntryMeta(
+                size=self.hash_block_size,
+                cost=float(num_tokens or self.hash_block_size),  # the prefix it saves recomputing
+                created_at=now,
+                last_access=now,
+            )
+            sage.insert(block.block_id, meta, evictable=self._evictable(block))
+
+    def _remove_cached_block_hashes(self, block: Any) -> list[Any]:
+        if self.sage is not None:
             self._unlink(block)
-            return block
+        return list(super()._remove_cached_block_hashes(block))
 
-        def _unlink(self, block: Any) -> None:
-            """`block` leaves the cache: out of the policy (a no-op for its own victims) and out
-            of its chain, which may make its parent a tail."""
-            assert self.sage is not None
-            self.sage.remove(block.block_id)
-            parent = self._parent_hash.pop(block.block_id, None)
-            if parent is not None:
-                siblings = self._children.get(parent)
-                if siblings is not None:
-                    siblings.discard(block.block_id)
-                    if not siblings:
-                        del self._children[parent]
-                        self._sync_hash(parent)
+    def _maybe_evict_cached_block(self, block: Any) -> bool:
+        evicted = bool(super()._maybe_evict_cached_block(block))
+        if evicted and self.sage is not None:
+            op = "engine_invalidate" if self._invalidating else "engine_evict"
+            self.sage.note(op, key=block.block_id)
+        return evicted
 
-        def _sync_hash(self, key: Any) -> None:
-            holder = self.cached_block_hash_to_block.get_one_block(key)
-            if holder is not None:
-                self._sync(holder)
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self._invalidating = True
+        try:
+            super().evict_blocks(block_ids)
+        finally:
+            self._invalidating = False
 
-        # ---- the pool's events --------------------------------------------------------
+    def touch(self, blocks: Any) -> None:
+        sage = self.sage
+        if sage is not None:
+            for block in blocks:
+                if not block.is_null and block.block_id in sage:
+                    sage.access(block.block_id)
+        super().touch(blocks)
 
-        def cache_full_blocks(
-            self,
-            request: Any,
-            blocks: list[Any],
-            num_cached_blocks: int,
-            num_full_blocks: int,
-            *args: Any,
-            **kwargs: Any,
-        ) -> None:
-            super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
-            if self.sage is None:
-                return
-            for i in range(max(num_cached_blocks, 1), num_full_blocks):
-                parent, child = blocks[i - 1], blocks[i]
-                if parent.is_null or child.is_null or parent.block_hash is None:
-                    continue
-                if child.block_id in self.sage and child.block_id not in self._parent_hash:
-                    self._parent_hash[child.block_id] = parent.block_hash
-                    self._children.setdefault(parent.block_hash, set()).add(child.block_id)
-                    self._sync(parent)
+    def reset_prefix_cache(self) -> bool:
+        done = bool(super().reset_prefix_cache())
+        if done and self.sage is not None:
+            self.sage.clear()
+            self._parent_hash.clear()
+            self._children.clear()
+        return done
 
-        def _insert_block_hash(self, block_hash: Any, block: Any, num_tokens: int | None) -> None:
-            super()._insert_block_hash(block_hash, block, num_tokens)
-            sage = self.sage
-            if sage is not None and block.block_hash is not None and block.block_id not in sage:
-                now = time.time()
-                meta = EntryMeta(
-                    size=self.hash_block_size,
-                    cost=float(num_tokens or self.hash_block_size),  # the prefix it saves recomputing
-                    created_at=now,
-                    last_access=now,
-                )
-                sage.insert(block.block_id, meta, evictable=self._evictable(block))
 
-        def _remove_cached_block_hashes(self, block: Any) -> list[Any]:
-            if self.sage is not None:
-                self._unlink(block)
-            return list(super()._remove_cached_block_hashes(block))
+@functools.cache
+def sage_block_pool_class() -> type[Any]:
+    """`SageBlockPool`, `_SageBlockPool` over the installed vLLM's `BlockPool` (built once)."""
+    from vllm.v1.core.block_pool import BlockPool
 
-        def _maybe_evict_cached_block(self, block: Any) -> bool:
-            evicted = bool(super()._maybe_evict_cached_block(block))
-            if evicted and self.sage is not None:
-                op = "engine_invalidate" if self._invalidating else "engine_evict"
-                self.sage.note(op, key=block.block_id)
-            return evicted
-
-        def evict_blocks(self, block_ids: set[int]) -> None:
-            self._invalidating = True
-            try:
-                super().evict_blocks(block_ids)
-            finally:
-                self._invalidating = False
-
-        def touch(self, blocks: Any) -> None:
-            sage = self.sage
-            if sage is not None:
-                for block in blocks:
-                    if not block.is_null and block.block_id in sage:
-                        sage.access(block.block_id)
-            super().touch(blocks)
-
-        def reset_prefix_cache(self) -> bool:
-            done = bool(super().reset_prefix_cache())
-            if done and self.sage is not None:
-                self.sage.clear()
-                self._parent_hash.clear()
-                self._children.clear()
-            return done
+    class SageBlockPool(_SageBlockPool, BlockPool):  # type: ignore[misc]
+        """vLLM's BlockPool whose cached blocks are evicted in a sage policy's order (`_SageBlockPool`)."""
 
     return SageBlockPool
 
 
 # ---- KV offloading: a CachePolicy ---------------------------------------------------------
+
+
+class _SageCachePolicy(EngineClass):  # type: ignore[misc]
+    """A `vllm.v1.kv_offload` `CachePolicy` running the policy `sage_spec` names (None:
+    `SAGE_POLICY`); a mixin over vLLM's class (`sage_cache_policy_class`)."""
+
+    sage_spec: ClassVar[str | None] = None
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.chunks: dict[Hashable, Any] = {}
+        self.sage = PolicyBridge(self.sage_spec, cache_capacity, engine="vllm-offload")
+
+    def get(self, key: Hashable) -> Any:
+        return self.chunks.get(key)
+
+    # 0.32: insert(key, chunk); 0.33: insert(key, chunk, req_context)
+    def insert(self, key: Hashable, chunk: Any, req_context: Any = None) -> None:
+        self.chunks[key] = chunk
+        self.sage.insert(key, evictable=chunk.ref_cnt == 0)
+
+    def remove(self, key: Hashable) -> None:
+        self.chunks.pop(key, None)
+        self.sage.remove(key)
+
+    def touch(self, keys: Iterable[Hashable], req_context: Any = None) -> None:
+        # Tail first, as vLLM's LRU does: a prefix's head ends up the most recent.
+        for key in reversed(list(keys)):
+            self.sage.access(key)
+
+    def on_store_miss(self, keys: Iterable[Hashable], req_context: Any = None) -> None:
+        for key in keys:  # ghost-list policies (ARC, S3-FIFO) adapt before the evictions
+            self.sage.prepare_insert(key)
+
+    def evict(self, n: int, protected: set[Hashable]) -> list[tuple[Hashable, Any]] | None:
+        if n == 0:
+            return []
+        victims = self.sage.evict(n, protected, exact=True)
+        if len(victims) < n:
+            return None
+        return [(key, self.chunks.pop(key)) for key in victims]
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.sage.clear()
+
+    def mark_evictable(self, key: Hashable) -> None:
+        self.sage.set_evictable(key, True)
+
+    def mark_non_evictable(self, key: Hashable) -> None:
+        self.sage.set_evictable(key, False)
 
 
 @functools.cache
@@ -288,50 +358,8 @@ def sage_cache_policy_class(policy: str | None = None) -> type[Any]:
     check_version("vllm")
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
-    class SageCachePolicy(CachePolicy):  # type: ignore[misc]
-        def __init__(self, cache_capacity: int) -> None:
-            super().__init__(cache_capacity)
-            self.chunks: dict[Hashable, Any] = {}
-            self.sage = PolicyBridge(policy, cache_capacity, engine="vllm-offload")
-
-        def get(self, key: Hashable) -> Any:
-            return self.chunks.get(key)
-
-        # 0.32: insert(key, chunk); 0.33: insert(key, chunk, req_context)
-        def insert(self, key: Hashable, chunk: Any, req_context: Any = None) -> None:
-            self.chunks[key] = chunk
-            self.sage.insert(key, evictable=chunk.ref_cnt == 0)
-
-        def remove(self, key: Hashable) -> None:
-            self.chunks.pop(key, None)
-            self.sage.remove(key)
-
-        def touch(self, keys: Iterable[Hashable], req_context: Any = None) -> None:
-            # Tail first, as vLLM's LRU does: a prefix's head ends up the most recent.
-            for key in reversed(list(keys)):
-                self.sage.access(key)
-
-        def on_store_miss(self, keys: Iterable[Hashable], req_context: Any = None) -> None:
-            for key in keys:  # ghost-list policies (ARC, S3-FIFO) adapt before the evictions
-                self.sage.prepare_insert(key)
-
-        def evict(self, n: int, protected: set[Hashable]) -> list[tuple[Hashable, Any]] | None:
-            if n == 0:
-                return []
-            victims = self.sage.evict(n, protected, exact=True)
-            if len(victims) < n:
-                return None
-            return [(key, self.chunks.pop(key)) for key in victims]
-
-        def clear(self) -> None:
-            self.chunks.clear()
-            self.sage.clear()
-
-        def mark_evictable(self, key: Hashable) -> None:
-            self.sage.set_evictable(key, True)
-
-        def mark_non_evictable(self, key: Hashable) -> None:
-            self.sage.set_evictable(key, False)
+    class SageCachePolicy(_SageCachePolicy, CachePolicy):  # type: ignore[misc]
+        sage_spec = policy
 
     name = "SagePolicy" if policy is None else f"Sage_{policy}"
     SageCachePolicy.__name__ = SageCachePolicy.__qualname__ = name

@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Hashable
 from itertools import compress, repeat
 
-from sage_eviction.base import EvictionPolicy, seen_once_first_key, seen_once_first_up_to
+from sage_eviction.base import EvictionPolicy
+from sage_eviction.sequence_level import seen_once_first_key, seen_once_first_up_to
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["SIEVEPolicy"]
