@@ -35,7 +35,7 @@ if importlib.util.find_spec("engine_adapter") is None:  # run from a checkout wi
 
 from _machine import machine_line
 
-from engine_adapter.sim.colocation_bench import run_colocation_benchmark
+from engine_adapter.sim.colocation.benchmark import run_colocation_benchmark
 
 RATIOS = ["1:9", "3:7", "5:5", "7:3", "9:1"]
 STATIC = ["static-50/50", "static-80/20"]

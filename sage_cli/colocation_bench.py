@@ -2,7 +2,7 @@
 
 The options of the colocation grid (`RatioOpt`, `LoadOpt`, ... as `Annotated` aliases that
 `sage_cli.benchmark.benchmark` declares), their checks, and the table. The simulator
-(`engine_adapter.sim.colocation_bench`) is imported only when the command runs.
+(`engine_adapter.sim.colocation.benchmark`) is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def run_colocation_cli(
     from rich.console import Console
     from rich.progress import Progress
 
-    from engine_adapter.sim.colocation_bench import ColocationBenchmarkError, run_colocation_benchmark
+    from engine_adapter.sim.colocation.benchmark import ColocationBenchmarkError, run_colocation_benchmark
 
     console = Console(stderr=True)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:

@@ -1,7 +1,7 @@
 """`sage llm benchmark --mode engine --workload colocation`: LLM and embedding traffic through live
 engines, one per colocation system, with measured latencies (issue 19).
 
-The workload is the colocation simulator's (`engine_adapter.sim.colocation_workload.generate`:
+The workload is the colocation simulator's (`engine_adapter.sim.colocation.workload.generate`:
 the ratio, the arrival pattern, the output class, the seed), fitted to the engine it runs on:
 
 1. calibration: on a temporary engine with colocation off, one request at a time, the
@@ -295,7 +295,7 @@ def run_colocation_engine_benchmark(
         ValueError: An unknown system, ratio, arrival pattern or output class.
     """
     from engine_adapter.sim.colocation import metrics
-    from engine_adapter.sim.colocation_workload import BATCH_TEXTS, generate
+    from engine_adapter.sim.colocation.workload import BATCH_TEXTS, generate
 
     names = list(systems) if systems is not None else list(ENGINE_SYSTEMS)
     unknown = [s for s in names if s not in ENGINE_SYSTEMS]

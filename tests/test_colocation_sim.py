@@ -1,4 +1,4 @@
-"""The colocation simulator (engine_adapter/sim/colocation*.py): golden numbers on one seeded
+"""The colocation simulator (engine_adapter/sim/colocation/): golden numbers on one seeded
 run, determinism, and properties over generated runs (nothing lost, the pool never
 over-committed, every rejection with a reason, quotas within their floors)."""
 
@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from engine_adapter.colocation import ColocationParams
 from engine_adapter.sim.colocation import SYSTEMS, metrics, run_colocation
-from engine_adapter.sim.colocation_bench import (
+from engine_adapter.sim.colocation.benchmark import (
     ColocationBenchmarkError,
     quota_direction_changes,
     quota_settle_intervals,
     run_colocation_benchmark,
 )
-from engine_adapter.sim.colocation_workload import capacity, generate, parse_ratio
+from engine_adapter.sim.colocation.workload import capacity, generate, parse_ratio
 
 # (llm_met, llm_finished, llm_rejected, embedding_met, embedding_finished, embedding_rejected,
 #  preemptions, hit_tokens) of ratio 5:5 at 125 % load, 20 s, seed 7, split compute.
@@ -147,7 +147,7 @@ def test_the_benchmark_rows_average_the_seeds() -> None:
 def test_nothing_is_lost_and_the_pool_is_never_over_committed(
     ratio: str, load: float, arrival: str, output: str, compute: str, system: str, seed: int, pool: int
 ) -> None:
-    from engine_adapter.sim.colocation_workload import PoolShape
+    from engine_adapter.sim.colocation.workload import PoolShape
 
     shape = PoolShape(total_blocks=pool)
     w = generate(
