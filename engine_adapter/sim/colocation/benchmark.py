@@ -41,6 +41,7 @@ from engine_adapter.sim.colocation.workload import (
     generate,
     parse_ratio,
 )
+from sage_eviction import PolicyConfigError, resolve_policy
 
 __all__ = [
     "ColocationBenchmarkError",
@@ -111,6 +112,7 @@ class _Grid:
     gamma: float
     duration_s: float
     params: ColocationParams
+    policy: str
 
 
 def run_colocation_benchmark(
@@ -129,17 +131,20 @@ def run_colocation_benchmark(
     params: ColocationParams | None = None,
     output: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    policy: str = "lru",
 ) -> dict[str, Any]:
-    """Run the grid (see the module docstring).
+    """Run the grid (see the module docstring); `policy` (a registry spec) evicts the pool's
+    cached blocks in every run.
 
     Raises:
         ColocationBenchmarkError: An unknown ratio, system, arrival pattern, output class or
-            compute mode, a load or duration that is not positive, no seeds.
+            compute mode, a load or duration that is not positive, no seeds, an unknown or
+            offline policy (the registry's message).
     """
     names = list(systems) if systems is not None else list(SYSTEMS)
     grid = _Grid(
         ratios, loads, arrival, output_length, compute, seeds, names, alpha, beta, gamma, duration_s,
-        params or ColocationParams(),
+        params or ColocationParams(), policy,
     )  # fmt: skip
     fractions = _checked_fractions(grid)
     # The shifting mix: the time-weighted capacity of its three phases (9:1, 1:9, 9:1).
@@ -196,6 +201,10 @@ def _checked_fractions(grid: _Grid) -> dict[str, float | None]:
         raise ColocationBenchmarkError("give at least one seed")
     if not grid.duration_s > 0:
         raise ColocationBenchmarkError(f"duration must be > 0 seconds, got {grid.duration_s}")
+    try:
+        resolve_policy(grid.policy, online=True)
+    except PolicyConfigError as exc:
+        raise ColocationBenchmarkError(str(exc)) from None
     return fractions
 
 
@@ -208,6 +217,7 @@ def _settings(grid: _Grid) -> dict[str, Any]:
         "compute": grid.compute,
         "seeds": list(grid.seeds),
         "systems": grid.systems,
+        "policy": grid.policy,
         "alpha": grid.alpha,
         "beta": grid.beta,
         "gamma": grid.gamma,
@@ -238,10 +248,16 @@ class _Cell:
         )
         self.workloads.append(workload)
         for name in self.runs:
-            self.runs[name].append(run_colocation(workload, name, compute=grid.compute, params=grid.params))
+            self.runs[name].append(
+                run_colocation(workload, name, compute=grid.compute, params=grid.params, policy=grid.policy)
+            )
         if "sage" in self.runs:
             alone = run_colocation(
-                replace(workload, embeddings=()), "sage", compute=grid.compute, params=grid.params
+                replace(workload, embeddings=()),
+                "sage",
+                compute=grid.compute,
+                params=grid.params,
+                policy=grid.policy,
             )
             self.no_embedding_tpot.append(metrics(alone)["llm_tpot_p99_ms"])
 

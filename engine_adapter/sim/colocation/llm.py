@@ -31,10 +31,11 @@ def deadline_for(st: ColocationRun, r: LLMInFlight) -> float:
 def admit(st: ColocationRun, r: LLMInFlight) -> bool:
     """Allocate the prompt's blocks (its cached prefix is a hit); False when they do not fit."""
     q = r.req
-    hit_tokens = st.pool.admit(r.sid, q, r.generated, st.llm_cap(), deadline_for(st, r))
+    hit_tokens = st.pool.admit(r.sid, q, r.generated, st.llm_cap(), lambda: deadline_for(st, r))
     if hit_tokens is None:
         return False
     r.hit_tokens = hit_tokens
+    r.blocks = st.pool.sequence_blocks(r.sid)
     r.need = q.prompt_tokens + r.generated - hit_tokens
     r.computed = 0
     r.state = "running"
@@ -48,11 +49,13 @@ def admit(st: ColocationRun, r: LLMInFlight) -> bool:
 def release(st: ColocationRun, r: LLMInFlight) -> None:
     """Give a running request's blocks back (its prefix stays cached)."""
     st.pool.release(r.sid)
+    r.blocks = 0
 
 
 def preempt(st: ColocationRun, r: LLMInFlight) -> None:
     """Preempt a running request by recompute: back to the head of the queue."""
     st.pool.preempt(r.sid)
+    r.blocks = 0
     st.running.remove(r)
     r.state, r.computed, r.need = "waiting", 0, 0
     r.preemptions += 1

@@ -1,6 +1,7 @@
 """`run_colocation`: one system on one workload, LLM requests and embedding batches on one pool.
 
-The loop on the virtual clock: queue what has arrived, update the quota (Algorithm 2, each
+The pool is the engine's cache manager with a registered eviction policy (`pool.py`). The loop
+on the virtual clock: queue what has arrived, update the quota (Algorithm 2, each
 interval), admit LLM requests (`llm.py`) and start embedding batches (`embeddings.py`), run one
 engine iteration (`step.py`), or jump to the next arrival (or, split compute, the next
 embedding completion) when nothing runs. Work still unfinished `DRAIN_S` after the last arrival
@@ -28,8 +29,9 @@ from engine_adapter.sim.colocation.step import StepPlan, apply_step, plan_step
 from engine_adapter.sim.colocation.systems import SystemSpec, system_named
 from engine_adapter.sim.colocation.workload import ColocationWorkload, EmbeddingCostModel, PoolShape
 from engine_adapter.sim.cost_model import CostModel
+from sage_eviction.registry import resolve_policy
 
-__all__ = ["DRAIN_S", "run_colocation"]
+__all__ = ["DRAIN_S", "drive", "run_colocation"]
 
 DRAIN_S = 120.0
 """After the last arrival, work still unfinished this much later is rejected."""
@@ -44,15 +46,34 @@ def run_colocation(
     embedding_cost: EmbeddingCostModel | None = None,
     pool: PoolShape | None = None,
     params: ColocationParams | None = None,
+    policy: str = "lru",
 ) -> RunResult:
-    """Replay `workload` through `system` (a `SystemSpec` or a name in `SYSTEMS`).
+    """Replay `workload` through `system`, on a pool whose cached blocks `policy` evicts.
+
+    Args:
+        workload: The requests (`engine_adapter.sim.colocation.workload.generate`).
+        system: A `SystemSpec` or a name in `SYSTEMS`.
+        compute: ``"shared"`` (one engine runs both classes) or ``"split"`` (embeddings on
+            their own device; only memory is shared).
+        cost: LLM step times (`CostModel()` when None).
+        embedding_cost: Embedding batch times and workspaces (`EmbeddingCostModel()`).
+        pool: The pool's shape (`PoolShape()`).
+        params: The controller's constants (`ColocationParams()`).
+        policy: The eviction policy of the pool's cache, a registry spec (``"lru"``,
+            ``"slo"``, ``"slru:protected_threshold=3"``); online policies only.
+
+    Returns:
+        The run's counts and latencies (`metrics` makes its row).
 
     Raises:
         ValueError: An unknown system name or compute mode.
+        PolicyConfigError: An unknown or offline policy, or a bad param (the registry's message;
+            a `ValueError`).
     """
     spec = system_named(system)
     if compute not in ("shared", "split"):
         raise ValueError(f"compute must be shared or split, got {compute!r}")
+    resolve_policy(policy, online=True)  # the registry's check and message; the pool builds it
     st = ColocationRun(
         workload,
         spec,
@@ -61,8 +82,9 @@ def run_colocation(
         embedding_cost=embedding_cost or EmbeddingCostModel(),
         pool=pool or PoolShape(),
         params=params or ColocationParams(),
+        policy=policy,
     )
-    return _drive(st)
+    return drive(st)
 
 
 class _Arrivals:
@@ -90,8 +112,10 @@ class _Arrivals:
         )
 
 
-def _drive(st: ColocationRun) -> RunResult:
-    """The loop (module docstring) to the end; then the drain and the counts."""
+def drive(st: ColocationRun) -> RunResult:
+    """Run a prepared run (`run_colocation` prepares one) to its end: the loop (module
+    docstring), then the drain and the counts; after it the pool holds no sequence and no
+    reservation, only cached blocks."""
     arrivals = _Arrivals(st)
     plan = StepPlan()
     now = 0.0
@@ -159,6 +183,8 @@ def _drain(st: ColocationRun, now: float) -> None:
             release(st, r)
         st.reject_llm(r, "drain: unfinished when the run ended")
     for e in st.queued + st.emb_running:
+        if e.state == "running":
+            st.pool.release_reservation(e.owner)
         st.reject_emb(e, "drain: unfinished when the run ended")
     res = st.result
     res.makespan_s = now

@@ -46,6 +46,7 @@ class LLMInFlight:
     need: int = 0  # tokens to prefill in the current admission
     computed: int = 0
     generated: int = 0
+    blocks: int = 0  # blocks it holds in the pool (the pool's count, kept here for the step loop)
     hit_tokens: int = 0  # prompt tokens the current admission found cached
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -82,6 +83,7 @@ class ColocationRun:
         embedding_cost: Embedding batch times and workspaces.
         pool: The pool's shape.
         params: The controller's constants.
+        policy: The pool's eviction policy (a registry spec).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class ColocationRun:
         embedding_cost: EmbeddingCostModel,
         pool: PoolShape,
         params: ColocationParams,
+        policy: str,
     ) -> None:
         self.system = system
         self.compute = compute
@@ -105,7 +108,7 @@ class ColocationRun:
         self.total = pool.total_blocks
         self.bs = pool.block_size
         self.chunked = system.chunked and compute == "shared"
-        self.pool = ColocationPool(pool, workload.llm[0].prefix_tokens if workload.llm else 0)
+        self.pool = ColocationPool(pool, policy, self._clock)
         self.controller: ColocationController | None = None
         if system.controller is not None:
             self.controller = ColocationController(
@@ -136,6 +139,9 @@ class ColocationRun:
         self.last_arrival = max(
             [r.arrival_s for r in workload.llm] + [e.arrival_s for e in workload.embeddings] + [0.0]
         )
+
+    def _clock(self) -> float:
+        return self.now
 
     # ------------------------------------------------------------------ memory
 
@@ -184,7 +190,7 @@ class ColocationRun:
             r.slo,
             q.priority,
             r.first_token_s,
-            self.pool.sequence_blocks(r.sid),
+            r.blocks,
         )
 
     def emb_view(self, e: EmbeddingInFlight) -> EmbeddingView:

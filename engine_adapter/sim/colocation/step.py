@@ -70,7 +70,8 @@ def _plan_llm(st: ColocationRun, now: float, plan: StepPlan) -> tuple[float, int
             cached += r.computed + r.hit_tokens
             plan.llm.append((r, chunk))
         else:
-            if not _next_block(st, r, now, plan):
+            tokens = r.req.prompt_tokens + r.generated + 1
+            if -(-tokens // st.bs) > r.blocks and not _next_block(st, r, tokens, now, plan):
                 continue
             decode_batch += 1
             context += r.req.prompt_tokens + r.generated
@@ -85,13 +86,10 @@ def _plan_llm(st: ColocationRun, now: float, plan: StepPlan) -> tuple[float, int
     return llm_time, decode_batch
 
 
-def _next_block(st: ColocationRun, r: LLMInFlight, now: float, plan: StepPlan) -> bool:
-    """The block the next token needs, when it needs one: taken, or others preempted for it;
+def _next_block(st: ColocationRun, r: LLMInFlight, tokens: int, now: float, plan: StepPlan) -> bool:
+    """The block the next token (the `tokens`-th) needs: taken, or others preempted for it;
     False when the request itself is preempted."""
     pool = st.pool
-    tokens = r.req.prompt_tokens + r.generated + 1
-    if not pool.needs_block(r.sid, tokens):
-        return True
     if not pool.grow(r.sid, tokens, st.llm_cap()):
         others = [x for x in st.running if x is not r and x.state == "running"]
         for v in victims(st, others, 1, now):
@@ -100,6 +98,7 @@ def _next_block(st: ColocationRun, r: LLMInFlight, now: float, plan: StepPlan) -
         if not pool.grow(r.sid, tokens, st.llm_cap()):
             preempt(st, r)
             return False
+    r.blocks = pool.sequence_blocks(r.sid)
     st.track_peak()
     return True
 
