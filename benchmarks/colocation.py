@@ -17,6 +17,7 @@ system, the spec's system (Algorithms 1-3 as written) on its own row beside it:
 
     python benchmarks/colocation.py                       # shared and split, seeds 0,1,2
     python benchmarks/colocation.py --compute split --seeds 0,1,2,3,4 --json out.json
+    python benchmarks/colocation.py --policy slo           # the pool's cache evicted by slo
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if importlib.util.find_spec("engine_adapter") is None:  # run from a checkout wi
 
 from _machine import machine_line
 
-from engine_adapter.sim.colocation_bench import run_colocation_benchmark
+from engine_adapter.sim.colocation.benchmark import run_colocation_benchmark
 
 RATIOS = ["1:9", "3:7", "5:5", "7:3", "9:1"]
 STATIC = ["static-50/50", "static-80/20"]
@@ -166,6 +167,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--json", type=Path, default=None, help="write every row and check as JSON")
+    parser.add_argument("--policy", default="lru", help="the pool cache's eviction policy (registry spec)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     print(machine_line())
@@ -178,9 +180,13 @@ def main() -> None:
             compute=compute,
             seeds=seeds,
             duration_s=args.duration,
+            policy=args.policy,
         )
         wall = time.perf_counter() - start
-        print(f"\n== {compute} compute, seeds {seeds}, {args.duration:g} s runs ({wall:.0f} s wall)")
+        print(
+            f"\n== {compute} compute, seeds {seeds}, {args.duration:g} s runs, policy {args.policy} "
+            f"({wall:.0f} s wall)"
+        )
         print(
             "capacity at 100 % (requests/s): "
             + ", ".join(f"{r} {c:.2f}" for r, c in result["capacity"].items())

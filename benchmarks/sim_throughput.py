@@ -42,9 +42,10 @@ from _machine import machine_line
 
 from engine_adapter.sim.benchmark import run_benchmark
 from engine_adapter.sim.cost_model import CostModel
+from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.sweep import RowSpec, SweepContext, run_row
-from engine_adapter.sim.workloads import Workload, read_mooncake, unique_blocks
+from engine_adapter.sim.workloads import Workload, unique_blocks
 from sage_eviction.native import core_implementation
 
 DEFAULT_TRACE = (

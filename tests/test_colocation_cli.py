@@ -92,10 +92,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs run_colocation_benchmark(policy=...), the simulator's side of issue 26; unmark it then",
-)
 def test_the_pool_runs_the_policy_named(tmp_path: Path) -> None:
     proc = sage("--eviction-policies", "slo", "--ratio", "7:3", "--duration", "10", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

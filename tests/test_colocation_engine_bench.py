@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.sim.colocation_workload import generate
+from engine_adapter.sim.colocation.workload import generate
 from sage_cli.benchmark.colocation_engine import (
     ENGINE_SYSTEMS,
     Calibration,

@@ -41,9 +41,10 @@ from engine_adapter.cache.radix_cache import (
     RadixCache,
     new_radix_cache,
 )
+from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import SimResult, simulate
 from engine_adapter.sim.synthetic import synthetic
-from engine_adapter.sim.workloads import Workload, read_mooncake, unique_blocks
+from engine_adapter.sim.workloads import Workload, unique_blocks
 from sage_eviction import EntryMeta, EvictionPolicy, available_policies
 from sage_eviction.errors import SageEvictionError
 from sage_eviction.native import implementation

@@ -27,9 +27,10 @@ from oracle_trace import (
     write_oracle_general,
 )
 
+from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import Simulator, min_capacity, simulate
 from engine_adapter.sim.synthetic import synthetic
-from engine_adapter.sim.workloads import SimRequest, Workload, read_mooncake, unique_blocks
+from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 
 POLICIES = ORACLE_POLICIES
 FRACTIONS = [0.01, 0.05, 0.10, 0.25]

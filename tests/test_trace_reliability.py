@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.sim.workloads import Workload, WorkloadError, read_azure, read_mooncake
+from engine_adapter.sim.azure_trace import read_azure
+from engine_adapter.sim.mooncake_trace import read_mooncake
+from engine_adapter.sim.workloads import Workload, WorkloadError
 
 GOOD = '{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}'
 DEEP = 100_000

@@ -14,16 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_adapter.sim.azure_trace import read_azure
+from engine_adapter.sim.mooncake_trace import MOONCAKE_BLOCK_SIZE, read_mooncake
+from engine_adapter.sim.prefix_model import PrefixModel
 from engine_adapter.sim.sources import load
 from engine_adapter.sim.synthetic import preset, spec_benchmark, synthetic
 from engine_adapter.sim.workloads import (
-    MOONCAKE_BLOCK_SIZE,
-    PrefixModel,
     SimRequest,
     Workload,
     WorkloadError,
-    read_azure,
-    read_mooncake,
     total_block_lookups,
     unique_blocks,
 )

@@ -1,19 +1,38 @@
-"""The trace-driven simulator.
+"""The trace-driven simulator: workloads through the engine's cache core on a virtual clock.
 
-    workloads.py   requests and workloads; the Mooncake and Azure trace readers, the prefix model
-    trace_file.py  trace files as a stream of lines (and their sha256); WorkloadError
-    synthetic.py   the seeded synthetic generator and the presets
-    sources.py     workloads by name, for the CLI
-    cost_model.py  prefill and decode step times on the virtual clock
-    simulator.py   the event-driven simulation on the virtual clock
-    cache_models.py  the radix model (the real CacheManager) and the flat model
-    benchmark.py   `sage llm benchmark --mode sim`: every policy at every capacity, plus references
-    colocation_workload.py  LLM requests and embedding batches (spec 004's grid), capacity
-    colocation.py  the colocation simulator: the systems on one block pool, shared or split compute
-    colocation_bench.py  `sage llm benchmark --workload colocation`: the systems on the grid
+Workloads (what a run replays):
 
-Importing this package imports no submodule and never torch; import what you need, e.g.
-``from engine_adapter.sim.workloads import read_mooncake``.
+    workloads.py       the records every source returns (`SimRequest`, `Workload`) and their checks
+    trace_file.py      trace files as a stream of lines (and their sha256); `WorkloadError`
+    mooncake_trace.py  `read_mooncake`: the native JSON-lines format
+    azure_trace.py     `read_azure`: the Azure CSV, with prefixes from the prefix model
+    prefix_model.py    `PrefixModel`: seeded shared system prompts and multi-turn conversations
+    synthetic.py       the seeded synthetic generator and the presets (the module spec's)
+    sources.py         workloads by name, for the CLI
+
+The run (one policy at one capacity):
+
+    cost_model.py      prefill and decode step times on the virtual clock
+    simulator.py       `Simulator`: the event-driven loop, admission, growth, preemption, the row
+    sequence.py        `SimSequence`: a request in flight
+    run_state.py       `RunState`, `StepAdmission`: what a run changes, what a step admits
+    decode_steps.py    runs of decode-only steps: how many to the next event, and how long
+    cache_models.py    the radix model (the real `CacheManager`) and the flat model
+
+The benchmark (`sage llm benchmark --mode sim`):
+
+    benchmark.py       every policy at every capacity, plus the reference rows
+    sweep.py           the rows in this process, in worker processes or on Ray
+
+    colocation/        the colocation study: LLM requests and embedding batches on one pool,
+                       on the same cache manager and policies (its own docstring lists its files)
+
+It imports the cache core (`engine_adapter.cache`), the colocation controller
+(`engine_adapter.colocation`), `engine_adapter.safe_yaml`, `sage_eviction`, numpy and PyYAML;
+rich, matplotlib and Ray only inside the functions that need them; never torch, `model` or
+`serving`.
+Importing this package imports no submodule; import what you need, e.g.
+``from engine_adapter.sim.mooncake_trace import read_mooncake``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """``sage llm benchmark --mode sim``: every policy at every capacity on one workload, plus references.
 
 `run_benchmark` takes the checked options of `sage_cli.benchmark.BenchmarkOptions` as keyword
-arguments, builds the workload (a Mooncake or Azure trace, the synthetic generator or the
-module spec's preset), runs a `Simulator` for each policy and capacity (in this process, in
-`jobs` worker processes or as Ray tasks: `engine_adapter.sim.sweep`), and adds two reference
+arguments (the fields of `SimBenchmarkOptions`), builds the workload (a Mooncake or Azure trace,
+the synthetic generator or the module spec's preset), runs a `Simulator` for each policy and
+capacity (in this process, in `jobs` worker processes or as Ray tasks:
+`engine_adapter.sim.sweep`), and adds two reference
 rows at every capacity: ``unbounded`` (a cache holding every distinct block, never evicting;
 its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline; see
 `engine_adapter.sim.simulator` for its radix variant and for what each reference row bounds:
@@ -30,6 +31,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,14 @@ from engine_adapter.sim.sweep import (
 from engine_adapter.sim.synthetic import preset, synthetic
 from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
 
-__all__ = ["DEFAULT_CAPACITY_RATIOS", "BenchmarkError", "build_workload", "capacities_for", "run_benchmark"]
+__all__ = [
+    "DEFAULT_CAPACITY_RATIOS",
+    "BenchmarkError",
+    "SimBenchmarkOptions",
+    "build_workload",
+    "capacities_for",
+    "run_benchmark",
+]
 
 DEFAULT_CAPACITY_RATIOS = (0.05, 0.10)
 """Capacities as fractions of the workload's distinct blocks when none are given."""
@@ -240,7 +249,7 @@ def _plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     plt.close(fig)
 
 
-def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None:
+def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
     if cache_model not in ("radix", "flat"):
@@ -252,6 +261,10 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None) -> None
             raise BenchmarkError(
                 "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
             ) from None
+    if adaptive_batch and cache_model != "radix":
+        raise BenchmarkError(
+            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
+        )
 
 
 def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executor) -> list[RowOutcome]:
@@ -283,32 +296,11 @@ def _runs(policies: Sequence[str], capacities: list[int], adaptive_batch: bool) 
     return [RowSpec(index, policy, size, adaptive) for index, (policy, size, adaptive) in enumerate(runs)]
 
 
-def run_benchmark(
-    *,
-    policies: Sequence[str],
-    mode: str = "sim",
-    trace: str | Path | None = None,
-    trace_format: str | None = None,
-    workload: str | None = None,
-    requests: int | None = None,
-    tenants: int | None = None,
-    seed: int = 0,
-    capacity_blocks: Sequence[int] | None = None,
-    capacity_ratios: Sequence[float] | None = None,
-    cache_model: str = "radix",
-    duration: float | None = None,
-    output: str | Path | None = None,
-    plot: str | Path | None = None,
-    cost_model: dict[str, Any] | None = None,
-    cost_model_path: str | Path | None = None,
-    protect_queued: float = 0.0,
-    adaptive_batch: bool = False,
-    jobs: int | None = None,
-    ray_address: str | None = None,
-) -> dict[str, Any]:
-    """Run every policy at every capacity on one workload, with the reference rows.
+@dataclass(frozen=True, slots=True)
+class SimBenchmarkOptions:
+    """The options of `run_benchmark` (the checked options of `sage_cli.benchmark.BenchmarkOptions`).
 
-    Args:
+    Attributes:
         policies: Policy specs (registry names, optionally ``name:k=v``).
         mode: ``"sim"``; ``"engine"`` is run by the CLI against a live engine.
         trace: A trace file; otherwise `workload` is generated.
@@ -332,6 +324,35 @@ def run_benchmark(
         jobs: Worker processes for the rows (default: the usable cores; 1: this process).
         ray_address: Run the rows as Ray tasks there instead (``"local"``, ``"auto"``,
             ``"host:6379"``, ``"ray://host:10001"``; `engine_adapter.sim.sweep`).
+    """
+
+    policies: Sequence[str]
+    mode: str = "sim"
+    trace: str | Path | None = None
+    trace_format: str | None = None
+    workload: str | None = None
+    requests: int | None = None
+    tenants: int | None = None
+    seed: int = 0
+    capacity_blocks: Sequence[int] | None = None
+    capacity_ratios: Sequence[float] | None = None
+    cache_model: str = "radix"
+    duration: float | None = None
+    output: str | Path | None = None
+    plot: str | Path | None = None
+    cost_model: dict[str, Any] | None = None
+    cost_model_path: str | Path | None = None
+    protect_queued: float = 0.0
+    adaptive_batch: bool = False
+    jobs: int | None = None
+    ray_address: str | None = None
+
+
+def run_benchmark(**options: Any) -> dict[str, Any]:
+    """Run every policy at every capacity on one workload, with the reference rows.
+
+    Args:
+        **options: The fields of `SimBenchmarkOptions` (`policies` is required).
 
     Returns:
         ``{"workload": {...}, "settings": {...}, "results": [row, ...], "run": {...}}``; rows as
@@ -342,64 +363,74 @@ def run_benchmark(
     Raises:
         BenchmarkError: Options it cannot run with (one-line message).
         SweepError: The executor cannot run the rows (Ray missing or unreachable).
+        TypeError: An option that is not a field of `SimBenchmarkOptions`, or no `policies`.
     """
-    _check_options(mode, cache_model, plot)
-    if adaptive_batch and cache_model != "radix":
-        raise BenchmarkError(
-            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
-        )
-    costs = _cost_model(cost_model, cost_model_path)
+    opts = SimBenchmarkOptions(**options)
+    _check_options(opts.mode, opts.cache_model, opts.plot, opts.adaptive_batch)
+    costs = _cost_model(opts.cost_model, opts.cost_model_path)
     built = build_workload(
-        trace=trace,
-        trace_format=trace_format,
-        workload=workload,
-        requests=requests,
-        tenants=tenants,
-        seed=seed,
-        duration=duration,
+        trace=opts.trace,
+        trace_format=opts.trace_format,
+        workload=opts.workload,
+        requests=opts.requests,
+        tenants=opts.tenants,
+        seed=opts.seed,
+        duration=opts.duration,
     )
-    capacities = capacities_for(built, capacity_blocks, capacity_ratios, cache_model)
-    if not 0.0 <= protect_queued <= 1.0:
-        raise BenchmarkError(f"protect_queued={protect_queued!r} must be within [0, 1]")
-    if protect_queued > 0 and cache_model != "radix":
-        raise BenchmarkError("protect_queued needs the radix cache model (the flat model has no queue)")
-    try:
-        executor = Executor(jobs=usable_cores() if jobs is None else jobs, ray_address=ray_address)
-    except ValueError as exc:
-        raise BenchmarkError(str(exc)) from None
-    runs = _runs(policies, capacities, adaptive_batch)
+    capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
+    executor = _executor(opts)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch)
     wall0 = time.perf_counter()
-    context = SweepContext(built, cache_model, costs, protect_queued)
-    outcomes = _simulate_rows(context, runs, executor)
+    outcomes = _simulate_rows(
+        SweepContext(built, opts.cache_model, costs, opts.protect_queued), runs, executor
+    )
     rows = [outcome.row for outcome in outcomes]
     run = {
         **executor.describe(len(runs)),
         "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),
         "wall_s": time.perf_counter() - wall0,
     }
-    reference = rows[-1]["throughput_tok_s"]  # the unbounded row
+    _set_throughput_impact(rows)
+    settings = {
+        "mode": opts.mode,
+        "cache_model": opts.cache_model,
+        "policies": list(opts.policies),
+        "capacities": capacities,
+        "cost_model": costs.to_dict(),
+        "protect_queued": opts.protect_queued,
+        "adaptive_batch": opts.adaptive_batch,
+    }
+    result = {"workload": built.describe(), "settings": settings, "results": rows, "run": run}
+    _write_output(result, opts.output)
+    if opts.plot is not None:
+        _plot(rows, opts.plot, f"{built.source}: hit rate against capacity ({opts.cache_model} model)")
+    return result
+
+
+def _executor(opts: SimBenchmarkOptions) -> Executor:
+    """The executor of the rows, once `protect_queued` is checked against the cache model."""
+    if not 0.0 <= opts.protect_queued <= 1.0:
+        raise BenchmarkError(f"protect_queued={opts.protect_queued!r} must be within [0, 1]")
+    if opts.protect_queued > 0 and opts.cache_model != "radix":
+        raise BenchmarkError("protect_queued needs the radix cache model (the flat model has no queue)")
+    try:
+        return Executor(jobs=usable_cores() if opts.jobs is None else opts.jobs, ray_address=opts.ray_address)
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+
+
+def _set_throughput_impact(rows: list[dict[str, Any]]) -> None:
+    """Each row's `throughput_impact` against the unbounded row (the last)."""
+    reference = rows[-1]["throughput_tok_s"]
     for row in rows:
         impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0
         row["throughput_impact"] = 0.0 if math.isclose(impact, 0.0, abs_tol=1e-12) else impact
-    result = {
-        "workload": built.describe(),
-        "settings": {
-            "mode": mode,
-            "cache_model": cache_model,
-            "policies": list(policies),
-            "capacities": capacities,
-            "cost_model": costs.to_dict(),
-            "protect_queued": protect_queued,
-            "adaptive_batch": adaptive_batch,
-        },
-        "results": rows,
-        "run": run,
-    }
-    if output is not None:
-        try:
-            Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise BenchmarkError(f"{output}: cannot write: {exc.strerror or exc}") from None
-    if plot is not None:
-        _plot(rows, plot, f"{built.source}: hit rate against capacity ({cache_model} model)")
-    return result
+
+
+def _write_output(result: dict[str, Any], output: str | Path | None) -> None:
+    if output is None:
+        return
+    try:
+        Path(output).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise BenchmarkError(f"{output}: cannot write: {exc.strerror or exc}") from None

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
+from engine_adapter.sim.sequence import SimSequence
 from sage_eviction import EntryMeta
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.belady import BeladyPolicy
-
-if TYPE_CHECKING:
-    from engine_adapter.sim.simulator import _Seq
 
 __all__ = ["FlatModel", "RadixBelady", "RadixModel"]
 
@@ -112,7 +110,7 @@ class RadixModel:
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
 
-    def allocate(self, seq: _Seq) -> int | None:
+    def allocate(self, seq: SimSequence) -> int | None:
         """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
         if self.belady is not None:
             self.belady.cursor = seq.lookup_end
@@ -133,7 +131,7 @@ class RadixModel:
         hits: int = alloc.num_cached_blocks
         return hits
 
-    def protect(self, seq: _Seq) -> None:
+    def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
         self.manager.protect_queued_prefix(
             seq.sid,
@@ -143,17 +141,17 @@ class RadixModel:
             recompute_last_token=False,
         )
 
-    def reserve(self, seq: _Seq, tokens: int) -> bool:
+    def reserve(self, seq: SimSequence, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens) is not None
 
     def select_victims(self, exclude: list[int]) -> list[int]:
         victims: list[int] = self.manager.select_preemption_victims(1, exclude=exclude)
         return victims
 
-    def preempt(self, seq: _Seq) -> None:
+    def preempt(self, seq: SimSequence) -> None:
         self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
-    def free(self, seq: _Seq) -> None:
+    def free(self, seq: SimSequence) -> None:
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def stats(self) -> tuple[float, float, int, float, float, int]:

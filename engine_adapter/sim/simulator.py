@@ -74,9 +74,8 @@ from __future__ import annotations
 import gc
 import heapq
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
@@ -84,6 +83,9 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.cost_model import CostModel
+from engine_adapter.sim.decode_steps import decode_time, steps_to_next, steps_until
+from engine_adapter.sim.run_state import RunState, StepAdmission
+from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
@@ -135,87 +137,6 @@ class SimResult:
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""
         return asdict(self)
-
-
-class _Seq:
-    """A request in flight (the simulator's bookkeeping)."""
-
-    __slots__ = (
-        "context_base",
-        "decoded",
-        "epoch",
-        "first_token_s",
-        "group",
-        "keys",
-        "lookup_end",
-        "prompt_tokens",
-        "request",
-        "sid",
-        "start_step",
-        "tokens",
-    )
-
-    def __init__(
-        self, request: SimRequest, sid: int, block_size: int, group: Hashable, lookup_end: int
-    ) -> None:
-        self.request = request
-        self.sid = sid
-        self.keys = request.block_hashes
-        # The blocks the prompt occupies: a partial last block of a trace's hash ids counts whole.
-        self.prompt_tokens = max(request.input_len, len(self.keys) * block_size)
-        self.tokens = self.prompt_tokens  # tokens to (re-)prefill: prompt and regenerated output
-        self.decoded = 0  # decode steps done
-        self.first_token_s: float | None = None
-        self.group = group
-        self.lookup_end = lookup_end
-        self.epoch = 0
-        self.start_step = 0  # the step of its (latest) prefill
-        self.context_base = 0
-
-
-@dataclass(slots=True)
-class _Admission:
-    """The requests one step admits and the prefill work they bring."""
-
-    admitted: list[_Seq] = field(default_factory=list)
-    prefill_tokens: int = 0
-    prefill_batch: int = 0
-    cached_tokens: int = 0
-
-
-@dataclass(slots=True)
-class _RunState:
-    """Everything one run changes: the queues, the step counter, the virtual clock, the counters.
-
-    `finishes` and `needs` are heaps of (step, sequence id, epoch): the last step of a running
-    sequence, and the step at which a decoding one needs a new block; a preemption bumps the
-    sequence's epoch, so its stale entries are skipped when popped. The decoding sequences'
-    KV tokens at step g are ``context_sum + decoding * g``.
-    """
-
-    requests: list[SimRequest]
-    ends: list[int]  # per request: its blocks' end in the whole lookup sequence
-    cache: RadixModel | None
-    flat: FlatModel | None
-    clock: float
-    first_arrival: float
-    waiting: deque[_Seq] = field(default_factory=deque)
-    running: dict[int, _Seq] = field(default_factory=dict)
-    decoding: int = 0
-    context_sum: int = 0
-    finishes: list[tuple[int, int, int]] = field(default_factory=list)
-    needs: list[tuple[int, int, int]] = field(default_factory=list)
-    step: int = 0  # the next step to run
-    next_arrival: int = 0
-    group_hits: dict[Hashable, list[int]] = field(default_factory=dict)
-    block_lookups: int = 0
-    block_hits: int = 0
-    tokens_looked_up: int = 0
-    tokens_hit: int = 0
-    ttfts: list[float] = field(default_factory=list)
-    tpots: list[float] = field(default_factory=list)
-    total_tokens: int = 0
-    finished: int = 0
 
 
 def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
@@ -401,7 +322,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ the steps of a run
 
-    def _start_run(self) -> _RunState:
+    def _start_run(self) -> RunState:
         """The cache model and the empty queues; every request's blocks as one lookup sequence."""
         requests = self.workload.requests
         lookups: list[Hashable] = []
@@ -415,26 +336,27 @@ class Simulator:
         cache = self._build_radix(lookups) if radix else None
         flat = None if radix else FlatModel(self.policy_spec, self.capacity, lookups)
         first_arrival = requests[0].arrival_s if requests else 0.0
-        return _RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
+        return RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
 
-    def _arrive(self, st: _RunState) -> None:
+    def _arrive(self, st: RunState) -> None:
         """Queue the requests that have arrived by now."""
         requests = st.requests
         protect = st.cache.protect if st.cache is not None and self.protect_queued > 0 else None
         while st.next_arrival < len(requests) and requests[st.next_arrival].arrival_s <= st.clock:
-            r = requests[st.next_arrival]
-            seq = _Seq(r, st.next_arrival, self.block_size, self._group_of(r), st.ends[st.next_arrival])
+            sid = st.next_arrival
+            r = requests[sid]
+            seq = SimSequence(r, sid, self.block_size, self._group_of(r), st.ends[sid])
             st.waiting.append(seq)
             st.next_arrival += 1
             if protect is not None:
                 self._clock = st.clock
                 protect(seq)
 
-    def _admit(self, st: _RunState) -> _Admission:
+    def _admit(self, st: RunState) -> StepAdmission:
         """Admission at the start of a step, first come first served, within the running and
         prefill limits; each admitted request's lookup is counted."""
         bs = self.block_size
-        batch = _Admission()
+        batch = StepAdmission()
         limit = self.adaptive.current if self.adaptive is not None else self.max_running
         while st.waiting and len(st.running) < limit and batch.prefill_tokens < self.max_prefill_tokens:
             seq = st.waiting[0]
@@ -460,7 +382,7 @@ class Simulator:
         return batch
 
     @staticmethod
-    def _count_lookup(st: _RunState, seq: _Seq, hit_blocks: int, served: int) -> None:
+    def _count_lookup(st: RunState, seq: SimSequence, hit_blocks: int, served: int) -> None:
         """Count a request's first admission in the hit rate and its group's hits.
 
         Only the first admission counts: the first admissions of every row are the requests in
@@ -479,7 +401,7 @@ class Simulator:
             counts[0] += served
             counts[1] += r.input_len
 
-    def _grow_decoding(self, st: _RunState, admitted: list[_Seq]) -> bool:
+    def _grow_decoding(self, st: RunState, admitted: list[SimSequence]) -> bool:
         """Decoding sequences that need a new block in this step get it first (radix), preempting
         others by the policy's choice when the pool is short; True when anything was preempted."""
         preempted_now = False
@@ -504,7 +426,7 @@ class Simulator:
                     heapq.heappush(st.needs, (nxt, sid, epoch))
         return preempted_now
 
-    def _preempt(self, st: _RunState, seq: _Seq) -> None:
+    def _preempt(self, st: RunState, seq: SimSequence) -> None:
         """Preempt a decoding sequence by recompute: back to the head of the queue."""
         assert st.cache is not None
         del st.running[seq.sid]
@@ -518,12 +440,12 @@ class Simulator:
             st.cache.protect(seq)
 
     @staticmethod
-    def _stop_decoding(st: _RunState, seq: _Seq) -> None:
+    def _stop_decoding(st: RunState, seq: SimSequence) -> None:
         if seq.request.output_len - seq.decoded > 1:
             st.decoding -= 1
             st.context_sum -= seq.context_base
 
-    def _run_steps(self, st: _RunState, batch: _Admission) -> int:
+    def _run_steps(self, st: RunState, batch: StepAdmission) -> int:
         """One step when something was admitted, else decode-only steps up to the next event;
         advances the clock and returns the last step run."""
         step = st.step
@@ -537,18 +459,18 @@ class Simulator:
                 context_tokens=st.context_sum + st.decoding * step,
             )
         else:
-            k = self._steps_to_next(st.finishes, st.needs, st.running, step)
+            k = steps_to_next(st.finishes, st.needs, st.running, step)
             if not st.waiting and st.next_arrival < len(st.requests):
                 arrival = st.requests[st.next_arrival].arrival_s
-                k = self._steps_until(arrival, st.clock, st.decoding, st.context_sum, step, k)
-            duration = self._decode_time(st.decoding, st.context_sum, step, k)
+                k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)
+            duration = decode_time(self.cost, st.decoding, st.context_sum, step, k)
         st.clock += duration
         for seq in batch.admitted:
             self._start_decoding(st, seq, step)
         st.step = step + k
         return step + k - 1
 
-    def _start_decoding(self, st: _RunState, seq: _Seq, step: int) -> None:
+    def _start_decoding(self, st: RunState, seq: SimSequence, step: int) -> None:
         """An admitted sequence got its first token at this step: schedule its finish and, in the
         radix model, the first step at which it needs a new block."""
         if seq.first_token_s is None:
@@ -568,7 +490,7 @@ class Simulator:
                 if first <= last:
                     heapq.heappush(st.needs, (first, seq.sid, seq.epoch))
 
-    def _finish(self, st: _RunState, end_step: int) -> None:
+    def _finish(self, st: RunState, end_step: int) -> None:
         """Completions at the end of the steps just run: free their blocks, count their times."""
         while st.finishes and st.finishes[0][0] <= end_step:
             _, sid, epoch = heapq.heappop(st.finishes)
@@ -588,7 +510,7 @@ class Simulator:
             if self.progress is not None and st.finished % self.progress_every == 0:
                 self.progress(st.finished)
 
-    def _result(self, st: _RunState, wall: float) -> SimResult:
+    def _result(self, st: RunState, wall: float) -> SimResult:
         """The run's figures (docs/architecture.md, "Metrics")."""
         st.ttfts.sort()
         st.tpots.sort()
@@ -630,56 +552,6 @@ class Simulator:
             adaptive_batch=self.adaptive is not None,
             batch_changes=0 if self.adaptive is None else self.adaptive.shrinks + self.adaptive.grows,
         )
-
-    # ------------------------------------------------------------------ time arithmetic
-
-    @staticmethod
-    def _steps_to_next(
-        finishes: list[tuple[int, int, int]],
-        needs: list[tuple[int, int, int]],
-        running: dict[int, _Seq],
-        step: int,
-    ) -> int:
-        """Decode steps to run from `step`: through the next finish, or up to the next block need."""
-        k = 1 << 62
-        for heap, through in ((finishes, 1), (needs, 0)):
-            while heap:
-                target, sid, epoch = heap[0]
-                seq = running.get(sid)
-                if seq is None or seq.epoch != epoch:
-                    heapq.heappop(heap)
-                    continue
-                k = min(k, target - step + through)
-                break
-        return max(k, 1) if k != 1 << 62 else 1
-
-    def _decode_time(self, batch: int, context_sum: int, step: int, k: int) -> float:
-        """Seconds of `k` decode-only steps from `step` (context grows by `batch` a step)."""
-        if batch <= 0:
-            return 0.0
-        cost = self.cost
-        contexts = k * (context_sum + batch * step) + batch * k * (k - 1) // 2
-        return (
-            k * (cost.decode_base_s + cost.decode_per_seq_s * batch)
-            + cost.decode_per_context_token_s * contexts
-        )
-
-    def _steps_until(
-        self, arrival: float, clock: float, batch: int, context_sum: int, step: int, k_max: int
-    ) -> int:
-        """Fewest decode steps (at most `k_max`) after which the clock reaches `arrival`."""
-        if batch <= 0 or arrival <= clock:
-            return 1
-        if clock + self._decode_time(batch, context_sum, step, k_max) < arrival:
-            return k_max
-        lo, hi = 1, k_max
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if clock + self._decode_time(batch, context_sum, step, mid) >= arrival:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 
 
 def simulate(

@@ -11,8 +11,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.sim.synthetic import PRESETS, _annotations, _reject_unknown, preset, synthetic
-from engine_adapter.sim.workloads import PrefixModel, Workload, WorkloadError, read_azure, read_mooncake
+from engine_adapter.sim.azure_trace import read_azure
+from engine_adapter.sim.mooncake_trace import read_mooncake
+from engine_adapter.sim.prefix_model import PrefixModel
+from engine_adapter.sim.synthetic import (
+    PRESETS,
+    _annotations,
+    _reject_unknown,
+    preset,
+    synthetic,
+    synthetic_params,
+)
+from engine_adapter.sim.workloads import Workload, WorkloadError
 
 __all__ = ["SOURCES", "load"]
 
@@ -73,7 +83,7 @@ def load(source: str, *, path: str | Path | None = None, **params: Any) -> Workl
     if path is not None:
         raise WorkloadError(f"the {source} source reads no file (got path {str(path)!r})")
     if source == "synthetic":
-        return synthetic(**_checked_params("synthetic", _annotations(synthetic), params))
+        return synthetic(**_checked_params("synthetic", synthetic_params(), params))
     if source in PRESETS:
         return preset(source, **_checked_params(f"preset {source!r}", _annotations(PRESETS[source]), params))
     known = ", ".join([*SOURCES, *sorted(PRESETS)])

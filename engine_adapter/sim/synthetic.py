@@ -2,7 +2,14 @@
 
 `synthetic(...)` draws Poisson, bursty or periodic arrivals, lognormal lengths and multi-turn
 sessions over a seeded `PrefixModel`; `preset("spec")` is the module spec's benchmark scenario.
-Both return a `Workload` like the trace readers of `engine_adapter.sim.workloads`.
+
+In `synthetic`, a first turn's prompt is its system prompt (if any) plus lognormal user tokens
+(mean `input_tokens`); a later turn's prompt is the previous prompt, the previous output and
+lognormal new tokens (mean `turn_tokens`), so it extends the previous prompt's blocks. A turn
+that would exceed `max_input_tokens` opens a new conversation instead. Outputs are lognormal
+(mean `output_tokens`, at least 1). Arrivals, lengths and prefixes use separate random streams
+derived from `seed`, so changing the rate does not change the prefixes.
+Both return a `Workload` (`engine_adapter.sim.workloads`) like the trace readers.
 
 Pure Python and numpy; imports neither torch nor the rest of `engine_adapter`.
 """
@@ -11,22 +18,16 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from engine_adapter.sim.workloads import (
-    PrefixModel,
-    SimRequest,
-    Workload,
-    WorkloadError,
-    _check_float,
-    _check_int,
-    _PrefixBuilder,
-)
+from engine_adapter.sim.prefix_model import PrefixBuilder, PrefixModel
+from engine_adapter.sim.workloads import SimRequest, Workload, WorkloadError, check_float, check_int
 
-__all__ = ["ARRIVALS", "PRESETS", "preset", "spec_benchmark", "synthetic"]
+__all__ = ["ARRIVALS", "PRESETS", "preset", "spec_benchmark", "synthetic", "synthetic_params"]
 
 ARRIVALS = ("poisson", "bursty", "periodic")
 
@@ -75,6 +76,48 @@ def _lognormal_tokens(rng: np.random.Generator, mean: float, sigma: float, n: in
     return drawn
 
 
+@dataclass(frozen=True, slots=True)
+class _Traffic:
+    """The arrival process and the length distributions of `synthetic` (checked on creation)."""
+
+    requests: int | None
+    rate: float
+    duration: float | None
+    arrival: str
+    burstiness: float
+    input_tokens: float
+    input_sigma: float
+    turn_tokens: float
+    output_tokens: float
+    output_sigma: float
+    max_input_tokens: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.requests is None and self.duration is None:
+            raise WorkloadError("synthetic needs requests or duration (or both)")
+        if self.requests is not None:
+            check_int("requests", self.requests, 1)
+        if self.duration is not None:
+            check_float("duration", self.duration, 0.0)
+            if self.duration <= 0:
+                raise WorkloadError(f"duration must be > 0, got {self.duration!r}")
+        check_float("rate", self.rate, 0.0)
+        if self.rate <= 0:
+            raise WorkloadError(f"rate must be > 0 requests/s, got {self.rate!r}")
+        if self.arrival not in ARRIVALS:
+            raise WorkloadError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        check_float("burstiness", self.burstiness, 0.0)
+        if self.burstiness <= 0:
+            raise WorkloadError(f"burstiness must be > 0, got {self.burstiness!r}")
+        for name in ("input_tokens", "turn_tokens", "output_tokens"):
+            check_float(name, getattr(self, name), 1.0)
+        check_float("input_sigma", self.input_sigma, 0.0)
+        check_float("output_sigma", self.output_sigma, 0.0)
+        check_int("max_input_tokens", self.max_input_tokens, 1)
+        check_int("seed", self.seed, 0)
+
+
 def synthetic(
     *,
     requests: int | None = 1000,
@@ -89,24 +132,10 @@ def synthetic(
     output_sigma: float = 0.8,
     max_input_tokens: int = 32768,
     seed: int = 0,
-    block_size: int = 16,
-    sessions: int = 64,
-    session_skew: float = 1.0,
-    turns: float = 4.0,
-    system_prompts: int = 4,
-    system_prompt_tokens: int = 1024,
-    p_system: float = 0.8,
-    tenants: int = 1,
-    priority_weights: Sequence[float] = (1.0,),
+    **prefix: Any,
 ) -> Workload:
-    """A seeded synthetic workload: arrivals, lengths and the `PrefixModel`'s prefix structure.
-
-    A first turn's prompt is its system prompt (if any) plus lognormal user tokens (mean
-    `input_tokens`); a later turn's prompt is the previous prompt, the previous output and
-    lognormal new tokens (mean `turn_tokens`), so it extends the previous prompt's blocks. A
-    turn that would exceed `max_input_tokens` opens a new conversation instead. Outputs are
-    lognormal (mean `output_tokens`, at least 1). Arrivals, lengths and prefixes use separate
-    random streams derived from `seed`, so changing the rate does not change the prefixes.
+    """A seeded synthetic workload: arrivals, lengths and the `PrefixModel`'s prefix structure
+    (how turns and prompts are drawn: the module docstring).
 
     Args:
         requests: Number of requests (None: as many as arrive within `duration`).
@@ -123,65 +152,54 @@ def synthetic(
         output_sigma: Sigma of the lognormal of output tokens.
         max_input_tokens: Longest prompt a conversation may grow to.
         seed: Seed of everything random.
-        block_size, sessions, session_skew, turns, system_prompts, system_prompt_tokens,
-            p_system, tenants, priority_weights: The `PrefixModel` fields (`tenants` defaults
-            to 1 here: a single tenant `"t0"`).
+        **prefix: The other `PrefixModel` fields (`block_size`, `sessions`, `session_skew`,
+            `turns`, `system_prompts`, `system_prompt_tokens`, `p_system`, `tenants`,
+            `priority_weights`); `tenants` defaults to 1 here (a single tenant `"t0"`).
 
     Returns:
         The workload, sorted by arrival.
 
     Raises:
         WorkloadError: A parameter is out of range.
+        TypeError: A keyword that is neither a parameter nor a `PrefixModel` field.
     """
-    if requests is None and duration is None:
-        raise WorkloadError("synthetic needs requests or duration (or both)")
-    if requests is not None:
-        _check_int("requests", requests, 1)
-    if duration is not None:
-        _check_float("duration", duration, 0.0)
-        if duration <= 0:
-            raise WorkloadError(f"duration must be > 0, got {duration!r}")
-    _check_float("rate", rate, 0.0)
-    if rate <= 0:
-        raise WorkloadError(f"rate must be > 0 requests/s, got {rate!r}")
-    if arrival not in ARRIVALS:
-        raise WorkloadError(f"arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
-    _check_float("burstiness", burstiness, 0.0)
-    if burstiness <= 0:
-        raise WorkloadError(f"burstiness must be > 0, got {burstiness!r}")
-    for name, value in (
-        ("input_tokens", input_tokens),
-        ("turn_tokens", turn_tokens),
-        ("output_tokens", output_tokens),
-    ):
-        _check_float(name, value, 1.0)
-    _check_float("input_sigma", input_sigma, 0.0)
-    _check_float("output_sigma", output_sigma, 0.0)
-    _check_int("max_input_tokens", max_input_tokens, 1)
-    _check_int("seed", seed, 0)
-    model = PrefixModel(
-        seed=seed,
-        block_size=block_size,
-        sessions=sessions,
-        session_skew=session_skew,
-        turns=turns,
-        system_prompts=system_prompts,
-        system_prompt_tokens=system_prompt_tokens,
-        p_system=p_system,
-        tenants=tenants,
-        priority_weights=tuple(priority_weights),
+    traffic = _Traffic(
+        requests, rate, duration, arrival, burstiness, input_tokens, input_sigma,
+        turn_tokens, output_tokens, output_sigma, max_input_tokens, seed,
+    )  # fmt: skip
+    if "priority_weights" in prefix:
+        prefix["priority_weights"] = tuple(prefix["priority_weights"])
+    model = PrefixModel(seed=seed, **{"tenants": 1, **prefix})
+    out = _synthetic_requests(traffic, model)
+    params: dict[str, Any] = {
+        field.name: getattr(traffic, field.name) for field in fields(_Traffic) if field.name != "seed"
+    }
+    return Workload(
+        requests=out, block_size=model.block_size, source="synthetic", params={**params, **model.to_dict()}
     )
-    arrival_rng, length_rng, prefix_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
-    arrivals = _arrival_times(arrival, rate, burstiness, requests, duration, arrival_rng).tolist()
-    n = len(arrivals)
-    user_tokens = _lognormal_tokens(length_rng, input_tokens, input_sigma, n, 1).tolist()
-    new_tokens = _lognormal_tokens(length_rng, turn_tokens, input_sigma, n, 1).tolist()
-    output_lens = _lognormal_tokens(length_rng, output_tokens, output_sigma, n, 1).tolist()
 
-    builder = _PrefixBuilder(model, n, prefix_rng)
+
+def synthetic_params() -> dict[str, str]:
+    """The keyword params `synthetic` takes, with their annotations as strings (for the CLI)."""
+    return {**_annotations(synthetic), **{f.name: str(f.type) for f in fields(PrefixModel)}}
+
+
+def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> list[SimRequest]:
+    """The requests: arrivals, lengths and prefixes from separate streams derived from the seed."""
+    arrival_rng, length_rng, prefix_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(traffic.seed).spawn(3)
+    )
+    arrivals = _arrival_times(
+        traffic.arrival, traffic.rate, traffic.burstiness, traffic.requests, traffic.duration, arrival_rng
+    ).tolist()
+    n = len(arrivals)
+    user_tokens = _lognormal_tokens(length_rng, traffic.input_tokens, traffic.input_sigma, n, 1).tolist()
+    new_tokens = _lognormal_tokens(length_rng, traffic.turn_tokens, traffic.input_sigma, n, 1).tolist()
+    output_lens = _lognormal_tokens(length_rng, traffic.output_tokens, traffic.output_sigma, n, 1).tolist()
+
+    builder = PrefixBuilder(model, n, prefix_rng)
     system_tokens = model.system_prompt_tokens
+    max_input_tokens = traffic.max_input_tokens
     out: list[SimRequest] = []
     for i, arrival_s in enumerate(arrivals):
         slot, conversation = builder.slot(i)
@@ -196,21 +214,7 @@ def synthetic(
             input_len = min((system_tokens if system else 0) + user_tokens[i], max_input_tokens)
             blocks = builder.first_turn(conversation, system, input_len)
         out.append(builder.request(i, arrival_s, blocks, input_len, output_lens[i], conversation))
-    params: dict[str, Any] = {
-        "requests": requests,
-        "rate": rate,
-        "duration": duration,
-        "arrival": arrival,
-        "burstiness": burstiness,
-        "input_tokens": input_tokens,
-        "input_sigma": input_sigma,
-        "turn_tokens": turn_tokens,
-        "output_tokens": output_tokens,
-        "output_sigma": output_sigma,
-        "max_input_tokens": max_input_tokens,
-        **model.to_dict(),
-    }
-    return Workload(requests=out, block_size=model.block_size, source="synthetic", params=params)
+    return out
 
 
 # --------------------------------------------------------------------------- presets
@@ -252,18 +256,49 @@ def spec_benchmark(
     Returns:
         The workload, sorted by arrival.
     """
-    for name, value, low in (
-        ("sequences", sequences, 1),
-        ("blocks_per_sequence", blocks_per_sequence, 1),
-        ("max_access_count", max_access_count, 1),
-        ("priorities", priorities, 1),
-        ("output_tokens", output_tokens, 0),
-        ("block_size", block_size, 1),
-        ("tenants", tenants, 0),
-        ("seed", seed, 0),
-    ):
-        _check_int(name, value, low)
-    _check_float("duration", duration, 0.0)
+    params: dict[str, Any] = {
+        "sequences": sequences,
+        "blocks_per_sequence": blocks_per_sequence,
+        "max_access_count": max_access_count,
+        "priorities": priorities,
+        "duration": duration,
+        "output_tokens": output_tokens,
+        "block_size": block_size,
+        "tenants": tenants,
+        "seed": seed,
+    }
+    for name, low in _SPEC_MINIMUM.items():
+        check_int(name, params[name], low)
+    check_float("duration", duration, 0.0)
+    return Workload(requests=_spec_requests(**params), block_size=block_size, source="spec", params=params)
+
+
+_SPEC_MINIMUM = {
+    "sequences": 1,
+    "blocks_per_sequence": 1,
+    "max_access_count": 1,
+    "priorities": 1,
+    "output_tokens": 0,
+    "block_size": 1,
+    "tenants": 0,
+    "seed": 0,
+}
+"""The integer params of `spec_benchmark` and their least values, in the order they are checked."""
+
+
+def _spec_requests(
+    *,
+    sequences: int,
+    blocks_per_sequence: int,
+    max_access_count: int,
+    priorities: int,
+    duration: float,
+    output_tokens: int,
+    block_size: int,
+    tenants: int,
+    seed: int,
+) -> list[SimRequest]:
+    """The accesses of `spec_benchmark`, in arrival order (its docstring)."""
     rng = np.random.default_rng(seed)
     priority_of = rng.integers(0, priorities, size=sequences).tolist()
     count_of = rng.integers(1, max_access_count + 1, size=sequences)
@@ -272,7 +307,7 @@ def spec_benchmark(
     order = np.argsort(arrivals, kind="stable")
     blocks = [tuple(range(i * blocks_per_sequence, (i + 1) * blocks_per_sequence)) for i in range(sequences)]
     input_len = blocks_per_sequence * block_size
-    requests = [
+    return [
         SimRequest(
             request_id=request_id,
             arrival_s=float(arrivals[k]),
@@ -285,18 +320,6 @@ def spec_benchmark(
         )
         for request_id, (k, seq) in enumerate(zip(order.tolist(), sequence_of[order].tolist(), strict=True))
     ]
-    params = {
-        "sequences": sequences,
-        "blocks_per_sequence": blocks_per_sequence,
-        "max_access_count": max_access_count,
-        "priorities": priorities,
-        "duration": duration,
-        "output_tokens": output_tokens,
-        "block_size": block_size,
-        "tenants": tenants,
-        "seed": seed,
-    }
-    return Workload(requests=requests, block_size=block_size, source="spec", params=params)
 
 
 PRESETS: dict[str, Callable[..., Workload]] = {"spec": spec_benchmark}

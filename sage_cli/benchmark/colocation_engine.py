@@ -1,7 +1,7 @@
 """`sage llm benchmark --mode engine --workload colocation`: LLM and embedding traffic through live
 engines, one per colocation system, with measured latencies (issue 19).
 
-The workload is the colocation simulator's (`engine_adapter.sim.colocation_workload.generate`:
+The workload is the colocation simulator's (`engine_adapter.sim.colocation.workload.generate`:
 the ratio, the arrival pattern, the output class, the seed), fitted to the engine it runs on:
 
 1. calibration: on a temporary engine with colocation off, one request at a time, the
@@ -335,7 +335,7 @@ def run_colocation_engine_benchmark(
         ValueError: An unknown system, ratio, arrival pattern or output class.
         TypeError: A setting `EngineColocationSettings` does not have.
     """
-    from engine_adapter.sim.colocation_workload import generate
+    from engine_adapter.sim.colocation.workload import generate
 
     run = EngineColocationSettings(**settings)
     names = run.system_names()
@@ -359,7 +359,7 @@ def run_colocation_engine_benchmark(
 def _calibrate_on_a_reference_engine(run: EngineColocationSettings) -> tuple[Calibration, int]:
     """The unloaded latencies on a temporary engine with colocation off, and the texts of a mean
     embedding batch (thinned by `text_divisor`)."""
-    from engine_adapter.sim.colocation_workload import BATCH_TEXTS
+    from engine_adapter.sim.colocation.workload import BATCH_TEXTS
 
     mean_texts = max(1, round(statistics.mean(BATCH_TEXTS) / run.text_divisor))
     with (

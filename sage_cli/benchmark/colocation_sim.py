@@ -1,6 +1,6 @@
 """``sage llm benchmark --workload colocation`` (``--mode sim``): the colocation grid in the simulator.
 
-The simulator (`engine_adapter.sim.colocation_bench.run_colocation_benchmark`) is imported only
+The simulator (`engine_adapter.sim.colocation.benchmark.run_colocation_benchmark`) is imported only
 when the command runs; it writes ``--output`` itself. Its pool runs the registered eviction policy
 ``--eviction-policies`` names (``policy=``; default lru).
 """
@@ -23,7 +23,7 @@ def run_in_simulator(grid: ColocationGrid) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    from engine_adapter.sim.colocation_bench import ColocationBenchmarkError, run_colocation_benchmark
+    from engine_adapter.sim.colocation.benchmark import ColocationBenchmarkError, run_colocation_benchmark
 
     console = Console(stderr=True)
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -43,14 +43,9 @@ def run_in_simulator(grid: ColocationGrid) -> None:
                 duration_s=grid.duration if grid.duration is not None else 60.0,
                 output=grid.output,
                 progress=lambda done, total: bar.update(task, completed=done),
-                **_policy(grid),
+                policy=grid.policy,
             )
         except ColocationBenchmarkError as exc:
             raise CLIUsageError(str(exc)) from None
     Output(grid.json_out).result(result, lambda: colocation_table(result, grid.policy))
 
-
-def _policy(grid: ColocationGrid) -> dict[str, str]:
-    """``policy=`` of the run when ``--eviction-policies`` named one; else nothing, and the
-    simulator runs its own default, the same lru (`DEFAULT_POLICY`)."""
-    return {"policy": grid.policy} if grid.policy_given else {}

@@ -1,4 +1,4 @@
-"""Workloads for the colocation simulator: LLM requests and embedding batches on one pool.
+"""The colocation workload: LLM requests and embedding batches on one pool, and their capacity.
 
 The grid of spec 004 (section 5.2.1): LLM:embedding ratios (by request count) 1:9 to 9:1,
 Poisson, bursty and periodic arrivals, LLM outputs short (50-100 tokens), medium (200-500) or
@@ -11,7 +11,8 @@ two devices) or the LLM's KV demand fills the pool, whichever comes first, estim
 cost models (`engine_adapter.sim.cost_model.CostModel` for LLM steps, `EmbeddingCostModel` for
 embedding batches).
 
-Seeded: the same arguments give the same requests.
+Seeded: the same arguments give the same requests. Pure Python and numpy; imports the cost
+model (`engine_adapter.sim.cost_model`) only.
 """
 
 from __future__ import annotations
@@ -270,6 +271,39 @@ def generate(
     Raises:
         ValueError: A bad ratio, load, arrival pattern, output class, compute mode or duration.
     """
+    llm_fraction = _checked_fraction(ratio, load, arrival, output, compute, duration_s)
+    rng = np.random.default_rng(seed)
+    fractions = [llm_fraction] if llm_fraction is not None else list(_SHIFT_PHASES)
+    bounds = np.linspace(0.0, duration_s, len(fractions) + 1)
+    phases = []
+    for i, fraction in enumerate(fractions):
+        cap = capacity(fraction, output, compute, cost=cost, embedding_cost=embedding_cost, pool=pool)
+        phases.append((float(bounds[i]), float(bounds[i + 1]), cap * load, fraction))
+    llm_times = _arrivals(arrival, [(s, e, rate * f) for s, e, rate, f in phases], rng)
+    embedding_times = _arrivals(arrival, [(s, e, rate * (1 - f)) for s, e, rate, f in phases], rng)
+    llm = _llm_requests(llm_times, output, rng)
+    embeddings = _embedding_requests(embedding_times, rng)
+    mean_rate = sum((e - s) * r for s, e, r, _ in phases) / duration_s
+    mean_capacity = sum((e - s) * r / load for s, e, r, _ in phases) / duration_s
+    return ColocationWorkload(
+        llm=llm,
+        embeddings=embeddings,
+        ratio=ratio,
+        load=float(load),
+        arrival=arrival,
+        output=output,
+        duration_s=float(duration_s),
+        seed=seed,
+        rate_per_s=mean_rate,
+        capacity_per_s=mean_capacity,
+        settings={"compute": compute, "phases": [(s, e, r, f) for s, e, r, f in phases]},
+    )
+
+
+def _checked_fraction(
+    ratio: str, load: float, arrival: str, output: str, compute: str, duration_s: float
+) -> float | None:
+    """The LLM fraction of `ratio` (None: the shifting mix), once every option is checked."""
     llm_fraction = parse_ratio(ratio)
     if not (isinstance(load, int | float) and math.isfinite(load) and load > 0):
         raise ValueError(f"load must be a number > 0, got {load!r}")
@@ -281,20 +315,15 @@ def generate(
         raise ValueError(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
     if not (isinstance(duration_s, int | float) and math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration must be a number of seconds > 0, got {duration_s!r}")
-    rng = np.random.default_rng(seed)
-    fractions = [llm_fraction] if llm_fraction is not None else list(_SHIFT_PHASES)
-    bounds = np.linspace(0.0, duration_s, len(fractions) + 1)
-    phases = []
-    for i, fraction in enumerate(fractions):
-        cap = capacity(fraction, output, compute, cost=cost, embedding_cost=embedding_cost, pool=pool)
-        phases.append((float(bounds[i]), float(bounds[i + 1]), cap * load, fraction))
-    llm_phases = [(s, e, rate * f) for s, e, rate, f in phases]
-    embedding_phases = [(s, e, rate * (1 - f)) for s, e, rate, f in phases]
-    llm_times = _arrivals(arrival, llm_phases, rng)
-    embedding_times = _arrivals(arrival, embedding_phases, rng)
+    return llm_fraction
+
+
+def _llm_requests(times: list[float], output: str, rng: np.random.Generator) -> tuple[LLMRequest, ...]:
+    """LLM requests arriving at `times`: a template, a prompt and an output length each."""
     classes = list(OUTPUT_CLASSES) if output == "mixed" else [output]
+    max_tokens = max(OUTPUT_CLASSES[c][1] for c in classes)
     llm = []
-    for i, t in enumerate(llm_times):
+    for i, t in enumerate(times):
         cls = classes[int(rng.integers(len(classes)))]
         low, high = OUTPUT_CLASSES[cls]
         llm.append(
@@ -305,14 +334,19 @@ def generate(
                 prefix_tokens=_PREFIX_TOKENS,
                 prompt_tokens=_PREFIX_TOKENS + int(rng.integers(_SUFFIX_TOKENS[0], _SUFFIX_TOKENS[1] + 1)),
                 output_tokens=int(rng.integers(low, high + 1)),
-                max_tokens=max(OUTPUT_CLASSES[c][1] for c in classes),
+                max_tokens=max_tokens,
                 ttft_ms=LLM_TTFT_MS,
                 tpot_ms=LLM_TPOT_MS,
                 priority=int(rng.choice(_PRIORITIES, p=_PRIORITY_P)),
             )
         )
+    return tuple(llm)
+
+
+def _embedding_requests(times: list[float], rng: np.random.Generator) -> tuple[EmbeddingRequest, ...]:
+    """Embedding batches arriving at `times`: 16-128 texts of 32-128 tokens each."""
     embeddings = []
-    for i, t in enumerate(embedding_times):
+    for i, t in enumerate(times):
         texts = int(rng.choice(BATCH_TEXTS))
         lengths = rng.integers(_TEXT_TOKENS[0], _TEXT_TOKENS[1] + 1, size=texts)
         embeddings.append(
@@ -326,18 +360,4 @@ def generate(
                 deadline_ms=EMBEDDING_DEADLINE_MS,
             )
         )
-    mean_rate = sum((e - s) * r for s, e, r, _ in phases) / duration_s
-    mean_capacity = sum((e - s) * r / load for s, e, r, _ in phases) / duration_s
-    return ColocationWorkload(
-        llm=tuple(llm),
-        embeddings=tuple(embeddings),
-        ratio=ratio,
-        load=float(load),
-        arrival=arrival,
-        output=output,
-        duration_s=float(duration_s),
-        seed=seed,
-        rate_per_s=mean_rate,
-        capacity_per_s=mean_capacity,
-        settings={"compute": compute, "phases": [(s, e, r, f) for s, e, r, f in phases]},
-    )
+    return tuple(embeddings)

@@ -1,0 +1,132 @@
+"""The Mooncake trace reader: `read_mooncake(path)`, the simulator's native format.
+
+One JSON object per line (docs/architecture.md, "Simulator"): `timestamp` (ms from the trace's
+start), `input_length`, `output_length`, `hash_ids` (prefix-chained block keys of
+`MOONCAKE_BLOCK_SIZE` tokens each, the last block possibly partial); optional `tenant`,
+`session` and `priority`. The file is streamed line by line (`engine_adapter.sim.trace_file`);
+a malformed line is a one-line `WorkloadError` ``path:line: what is wrong``.
+
+Pure Python; imports the workload records and the trace-file reader only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from engine_adapter.sim.trace_file import TraceLines, WorkloadError, shown
+from engine_adapter.sim.workloads import SimRequest, Workload, check_limit, sorted_by_arrival
+
+__all__ = ["MOONCAKE_BLOCK_SIZE", "read_mooncake"]
+
+MOONCAKE_BLOCK_SIZE = 512
+"""Tokens per `hash_ids` entry in the Mooncake traces."""
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # bool is an int subclass; a trace's true/false is a type error
+
+
+def _optional_label(value: object, name: str, where: str) -> str | None:
+    """An optional tenant or session: a string, an integer (kept as its decimal string) or null."""
+    if value is None or type(value) is str:
+        return value
+    if _is_int(value):
+        return str(value)
+    raise WorkloadError(f"{where}: {name!r} must be a string, an integer or null, got {shown(value)}")
+
+
+def _mooncake_request(record: object, request_id: int, where: str) -> SimRequest:
+    if not isinstance(record, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for name in ("timestamp", "input_length", "output_length", "hash_ids"):
+        if name not in record:
+            raise WorkloadError(f"{where}: missing field {name!r}")
+    timestamp = record["timestamp"]
+    if type(timestamp) not in (int, float) or not math.isfinite(timestamp):
+        raise WorkloadError(f"{where}: 'timestamp' must be a number of milliseconds, got {shown(timestamp)}")
+    if timestamp < 0:
+        raise WorkloadError(f"{where}: 'timestamp' is negative ({timestamp})")
+    input_len = record["input_length"]
+    output_len = record["output_length"]
+    for name, value in (("input_length", input_len), ("output_length", output_len)):
+        if not _is_int(value):
+            raise WorkloadError(f"{where}: {name!r} must be an integer, got {shown(value)}")
+        if value < 0:
+            raise WorkloadError(f"{where}: {name!r} is negative ({value})")
+    hash_ids = record["hash_ids"]
+    if type(hash_ids) is not list:
+        raise WorkloadError(f"{where}: 'hash_ids' must be a list of integers, got {shown(hash_ids)}")
+    for hash_id in hash_ids:
+        if not _is_int(hash_id):
+            raise WorkloadError(f"{where}: 'hash_ids' must hold integers, found {shown(hash_id)}")
+    # ceil(input / 512) in the published traces; floor (full blocks only) is accepted too.
+    full, covering = input_len // MOONCAKE_BLOCK_SIZE, -(-input_len // MOONCAKE_BLOCK_SIZE)
+    if not full <= len(hash_ids) <= covering:
+        expected = str(covering) if full == covering else f"{full} or {covering}"
+        raise WorkloadError(
+            f"{where}: {len(hash_ids)} hash_ids for input_length {input_len}: expected {expected} "
+            f"({MOONCAKE_BLOCK_SIZE} tokens per block)"
+        )
+    priority = record.get("priority", 0)
+    if not _is_int(priority):
+        raise WorkloadError(f"{where}: 'priority' must be an integer, got {shown(priority)}")
+    return SimRequest(
+        request_id=request_id,
+        arrival_s=timestamp / 1000.0,
+        block_hashes=tuple(hash_ids),
+        input_len=input_len,
+        output_len=output_len,
+        tenant=_optional_label(record.get("tenant"), "tenant", where),
+        priority=priority,
+        session=_optional_label(record.get("session"), "session", where),
+    )
+
+
+def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
+    """Read a Mooncake JSON-lines trace.
+
+    Fields: `timestamp` (ms from trace start), `input_length`, `output_length` (tokens),
+    `hash_ids` (prefix-chained block keys, 512 tokens each); optional `tenant`, `session`
+    (string or integer) and `priority` (integer). Blank lines are skipped. The file is read as a
+    stream of lines (module docstring).
+
+    Args:
+        path: The `.jsonl` file.
+        limit: Read at most this many requests (in file order).
+
+    Returns:
+        The workload, sorted by arrival; `request_id` is the record's index in the file.
+
+    Raises:
+        WorkloadError: The file cannot be read or a line is malformed (``path:line: ...``).
+    """
+    check_limit(limit)
+    requests: list[SimRequest] = []
+    loads = json.loads
+    with TraceLines(path) as lines:
+        for line in lines if limit != 0 else ():
+            if not line.strip():
+                continue
+            where = f"{path}:{lines.line}"
+            try:
+                record = loads(line)
+            except ValueError as exc:
+                raise WorkloadError(f"{where}: bad JSON: {exc}") from None
+            except RecursionError:
+                raise WorkloadError(f"{where}: bad JSON: nested too deeply") from None
+            requests.append(_mooncake_request(record, len(requests), where))
+            if limit is not None and len(requests) >= limit:
+                break
+        digest = lines.sha256()
+    if not requests and limit != 0:
+        raise WorkloadError(f"{path}: no requests in the file")
+    return Workload(
+        requests=sorted_by_arrival(requests),
+        block_size=MOONCAKE_BLOCK_SIZE,
+        source="mooncake",
+        path=str(path),
+        params={"limit": limit},
+        sha256=digest,
+    )
