@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,39 @@ def test_the_rules_catch_a_forbidden_import() -> None:
     assert not _is("engine_adapter.paths", _ABOVE_SIM)
     # The CLI's exception is these two modules exactly, not what lies below them.
     assert "engine_adapter.serving" not in _CLI_ALLOWED and _CLI_ALLOWED_IMPORT in _CLI_ALLOWED
+
+
+# --------------------------------------------------------------------------------------------
+# The same rules as import-linter contracts (pyproject.toml, [tool.importlinter]), which CI runs
+# as `lint-imports`; here so that `pytest` fails on a broken contract too. No cycle between
+# sibling packages or modules at any depth is one of them (`acyclic_siblings`).
+
+
+def test_the_import_linter_contracts_hold() -> None:
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    assert lint_imports.exists(), "import-linter is not installed (it is in the dev extra)"
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_import_linter_contracts_catch_a_cycle(tmp_path: Path) -> None:
+    # A contract that can never break tests nothing: plant a cycle in a copy of the library.
+    copy = tmp_path / "sage_eviction"
+    shutil.copytree(REPO / "sage_eviction", copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (copy / "errors.py").write_text((copy / "errors.py").read_text() + "\nfrom sage_eviction import registry\n")
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\nroot_package = sage_eviction\n\n"
+        "[importlinter:contract:cycles]\nname = no cycles\ntype = acyclic_siblings\nancestors = sage_eviction\n"
+    )
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout[-2000:]
