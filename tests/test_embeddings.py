@@ -254,7 +254,9 @@ def test_bad_slo_values_are_400s(client: TestClient, field: str, value: Any) -> 
 
 def test_a_completion_with_an_slo_gives_its_blocks_that_deadline(engine: Engine) -> None:
     seen: list[float | None] = []
-    engine.scheduler.on_admitted = lambda seq, _hit: seen.append(engine.cache.sequence(seq.seq_id).deadline)
+    engine.scheduler.on_admitted = lambda seq, _hit: seen.append(
+        engine.cache.sequence(seq.seq_id).request.deadline
+    )
     try:
         before = engine.cache.clock()
         engine.submit("hi", SamplingParams(max_tokens=3), slo_ttft_ms=500, slo_tpot_ms=100).result(timeout=60)

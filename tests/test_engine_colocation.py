@@ -138,7 +138,7 @@ def test_blocks_carry_the_requests_real_deadline(engine: Engine) -> None:
     deadlines: list[float | None] = []
 
     def seen(seq: Any, _hit: int) -> None:
-        deadlines.append(engine.cache.sequence(seq.seq_id).deadline)
+        deadlines.append(engine.cache.sequence(seq.seq_id).request.deadline)
 
     engine.scheduler.on_admitted = seen
     try:

@@ -43,6 +43,7 @@ import torch
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch, BatchChange
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import SamplingParams, make_generator, sample_batch
@@ -165,6 +166,31 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+
+def _cache_request(
+    seq: Sequence, *, estimated_lifetime: float | None = None, deadline: float | None = None
+) -> CacheRequest:
+    """What `seq` brings to the cache manager now: its tokens so far (a re-prefill after
+    preemption includes its output), isolation key and policy metadata.
+
+    Args:
+        seq: The sequence.
+        estimated_lifetime: Its predicted remaining life in seconds (predictive policies).
+        deadline: When its blocks should be done by (the `slo` policy); none: no deadline.
+    """
+    return CacheRequest(
+        seq.seq_id,
+        seq.all_ids,
+        cache_salt=seq.cache_salt,
+        tenant=seq.tenant,
+        priority=seq.priority,
+        max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
+        deadline=deadline,
+        estimated_lifetime=estimated_lifetime,
+        # A prompt compressed after prefill is scored by all its queries, as kvpress does.
+        match_prefix=seq.kv_compression is None,
+    )
 
 
 @dataclass(slots=True)
@@ -502,20 +528,14 @@ class Scheduler:
             seq = self.waiting[0]
             if self.llm_gate is not None and not self.llm_gate(seq):
                 break  # over the LLM quota: wait for running sequences to finish
-            tokens = seq.all_ids
             t = time.perf_counter()
             try:
                 alloc = self.cache.allocate(
-                    seq.seq_id,
-                    tokens,
-                    tenant=seq.tenant,
-                    priority=seq.priority,
-                    cache_salt=seq.cache_salt,
-                    max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
-                    estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
-                    deadline=self.deadline_for(seq) if self.deadline_for is not None else seq.deadline,
-                    # A prompt compressed after prefill is scored by all its queries, as kvpress does.
-                    match_prefix=seq.kv_compression is None,
+                    _cache_request(
+                        seq,
+                        estimated_lifetime=self.estimate_lifetime(seq) if self.estimate_lifetime else None,
+                        deadline=self.deadline_for(seq) if self.deadline_for is not None else seq.deadline,
+                    )
                 )
             except NoEvictableBlocksError:
                 self.cache_s += time.perf_counter() - t
@@ -639,9 +659,7 @@ class Scheduler:
         has `protect_queued`); `allocate` ends it when the sequence runs, `_finish` when it leaves."""
         if self.cache.max_protected > 0:
             t = time.perf_counter()
-            self.cache.protect_queued_prefix(
-                seq.seq_id, seq.all_ids, tenant=seq.tenant, cache_salt=seq.cache_salt
-            )
+            self.cache.protect_queued_prefix(_cache_request(seq))
             self.cache_s += time.perf_counter() - t
 
     def _release(self, seq: Sequence) -> None:

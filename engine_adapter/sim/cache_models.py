@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
+from engine_adapter.cache.request import CacheRequest
 from sage_eviction import EntryMeta
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
@@ -102,6 +103,22 @@ class FlatModel:
         return hits, max(served, 0)
 
 
+def _cache_request(seq: _Seq) -> CacheRequest:
+    """What a simulated request brings to the cache manager: its block keys (a re-prefill after
+    preemption covers its regenerated output too), tenant, priority and session; the last token
+    is never recomputed in simulation."""
+    r = seq.request
+    return CacheRequest(
+        seq.sid,
+        num_tokens=seq.tokens,
+        block_keys=seq.keys,
+        tenant=r.tenant,
+        priority=r.priority,
+        conversation=r.session,
+        recompute_last_token=False,
+    )
+
+
 class RadixModel:
     """The radix model through the real `CacheManager` (any policy)."""
 
@@ -116,17 +133,8 @@ class RadixModel:
         """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
         if self.belady is not None:
             self.belady.cursor = seq.lookup_end
-        r = seq.request
         try:
-            alloc = self._allocate(
-                seq.sid,
-                block_keys=seq.keys,
-                num_tokens=seq.tokens,
-                tenant=r.tenant,
-                priority=r.priority,
-                recompute_last_token=False,
-                conversation=r.session,
-            )
+            alloc = self._allocate(_cache_request(seq))
         except NoEvictableBlocksError:
             return None
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
@@ -135,13 +143,7 @@ class RadixModel:
 
     def protect(self, seq: _Seq) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
-        self.manager.protect_queued_prefix(
-            seq.sid,
-            block_keys=seq.keys,
-            num_tokens=seq.tokens,
-            tenant=seq.request.tenant,
-            recompute_last_token=False,
-        )
+        self.manager.protect_queued_prefix(_cache_request(seq))
 
     def reserve(self, seq: _Seq, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens) is not None
