@@ -1,17 +1,17 @@
 """The eviction step: how much to evict, evicting it through the radix index, freeing the victims'
 block ids, and recording it.
 
-`EvictionStep.deficit(owner, path, n)` says how many blocks must be evicted before `n` fresh
-ones can be taken beside a locked path (queued requests' protections yield when that makes
-enough room, `queue_protection`); `evict_to_threshold` evicts down to the watermark in the
-background; `EvictionStep.evict(n, reason)` asks the radix index for up to `n` victims in policy order (with
-their explanations when `explain` is on), gives their ids back to the pool, and keeps the
-counters that feed `CacheStats` (blocks by reason and by policy, calls, the policy's decision
-time, memory utilization at each eviction), tells the re-prefill tracker which blocks went, and
-writes one ``evict`` event per victim and one ``freed`` event per call (docs/architecture.md,
-"Cache core" and "Metrics"). Called under the cache manager's lock. Imports `block_allocator`,
-`block_keys`, `cached_block`, `errors`, `events`, `policy_binding`, `queue_protection`,
-`radix_cache` and the policy library's metrics.
+`EvictionStep.room_for(path, n)` says how many blocks must be evicted before `n` fresh ones
+can be taken beside a locked path, or None when they cannot (`deficit` raises instead); queued
+requests' protections yield when that makes enough room (`queue_protection`).
+`evict_to_threshold` evicts down to the watermark in the background. `evict(n, reason)` asks
+the radix index for up to `n` victims in policy order (with their explanations when `explain`
+is on), gives their ids back to the pool, keeps the counters that feed `CacheStats` (blocks by
+reason and by policy, calls, the policy's decision time, memory utilization at each eviction),
+tells the re-prefill tracker which blocks went, and writes one ``evict`` event per victim and
+one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics"). Called under
+the cache manager's lock. Imports `block_allocator`, `block_keys`, `cached_block`, `errors`,
+`events`, `policy_binding`, `queue_protection`, `radix_cache` and the policy library's metrics.
 """
 
 from __future__ import annotations
@@ -89,23 +89,35 @@ class EvictionStep:
         self._utilization_sum = 0.0
         self._utilization_samples = 0
 
+    def room_for(self, path: Sequence[CachedBlock], n_new: int) -> int | None:
+        """Blocks to evict before `n_new` can be allocated beside the locked `path` (0 or more),
+        or None when the free and reclaimable blocks together fall short (nothing changed);
+        queued requests' protections yield when that makes enough room."""
+        deficit = n_new - self._pool.num_free
+        if deficit <= 0:
+            return 0
+        radix = self._radix
+        reclaimable = radix.num_reclaimable - radix.reclaimable_in(path) if path else radix.num_reclaimable
+        # the protections are consulted only when the reclaimable blocks fall short
+        if deficit > reclaimable and deficit > self._protection.yield_for(deficit, path):
+            return None
+        return deficit
+
     def deficit(self, owner: Hashable, path: Sequence[CachedBlock], n_new: int) -> int:
-        """Blocks to evict before `n_new` can be allocated beside the locked `path` (0 or more);
-        queued requests' protections yield when that makes enough room.
+        """`room_for`, for an owner that cannot wait for room.
 
         Raises:
             NoEvictableBlocksError: The free and reclaimable blocks together fall short.
         """
-        pool = self._pool
-        deficit = n_new - pool.num_free
-        if deficit > 0:
-            reclaimable = self._protection.yield_for(deficit, path)
-            if deficit > reclaimable:
-                raise NoEvictableBlocksError(
-                    f"sequence {owner} needs {n_new} new blocks: {pool.num_free} free "
-                    f"and {reclaimable} reclaimable of {pool.num_blocks}"
-                )
-        return max(deficit, 0)
+        deficit = self.room_for(path, n_new)
+        if deficit is None:
+            pool, radix = self._pool, self._radix
+            reclaimable = radix.num_reclaimable - radix.reclaimable_in(path)
+            raise NoEvictableBlocksError(
+                f"sequence {owner} needs {n_new} new blocks: {pool.num_free} free "
+                f"and {reclaimable} reclaimable of {pool.num_blocks}"
+            )
+        return deficit
 
     def evict_to_threshold(self) -> int:
         """Background eviction down to `threshold` of the pool in use (reason ``watermark``);

@@ -11,7 +11,7 @@ Imports `block_allocator`, `errors` and `eviction`.
 from __future__ import annotations
 
 from engine_adapter.cache.block_allocator import BlockAllocator
-from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.cache.errors import RequestTooLargeError
 from engine_adapter.cache.eviction import EvictionStep
 
 __all__ = ["Reservations"]
@@ -60,9 +60,8 @@ class Reservations:
             raise RequestTooLargeError(
                 f"a reservation of {num_blocks} blocks exceeds the pool of {self._pool.num_blocks}"
             )
-        try:
-            deficit = self._eviction.deficit(owner, (), num_blocks)
-        except NoEvictableBlocksError:
+        deficit = self._eviction.room_for((), num_blocks)
+        if deficit is None:
             return None
         if deficit > 0:
             self._eviction.evict(deficit, "reserve", pending=num_blocks)

@@ -20,7 +20,7 @@ from engine_adapter.cache import compaction
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
-from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError, UnknownSequenceError
+from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
@@ -151,9 +151,8 @@ class RunningSequences:
                 f"sequence {sequence_id} would need {len(seq.block_table) + num_blocks} blocks "
                 f"but the pool has {pool_blocks}"
             )
-        try:
-            deficit = self._eviction.deficit(sequence_id, (), num_blocks)
-        except NoEvictableBlocksError:
+        deficit = self._eviction.room_for((), num_blocks)
+        if deficit is None:
             return None
         if deficit > 0:
             self._eviction.evict(deficit, "alloc", pending=num_blocks)
@@ -243,7 +242,7 @@ class RunningSequences:
         skip = set(exclude)
         return [
             EvictionCandidate(
-                sequence_id=s.sequence_id,
+                sequence_id=sequence_id,
                 block_ids=list(s.block_table),
                 last_access_time=s.last_access,
                 access_count=s.access_count,
@@ -253,6 +252,6 @@ class RunningSequences:
                 sequence_length=s.num_tokens,
                 max_length=s.request.max_tokens,
             )
-            for s in self._states.values()
-            if s.sequence_id not in skip
+            for sequence_id, s in self._states.items()
+            if sequence_id not in skip
         ]

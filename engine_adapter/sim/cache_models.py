@@ -128,13 +128,22 @@ class RadixModel:
         self._allocate = manager.allocate
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
+        self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
+
+    def _request(self, seq: _Seq) -> CacheRequest:
+        """`seq`'s `CacheRequest`, built once while its tokens stay the same: the head of the queue
+        retries each step until it fits, and a protected request is allocated with the same one."""
+        request = self._requests.get(seq.sid)
+        if request is None or request.num_tokens != seq.tokens:
+            request = self._requests[seq.sid] = _cache_request(seq)
+        return request
 
     def allocate(self, seq: _Seq) -> int | None:
         """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
         if self.belady is not None:
             self.belady.cursor = seq.lookup_end
         try:
-            alloc = self._allocate(_cache_request(seq))
+            alloc = self._allocate(self._request(seq))
         except NoEvictableBlocksError:
             return None
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
@@ -143,7 +152,7 @@ class RadixModel:
 
     def protect(self, seq: _Seq) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
-        self.manager.protect_queued_prefix(_cache_request(seq))
+        self.manager.protect_queued_prefix(self._request(seq))
 
     def reserve(self, seq: _Seq, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens) is not None
@@ -156,6 +165,7 @@ class RadixModel:
         self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def free(self, seq: _Seq) -> None:
+        self._requests.pop(seq.sid, None)
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def stats(self) -> tuple[float, float, int, float, float, int]:
