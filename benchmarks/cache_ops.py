@@ -47,11 +47,13 @@ from _machine import machine_line
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.request import CacheRequest
 from sage_eviction import native
 from sage_eviction.metrics import percentile
 
 BLOCK_SIZE = 16
 CHAIN = 8  # blocks per prompt
+PROMPT_TOKENS = CHAIN * BLOCK_SIZE
 POLICIES = ["lru", "arc", "s3fifo", "priority"]
 SWAP_PAIRS = [("lru", "arc"), ("arc", "s3fifo"), ("s3fifo", "priority"), ("priority", "lru")]
 MORE_SWAP_PAIRS = [("lru", "lfu"), ("lru", "sieve"), ("lru", "slru"), ("lru", "gdsf")]  # --all-pairs
@@ -99,8 +101,15 @@ def build(policy: str, n: int, explain: bool = False) -> tuple[CacheManager, Key
     cached: list[list[int]] = []
     for seq in range(n // CHAIN):
         prompt = keys.prompt()
-        m.allocate(seq, block_keys=prompt, num_tokens=CHAIN * BLOCK_SIZE, priority=rng.randrange(3),
-                   recompute_last_token=False)  # fmt: skip
+        m.allocate(
+            CacheRequest(
+                seq,
+                num_tokens=PROMPT_TOKENS,
+                block_keys=prompt,
+                priority=rng.randrange(3),
+                recompute_last_token=False,
+            )
+        )
         m.free_sequence(seq)
         cached.append(prompt)
     return m, keys, cached
@@ -121,7 +130,7 @@ def measure(
     rounds = max(samples // CHAIN, 50)
     for _ in range(rounds):
         prompt = keys.prompt()
-        m.allocate(seq, block_keys=prompt, num_tokens=CHAIN * BLOCK_SIZE, recompute_last_token=False)
+        m.allocate(CacheRequest(seq, num_tokens=PROMPT_TOKENS, block_keys=prompt, recompute_last_token=False))
         m.free_sequence(seq)
         cached.append(prompt)
         seq += 1
@@ -133,7 +142,7 @@ def measure(
     t0 = time.perf_counter()
     for _ in range(rounds):
         prompt = rng.choice(recent)
-        m.allocate(seq, block_keys=prompt, num_tokens=CHAIN * BLOCK_SIZE, recompute_last_token=False)
+        m.allocate(CacheRequest(seq, num_tokens=PROMPT_TOKENS, block_keys=prompt, recompute_last_token=False))
         m.free_sequence(seq)
         seq += 1
     hit_rate = rounds * CHAIN / (time.perf_counter() - t0)
@@ -148,7 +157,7 @@ def measure(
             m.evict(1)
             times.append((clock() - start) / 1e3)
         prompt = keys.prompt()
-        m.allocate(seq, block_keys=prompt, num_tokens=CHAIN * BLOCK_SIZE, recompute_last_token=False)
+        m.allocate(CacheRequest(seq, num_tokens=PROMPT_TOKENS, block_keys=prompt, recompute_last_token=False))
         m.free_sequence(seq)
         seq += 1
     times.sort()

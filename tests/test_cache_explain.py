@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.explain import jsonable
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.tree import tree_snapshot
 
 
@@ -50,13 +51,13 @@ def _fill(m: CacheManager) -> None:
     shared = tokens(0, 2 * BS)
     for sid in (1, 2, 3):
         prompt = shared + tokens(sid, 2 * BS)
-        m.allocate(sid, prompt, tenant=f"t{sid % 2}", priority=sid % 3)
+        m.allocate(CacheRequest(sid, prompt, tenant=f"t{sid % 2}", priority=sid % 3))
         m.free_sequence(sid, prompt)
     pinned = tokens(7, 2 * BS)
-    m.allocate(7, pinned)
+    m.allocate(CacheRequest(7, pinned))
     m.free_sequence(7, pinned)
     m.pin(pinned)
-    m.allocate(8, shared + tokens(8, BS))  # running: holds the shared prefix
+    m.allocate(CacheRequest(8, shared + tokens(8, BS)))  # running: holds the shared prefix
 
 
 def _evict_events(m: CacheManager) -> list[dict[str, Any]]:
@@ -138,14 +139,13 @@ def test_explained_evictions_over_random_caches(
     for m in managers:
         for sid, shape in enumerate(prompts, start=1):
             ids = [t for kind in shape for t in tokens(kind * 10 + sid % 3, BS)]
-            m.allocate(sid, ids, priority=sid % 3)
+            m.allocate(CacheRequest(sid, ids, priority=sid % 3))
             m.free_sequence(sid, ids)
         chosen = prompts[pin % len(prompts)]
         m.pin([t for kind in chosen for t in tokens(kind * 10 + (pin % len(prompts) + 1) % 3, BS)])
         shape = prompts[running % len(prompts)]
-        m.allocate(
-            99, [t for kind in shape for t in tokens(kind * 10 + (running % len(prompts) + 1) % 3, BS)]
-        )
+        ids = [t for kind in shape for t in tokens(kind * 10 + (running % len(prompts) + 1) % 3, BS)]
+        m.allocate(CacheRequest(99, ids))
         m.evict(n)
         m.check_invariants()
     on, off = (_evict_events(m) for m in managers)
@@ -194,7 +194,7 @@ def test_tree_is_bounded_and_conserves_blocks(prompts: list[list[int]], depth: i
     m = make(num_blocks=64, explain=False)
     for sid, shape in enumerate(prompts, start=1):
         ids = [t for kind in shape for t in tokens(kind, BS)]
-        m.allocate(sid, ids)
+        m.allocate(CacheRequest(sid, ids))
         m.free_sequence(sid, ids)
     tree = tree_snapshot(m.radix, block_size=BS, depth=depth, max_nodes=max_nodes)
     assert tree["shown_nodes"] <= max_nodes

@@ -13,7 +13,7 @@ import torch
 from cache_snapshot import snapshot
 
 from engine_adapter.cache.block_allocator import BlockAllocator
-from engine_adapter.cache.cache_manager import CacheManager, PinnedPrefix
+from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import (
     BlockStateError,
     NoEvictableBlocksError,
@@ -22,6 +22,8 @@ from engine_adapter.cache.errors import (
     SequenceExistsError,
     UnknownSequenceError,
 )
+from engine_adapter.cache.records import PinnedPrefix
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.stats import CacheStats
 from engine_adapter.model.kv_pool import PagedKVPool
 from sage_eviction import PolicyParamError, UnknownPolicyError, available_policies
@@ -57,12 +59,12 @@ def tokens(seed: int, n: int) -> list[int]:
 def test_allocate_fresh_then_hit_after_finish() -> None:
     m = make()
     prompt = tokens(1, 10)  # 2 full blocks and a partial one
-    a = m.allocate(1, prompt)
+    a = m.allocate(CacheRequest(1, prompt))
     assert (a.num_cached_blocks, a.num_cached_tokens, a.num_new_blocks) == (0, 0, 3)
     assert len(a.block_table) == 3 and m.allocator.num_used == 3
     assert m.free_sequence(1, prompt) == 2  # the two full blocks are cached
     assert m.allocator.num_used == 2 and m.num_cached_blocks == 2
-    b = m.allocate(2, [*prompt[:8], 7, 7, 7])
+    b = m.allocate(CacheRequest(2, [*prompt[:8], 7, 7, 7]))
     assert (b.num_cached_blocks, b.num_cached_tokens, b.num_new_blocks) == (2, 8, 1)
     assert b.block_table[:2] == a.block_table[:2]
     assert m.stats().hit_rate == pytest.approx(8 / 21)
@@ -72,12 +74,12 @@ def test_allocate_fresh_then_hit_after_finish() -> None:
 def test_the_last_prompt_token_is_recomputed_unless_asked_not_to() -> None:
     m = make()
     prompt = tokens(1, 8)
-    m.allocate(1, prompt)
+    m.allocate(CacheRequest(1, prompt))
     m.free_sequence(1, prompt)
-    hit = m.allocate(2, prompt)
+    hit = m.allocate(CacheRequest(2, prompt))
     assert hit.num_cached_blocks == 1  # the second block holds the last token: private
     m.free_sequence(2)
-    full = m.allocate(3, prompt, recompute_last_token=False)
+    full = m.allocate(CacheRequest(3, prompt, recompute_last_token=False))
     assert full.num_cached_blocks == 2 and full.num_new_blocks == 0
     m.check_invariants()
 
@@ -85,23 +87,24 @@ def test_the_last_prompt_token_is_recomputed_unless_asked_not_to() -> None:
 def test_lookup_predicts_allocate_and_changes_nothing() -> None:
     m = make(num_blocks=8)
     prompt = tokens(1, 12)
-    m.allocate(1, prompt)
+    m.allocate(CacheRequest(1, prompt))
     m.free_sequence(1, prompt)
     before = snapshot(m)
-    res = m.lookup([*prompt, 1, 2])
+    request = CacheRequest(2, [*prompt, 1, 2])
+    res = m.lookup(request)
     assert snapshot(m) == before
     assert (res.num_cached_blocks, res.num_cached_tokens, res.num_new_blocks) == (3, 12, 1)
     assert res.fits and res.num_available_blocks == 8 - 3
-    got = m.allocate(2, [*prompt, 1, 2])
+    got = m.allocate(request)
     assert got.num_cached_blocks == res.num_cached_blocks
 
 
 def test_block_keys_instead_of_tokens() -> None:
     m = make(block_size=512, num_blocks=8)
-    a = m.allocate(1, block_keys=[11, 12, 13], num_tokens=1300, recompute_last_token=False)
+    a = m.allocate(CacheRequest(1, block_keys=[11, 12, 13], num_tokens=1300, recompute_last_token=False))
     assert a.num_new_blocks == 3
     m.free_sequence(1)  # keys of full blocks known from the request: 11, 12
-    b = m.allocate(2, block_keys=[11, 12, 99], num_tokens=1536, recompute_last_token=False)
+    b = m.allocate(CacheRequest(2, block_keys=[11, 12, 99], num_tokens=1536, recompute_last_token=False))
     assert (b.num_cached_blocks, b.num_cached_tokens) == (2, 1024)
     m.check_invariants()
 
@@ -109,25 +112,25 @@ def test_block_keys_instead_of_tokens() -> None:
 def test_cache_salt_and_tenant_isolation() -> None:
     m = make()
     prompt = tokens(1, 9)
-    m.allocate(1, prompt, cache_salt="a")
+    m.allocate(CacheRequest(1, prompt, cache_salt="a"))
     m.free_sequence(1, prompt)
-    assert m.lookup(prompt, cache_salt="b").num_cached_blocks == 0
-    assert m.lookup(prompt, cache_salt="a").num_cached_blocks == 2
-    assert m.lookup(prompt, tenant="t").num_cached_blocks == 0  # salt 'a' is not the default
+    assert m.lookup(CacheRequest(2, prompt, cache_salt="b")).num_cached_blocks == 0
+    assert m.lookup(CacheRequest(2, prompt, cache_salt="a")).num_cached_blocks == 2
+    assert m.lookup(CacheRequest(2, prompt, tenant="t")).num_cached_blocks == 0  # salt 'a' is not the default
     iso = make(isolate_tenants=True)
-    iso.allocate(1, prompt, tenant="t1")
+    iso.allocate(CacheRequest(1, prompt, tenant="t1"))
     iso.free_sequence(1, prompt)
-    assert iso.lookup(prompt, tenant="t2").num_cached_blocks == 0
-    assert iso.lookup(prompt, tenant="t1").num_cached_blocks == 2
+    assert iso.lookup(CacheRequest(2, prompt, tenant="t2")).num_cached_blocks == 0
+    assert iso.lookup(CacheRequest(2, prompt, tenant="t1")).num_cached_blocks == 2
 
 
 def test_allocate_evicts_exactly_the_deficit() -> None:
     m = make(num_blocks=8)
     for seq in range(4):  # 4 cached chains of 2 blocks: the pool is full of cache
-        m.allocate(seq, tokens(seq, 8))
+        m.allocate(CacheRequest(seq, tokens(seq, 8)))
         m.free_sequence(seq, tokens(seq, 8))
     assert m.allocator.num_free == 0 and m.num_cached_blocks == 8
-    a = m.allocate(10, tokens(10, 12))
+    a = m.allocate(CacheRequest(10, tokens(10, 12)))
     assert a.num_evicted_blocks == 3 and m.allocator.num_free == 0
     assert m.num_cached_blocks == 5
     stats = m.stats()
@@ -140,11 +143,11 @@ def test_allocate_evicts_exactly_the_deficit() -> None:
 
 def test_a_request_larger_than_the_pool_is_a_clear_error_that_changes_nothing() -> None:
     m = make(num_blocks=4)
-    m.allocate(1, tokens(1, 6))
+    m.allocate(CacheRequest(1, tokens(1, 6)))
     m.free_sequence(1, tokens(1, 6))
     before = snapshot(m)
     with pytest.raises(RequestTooLargeError, match=r"needs 5 blocks .* pool has 4"):
-        m.allocate(2, tokens(2, 17))
+        m.allocate(CacheRequest(2, tokens(2, 17)))
     assert snapshot(m) == before
     assert not m.has_sequence(2)
     m.check_invariants()
@@ -152,13 +155,13 @@ def test_a_request_larger_than_the_pool_is_a_clear_error_that_changes_nothing() 
 
 def test_no_evictable_blocks_is_distinct_and_changes_nothing() -> None:
     m = make(num_blocks=6)
-    m.allocate(1, tokens(1, 8))
+    m.allocate(CacheRequest(1, tokens(1, 8)))
     m.free_sequence(1, tokens(1, 8))
-    m.allocate(2, [*tokens(1, 8), 5])  # holds the cached path and one block
-    m.allocate(3, tokens(3, 4))
+    m.allocate(CacheRequest(2, [*tokens(1, 8), 5]))  # holds the cached path and one block
+    m.allocate(CacheRequest(3, tokens(3, 4)))
     before = snapshot(m)
     with pytest.raises(NoEvictableBlocksError, match="needs 3 new blocks"):
-        m.allocate(4, tokens(4, 12))
+        m.allocate(CacheRequest(4, tokens(4, 12)))
     assert snapshot(m) == before
     assert isinstance(NoEvictableBlocksError("x"), MemoryError)
     m.check_invariants()
@@ -166,13 +169,13 @@ def test_no_evictable_blocks_is_distinct_and_changes_nothing() -> None:
 
 def test_duplicate_and_unknown_sequence_ids() -> None:
     m = make()
-    m.allocate(1, tokens(1, 3))
+    m.allocate(CacheRequest(1, tokens(1, 3)))
     with pytest.raises(SequenceExistsError):
-        m.allocate(1, tokens(2, 3))
+        m.allocate(CacheRequest(1, tokens(2, 3)))
     with pytest.raises(UnknownSequenceError, match="no running sequence 9"):
         m.free_sequence(9)
     with pytest.raises(ValueError):
-        m.allocate(2)
+        m.allocate(CacheRequest(2))
 
 
 # ---- decode growth ------------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ def test_duplicate_and_unknown_sequence_ids() -> None:
 
 def test_reserve_tokens_grows_one_block_at_a_time() -> None:
     m = make(num_blocks=8)
-    m.allocate(1, tokens(1, 4))
+    m.allocate(CacheRequest(1, tokens(1, 4)))
     assert m.reserve_tokens(1, 4) == []
     new = m.reserve_tokens(1, 5)
     assert new is not None and len(new) == 1
@@ -192,10 +195,10 @@ def test_reserve_tokens_grows_one_block_at_a_time() -> None:
 
 def test_extend_evicts_when_short_and_returns_none_when_nothing_can_be_freed() -> None:
     m = make(num_blocks=6)
-    m.allocate(1, tokens(1, 8))
+    m.allocate(CacheRequest(1, tokens(1, 8)))
     m.free_sequence(1, tokens(1, 8))
-    m.allocate(2, tokens(2, 8))
-    m.allocate(3, tokens(3, 8))
+    m.allocate(CacheRequest(2, tokens(2, 8)))
+    m.allocate(CacheRequest(3, tokens(3, 8)))
     assert m.allocator.num_free == 0
     got = m.extend(2, 2)  # evicts the two cached blocks of sequence 1
     assert got is not None and len(got) == 2 and m.num_cached_blocks == 0
@@ -208,7 +211,7 @@ def test_extend_evicts_when_short_and_returns_none_when_nothing_can_be_freed() -
 
 def test_extend_beyond_the_pool_is_too_large() -> None:
     m = make(num_blocks=4)
-    m.allocate(1, tokens(1, 12))
+    m.allocate(CacheRequest(1, tokens(1, 12)))
     with pytest.raises(RequestTooLargeError):
         m.extend(1, 2)
 
@@ -219,31 +222,31 @@ def test_extend_beyond_the_pool_is_too_large() -> None:
 def test_generated_tokens_are_cached_on_finish() -> None:
     m = make()
     prompt = tokens(1, 6)
-    m.allocate(1, prompt)
+    m.allocate(CacheRequest(1, prompt))
     seq = [*prompt, 500, 501, 502]  # 9 tokens with K/V: 2 full blocks
     m.reserve_tokens(1, len(seq))
     assert m.free_sequence(1, seq) == 2
-    assert m.lookup([*seq, 1]).num_cached_blocks == 2
+    assert m.lookup(CacheRequest(2, [*seq, 1])).num_cached_blocks == 2
     m.check_invariants()
 
 
 def test_preempted_mid_prefill_caches_only_computed_blocks() -> None:
     m = make()
     prompt = tokens(1, 16)
-    m.allocate(1, prompt)
+    m.allocate(CacheRequest(1, prompt))
     assert m.preempt(1, prompt, num_computed_tokens=9) == 2
     assert m.stats().preemptions == 1
-    assert m.lookup(prompt).num_cached_blocks == 2
+    assert m.lookup(CacheRequest(2, prompt)).num_cached_blocks == 2
     m.check_invariants()
 
 
 def test_commit_blocks_shares_a_running_prefix() -> None:
     m = make()
     prompt = tokens(1, 9)
-    m.allocate(1, prompt)
+    m.allocate(CacheRequest(1, prompt))
     assert m.commit_blocks(1, prompt) == 2
     m.check_invariants()
-    other = m.allocate(2, [*prompt[:8], 4, 4])
+    other = m.allocate(CacheRequest(2, [*prompt[:8], 4, 4]))
     assert other.num_cached_blocks == 2
     assert other.block_table[:2] == m.block_table(1)[:2]
     assert m.radix.get(m.sequence(1).keys[0]).ref_count == 2  # type: ignore[union-attr]
@@ -256,8 +259,8 @@ def test_commit_blocks_shares_a_running_prefix() -> None:
 def test_concurrent_duplicates_keep_one_copy() -> None:
     m = make()
     prompt = tokens(1, 8)
-    m.allocate(1, prompt)
-    m.allocate(2, prompt)  # both miss: nothing cached yet
+    m.allocate(CacheRequest(1, prompt))
+    m.allocate(CacheRequest(2, prompt))  # both miss: nothing cached yet
     m.free_sequence(1, prompt)
     m.free_sequence(2, prompt)  # the second copy's blocks are freed, not cached twice
     assert m.num_cached_blocks == 2 and m.allocator.num_used == 2
@@ -266,7 +269,7 @@ def test_concurrent_duplicates_keep_one_copy() -> None:
 
 def test_free_without_caching() -> None:
     m = make()
-    m.allocate(1, tokens(1, 8))
+    m.allocate(CacheRequest(1, tokens(1, 8)))
     assert m.free_sequence(1, tokens(1, 8), cache=False) == 0
     assert m.allocator.num_used == 0
     m.check_invariants()
@@ -278,26 +281,26 @@ def test_free_without_caching() -> None:
 def test_pinned_prefix_is_never_evicted() -> None:
     m = make(num_blocks=6, max_pinned_ratio=0.5)
     system = tokens(9, 8)
-    m.allocate(1, [*system, 1])
+    m.allocate(CacheRequest(1, [*system, 1]))
     m.free_sequence(1, [*system, 1])
     handle = m.pin(system)
     assert isinstance(handle, PinnedPrefix) and handle.num_blocks == 2
     assert m.stats().pinned_blocks == 2
     for seq in range(2, 8):
-        m.allocate(seq, tokens(seq, 12))
+        m.allocate(CacheRequest(seq, tokens(seq, 12)))
         m.free_sequence(seq, tokens(seq, 12))
-        assert m.lookup([*system, 1]).num_cached_blocks == 2
+        assert m.lookup(CacheRequest(99, [*system, 1])).num_cached_blocks == 2
         m.check_invariants()
     assert m.unpin(handle) == 2
-    m.allocate(20, tokens(20, 24))  # now the whole pool is needed
-    assert m.lookup([*system, 1]).num_cached_blocks == 0
+    m.allocate(CacheRequest(20, tokens(20, 24)))  # now the whole pool is needed
+    assert m.lookup(CacheRequest(99, [*system, 1])).num_cached_blocks == 0
     m.check_invariants()
 
 
 def test_pin_beyond_the_ratio_is_a_clear_error_that_changes_nothing() -> None:
     m = make(num_blocks=8, max_pinned_ratio=0.25)
     long = tokens(1, 12)
-    m.allocate(1, [*long, 0])
+    m.allocate(CacheRequest(1, [*long, 0]))
     m.free_sequence(1, [*long, 0])
     before = snapshot(m)
     with pytest.raises(PinLimitError, match=r"max_pinned_ratio=0\.25"):
@@ -310,7 +313,7 @@ def test_pin_beyond_the_ratio_is_a_clear_error_that_changes_nothing() -> None:
 def test_unpin_by_tokens_and_unpin_errors() -> None:
     m = make(num_blocks=8)
     p = tokens(1, 8)
-    m.allocate(1, [*p, 0])
+    m.allocate(CacheRequest(1, [*p, 0]))
     m.free_sequence(1, [*p, 0])
     m.pin(p[:4])
     assert m.unpin(p) == 1  # the leading pinned run
@@ -324,7 +327,7 @@ def test_unpin_by_tokens_and_unpin_errors() -> None:
 def test_evict_to_threshold() -> None:
     m = make(num_blocks=10, eviction_threshold=0.5)
     for seq in range(4):
-        m.allocate(seq, tokens(seq, 8))
+        m.allocate(CacheRequest(seq, tokens(seq, 8)))
         m.free_sequence(seq, tokens(seq, 8))
     assert m.allocator.num_used == 8
     assert m.evict_to_threshold() == 3
@@ -339,9 +342,9 @@ def test_evict_to_threshold() -> None:
 
 def test_reset_prefix_cache_is_not_an_eviction() -> None:
     m = make()
-    m.allocate(1, tokens(1, 8))
+    m.allocate(CacheRequest(1, tokens(1, 8)))
     m.free_sequence(1, tokens(1, 8))
-    m.allocate(2, tokens(2, 5))
+    m.allocate(CacheRequest(2, tokens(2, 5)))
     assert m.reset_prefix_cache() == 2
     assert m.stats().total_evictions == 0 and m.allocator.num_used == 2
     m.check_invariants()
@@ -349,13 +352,13 @@ def test_reset_prefix_cache_is_not_an_eviction() -> None:
 
 def test_reset_prefix_cache_forgets_earlier_evictions_for_the_re_prefill_rate() -> None:
     m = make(num_blocks=4)
-    m.allocate(1, tokens(1, 8))
+    m.allocate(CacheRequest(1, tokens(1, 8)))
     m.free_sequence(1, tokens(1, 8))  # two cached blocks
-    m.allocate(2, tokens(2, 16))  # needs all four: evicts both
+    m.allocate(CacheRequest(2, tokens(2, 16)))  # needs all four: evicts both
     m.free_sequence(2, tokens(2, 16))
     assert m.stats().total_evictions == 2
     m.reset_prefix_cache()
-    m.allocate(3, tokens(1, 8))  # blocks evicted before the reset come back
+    m.allocate(CacheRequest(3, tokens(1, 8)))  # blocks evicted before the reset come back
     assert m.stats().re_prefill_blocks == 0
     m.check_invariants()
 
@@ -366,7 +369,7 @@ def test_reset_prefix_cache_forgets_earlier_evictions_for_the_re_prefill_rate() 
 def test_select_preemption_victims_uses_the_policy_order() -> None:
     m = make(num_blocks=16)
     for seq in range(4):
-        m.allocate(seq, tokens(seq, 8))
+        m.allocate(CacheRequest(seq, tokens(seq, 8)))
     m.touch_sequence(0)  # now the most recent
     assert m.select_preemption_victims(2) == [1]
     assert m.select_preemption_victims(3) == [1, 2]
@@ -375,8 +378,8 @@ def test_select_preemption_victims_uses_the_policy_order() -> None:
 
 def test_non_preemptible_sequences_are_never_chosen() -> None:
     m = make(num_blocks=16)
-    m.allocate(1, tokens(1, 4), non_preemptible=True)
-    m.allocate(2, tokens(2, 4))
+    m.allocate(CacheRequest(1, tokens(1, 4), non_preemptible=True))
+    m.allocate(CacheRequest(2, tokens(2, 4)))
     assert m.select_preemption_victims(10) == [2]
     cands = m.preemption_candidates()
     assert {c.sequence_id: c.is_pinned for c in cands} == {1: True, 2: False}
@@ -384,9 +387,9 @@ def test_non_preemptible_sequences_are_never_chosen() -> None:
 
 def test_priority_policy_preempts_low_priority_first() -> None:
     m = make(num_blocks=16, policy="priority")
-    m.allocate(1, tokens(1, 4), priority=2)
-    m.allocate(2, tokens(2, 4), priority=0)
-    m.allocate(3, tokens(3, 4), priority=1)
+    m.allocate(CacheRequest(1, tokens(1, 4), priority=2))
+    m.allocate(CacheRequest(2, tokens(2, 4), priority=0))
+    m.allocate(CacheRequest(3, tokens(3, 4), priority=1))
     assert m.select_preemption_victims(1) == [2]
 
 
@@ -397,7 +400,7 @@ def drive(m: CacheManager, rounds: range, shared: list[int]) -> None:
     for i in rounds:
         prompt = shared + tokens(i, 4 + i % 7)
         try:
-            m.allocate(i, prompt)
+            m.allocate(CacheRequest(i, prompt))
         except NoEvictableBlocksError:
             continue
         if i % 3:
@@ -465,7 +468,7 @@ def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
     m = CacheManager(pool.allocator, policy="lru", clock=Clock())
     gen = torch.Generator().manual_seed(7)
     prompt = tokens(1, 10)
-    a = m.allocate(1, prompt)
+    a = m.allocate(CacheRequest(1, prompt))
     slots = PagedKVPool.slot_mapping(a.block_table, 0, 10, pool.block_size)
     written = []
     for layer in range(pool.num_layers):
@@ -478,7 +481,7 @@ def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
     # unrelated traffic with its own writes, evictions and swaps
     for i, name in zip(range(2, 30), itertools.cycle(["arc", "s3fifo", "lfu", "lru"]), strict=False):
         p = tokens(i, 5 + i % 9)
-        alloc = m.allocate(i, p)
+        alloc = m.allocate(CacheRequest(i, p))
         s = PagedKVPool.slot_mapping(alloc.block_table, 0, len(p), pool.block_size)
         for layer in range(pool.num_layers):
             pool.write(layer, s, torch.full((len(p), 2, 4), float(i)), torch.full((len(p), 2, 4), -float(i)))
@@ -488,7 +491,7 @@ def test_kv_reads_back_bit_identical_after_unrelated_churn() -> None:
     assert m.stats().total_evictions > 0
     m.check_invariants()
 
-    hit = m.allocate(100, prompt)
+    hit = m.allocate(CacheRequest(100, prompt))
     assert hit.num_cached_tokens == 8
     for layer, (k, v) in enumerate(written):
         got_k, got_v = pool.gather(layer, hit.block_table, 8)
@@ -514,12 +517,12 @@ def test_stats_have_the_api_shape() -> None:
 def test_re_prefill_rate_counts_evicted_blocks_requested_again() -> None:
     m = make(num_blocks=4)
     a, b = tokens(1, 8), tokens(2, 8)
-    m.allocate(1, [*a, 0])
+    m.allocate(CacheRequest(1, [*a, 0]))
     m.free_sequence(1, [*a, 0])  # 2 cached
-    m.allocate(2, [*b, 0])  # 3 needed, 2 free: evicts 1 block of a
+    m.allocate(CacheRequest(2, [*b, 0]))  # 3 needed, 2 free: evicts 1 block of a
     m.free_sequence(2, [*b, 0])
     assert m.stats().total_evictions == 1
-    m.allocate(3, [*a, 0])  # a's evicted block is requested again
+    m.allocate(CacheRequest(3, [*a, 0]))  # a's evicted block is requested again
     stats = m.stats()
     assert stats.re_prefill_rate == pytest.approx(stats.re_prefill_blocks / stats.total_evictions)
     assert stats.re_prefill_blocks >= 1
@@ -528,10 +531,10 @@ def test_re_prefill_rate_counts_evicted_blocks_requested_again() -> None:
 def test_fairness_over_tenants() -> None:
     m = make(num_blocks=32)
     shared = tokens(1, 8)
-    m.allocate(1, [*shared, 0], tenant="a")
+    m.allocate(CacheRequest(1, [*shared, 0], tenant="a"))
     m.free_sequence(1, [*shared, 0])
-    m.allocate(2, [*shared, 0], tenant="a")  # a: hits
-    m.allocate(3, tokens(3, 9), tenant="b")  # b: misses
+    m.allocate(CacheRequest(2, [*shared, 0], tenant="a"))  # a: hits
+    m.allocate(CacheRequest(3, tokens(3, 9), tenant="b"))  # b: misses
     rates = m.tenant_hit_rates()
     assert rates["b"] == 0.0 and rates["a"] > 0.0
     assert m.stats().fairness_score == pytest.approx(0.5)
@@ -541,7 +544,7 @@ def test_lock_is_reentrant_and_usable_from_another_thread() -> None:
     m = make()
     assert isinstance(m.lock, type(threading.RLock()))
     with m.lock:
-        m.allocate(1, tokens(1, 4))
+        m.allocate(CacheRequest(1, tokens(1, 4)))
         with m.lock:
             m.stats()
     result: list[dict[str, Any]] = []
@@ -565,7 +568,7 @@ def test_policies_that_need_capacity_get_the_pool_size() -> None:
 
 def test_check_invariants_catches_a_leak() -> None:
     m = make()
-    m.allocate(1, tokens(1, 4))
+    m.allocate(CacheRequest(1, tokens(1, 4)))
     m.allocator.allocate(1)  # a block nobody owns
     with pytest.raises(AssertionError, match="leak"):
         m.check_invariants()

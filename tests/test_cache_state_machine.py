@@ -20,12 +20,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine_adapter.cache.block_allocator import BlockAllocator
-from engine_adapter.cache.cache_manager import CacheManager, PinnedPrefix
+from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import (
     NoEvictableBlocksError,
     PinLimitError,
     RequestTooLargeError,
 )
+from engine_adapter.cache.records import PinnedPrefix
+from engine_adapter.cache.request import CacheRequest
 from sage_eviction import available_policies
 
 pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
@@ -100,10 +102,11 @@ class CacheMachine(RuleBasedStateMachine):
         seq = self.next_id
         self.next_id += 1
         m = self.m
-        expected = m.lookup(prompt, tenant=tenant)
+        request = CacheRequest(seq, prompt, tenant=tenant, priority=priority)
+        expected = m.lookup(request)
         before = None if expected.fits else snapshot(m)
         try:
-            alloc = m.allocate(seq, prompt, tenant=tenant, priority=priority)
+            alloc = m.allocate(request)
         except (NoEvictableBlocksError, RequestTooLargeError):
             assert not expected.fits
             assert snapshot(m) == before
@@ -160,7 +163,9 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.m.allocator.num_used <= used
         if cache:  # every full block it computed is now cached
             n_full = len(toks) // self.m.block_size
-            found = self.m.lookup([*toks, 0], tenant=self.tenants.pop(seq), recompute_last_token=False)
+            found = self.m.lookup(
+                CacheRequest(seq, [*toks, 0], tenant=self.tenants.pop(seq), recompute_last_token=False)
+            )
             assert found.num_cached_blocks >= n_full
         else:
             assert added == 0
@@ -175,14 +180,16 @@ class CacheMachine(RuleBasedStateMachine):
         self.m.preempt(seq, toks, num_computed_tokens=computed)
         assert self.m.preemptions == preemptions + 1
         n_full = computed // self.m.block_size
-        found = self.m.lookup([*toks, 0], tenant=self.tenants.pop(seq), recompute_last_token=False)
+        found = self.m.lookup(
+            CacheRequest(seq, [*toks, 0], tenant=self.tenants.pop(seq), recompute_last_token=False)
+        )
         assert found.num_cached_blocks >= n_full
 
     @rule(prefix=st.integers(0, 3), suffix=st.lists(st.integers(0, 3), max_size=6))
     def lookup(self, prefix: int, suffix: list[int]) -> None:
         m = self.m
         before = (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats().hit_rate)
-        m.lookup(self._prompt(prefix, suffix) or [0])
+        m.lookup(CacheRequest(self.next_id, self._prompt(prefix, suffix) or [0]))
         assert (m.allocator.num_free, len(m.radix), m.radix.num_evictable, m.stats().hit_rate) == before
 
     # ---- queue-aware protection ----------------------------------------------------------------
@@ -199,9 +206,10 @@ class CacheMachine(RuleBasedStateMachine):
         rid = self.next_id
         self.next_id += 1
         m = self.m
-        hit = m.lookup(prompt, tenant=tenant).num_cached_blocks
+        request = CacheRequest(rid, prompt, tenant=tenant)
+        hit = m.lookup(request).num_cached_blocks
         hits = m.stats().prefix_cache_hits_tokens
-        protected = m.protect_queued_prefix(rid, prompt, tenant=tenant)
+        protected = m.protect_queued_prefix(request)
         assert protected <= hit  # its cached head only
         assert protected == 0 or m.protect_queued > 0
         assert m.num_protected_blocks <= m.max_protected
@@ -219,10 +227,11 @@ class CacheMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.queued)))
         prompt, tenant = self.queued[rid]
         m = self.m
-        expected = m.lookup(prompt, tenant=tenant)
+        request = CacheRequest(rid, prompt, tenant=tenant)
+        expected = m.lookup(request)
         before = None if expected.fits else snapshot(m)
         try:
-            alloc = m.allocate(rid, prompt, tenant=tenant)
+            alloc = m.allocate(request)
         except (NoEvictableBlocksError, RequestTooLargeError):
             assert not expected.fits  # protections yield to any allocation that could succeed
             assert snapshot(m) == before

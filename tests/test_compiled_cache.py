@@ -32,15 +32,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from oracle_trace import MOONCAKE, trace_dir
 
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import SageCacheError
-from engine_adapter.cache.radix_cache import (
-    CORE_MODULE,
-    BlockMetaFields,
-    CompiledRadixCache,
-    RadixCache,
-    new_radix_cache,
-)
+from engine_adapter.cache.radix_cache import CORE_MODULE, CompiledRadixCache, RadixCache, new_radix_cache
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import SimResult, simulate
 from engine_adapter.sim.synthetic import synthetic
@@ -223,26 +219,31 @@ def test_compiled_errors_are_the_reference_errors() -> None:
     fields=st.builds(
         BlockMetaFields,
         st.integers(1, 64),
-        st.integers(0, 2),
-        st.sampled_from([None, "a", "tenant-b"]),
+        st.builds(
+            CacheRequest,
+            st.integers(0, 100),
+            priority=st.integers(0, 2),
+            tenant=st.sampled_from([None, "a", "tenant-b"]),
+            estimated_lifetime=st.none() | st.floats(0, 100),
+            max_tokens=st.integers(0, 10_000),
+            deadline=st.none() | st.floats(0, 1e9),
+            conversation=st.none() | st.text(max_size=4),
+        ),
         st.floats(0, 1e9),
-        st.none() | st.floats(0, 100),
         st.integers(0, 10_000),
-        st.integers(0, 10_000),
-        st.none() | st.floats(0, 1e9),
         st.integers(1, 100),
-        st.none() | st.text(max_size=4),
         st.none() | st.floats(0, 1e4),
     ),
     index=st.integers(0, 99),
 )
 def test_compiled_meta_is_the_reference_meta(fields: BlockMetaFields, index: int) -> None:
+    import dataclasses
     import sys
 
     from engine_adapter.cache import _core  # type: ignore[attr-defined]
 
     tenant = "".join(["tenant-", str(index)])  # a fresh object: its reference count is ours to read
-    fields = fields._replace(tenant=tenant)
+    fields = fields._replace(request=dataclasses.replace(fields.request, tenant=tenant))
     before = sys.getrefcount(tenant)
     meta = _core.block_meta(fields, index)
     assert type(meta) is EntryMeta and meta == fields.meta(index)
@@ -313,7 +314,7 @@ class TwinManagers(RuleBasedStateMachine):
             return
         seq = self.next_id
         self.next_id += 1
-        done, _ = self.both(lambda m: m.allocate(seq, prompt, tenant=tenant, priority=seq % 3))
+        done, _ = self.both(lambda m: m.allocate(CacheRequest(seq, prompt, tenant=tenant, priority=seq % 3)))
         if done == "ok":
             self.tokens[seq] = list(prompt)
             self.queued.pop(seq, None)
@@ -325,7 +326,7 @@ class TwinManagers(RuleBasedStateMachine):
             return
         rid = self.next_id
         self.next_id += 1
-        self.both(lambda m: m.protect_queued_prefix(rid, prompt))
+        self.both(lambda m: m.protect_queued_prefix(CacheRequest(rid, prompt)))
         self.queued[rid] = prompt
 
     @precondition(lambda self: self.queued)
@@ -334,7 +335,7 @@ class TwinManagers(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.queued)))
         prompt = self.queued.pop(rid)
         if admit:
-            done, _ = self.both(lambda m: m.allocate(rid, prompt))
+            done, _ = self.both(lambda m: m.allocate(CacheRequest(rid, prompt)))
             if done == "ok":
                 self.tokens[rid] = list(prompt)
             else:

@@ -260,7 +260,7 @@ def test_a_completion_with_an_slo_gives_its_blocks_that_deadline(
     on_admitted = engine.hooks.on_admitted
 
     def spy(seq: Any, hit: int) -> None:  # what the cache holds for it, the moment it is admitted
-        seen.append(engine.cache.sequence(seq.seq_id).deadline)
+        seen.append(engine.cache.sequence(seq.seq_id).request.deadline)
         on_admitted(seq, hit)
 
     with monkeypatch.context() as patch:

@@ -12,6 +12,7 @@ import time
 import pytest
 from engine_fixtures import started_engine
 
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine
@@ -247,7 +248,7 @@ def test_lifetime_prediction_feeds_the_predictive_policy(tmp_path: object) -> No
         engine.shutdown()
     assert first.completion_tokens == 8
     assert learnt != 0.02  # learnt from the first request's token times
-    assert state.estimated_lifetime == pytest.approx(8 * learnt)
+    assert state.request.estimated_lifetime == pytest.approx(8 * learnt)
     assert candidates[0].estimated_lifetime == pytest.approx(8 * learnt)
 
 
@@ -259,7 +260,7 @@ def test_without_lifetime_prediction_no_lifetime_is_given(tmp_path: object) -> N
             engine._drain_inbox()
             engine.scheduler._admit()
             (seq,) = engine.scheduler.running
-            lifetime = engine.cache.sequence(seq.seq_id).estimated_lifetime
+            lifetime = engine.cache.sequence(seq.seq_id).request.estimated_lifetime
         handle.result(60)
     finally:
         engine.shutdown()
@@ -316,10 +317,10 @@ def test_a_request_whose_admission_fails_ends_alone_and_the_queue_moves_on(tmp_p
     engine = started_engine()
     real_allocate = engine.cache.allocate
 
-    def allocate(*args: object, **kwargs: object) -> object:
-        if kwargs.get("cache_salt") == "poison":
+    def allocate(request: CacheRequest) -> object:
+        if request.cache_salt == "poison":
             raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
-        return real_allocate(*args, **kwargs)  # type: ignore[arg-type]
+        return real_allocate(request)
 
     engine.cache.allocate = allocate  # type: ignore[method-assign]
     try:

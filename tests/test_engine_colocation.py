@@ -140,7 +140,7 @@ def test_blocks_carry_the_requests_real_deadline(engine: Engine, monkeypatch: py
     on_admitted = engine.hooks.on_admitted
 
     def seen(seq: Any, hit: int) -> None:  # what the cache holds for it, the moment it is admitted
-        deadlines.append(engine.cache.sequence(seq.seq_id).deadline)
+        deadlines.append(engine.cache.sequence(seq.seq_id).request.deadline)
         on_admitted(seq, hit)
 
     with monkeypatch.context() as patch:

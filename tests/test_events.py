@@ -15,6 +15,7 @@ import structlog
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EVICT_KEYS, FREED_KEYS, EvictionEventLog, default_log_path
+from engine_adapter.cache.request import CacheRequest
 
 
 def make(log: EvictionEventLog | None = None, num_blocks: int = 4, **kw: Any) -> CacheManager:
@@ -25,7 +26,7 @@ def churn(m: CacheManager, n: int = 4) -> None:
     """Sequences of 2 blocks each through a 4-block pool: every one after the second evicts."""
     for i in range(n):
         prompt = [i * 100 + j for j in range(8)]
-        m.allocate(i, prompt, tenant=f"t{i % 2}", priority=i % 3)
+        m.allocate(CacheRequest(i, prompt, tenant=f"t{i % 2}", priority=i % 3))
         m.free_sequence(i, prompt)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.request import CacheRequest
 from sage_cli.eviction.explanations import explain_lines, explain_one_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +29,7 @@ def _write_log(path: Path, *, explain: bool) -> list[dict[str, object]]:
         m = CacheManager(BlockAllocator(12, BS), policy="lfu", event_log=log, explain=explain)
         for sid in range(1, 6):
             prompt = [sid * 100 + i for i in range(3 * BS)]
-            m.allocate(sid, prompt, tenant=f"t{sid % 2}")
+            m.allocate(CacheRequest(sid, prompt, tenant=f"t{sid % 2}"))
             m.free_sequence(sid, prompt)
         events = log.tail()
     return [e for e in events if e["event"] == "evict"]

@@ -21,6 +21,7 @@ from engine_fixtures import started_engine
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.synthetic import synthetic
 
@@ -36,7 +37,7 @@ def _manager(blocks: int = 8, protect: float = 0.5, policy: str = "lru") -> Cach
 
 def _cache(m: CacheManager, seq: int, prompt: list[int]) -> None:
     """Run a request to completion so that its full blocks are cached and unreferenced."""
-    m.allocate(seq, prompt)
+    m.allocate(CacheRequest(seq, prompt))
     m.free_sequence(seq, prompt)
 
 
@@ -47,13 +48,13 @@ SYSTEM = [7] * (2 * BS)  # a two-block prefix
 def test_a_protected_prefix_survives_eviction_until_its_request_runs(policy: str) -> None:
     m = _manager(policy=policy)
     _cache(m, 1, [*SYSTEM, 1])
-    assert m.protect_queued_prefix(2, [*SYSTEM, 2, 2]) == 2
+    assert m.protect_queued_prefix(CacheRequest(2, [*SYSTEM, 2, 2])) == 2
     assert m.num_protected_blocks == 2
     assert all(b.meta.hits == 0 for b in m.radix.blocks())  # protecting is no hit
     assert m.evict(8) == 0  # nothing else is cached, and the protected blocks stay
     assert len(m.radix) == 2
     m.check_invariants()
-    alloc = m.allocate(2, [*SYSTEM, 2, 2])  # it runs: its hit is whole, its protection ends
+    alloc = m.allocate(CacheRequest(2, [*SYSTEM, 2, 2]))  # it runs: its hit is whole, its protection ends
     assert alloc.num_cached_blocks == 2
     assert m.num_protected_blocks == 0
     assert m.release_queued(2) == 0
@@ -65,7 +66,7 @@ def test_a_protected_prefix_survives_eviction_until_its_request_runs(policy: str
 def test_leaving_the_queue_releases_the_prefix() -> None:
     m = _manager()
     _cache(m, 1, [*SYSTEM, 1])
-    m.protect_queued_prefix(2, [*SYSTEM, 2])
+    m.protect_queued_prefix(CacheRequest(2, [*SYSTEM, 2]))
     assert m.evict(8) == 0
     assert m.release_queued(2) == 2
     assert m.release_queued(2) == 0
@@ -77,10 +78,10 @@ def test_protection_stays_within_its_fraction_of_the_pool() -> None:
     m = _manager(blocks=8, protect=0.25)  # 2 blocks
     prompt = [3] * (3 * BS) + [0]
     _cache(m, 1, prompt)
-    assert m.protect_queued_prefix(2, prompt) == 2  # the head of its 3 cached blocks
-    assert m.protect_queued_prefix(3, prompt) == 2  # the same blocks: no more of the budget
+    assert m.protect_queued_prefix(CacheRequest(2, prompt)) == 2  # the head of its 3 cached blocks
+    assert m.protect_queued_prefix(CacheRequest(3, prompt)) == 2  # the same blocks: no more of the budget
     assert m.num_protected_blocks == 2
-    assert m.protect_queued_prefix(4, [9] * (2 * BS) + [0]) == 0  # nothing of it is cached
+    assert m.protect_queued_prefix(CacheRequest(4, [9] * (2 * BS) + [0])) == 0  # nothing of it is cached
     assert m.evict(8) == 1  # the unprotected third block
     m.check_invariants()
 
@@ -88,9 +89,9 @@ def test_protection_stays_within_its_fraction_of_the_pool() -> None:
 def test_protections_yield_to_an_allocation_that_needs_their_blocks() -> None:
     m = _manager(blocks=8, protect=0.5)
     _cache(m, 1, [*SYSTEM, 1])
-    m.protect_queued_prefix(2, [*SYSTEM, 2])
+    m.protect_queued_prefix(CacheRequest(2, [*SYSTEM, 2]))
     # 8 blocks: the whole pool, so the protected prefix must go
-    alloc = m.allocate(3, [5] * (8 * BS))
+    alloc = m.allocate(CacheRequest(3, [5] * (8 * BS)))
     assert alloc.num_new_blocks == 8
     assert m.protections_yielded == 1
     assert m.num_protected_blocks == 0
@@ -99,11 +100,11 @@ def test_protections_yield_to_an_allocation_that_needs_their_blocks() -> None:
     # and an allocation that cannot succeed even without protections changes nothing
     m.free_sequence(3, cache=False)
     _cache(m, 4, [*SYSTEM, 1])
-    m.protect_queued_prefix(5, [*SYSTEM, 2])
-    m.allocate(6, [6] * (6 * BS))  # fits beside the protected prefix: no yield
+    m.protect_queued_prefix(CacheRequest(5, [*SYSTEM, 2]))
+    m.allocate(CacheRequest(6, [6] * (6 * BS)))  # fits beside the protected prefix: no yield
     assert m.protections_yielded == 1 and m.num_protected_blocks == 2
     with pytest.raises(NoEvictableBlocksError):
-        m.allocate(7, [8] * (3 * BS))
+        m.allocate(CacheRequest(7, [8] * (3 * BS)))
     assert m.num_protected_blocks == 2
     m.check_invariants()
 
@@ -111,8 +112,8 @@ def test_protections_yield_to_an_allocation_that_needs_their_blocks() -> None:
 def test_decode_growth_takes_protected_blocks_before_giving_up() -> None:
     m = _manager(blocks=8, protect=0.5)
     _cache(m, 1, [*SYSTEM, 1])
-    m.protect_queued_prefix(2, [*SYSTEM, 2])
-    m.allocate(3, [5] * (6 * BS))  # 6 blocks beside the 2 protected ones: the pool is full
+    m.protect_queued_prefix(CacheRequest(2, [*SYSTEM, 2]))
+    m.allocate(CacheRequest(3, [5] * (6 * BS)))  # 6 blocks beside the 2 protected ones: the pool is full
     assert m.reserve_tokens(3, 7 * BS) is not None  # one more block: the protection yields
     assert m.protections_yielded == 1
     m.check_invariants()
@@ -121,7 +122,7 @@ def test_decode_growth_takes_protected_blocks_before_giving_up() -> None:
 def test_off_by_default_and_checked() -> None:
     m = _manager(protect=0.0)
     _cache(m, 1, [*SYSTEM, 1])
-    assert m.protect_queued_prefix(2, [*SYSTEM, 2]) == 0
+    assert m.protect_queued_prefix(CacheRequest(2, [*SYSTEM, 2])) == 0
     assert m.evict(8) == 2
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="protect_queued"):

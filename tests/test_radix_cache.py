@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from engine_adapter.cache.block_keys import block_hashes, format_block_key, root_key
+from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError, PinLimitError
-from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, block_hashes, format_block_key, root_key
+from engine_adapter.cache.radix_cache import RadixCache
 from sage_eviction import EntryMeta, create_policy
 from sage_eviction.policies.lru import LRUPolicy
 
@@ -99,7 +101,7 @@ def test_salt_isolates() -> None:
 
 def test_block_hashes_are_stable_across_processes() -> None:
     code = (
-        "from engine_adapter.cache.radix_cache import block_hashes;"
+        "from engine_adapter.cache.block_keys import block_hashes;"
         "print(block_hashes(list(range(12)), 4, salt='x'))"
     )
     outs = {

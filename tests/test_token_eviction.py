@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model import load_model
 from engine_adapter.model.decoder import ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
@@ -117,7 +118,7 @@ def test_compacted_sequence_is_never_committed_or_shared() -> None:
     frees the private blocks, and from then on nothing of the sequence is cached."""
     manager = CacheManager(BlockAllocator(16, 4), policy="lru")
     prompt = list(range(20))
-    alloc = manager.allocate(1, prompt)
+    alloc = manager.allocate(CacheRequest(1, prompt))
     assert manager.commit_blocks(1, prompt, num_computed_tokens=20) == 5
     before = manager.block_table(1)
     assert manager.compaction_gain(1, 8) == 5 - 2
@@ -128,7 +129,7 @@ def test_compacted_sequence_is_never_committed_or_shared() -> None:
     assert manager.commit_blocks(1, grown, num_computed_tokens=12) == 0
     assert manager.free_sequence(1, grown, num_computed_tokens=12) == 0
     # the original prefix is still cached, in its original blocks; the compacted ones are free
-    hit = manager.lookup([*prompt, 7])
+    hit = manager.lookup(CacheRequest(2, [*prompt, 7]))
     assert hit.num_cached_blocks == 5 and alloc.block_table[:5] == before[:5]
     assert manager.num_free_blocks == 16 - 5
     manager.check_invariants()
@@ -137,9 +138,9 @@ def test_compacted_sequence_is_never_committed_or_shared() -> None:
 def test_compaction_of_a_shared_prefix_gains_nothing() -> None:
     manager = CacheManager(BlockAllocator(12, 4), policy="lru")
     prompt = list(range(17))
-    manager.allocate(1, prompt)
+    manager.allocate(CacheRequest(1, prompt))
     manager.commit_blocks(1, prompt, num_computed_tokens=17)
-    manager.allocate(2, prompt)  # shares the 4 full blocks
+    manager.allocate(CacheRequest(2, prompt))  # shares the 4 full blocks
     assert manager.compaction_gain(1, 8) == 1 - 2  # only its private last block comes back
     manager.check_invariants()
 

@@ -1,12 +1,38 @@
-"""The cache core: pure Python (the radix cache's hot paths optionally compiled), never torch.
+"""The cache core: pure Python (the radix index's hot paths optionally compiled), never torch.
 
-    block_allocator.py  BlockAllocator: the free list of the pool's block ids
+It imports only the policy library (`sage_eviction`), `engine_adapter.paths` (the event log's
+folder) and structlog; nothing of the model, the server or the simulator. The parts, from the
+front down (docs/architecture.md, "Cache core"):
+
+    cache_manager.py    CacheManager: the one front the scheduler, server and simulator drive;
+                        one re-entrant lock over every part
+    request.py          CacheRequest: what a request brings to the cache (built once per admission)
+    admission.py        Admission: a request's lookup, its admission, its queue protection
+    sequences.py        RunningSequences: each running sequence's block table, admission to release
+    prompt_keys.py      PromptKeys: a prompt's token count, isolation key and block keys
+    queue_protection.py QueueProtection: the cached prefixes of waiting requests, held until they run
+    reservations.py     Reservations: blocks held for an embedding batch's workspace
+    compaction.py       a sequence compacted by token-level eviction gets a fresh table
+    pins.py             Pins: system prompts' cached prefixes held against eviction
+    policy_binding.py   PolicyBinding: the policy's resolved spec, and the hot swap
+    eviction.py         EvictionStep: the deficit, eviction through the index, its counters and events
+    metrics.py          CacheMetrics: lookup metrics and the CacheStats snapshot
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
-    _core.pyx           the radix cache's hot paths in C (optional; radix_cache.py is the
+    _core.pyx           the radix index's hot paths in C (optional; radix_cache.py is the
                         reference and the fallback)
-    cache_manager.py    CacheManager: the one object the scheduler, server and simulator drive
+    cached_block.py     CachedBlock: one node of the radix index
+    block_meta.py       BlockMetaFields: a cached block's policy record, derived from its request
+    block_keys.py       chained block hashes (root_key, block_hashes, format_block_key)
+    block_allocator.py  BlockAllocator: the free list of the pool's block ids
+    records.py          Allocation, LookupResult, PinnedPrefix, SwapResult, SequenceState
+    stats.py            CacheStats: the metrics snapshot (GET /v1/eviction/stats)
+    invariants.py       check_manager_invariants: the parts checked against each other (tests)
+    explain.py          why a block was evicted (--explain)
+    tree.py             the radix tree as a bounded picture (GET /v1/cache/tree)
+    usage.py            pool use by tenant and priority class (GET /v1/cache/usage)
     events.py           EvictionEventLog: eviction events as JSON lines, ring buffer, subscribers
+    adaptive_batch.py   AdaptiveBatch: the running-batch limit from eviction pressure
     errors.py           the cache's exception tree
     sizes.py            byte sizes such as "2GiB"
 

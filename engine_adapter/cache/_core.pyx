@@ -1,13 +1,13 @@
 # cython: language_level=3, boundscheck=True, wraparound=False
 """The compiled core of `engine_adapter.cache.radix_cache`: `CachedBlock` and the hot paths of
-`RadixCache` in C.
+`RadixCache` in C, and the blocks' policy records of `block_meta`.
 
-radix_cache.py is the reference and the fallback: every method here mirrors the method of the
-same name there, line for line, and must give the same results, raise the same errors and make
-the same policy calls in the same order (tests/test_compiled_cache.py runs both side by side).
-`radix_cache.CompiledRadixCache` puts `RadixCore` in front of `RadixCache`, so the methods not
-here (pin, unpin, remove, evict_explained, check, ...) are the pure-Python ones, over the same
-attributes.
+radix_cache.py (with cached_block.py and block_meta.py) is the reference and the fallback: every
+method here mirrors the method of the same name there, line for line, and must give the same
+results, raise the same errors and make the same policy calls in the same order
+(tests/test_compiled_cache.py runs both side by side). `radix_cache.CompiledRadixCache` puts
+`RadixCore` in front of `RadixCache`, so the methods not here (pin, unpin, remove,
+evict_explained, check, ...) are the pure-Python ones, over the same attributes.
 
 What is compiled: the per-block loops of a request (match, touch, lock, unlock, the inserts of
 commit and release, eviction with its cascade), the nodes as C structs with typed fields, and
@@ -149,13 +149,13 @@ cdef inline double _perf_counter() noexcept nogil:
 
 
 cdef object _fmt(object key):
-    from engine_adapter.cache.radix_cache import format_block_key  # cold: errors and repr only
+    from engine_adapter.cache.block_keys import format_block_key  # cold: errors and repr only
 
     return format_block_key(key)
 
 
 cdef class CachedBlock:
-    """One cached block: `radix_cache.CachedBlock` with typed fields (same attributes)."""
+    """One cached block: `cached_block.CachedBlock` with typed fields (same attributes)."""
 
     cdef public object key
     cdef public object block_id
@@ -419,7 +419,7 @@ cdef class RadixCore:
 
 
 cdef class _Metas:
-    """`radix_cache.BlockMetaFields.meta` without a Python frame per block."""
+    """`block_meta.BlockMetaFields.meta` without a Python frame per block."""
 
     cdef Py_ssize_t block_size
     cdef Py_ssize_t prompt_blocks
@@ -428,19 +428,14 @@ cdef class _Metas:
     cdef object size, prompt_blocks_obj
 
     def __init__(self, fields):
-        (
-            block_size,
-            self.priority,
-            self.tenant,
-            self.now,
-            self.estimated_lifetime,
-            self.seq_len,
-            self.max_len,
-            self.deadline,
-            prompt_blocks,
-            self.conversation,
-            self.prefix_idle,
-        ) = fields
+        block_size, request, self.now, self.seq_len, prompt_blocks, self.prefix_idle = fields
+        # the request's fields, read once per call (BlockMetaFields.meta reads them per block)
+        self.priority = request.priority
+        self.tenant = request.tenant
+        self.estimated_lifetime = request.estimated_lifetime
+        self.max_len = request.max_tokens
+        self.deadline = request.deadline
+        self.conversation = request.conversation
         self.block_size = block_size
         self.prompt_blocks = prompt_blocks
         self.size = block_size
@@ -478,5 +473,5 @@ cdef class _Metas:
 
 
 def block_meta(fields, Py_ssize_t index):
-    """`BlockMetaFields.meta(index)` as the compiled commit builds it (for the tests)."""
+    """`block_meta.BlockMetaFields.meta(index)` as the compiled commit builds it (for the tests)."""
     return (<_Metas>_Metas(fields)).meta(index)

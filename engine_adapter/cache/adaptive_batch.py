@@ -18,7 +18,7 @@ a smaller batch leaves room for them. When evictions become rare the batch grows
 
 Both the engine's scheduler and the simulator use the same `AdaptiveBatch`; every change is a
 `BatchChange` they log and export (``sage:max_running_batch``, ``sage:batch_changes_total``).
-Pure Python: no torch.
+Pure Python: no torch; imports nothing of the cache.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It is the cache core's view of the pool, kept apart from the K/V tensors the way vLLM keeps its
 `BlockPool` apart from the KV tensors the workers own: the cache manager and the simulator need
 only ids, so they never import torch. The engine's `PagedKVPool` (`engine_adapter.model.kv_pool`)
-holds one of these beside its tensors and hands it to the cache manager.
+holds one of these beside its tensors and hands it to the cache manager. Imports only `errors`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ The tree::
     ├── SequenceExistsError (also ValueError)    allocate for a sequence id already running
     ├── UnknownSequenceError (also KeyError)     a sequence id the manager does not hold
     └── CacheInvariantError (also AssertionError) the cache's books disagree (a bug; tests look for it)
+
+Imports nothing.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Event shapes::
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
 "pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption).
+
+Imports `engine_adapter.paths` (the log folder) and structlog; nothing else of the cache.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Building a record costs O(n) in the cached blocks (the policy's order, the scan 
 blocks), so it is off by default; with it off nothing on the eviction path changes (the radix
 cache's `evict` is not touched). Values are made JSON-safe here: tuples become lists and
 non-finite floats the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
+
+The radix index (`radix_cache.RadixCache.evict_explained`) calls `build_explanation` and passes
+what it needs (its blocks, the policy's `rank`, the key format); this module imports only the
+node type (`cached_block`, for typing), so it never imports what imports it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine_adapter.cache.radix_cache import CachedBlock
+    from engine_adapter.cache.cached_block import CachedBlock
 
 __all__ = ["EXPLAIN_CANDIDATES", "build_explanation", "jsonable", "skip_reason"]
 

@@ -6,90 +6,60 @@ live blocks matching its block table; reservations own their blocks alone; ref c
 sequences and the waiting requests' protections holding each block, and the protections stay
 within their budget; no block is both free and in use, and none is leaked
 (docs/architecture.md, "Cache core").
+
+The cache manager passes its parts (`CacheManager.check_invariants`); this module imports the
+parts' types, never the manager.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Iterable, Mapping
 
+from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.errors import CacheInvariantError
-
-if TYPE_CHECKING:
-    from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.records import SequenceState
 
 __all__ = ["check_manager_invariants"]
 
 
-def check_manager_invariants(manager: CacheManager) -> None:
-    """Raise `CacheInvariantError` naming the first invariant `manager` breaks; call under its lock."""
-    pool = manager.allocator
-    total = manager.num_blocks
-    if pool.num_free + pool.num_used != total:
-        raise CacheInvariantError(f"free {pool.num_free} + used {pool.num_used} != total {total}")
-    free_ids = pool.free_block_ids()
-    free_set = set(free_ids)
-    if len(free_set) != len(free_ids):
-        raise CacheInvariantError("the free list holds a block twice")
-    if len(free_ids) != pool.num_free:
-        raise CacheInvariantError(f"free list of {len(free_ids)} but num_free={pool.num_free}")
-    for block_id in free_ids:
-        if not 0 <= block_id < total or not pool.is_free(block_id):
-            raise CacheInvariantError(f"block {block_id} is on the free list but not marked free")
+def check_manager_invariants(
+    pool: BlockAllocator,
+    radix: RadixCache,
+    sequences: Iterable[SequenceState],
+    reservations: Mapping[int, list[int]],
+    protection: QueueProtection,
+) -> None:
+    """Raise `CacheInvariantError` naming the first invariant the parts break; call under the
+    manager's lock.
 
-    manager.radix.check()
+    Args:
+        pool: The free list.
+        radix: The radix index (and through it the policy).
+        sequences: The running sequences.
+        reservations: Each reservation's block ids.
+        protection: The waiting requests' protections.
+    """
+    free_set = _check_free_list(pool)
+    radix.check()
     owner: dict[int, str] = {}
-    for block in manager.radix.blocks():
+    for block in radix.blocks():
         if block.block_id in owner:
             raise CacheInvariantError(f"block id {block.block_id} backs two cached blocks")
         owner[block.block_id] = "tree"
-    refs: dict[int, int] = {}
-    for seq in map(manager.sequence, manager.sequence_ids()):
-        path = seq.cached_path
-        parent = None
-        for i, block in enumerate(path):
-            if manager.radix.get(block.key) is not block:
-                raise CacheInvariantError(
-                    f"sequence {seq.sequence_id} holds {block!r}, which was evicted or removed"
-                )
-            if block.parent is not parent:
-                raise CacheInvariantError(f"sequence {seq.sequence_id}'s cached blocks are not a root path")
-            if seq.block_table[i] != block.block_id:
-                raise CacheInvariantError(
-                    f"sequence {seq.sequence_id}'s block table disagrees with its cached path at {i}"
-                )
-            refs[id(block)] = refs.get(id(block), 0) + 1
-            parent = block
-        for block_id in seq.block_table[len(path) :]:
-            if block_id in owner:
-                raise CacheInvariantError(
-                    f"block id {block_id} of sequence {seq.sequence_id} is also owned by {owner[block_id]}"
-                )
-            owner[block_id] = f"sequence {seq.sequence_id}"
-    for owner_id, block_ids in manager.reservations().items():  # an embedding batch's workspace
+    refs: dict[int, int] = {}  # id(block) -> sequences and protections holding it
+    for seq in sequences:
+        _check_sequence(seq, radix, owner, refs)
+    for owner_id, block_ids in reservations.items():  # an embedding batch's workspace
         for block_id in block_ids:
             if block_id in owner:
                 raise CacheInvariantError(
                     f"block id {block_id} of reservation {owner_id} is also owned by {owner[block_id]}"
                 )
             owner[block_id] = f"reservation {owner_id}"
-    protected: dict[object, int] = {}
-    for path in manager.protected_paths():  # a waiting request's protection holds a reference
-        parent = None
-        for block in path:
-            if manager.radix.get(block.key) is not block:
-                raise CacheInvariantError(f"a queued request protects {block!r}, which is not cached")
-            if block.parent is not parent:
-                raise CacheInvariantError("a queued request's protected blocks are not a root path")
-            refs[id(block)] = refs.get(id(block), 0) + 1
-            protected[block.key] = protected.get(block.key, 0) + 1
-            parent = block
-    if protected != manager._protect_refs:
-        raise CacheInvariantError("the protection counts disagree with the protected paths")
-    if len(protected) > manager.max_protected:
-        raise CacheInvariantError(
-            f"{len(protected)} protected blocks exceed max_protected={manager.max_protected}"
-        )
-    for block in manager.radix.blocks():
+    _check_protections(protection, radix, refs)
+    for block in radix.blocks():
         if block.ref_count != refs.get(id(block), 0):
             raise CacheInvariantError(
                 f"{block!r} has ref count {block.ref_count} but {refs.get(id(block), 0)} "
@@ -101,4 +71,69 @@ def check_manager_invariants(manager: CacheManager) -> None:
     if len(owner) != pool.num_used:
         raise CacheInvariantError(
             f"{pool.num_used} blocks are used but {len(owner)} are owned (a leak or a double count)"
+        )
+
+
+def _check_free_list(pool: BlockAllocator) -> set[int]:
+    """The pool's counts and free list agree; returns the free ids."""
+    total = pool.num_blocks
+    if pool.num_free + pool.num_used != total:
+        raise CacheInvariantError(f"free {pool.num_free} + used {pool.num_used} != total {total}")
+    free_ids = pool.free_block_ids()
+    free_set = set(free_ids)
+    if len(free_set) != len(free_ids):
+        raise CacheInvariantError("the free list holds a block twice")
+    if len(free_ids) != pool.num_free:
+        raise CacheInvariantError(f"free list of {len(free_ids)} but num_free={pool.num_free}")
+    for block_id in free_ids:
+        if not 0 <= block_id < total or not pool.is_free(block_id):
+            raise CacheInvariantError(f"block {block_id} is on the free list but not marked free")
+    return free_set
+
+
+def _check_sequence(
+    seq: SequenceState, radix: RadixCache, owner: dict[int, str], refs: dict[int, int]
+) -> None:
+    """A running sequence's cached path is a live root path matching its table; it owns the rest."""
+    path = seq.cached_path
+    parent = None
+    for i, block in enumerate(path):
+        if radix.get(block.key) is not block:
+            raise CacheInvariantError(
+                f"sequence {seq.sequence_id} holds {block!r}, which was evicted or removed"
+            )
+        if block.parent is not parent:
+            raise CacheInvariantError(f"sequence {seq.sequence_id}'s cached blocks are not a root path")
+        if seq.block_table[i] != block.block_id:
+            raise CacheInvariantError(
+                f"sequence {seq.sequence_id}'s block table disagrees with its cached path at {i}"
+            )
+        refs[id(block)] = refs.get(id(block), 0) + 1
+        parent = block
+    for block_id in seq.block_table[len(path) :]:
+        if block_id in owner:
+            raise CacheInvariantError(
+                f"block id {block_id} of sequence {seq.sequence_id} is also owned by {owner[block_id]}"
+            )
+        owner[block_id] = f"sequence {seq.sequence_id}"
+
+
+def _check_protections(protection: QueueProtection, radix: RadixCache, refs: dict[int, int]) -> None:
+    """Each protection is a live root path; its counts agree and stay within the budget."""
+    protected: dict[Hashable, int] = {}
+    for path in protection.paths():  # a waiting request's protection holds a reference
+        parent = None
+        for block in path:
+            if radix.get(block.key) is not block:
+                raise CacheInvariantError(f"a queued request protects {block!r}, which is not cached")
+            if block.parent is not parent:
+                raise CacheInvariantError("a queued request's protected blocks are not a root path")
+            refs[id(block)] = refs.get(id(block), 0) + 1
+            protected[block.key] = protected.get(block.key, 0) + 1
+            parent = block
+    if protected != protection.counts():
+        raise CacheInvariantError("the protection counts disagree with the protected paths")
+    if len(protected) > protection.max_protected:
+        raise CacheInvariantError(
+            f"{len(protected)} protected blocks exceed max_protected={protection.max_protected}"
         )

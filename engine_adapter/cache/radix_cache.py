@@ -1,10 +1,8 @@
-"""A radix prefix cache at block granularity (docs/architecture.md, "Cache core").
+"""The radix index: a prefix cache at block granularity (docs/architecture.md, "Cache core").
 
-One node (`CachedBlock`) per full block of `block_size` tokens. A block's key is a hash of its
-parent's key, its token ids and an isolation key (``cache_salt`` or tenant), so equal keys mean
-equal prefixes, and the cache is a dict from key to node plus parent links: a lookup walks the
-request's block keys until the first miss. Callers that already have chained block ids (the
-Mooncake traces' ``hash_ids``) pass them as keys directly.
+One node (`cached_block.CachedBlock`) per full block of `block_size` tokens, keyed by its chained
+hash (`block_keys`): equal keys mean equal prefixes, so the cache is a dict from key to node plus
+parent links, and a lookup walks the request's block keys until the first miss.
 
 A block is *evictable* when its ref count is 0, it is not pinned and it has no cached child.
 Evicting a leaf can make its parent evictable (cascade), so leaves go first. Locks and pins
@@ -17,17 +15,20 @@ The policy is told every change through its incremental interface (docs/architec
 blocks, except `check` and `reclaim_all`, which are not on a hot path.
 
 The cache does not own pool memory: `evict` returns the evicted nodes and the caller frees
-their block ids.
+their block ids. Its hot paths have a compiled twin (`_core.pyx`, `CompiledRadixCache`);
+`new_radix_cache` picks one. Imports `block_keys`, `block_meta` (the records a commit makes),
+`cached_block`, `errors`, `explain` and the policy library; nothing that imports it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import time
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
+from engine_adapter.cache.block_keys import format_block_key
+from engine_adapter.cache.block_meta import BlockMetaFields
+from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError, PinLimitError
 from engine_adapter.cache.explain import EXPLAIN_CANDIDATES, build_explanation
 from sage_eviction import EntryMeta, EvictionPolicy
@@ -35,169 +36,10 @@ from sage_eviction.native import implementation, load
 
 __all__ = [
     "CORE_MODULE",
-    "BlockMetaFields",
-    "CachedBlock",
     "CompiledRadixCache",
     "RadixCache",
-    "block_hashes",
-    "format_block_key",
     "new_radix_cache",
-    "root_key",
 ]
-
-_KEY_BYTES = 16  # 128-bit keys: collisions are negligible at any cache size
-
-
-def root_key(salt: str | bytes | None = None) -> int:
-    """The chain's starting key for an isolation key (``cache_salt`` or tenant); stable across
-    processes and machines."""
-    if salt is None:
-        data = b"sage/root"
-    elif isinstance(salt, str):
-        data = b"sage/root/" + salt.encode("utf-8")
-    else:
-        data = b"sage/root/" + bytes(salt)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=_KEY_BYTES).digest(), "little")
-
-
-def block_hashes(
-    token_ids: Sequence[int],
-    block_size: int,
-    *,
-    salt: str | bytes | None = None,
-    parent: int | None = None,
-    start_block: int = 0,
-) -> list[int]:
-    """Chained keys of the full blocks of `token_ids`.
-
-    Key of block i = blake2b(key of block i-1 || token ids of block i, as little-endian int64),
-    128 bits, as an int; block 0 chains from `root_key(salt)`.
-
-    Args:
-        token_ids: Token ids of the sequence from its start.
-        block_size: Tokens per block.
-        salt: Isolation key; different salts never share blocks.
-        parent: Key of block `start_block - 1` when continuing a chain (then `salt` is unused).
-        start_block: First block to hash (the earlier ones are already known).
-
-    Returns:
-        Keys of blocks `start_block .. len(token_ids) // block_size - 1`.
-    """
-    prev = root_key(salt) if parent is None else parent
-    keys: list[int] = []
-    n_full = len(token_ids) // block_size
-    pack = struct.Struct(f"<{block_size}q").pack
-    blake = hashlib.blake2b
-    for i in range(start_block, n_full):
-        chunk = token_ids[i * block_size : (i + 1) * block_size]
-        digest = blake(prev.to_bytes(_KEY_BYTES, "little") + pack(*chunk), digest_size=_KEY_BYTES).digest()
-        prev = int.from_bytes(digest, "little")
-        keys.append(prev)
-    return keys
-
-
-def format_block_key(key: Hashable) -> str:
-    """A block key for logs: hex for int keys, ``str`` otherwise."""
-    if isinstance(key, int):
-        return f"{key:x}" if key >= 0 else str(key)
-    if isinstance(key, bytes):
-        return key.hex()
-    return str(key)
-
-
-class CachedBlock:
-    """One cached block: a node of the radix tree.
-
-    Attributes:
-        key: The block's chained hash (or the caller's block id).
-        block_id: The pool block holding its K/V.
-        parent: The previous block of the prefix; None at the root.
-        depth: 0 for a first block.
-        num_children: Cached blocks whose parent this is.
-        ref_count: Running sequences holding it.
-        pin_count: Nested pins (system prompts).
-        evictable: What the policy was last told.
-        meta: The policy's record (hits, last access, priority, tenant); shared with the policy.
-        sequence_id: The sequence that computed it.
-    """
-
-    __slots__ = (
-        "block_id",
-        "depth",
-        "evictable",
-        "key",
-        "meta",
-        "num_children",
-        "parent",
-        "pin_count",
-        "ref_count",
-        "sequence_id",
-    )
-
-    def __init__(
-        self,
-        key: Hashable,
-        block_id: int,
-        parent: CachedBlock | None,
-        meta: EntryMeta,
-        sequence_id: int | None,
-        ref_count: int,
-    ) -> None:
-        self.key = key
-        self.block_id = block_id
-        self.parent = parent
-        self.depth: int = 0 if parent is None else parent.depth + 1
-        self.num_children = 0
-        self.ref_count = ref_count
-        self.pin_count = 0
-        self.evictable = ref_count == 0
-        self.meta = meta
-        self.sequence_id = sequence_id
-
-    def __repr__(self) -> str:
-        return (
-            f"CachedBlock(key={format_block_key(self.key)[:12]}, block_id={self.block_id}, "
-            f"depth={self.depth}, ref={self.ref_count}, pin={self.pin_count}, children={self.num_children})"
-        )
-
-
-class BlockMetaFields(NamedTuple):
-    """What the policy's record of each block a sequence caches is made of (`meta`): the
-    sequence's fields, taken once per call, and the block's index in it."""
-
-    block_size: int
-    priority: int
-    tenant: str | None
-    now: float
-    estimated_lifetime: float | None
-    seq_len: int
-    max_len: int
-    deadline: float | None
-    prompt_blocks: int
-    conversation: str | None
-    prefix_idle: float | None
-
-    def meta(self, index: int) -> EntryMeta:
-        """The record of the sequence's block `index` (its blocks are a root path: depth = index)."""
-        bs = self.block_size
-        return EntryMeta(
-            size=bs,
-            cost=float((index + 1) * bs),
-            priority=self.priority,
-            tenant=self.tenant,
-            created_at=self.now,
-            last_access=self.now,
-            hits=0,
-            estimated_lifetime=self.estimated_lifetime,
-            seq_len=self.seq_len,
-            max_len=self.max_len,
-            deadline=self.deadline,
-            depth=index,
-            pos_from_end=self.prompt_blocks - 1 - index,
-            prompt_blocks=self.prompt_blocks,
-            conversation=self.conversation,
-            prefix_idle=self.prefix_idle,
-        )
 
 
 class RadixCache:

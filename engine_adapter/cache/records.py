@@ -1,4 +1,8 @@
-"""The records the cache manager hands across its boundary: allocations, lookups, swaps, sequences."""
+"""The records the cache manager hands across its boundary: allocations, lookups, swaps, sequences.
+
+What comes in is a `request.CacheRequest`; these go out (and `SequenceState` is what the manager
+keeps per running sequence). Imports only `cached_block` and `request`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter.cache.radix_cache import CachedBlock
+from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.request import CacheRequest
 
 __all__ = ["Allocation", "LookupResult", "PinnedPrefix", "SequenceState", "SwapResult"]
 
@@ -88,10 +93,11 @@ class SequenceState:
     """A running sequence's blocks, as the manager keeps them (read-only for callers).
 
     ``block_table[:len(cached_path)]`` are cached blocks this sequence holds a reference on
-    (a root path of the tree); the rest are private to it until it is freed.
+    (a root path of the tree); the rest are private to it until it is freed. What the request
+    brought (tenant, priority, deadline, ...) is `request`, as the caller built it.
     """
 
-    sequence_id: int
+    request: CacheRequest
     block_table: list[int]
     cached_path: list[CachedBlock]
     keys: list[Hashable]  # known keys of its full blocks
@@ -99,21 +105,18 @@ class SequenceState:
     num_prompt_tokens: int
     num_tokens: int  # tokens its blocks are reserved for
     num_prompt_blocks: int = 0  # ceil(num_prompt_tokens / block_size)
-    tenant: str | None = None
-    conversation: str | None = None
     prefix_idle: float | None = None  # seconds its cached prefix had been idle at admission
-    priority: int = 0
-    max_tokens: int = 0
-    deadline: float | None = None
-    estimated_lifetime: float | None = None
-    non_preemptible: bool = False
     created_at: float = 0.0
     last_access: float = 0.0
     access_count: int = 1
-    block_keys_given: bool = False
     # Token-level eviction compacted its K/V: its blocks no longer hold the prefix its tokens
     # name, so they are never committed to nor shared through the prefix cache.
     compressed: bool = False
+
+    @property
+    def sequence_id(self) -> int:
+        """The sequence's id (its request's)."""
+        return self.request.sequence_id
 
     @property
     def num_cached_blocks(self) -> int:

@@ -1,4 +1,6 @@
-"""Parse memory sizes: ``"2GiB"``, ``"512MiB"``, ``"1.5G"``, ``"4096"`` or a plain int of bytes."""
+"""Parse memory sizes: ``"2GiB"``, ``"512MiB"``, ``"1.5G"``, ``"4096"`` or a plain int of bytes.
+
+Imports nothing of the cache."""
 
 from __future__ import annotations
 

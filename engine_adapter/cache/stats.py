@@ -2,7 +2,8 @@
 
 `to_dict()` is the JSON of ``GET /v1/eviction/stats`` (docs/architecture.md, "Control API"); the
 metrics are defined in docs/architecture.md, "Metrics". The engine, the server, the simulator and
-the tests read the fields, never keys by string.
+the tests read the fields, never keys by string. `metrics.CacheMetrics.snapshot` builds it.
+Imports nothing of the cache.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ person wants to see:
   that are not cached again, attached under the node holding their parent, under another ghost
   when their parent was evicted too, or at the top. A ghost subtree is drawn in another style.
 
-O(n) in the cached blocks, under the cache lock; not for hot paths.
+O(n) in the cached blocks, under the cache lock; not for hot paths. Imports `block_keys`,
+`cached_block` and `radix_cache`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from engine_adapter.cache.radix_cache import CachedBlock, RadixCache, format_block_key
+from engine_adapter.cache.block_keys import format_block_key
+from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.radix_cache import RadixCache
 
 __all__ = ["MAX_DEPTH", "MAX_GHOSTS", "MAX_NODES", "tree_snapshot"]
 
@@ -97,6 +100,25 @@ def tree_snapshot(
     if not 1 <= max_nodes <= MAX_NODES:
         raise ValueError(f"max_nodes={max_nodes} must be in [1, {MAX_NODES}]")
     blocks = radix.blocks()
+    roots, children = _children_of(blocks)
+    top, hidden_top, by_block, shown = _walk(roots, children, block_size, depth, max_nodes)
+    truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
+    ghosts = _ghosts(evicted, radix, by_block, top)
+    return {
+        "block_size": block_size,
+        "cached_blocks": len(blocks),
+        "shown_nodes": shown,
+        "depth": depth,
+        "max_nodes": max_nodes,
+        "truncated": truncated,
+        "hidden": hidden_top,
+        "roots": top,
+        "ghost_blocks": ghosts,
+    }
+
+
+def _children_of(blocks: list[CachedBlock]) -> tuple[list[CachedBlock], dict[Hashable, list[CachedBlock]]]:
+    """The first blocks and each block's cached children, the busiest prefixes first."""
     children: dict[Hashable, list[CachedBlock]] = {}
     roots: list[CachedBlock] = []
     for block in blocks:
@@ -108,7 +130,18 @@ def tree_snapshot(
     roots.sort(key=order)
     for kids in children.values():
         kids.sort(key=order)
+    return roots, children
 
+
+def _walk(
+    roots: list[CachedBlock],
+    children: Mapping[Hashable, list[CachedBlock]],
+    block_size: int,
+    depth: int,
+    max_nodes: int,
+) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, dict[str, Any]], int]:
+    """Breadth first to `depth` levels and `max_nodes` nodes: the top nodes, what is hidden at
+    the top, the node showing each block (by formatted key), and the nodes shown."""
     top: list[dict[str, Any]] = []
     hidden_top = {"nodes": 0, "blocks": 0}
     by_block: dict[str, dict[str, Any]] = {}  # block key -> the node showing it
@@ -129,20 +162,7 @@ def tree_snapshot(
             by_block[format_block_key(block.key)] = node
         (top if parent is None else parent["children"]).append(node)
         queue.extend((kid, level + 1, node) for kid in children.get(chain[-1].key, ()))
-
-    truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
-    ghosts = _ghosts(evicted, radix, by_block, top)
-    return {
-        "block_size": block_size,
-        "cached_blocks": len(blocks),
-        "shown_nodes": shown,
-        "depth": depth,
-        "max_nodes": max_nodes,
-        "truncated": truncated,
-        "hidden": hidden_top,
-        "roots": top,
-        "ghost_blocks": ghosts,
-    }
+    return top, hidden_top, by_block, shown
 
 
 def _has_hidden(node: Mapping[str, Any]) -> bool:

@@ -45,6 +45,7 @@ from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
 from engine_adapter.cache.records import Allocation
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.sampling import make_generator, sample_batch
@@ -60,6 +61,31 @@ from engine_adapter.token_eviction.pressure import TokenCacheManager
 __all__ = ["Scheduler"]
 
 log = structlog.get_logger("sage.scheduler")
+
+
+def _cache_request(
+    seq: Sequence, *, estimated_lifetime: float | None = None, deadline: float | None = None
+) -> CacheRequest:
+    """What `seq` brings to the cache manager now: its tokens so far (a re-prefill after
+    preemption includes its output), isolation key and policy metadata.
+
+    Args:
+        seq: The sequence.
+        estimated_lifetime: Its predicted remaining life in seconds (predictive policies).
+        deadline: When its blocks should be done by (the `slo` policy); none: no deadline.
+    """
+    return CacheRequest(
+        seq.seq_id,
+        seq.all_ids,
+        cache_salt=seq.cache_salt,
+        tenant=seq.tenant,
+        priority=seq.priority,
+        max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
+        deadline=deadline,
+        estimated_lifetime=estimated_lifetime,
+        # A prompt compressed after prefill is scored by all its queries, as kvpress does.
+        match_prefix=seq.kv_compression is None,
+    )
 
 
 class Scheduler:
@@ -285,16 +311,11 @@ class Scheduler:
     def _allocate(self, seq: Sequence) -> Allocation:
         """The cache manager's admission of `seq`: its cached prefix locked, blocks for the rest."""
         return self.cache.allocate(
-            seq.seq_id,
-            seq.all_ids,
-            tenant=seq.tenant,
-            priority=seq.priority,
-            cache_salt=seq.cache_salt,
-            max_tokens=len(seq.prompt_ids) + seq.sampling.max_tokens,
-            estimated_lifetime=self.hooks.estimate_lifetime(seq),
-            deadline=self.hooks.deadline_for(seq),
-            # A prompt compressed after prefill is scored by all its queries, as kvpress does.
-            match_prefix=seq.kv_compression is None,
+            _cache_request(
+                seq,
+                estimated_lifetime=self.hooks.estimate_lifetime(seq),
+                deadline=self.hooks.deadline_for(seq),
+            )
         )
 
     def _refuse(self, seq: Sequence, exc: Exception) -> None:
@@ -438,9 +459,7 @@ class Scheduler:
         has `protect_queued`); `allocate` ends it when the sequence runs, `_finish` when it leaves."""
         if self.cache.max_protected > 0:
             t = time.perf_counter()
-            self.cache.protect_queued_prefix(
-                seq.seq_id, seq.all_ids, tenant=seq.tenant, cache_salt=seq.cache_salt
-            )
+            self.cache.protect_queued_prefix(_cache_request(seq))
             self.cache_s += time.perf_counter() - t
 
     def _release(self, seq: Sequence) -> None:

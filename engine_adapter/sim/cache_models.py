@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
 from sage_eviction import EntryMeta
 from sage_eviction.flat import FlatCache
@@ -100,6 +101,22 @@ class FlatModel:
         return hits, max(served, 0)
 
 
+def _cache_request(seq: SimSequence) -> CacheRequest:
+    """What a simulated request brings to the cache manager: its block keys (a re-prefill after
+    preemption covers its regenerated output too), tenant, priority and session; the last token
+    is never recomputed in simulation."""
+    r = seq.request
+    return CacheRequest(
+        seq.sid,
+        num_tokens=seq.tokens,
+        block_keys=seq.keys,
+        tenant=r.tenant,
+        priority=r.priority,
+        conversation=r.session,
+        recompute_last_token=False,
+    )
+
+
 class RadixModel:
     """The radix model through the real `CacheManager` (any policy)."""
 
@@ -109,22 +126,22 @@ class RadixModel:
         self._allocate = manager.allocate
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
+        self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
+
+    def _request(self, seq: SimSequence) -> CacheRequest:
+        """`seq`'s `CacheRequest`, built once while its tokens stay the same: the head of the queue
+        retries each step until it fits, and a protected request is allocated with the same one."""
+        request = self._requests.get(seq.sid)
+        if request is None or request.num_tokens != seq.tokens:
+            request = self._requests[seq.sid] = _cache_request(seq)
+        return request
 
     def allocate(self, seq: SimSequence) -> int | None:
         """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
         if self.belady is not None:
             self.belady.cursor = seq.lookup_end
-        r = seq.request
         try:
-            alloc = self._allocate(
-                seq.sid,
-                block_keys=seq.keys,
-                num_tokens=seq.tokens,
-                tenant=r.tenant,
-                priority=r.priority,
-                recompute_last_token=False,
-                conversation=r.session,
-            )
+            alloc = self._allocate(self._request(seq))
         except NoEvictableBlocksError:
             return None
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
@@ -133,13 +150,7 @@ class RadixModel:
 
     def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
-        self.manager.protect_queued_prefix(
-            seq.sid,
-            block_keys=seq.keys,
-            num_tokens=seq.tokens,
-            tenant=seq.request.tenant,
-            recompute_last_token=False,
-        )
+        self.manager.protect_queued_prefix(self._request(seq))
 
     def reserve(self, seq: SimSequence, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens) is not None
@@ -152,6 +163,7 @@ class RadixModel:
         self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def free(self, seq: SimSequence) -> None:
+        self._requests.pop(seq.sid, None)
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def stats(self) -> tuple[float, float, int, float, float, int]:

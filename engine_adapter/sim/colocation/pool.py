@@ -26,6 +26,7 @@ from collections.abc import Callable
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.cache.request import CacheRequest
 from engine_adapter.colocation import MemoryState
 from engine_adapter.sim.colocation.workload import LLMRequest, PoolShape
 
@@ -140,7 +141,7 @@ class ColocationPool:
             held = self.llm_held
             if held + blocks - len(keys) > llm_cap:
                 return None
-            if held + blocks > llm_cap and held + self._newly_held(keys, tokens) > llm_cap:
+            if held + blocks > llm_cap and held + self._newly_held(sid, keys, tokens) > llm_cap:
                 return None
         cached = self._allocate(sid, keys, tokens, request, deadline())
         if cached is None:
@@ -152,10 +153,12 @@ class ColocationPool:
             self._evict_beyond(llm_cap)
         return cached * self.block_size
 
-    def _newly_held(self, keys: tuple[PrefixKey, ...], tokens: int) -> int:
+    def _newly_held(self, sid: int, keys: tuple[PrefixKey, ...], tokens: int) -> int:
         """Blocks an allocation would add to `llm_held`: its new blocks and the cached prefix
         blocks that no running sequence holds yet."""
-        found = self._manager.lookup(num_tokens=tokens, block_keys=keys, recompute_last_token=False)
+        found = self._manager.lookup(
+            CacheRequest(sid, num_tokens=tokens, block_keys=keys, recompute_last_token=False)
+        )
         return found.num_new_blocks + self._manager.num_available_blocks - found.num_available_blocks
 
     def _allocate(
@@ -164,13 +167,15 @@ class ColocationPool:
         """`CacheManager.allocate`; the cached blocks of the prefix, or None when it cannot be had."""
         try:
             allocation = self._manager.allocate(
-                sid,
-                num_tokens=tokens,
-                block_keys=keys,
-                priority=request.priority,
-                max_tokens=request.prompt_tokens + request.max_tokens,
-                deadline=deadline,
-                recompute_last_token=False,
+                CacheRequest(
+                    sid,
+                    num_tokens=tokens,
+                    block_keys=keys,
+                    priority=request.priority,
+                    max_tokens=request.prompt_tokens + request.max_tokens,
+                    deadline=deadline,
+                    recompute_last_token=False,
+                )
             )
         except (NoEvictableBlocksError, RequestTooLargeError):
             return None

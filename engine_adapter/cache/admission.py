@@ -1,0 +1,115 @@
+"""Admission: a `CacheRequest` meets the cache. Its prompt is matched against the radix index,
+then looked up (`lookup`: what is cached and whether it would fit), admitted (`allocate`: the hit
+locked, fresh blocks for the rest, the lookup counted) or protected while it waits in the queue
+(`protect`). Once admitted, a sequence is addressed by its id (`sequences.RunningSequences`).
+Called under the cache manager's lock. Imports `block_allocator`, `cached_block`, `errors`,
+`metrics`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`, `request` and `sequences`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.errors import RequestTooLargeError, SequenceExistsError
+from engine_adapter.cache.metrics import CacheMetrics
+from engine_adapter.cache.prompt_keys import PromptKeys
+from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.records import Allocation, LookupResult
+from engine_adapter.cache.request import CacheRequest
+from engine_adapter.cache.sequences import RunningSequences
+
+__all__ = ["Admission"]
+
+
+class Admission:
+    """Lookup, admission and queue protection of requests, for one cache.
+
+    Args:
+        pool: The free list.
+        radix: The radix index prompts are matched against.
+        keys: How a request's prompt names blocks.
+        protection: The waiting requests' protections.
+        running: Where admitted requests run.
+        metrics: Counts each admitted lookup.
+    """
+
+    def __init__(
+        self,
+        pool: BlockAllocator,
+        radix: RadixCache,
+        keys: PromptKeys,
+        protection: QueueProtection,
+        running: RunningSequences,
+        metrics: CacheMetrics,
+    ) -> None:
+        self._pool = pool
+        self._radix = radix
+        self._keys = keys
+        self._protection = protection
+        self._running = running
+        self._metrics = metrics
+
+    def _match(self, keys: list[Hashable], num_tokens: int, request: CacheRequest) -> list[CachedBlock]:
+        """The cached path a request may hit: its longest cached prefix within `matchable`."""
+        return self._radix.match(keys[: self._keys.matchable(num_tokens, request.recompute_last_token)])
+
+    def lookup(self, request: CacheRequest) -> LookupResult:
+        """How much of the prompt is cached and whether `allocate` would fit; changes nothing."""
+        n_tokens, _, keys = self._keys.of(request)
+        path = self._match(keys, n_tokens, request)
+        block_size = self._keys.block_size
+        n_new = -(-n_tokens // block_size) - len(path)
+        available = self._pool.num_free + self._protection.reclaimable_for(path)
+        return LookupResult(
+            num_cached_blocks=len(path),
+            num_cached_tokens=len(path) * block_size,
+            num_new_blocks=n_new,
+            num_available_blocks=available,
+            fits=n_new <= available and n_new + len(path) <= self._pool.num_blocks,
+        )
+
+    def allocate(self, request: CacheRequest) -> Allocation:
+        """Run the request on its cached prefix and fresh blocks; count its lookup.
+
+        Raises:
+            SequenceExistsError: Its sequence id is running.
+            RequestTooLargeError: It needs more blocks than the pool has; nothing changed.
+            NoEvictableBlocksError: Not enough free or reclaimable blocks now; nothing changed.
+        """
+        sequence_id = request.sequence_id
+        if sequence_id in self._running:
+            raise SequenceExistsError(f"sequence {sequence_id} already holds blocks")
+        bs = self._keys.block_size
+        n_tokens, salt, keys = self._keys.of(request)
+        n_blocks = -(-n_tokens // bs)
+        pool_blocks = self._pool.num_blocks
+        if n_blocks > pool_blocks:
+            raise RequestTooLargeError(
+                f"sequence {sequence_id} needs {n_blocks} blocks ({n_tokens} tokens of block_size {bs}) "
+                f"but the pool has {pool_blocks}"
+            )
+        path = self._match(keys, n_tokens, request) if request.match_prefix else []
+        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks)
+        n_cached_tokens = len(path) * bs
+        self._metrics.record_lookup(request.tenant, keys, len(path), n_cached_tokens, n_tokens)
+        return Allocation(
+            sequence_id=sequence_id,
+            block_table=list(seq.block_table),
+            num_cached_blocks=len(path),
+            num_cached_tokens=n_cached_tokens,
+            num_new_blocks=n_blocks - len(path),
+            num_evicted_blocks=evicted,
+        )
+
+    def protect(self, request: CacheRequest) -> int:
+        """Protect the cached prefix the waiting request will hit (replacing an earlier
+        protection of its id) within the budget; returns blocks protected (0: protection off)."""
+        protection = self._protection
+        if protection.max_protected <= 0:
+            return 0
+        protection.release(request.sequence_id)
+        n_tokens, _, keys = self._keys.of(request)
+        return protection.protect(request.sequence_id, self._match(keys, n_tokens, request))

@@ -1,0 +1,204 @@
+"""The eviction step: how much to evict, evicting it through the radix index, freeing the victims'
+block ids, and recording it.
+
+`EvictionStep.room_for(path, n)` says how many blocks must be evicted before `n` fresh ones
+can be taken beside a locked path, or None when they cannot (`deficit` raises instead); queued
+requests' protections yield when that makes enough room (`queue_protection`).
+`evict_to_threshold` evicts down to the watermark in the background. `evict(n, reason)` asks
+the radix index for up to `n` victims in policy order (with their explanations when `explain`
+is on), gives their ids back to the pool, keeps the counters that feed `CacheStats` (blocks by
+reason and by policy, calls, the policy's decision time, memory utilization at each eviction),
+tells the re-prefill tracker which blocks went, and writes one ``evict`` event per victim and
+one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics"). Called under
+the cache manager's lock. Imports `block_allocator`, `block_keys`, `cached_block`, `errors`,
+`events`, `policy_binding`, `queue_protection`, `radix_cache` and the policy library's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_keys import format_block_key
+from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.errors import NoEvictableBlocksError
+from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.policy_binding import PolicyBinding
+from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.radix_cache import RadixCache
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
+
+__all__ = ["EvictionStep"]
+
+
+class EvictionStep:
+    """Eviction and its metrics and events, for one cache.
+
+    Args:
+        radix: The index to evict from.
+        pool: The free list the victims' ids go back to.
+        binding: The active policy's name (for the counters and events).
+        protection: The queued requests' protections, which yield to an allocation.
+        reprefill: The re-prefill tracker (told each victim's key).
+        events: Where events go, or None (no events).
+        clock: The events' time source.
+        explain: Each eviction event says why its victim went (O(n) per victim).
+        threshold: When set, `evict_to_threshold` evicts down to this fraction of the pool in use.
+
+    Attributes:
+        explain: May be switched at any time.
+        threshold: The watermark, or None.
+        total_evictions: Blocks evicted.
+        eviction_calls: Evictions that evicted at least one block.
+        latency: The policy's decision time per call.
+        by_reason: Blocks evicted by reason (``alloc``, ``reserve``, ``watermark``, ``manual``).
+        by_policy: Blocks evicted by policy name.
+    """
+
+    def __init__(
+        self,
+        radix: RadixCache,
+        pool: BlockAllocator,
+        binding: PolicyBinding,
+        protection: QueueProtection,
+        reprefill: ReprefillTracker,
+        events: EvictionEventLog | None,
+        clock: Callable[[], float],
+        *,
+        explain: bool = False,
+        threshold: float | None = None,
+    ) -> None:
+        if threshold is not None and not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"eviction_threshold={threshold!r} must be within [0, 1]")
+        self.threshold = threshold
+        self._radix = radix
+        self._pool = pool
+        self._binding = binding
+        self._protection = protection
+        self._reprefill = reprefill
+        self.events = events
+        self._clock = clock
+        self.explain = explain
+        self.total_evictions = 0  # blocks
+        self.eviction_calls = 0
+        self.latency = LatencyRecorder()
+        self.by_reason: dict[str, int] = {}
+        self.by_policy: dict[str, int] = {}
+        self._utilization_sum = 0.0
+        self._utilization_samples = 0
+
+    def room_for(self, path: Sequence[CachedBlock], n_new: int) -> int | None:
+        """Blocks to evict before `n_new` can be allocated beside the locked `path` (0 or more),
+        or None when the free and reclaimable blocks together fall short (nothing changed);
+        queued requests' protections yield when that makes enough room."""
+        deficit = n_new - self._pool.num_free
+        if deficit <= 0:
+            return 0
+        radix = self._radix
+        reclaimable = radix.num_reclaimable - radix.reclaimable_in(path) if path else radix.num_reclaimable
+        # the protections are consulted only when the reclaimable blocks fall short
+        if deficit > reclaimable and deficit > self._protection.yield_for(deficit, path):
+            return None
+        return deficit
+
+    def deficit(self, owner: Hashable, path: Sequence[CachedBlock], n_new: int) -> int:
+        """`room_for`, for an owner that cannot wait for room.
+
+        Raises:
+            NoEvictableBlocksError: The free and reclaimable blocks together fall short.
+        """
+        deficit = self.room_for(path, n_new)
+        if deficit is None:
+            pool, radix = self._pool, self._radix
+            reclaimable = radix.num_reclaimable - radix.reclaimable_in(path)
+            raise NoEvictableBlocksError(
+                f"sequence {owner} needs {n_new} new blocks: {pool.num_free} free "
+                f"and {reclaimable} reclaimable of {pool.num_blocks}"
+            )
+        return deficit
+
+    def evict_to_threshold(self) -> int:
+        """Background eviction down to `threshold` of the pool in use (reason ``watermark``);
+        returns blocks evicted (0 without a threshold or below it)."""
+        if self.threshold is None:
+            return 0
+        target = math.floor(self.threshold * self._pool.num_blocks)
+        excess = min(self._pool.num_used - target, self._radix.num_reclaimable)
+        return self.evict(excess, "watermark") if excess > 0 else 0
+
+    def memory_utilization(self) -> float | None:
+        """Mean pool use at the evictions so far (None before the first)."""
+        if not self._utilization_samples:
+            return None
+        return self._utilization_sum / self._utilization_samples
+
+    def evict(self, n: int, reason: str, *, pending: int = 0) -> int:
+        """Evict up to `n` blocks, free them, record metrics and events; returns how many.
+
+        `pending` blocks are about to be allocated from the freed ones; memory utilization is
+        sampled as if they were (the state right after the eviction served its purpose).
+        """
+        reasons: list[dict[str, Any]] | None = None
+        if self.explain:
+            victims, decision, reasons = self._radix.evict_explained(n)
+        else:
+            victims, decision = self._radix.evict(n)
+        if not victims:
+            return 0
+        pool = self._pool
+        pool.free([b.block_id for b in victims])
+        count = len(victims)
+        policy_name = self._binding.name
+        self.eviction_calls += 1
+        self.total_evictions += count
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+        self.by_policy[policy_name] = self.by_policy.get(policy_name, 0) + count
+        self.latency.record(decision)
+        num_blocks = pool.num_blocks
+        self._utilization_sum += min(pool.num_used + pending, num_blocks) / num_blocks
+        self._utilization_samples += 1
+        self._reprefill.on_evicts([b.key for b in victims])
+        if self.events is not None:
+            self._write_events(victims, policy_name, reason, decision, reasons)
+        return count
+
+    def _write_events(
+        self,
+        victims: list[CachedBlock],
+        policy_name: str,
+        reason: str,
+        decision: float,
+        reasons: list[dict[str, Any]] | None,
+    ) -> None:
+        """One ``evict`` event per victim, then one ``freed`` event for the call."""
+        events = self.events
+        assert events is not None  # checked by the caller
+        ts = self._clock()
+        for i, block in enumerate(victims):
+            meta = block.meta
+            parent = block.parent
+            events.evict(
+                block=format_block_key(block.key),
+                parent=None if parent is None else format_block_key(parent.key),
+                depth=block.depth,
+                block_id=block.block_id,
+                sequence_id=block.sequence_id,
+                tenant=meta.tenant,
+                policy=policy_name,
+                reason=reason,
+                last_access=meta.last_access,
+                hits=meta.hits,
+                priority=meta.priority,
+                ts=ts,
+                explain=None if reasons is None else reasons[i],
+            )
+        events.freed(
+            policy=policy_name,
+            reason=reason,
+            blocks_freed=len(victims),
+            total_freed=self.total_evictions,
+            duration_us=decision * 1e6,
+            ts=ts,
+        )

@@ -1,0 +1,257 @@
+"""The running sequences: each one's block table, from admission to release.
+
+`RunningSequences` owns the `SequenceState` of every running sequence (its request, its block
+table, the cached path it locks, its known block keys) and does what happens to one: admission
+(lock and touch the hit, evict the deficit, take fresh blocks), decode growth, caching its full
+blocks in the radix index (locked while it runs, unlocked when it stops), release, compaction
+(`compaction`), and its picture as a preemption candidate. The blocks' policy records are
+derived from its request in `block_meta`. As vLLM v1's `SingleTypeKVCacheManager` keeps
+``req_to_blocks`` under the `KVCacheManager`, this sits under the cache manager's front and is
+only called under its lock. Imports `block_allocator`, `block_meta`, `cached_block`,
+`compaction`, `errors`, `eviction`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`,
+`request` and the policy library's candidate record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+
+from engine_adapter.cache import compaction
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_meta import BlockMetaFields
+from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
+from engine_adapter.cache.eviction import EvictionStep
+from engine_adapter.cache.prompt_keys import PromptKeys
+from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.records import SequenceState
+from engine_adapter.cache.request import CacheRequest
+from sage_eviction import EvictionCandidate
+
+__all__ = ["RunningSequences"]
+
+
+class RunningSequences:
+    """The running sequences by id, in admission order, and their block operations.
+
+    Args:
+        pool: The free list fresh blocks come from.
+        radix: The radix index their full blocks are cached in.
+        keys: How their tokens name blocks.
+        eviction: Evicts what an allocation lacks (and computes the deficit).
+        protection: Waiting requests' protections (an admitted request's ends).
+        clock: Time source.
+    """
+
+    def __init__(
+        self,
+        pool: BlockAllocator,
+        radix: RadixCache,
+        keys: PromptKeys,
+        eviction: EvictionStep,
+        protection: QueueProtection,
+        clock: Callable[[], float],
+    ) -> None:
+        self._pool = pool
+        self._radix = radix
+        self._keys = keys
+        self._eviction = eviction
+        self._protection = protection
+        self._clock = clock
+        self._states: dict[int, SequenceState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, sequence_id: object) -> bool:
+        return sequence_id in self._states
+
+    def get(self, sequence_id: int) -> SequenceState:
+        """The state of a running sequence.
+
+        Raises:
+            UnknownSequenceError: Not running.
+        """
+        seq = self._states.get(sequence_id)
+        if seq is None:
+            raise UnknownSequenceError(f"no running sequence {sequence_id}")
+        return seq
+
+    def ids(self) -> list[int]:
+        """Running sequence ids, in admission order."""
+        return list(self._states)
+
+    def states(self) -> Iterable[SequenceState]:
+        """The running sequences' states, in admission order (a live view)."""
+        return self._states.values()
+
+    # ---- admission and growth ---------------------------------------------------------------
+
+    def admit(
+        self,
+        request: CacheRequest,
+        path: list[CachedBlock],
+        keys: list[Hashable],
+        salt: str | None,
+        n_tokens: int,
+        n_blocks: int,
+    ) -> tuple[SequenceState, int]:
+        """Run `request` on the cached `path` it hits plus fresh blocks for the rest of its
+        `n_blocks`, evicting exactly the deficit; its queue protection ends.
+
+        Returns:
+            Its state and the blocks evicted for it.
+
+        Raises:
+            NoEvictableBlocksError: Not enough free or reclaimable blocks; nothing changed.
+        """
+        sequence_id = request.sequence_id
+        n_new = n_blocks - len(path)
+        deficit = self._eviction.deficit(sequence_id, path, n_new)
+        self._protection.release(sequence_id)  # it leaves the queue; its protected head is in `path`
+        now = self._clock()
+        # how long the prefix this request extends had been idle: a feature of its new blocks
+        prefix_idle = max(now - path[-1].meta.last_access, 0.0) if path else None
+        self._radix.lock(path)
+        self._radix.touch(path, now)
+        evicted = self._eviction.evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
+        seq = SequenceState(
+            request=request,
+            block_table=[b.block_id for b in path] + self._pool.allocate(n_new),
+            cached_path=path,
+            keys=keys,
+            salt=salt,
+            num_prompt_tokens=n_tokens,
+            num_tokens=n_tokens,
+            num_prompt_blocks=n_blocks,
+            prefix_idle=prefix_idle,
+            created_at=now,
+            last_access=now,
+        )
+        self._states[sequence_id] = seq
+        return seq, evicted
+
+    def extend(self, sequence_id: int, num_blocks: int) -> list[int] | None:
+        """Append `num_blocks` fresh blocks to a running sequence, evicting if short; None when
+        even eviction cannot free enough (nothing changed).
+
+        Raises:
+            UnknownSequenceError: Not running.
+            RequestTooLargeError: The sequence would outgrow the whole pool.
+        """
+        seq = self.get(sequence_id)
+        if num_blocks <= 0:
+            if num_blocks < 0:
+                raise ValueError(f"cannot extend by num_blocks={num_blocks}")
+            return []
+        pool_blocks = self._pool.num_blocks
+        if len(seq.block_table) + num_blocks > pool_blocks:
+            raise RequestTooLargeError(
+                f"sequence {sequence_id} would need {len(seq.block_table) + num_blocks} blocks "
+                f"but the pool has {pool_blocks}"
+            )
+        deficit = self._eviction.room_for((), num_blocks)
+        if deficit is None:
+            return None
+        if deficit > 0:
+            self._eviction.evict(deficit, "alloc", pending=num_blocks)
+        new_ids = self._pool.allocate(num_blocks)
+        seq.block_table.extend(new_ids)
+        return new_ids
+
+    def reserve_tokens(self, sequence_id: int, num_tokens: int) -> list[int] | None:
+        """Make the sequence's blocks cover `num_tokens` tokens in all (`extend` as needed)."""
+        seq = self.get(sequence_id)
+        needed = -(-num_tokens // self._keys.block_size) - len(seq.block_table)
+        new_ids = self.extend(sequence_id, needed) if needed > 0 else []
+        if new_ids is not None and num_tokens > seq.num_tokens:
+            seq.num_tokens = num_tokens
+        return new_ids
+
+    def touch(self, sequence_id: int) -> None:
+        """Record that a running sequence made progress (for preemption order)."""
+        seq = self.get(sequence_id)
+        seq.last_access = self._clock()
+        seq.access_count += 1
+        self._radix.policy.update_access(sequence_id)
+
+    # ---- caching and release ----------------------------------------------------------------
+
+    def _meta_fields(self, seq: SequenceState) -> BlockMetaFields:
+        """What the policy records of the blocks `seq` caches now are made of (`.meta(i)`)."""
+        now = self._clock()
+        return BlockMetaFields(
+            self._keys.block_size, seq.request, now, seq.num_tokens, seq.num_prompt_blocks, seq.prefix_idle
+        )
+
+    def commit(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None,
+        block_keys: Sequence[Hashable] | None,
+        num_computed_tokens: int | None,
+    ) -> int:
+        """Cache a running sequence's newly full blocks, locked by it; returns blocks newly cached."""
+        seq = self.get(sequence_id)
+        keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens)
+        fields = self._meta_fields(seq)
+        return self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+
+    def release(
+        self,
+        sequence_id: int,
+        token_ids: Sequence[int] | None,
+        block_keys: Sequence[Hashable] | None,
+        num_computed_tokens: int | None,
+        cache: bool,
+    ) -> int:
+        """Stop a sequence: cache its full computed blocks (unless not `cache`), free the rest;
+        returns blocks newly cached."""
+        seq = self.get(sequence_id)
+        keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
+        fields = self._meta_fields(seq)
+        added, to_free = self._radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        del self._states[sequence_id]
+        if to_free:
+            self._pool.free(to_free)
+        return added
+
+    # ---- compaction (token-level eviction) ---------------------------------------------------
+
+    def compaction_gain(self, sequence_id: int, num_tokens: int) -> int:
+        """Blocks compacting the sequence to `num_tokens` would give back (`compaction`)."""
+        return compaction.compaction_gain(self.get(sequence_id), num_tokens, self._keys.block_size)
+
+    def compact(self, sequence_id: int, num_tokens: int) -> list[int] | None:
+        """Give the sequence a fresh table for `num_tokens` (`compaction.compact`); None when
+        even eviction cannot give the blocks (nothing changed)."""
+        return compaction.compact(
+            self.get(sequence_id),
+            num_tokens,
+            block_size=self._keys.block_size,
+            pool=self._pool,
+            radix=self._radix,
+            eviction=self._eviction,
+        )
+
+    # ---- preemption -------------------------------------------------------------------------
+
+    def candidates(self, exclude: Iterable[int]) -> list[EvictionCandidate]:
+        """The running sequences not in `exclude` as the spec's `EvictionCandidate`s."""
+        skip = set(exclude)
+        return [
+            EvictionCandidate(
+                sequence_id=sequence_id,
+                block_ids=list(s.block_table),
+                last_access_time=s.last_access,
+                access_count=s.access_count,
+                priority=s.request.priority,
+                is_pinned=s.request.non_preemptible,
+                estimated_lifetime=s.request.estimated_lifetime,
+                sequence_length=s.num_tokens,
+                max_length=s.request.max_tokens,
+            )
+            for sequence_id, s in self._states.items()
+            if sequence_id not in skip
+        ]
