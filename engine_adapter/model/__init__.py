@@ -1,10 +1,22 @@
 """The model of the engine: a Llama/Qwen2-family decoder over the paged KV pool.
 
-    config.py     ModelConfig (from a Hugging Face config.json) and SAGE_TINY
-    tokenizer.py  ByteTokenizer, HFTokenizer (tokenizer.json), IncrementalDetokenizer
-    loader.py     load_model("sage-tiny" | folder | cached hub id) -> (Decoder, tokenizer, config)
-    decoder.py    Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput
-    sampling.py   SamplingParams, sample / sample_batch with per-request generators
+    config.py         ModelConfig (from a Hugging Face config.json or GGUF metadata), SAGE_TINY
+    builtin.py        the built-in models by name (sage-tiny, smollm2-135m when installed)
+    tokenizer.py      ByteTokenizer, HFTokenizer (tokenizer.json), IncrementalDetokenizer
+    chat_template.py  chat templates rendered with jinja2, as transformers' apply_chat_template
+    gguf_file.py      a GGUF file's metadata, tokenizer and tensors (the gguf package dequantizes)
+    loader.py         load_model("sage-tiny" | file.gguf | folder | cached hub id)
+                      -> (Decoder, tokenizer, config)
+    kv_pool.py        PagedKVPool: one K and one V tensor per layer, indexed by the block ids of
+                      the cache core's BlockAllocator (pool.allocator)
+    decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput; the
+                      AttentionObserver token-level eviction reads
+    sampling.py       SamplingParams, sample / sample_batch with per-request generators
+    pooling.py        MeanPool: embeddings from the hidden states of chunked prefills
+
+Imports torch, numpy, tokenizers, gguf, safetensors and jinja2, and of sage only the cache core
+(`engine_adapter.cache`: the allocator and block sizes); never the serving layer or the
+simulator.
 
 A step of the engine::
 
