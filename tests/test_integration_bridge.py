@@ -132,10 +132,31 @@ def test_an_untested_release_is_refused_unless_allowed(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(compat, "installed_version", lambda engine: "0.31.2")
     monkeypatch.delenv("SAGE_ALLOW_UNTESTED_ENGINE", raising=False)
-    with pytest.raises(UnsupportedEngineVersion, match=r"tested with vllm 0\.32\.x, 0\.33\.x, not 0\.31\.2"):
+    with pytest.raises(UnsupportedEngineVersion, match=r"tested with vllm 0\.32\.x, not 0\.31\.2"):
+        check_version("vllm")
+    monkeypatch.setattr(compat, "installed_version", lambda engine: "0.33.0")  # no test ran it
+    with pytest.raises(UnsupportedEngineVersion, match="not 0.33.0"):
         check_version("vllm")
     monkeypatch.setenv("SAGE_ALLOW_UNTESTED_ENGINE", "1")
     with pytest.warns(RuntimeWarning, match="not 0.31.2"):
         assert check_version("vllm") == "0.31.2"
     monkeypatch.setattr(compat, "installed_version", lambda engine: "0.5.6")
     assert check_version("lmcache") == "0.5.6"
+
+
+def test_the_accepted_releases_are_the_releases_the_integration_tests_install() -> None:
+    """`TESTED_VERSIONS` may accept only what scripts/integration_venvs.sh pins (and CI runs)."""
+    import re
+    from pathlib import Path
+
+    from sage_eviction.integrations.compat import TESTED_VERSIONS
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "integration_venvs.sh").read_text()
+    pinned = dict(re.findall(r'PINS=\("([a-z-]+)==([0-9.]+)"\)', script))
+    for engine, (dists, prefixes) in TESTED_VERSIONS.items():
+        versions = [pinned[d] for d in dists if d in pinned]
+        assert versions, f"{engine}: no venv of scripts/integration_venvs.sh installs {dists}"
+        for prefix in prefixes:
+            assert any(v == prefix or v.startswith(prefix) for v in versions), (
+                f"{engine} {prefix}x is accepted but the integration venv installs {versions}"
+            )
