@@ -134,12 +134,13 @@ def test_an_untested_release_is_refused_unless_allowed(monkeypatch: pytest.Monke
     monkeypatch.delenv("SAGE_ALLOW_UNTESTED_ENGINE", raising=False)
     with pytest.raises(UnsupportedEngineVersion, match=r"tested with vllm 0\.32\.x, not 0\.31\.2"):
         check_version("vllm")
-    monkeypatch.setattr(compat, "installed_version", lambda engine: "0.33.0")  # no test ran it
-    with pytest.raises(UnsupportedEngineVersion, match="not 0.33.0"):
-        check_version("vllm")
     monkeypatch.setenv("SAGE_ALLOW_UNTESTED_ENGINE", "1")
     with pytest.warns(RuntimeWarning, match="not 0.31.2"):
         assert check_version("vllm") == "0.31.2"
+    monkeypatch.delenv("SAGE_ALLOW_UNTESTED_ENGINE")
+    monkeypatch.setattr(compat, "installed_version", lambda engine: "0.33.0")  # no test has run it
+    with pytest.raises(UnsupportedEngineVersion, match=r"not 0\.33\.0"):
+        check_version("vllm")
     monkeypatch.setattr(compat, "installed_version", lambda engine: "0.5.6")
     assert check_version("lmcache") == "0.5.6"
 
