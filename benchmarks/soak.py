@@ -11,7 +11,13 @@ A good request must answer 200 with a whole answer; a malformed one a 4xx with a
 body, never a 5xx and never a hang; nothing may be lost (a dropped connection, a stream cut
 short). Decoding is greedy or seeded, so the same prompt must give the same text all run long,
 whatever policy is active. The engine's RSS and open file descriptors are sampled from warm-up to
-the end. Exit code 0 when all of that holds and the engine still answers ``/health``, else 1.
+the end, and their drift is judged against stated thresholds (`drift`): the resident memory may
+grow at most ``--max-rss-growth-mib`` (default 32 MiB) from the end of the warm-up window (the
+first ``--warm-up-share`` of the run, default 20 %: allocator pools, caches and the pool's pages
+fill there) to the end of the run, each end the median of its samples; and the open descriptors,
+counted with no client connected, at most ``--max-fd-growth`` (default 2) above their count at
+the start. A leak of a few KiB a request, or one descriptor a connection, fails the run. Exit code
+0 when all of that holds and the engine still answers ``/health``, else 1.
 
     python benchmarks/soak.py                                  # 10 minutes, 8 clients, sage-tiny
     python benchmarks/soak.py --duration 120 --model smollm2-135m
@@ -21,6 +27,7 @@ the end. Exit code 0 when all of that holds and the engine still answers ``/heal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -457,6 +464,46 @@ def _health(socket: str, pid: int) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class DriftLimits:
+    """How far the engine's resources may drift in a run before the soak fails."""
+
+    max_rss_growth_mib: float = 32.0
+    max_fd_growth: int = 2
+    warm_up_share: float = 0.2
+
+
+def drift(samples: list[dict[str, float]], settled_first: dict[str, float], settled_last: dict[str, float],
+          limits: DriftLimits) -> dict[str, Any]:  # fmt: skip
+    """The run's resource drift and whether it is within `limits`.
+
+    RSS: the median of the samples taken in the warm-up window's last tenth of the run (from
+    `warm_up_share` to `warm_up_share` + 0.1) against the median of the last tenth, so that one
+    sample's noise does not decide. Descriptors: the settled samples (no client connected) at the
+    end and at the start.
+    """
+    start_t, end_t = samples[0]["t_s"], samples[-1]["t_s"]
+    span = max(end_t - start_t, 1e-9)
+
+    def window(lo: float, hi: float) -> list[float]:
+        chosen = [s["rss_kib"] for s in samples if lo <= (s["t_s"] - start_t) / span <= hi]
+        return chosen or [samples[-1]["rss_kib"]]
+
+    after_warm_up = statistics.median(window(limits.warm_up_share, limits.warm_up_share + 0.1))
+    at_end = statistics.median(window(0.9, 1.0))
+    rss_growth_mib = (at_end - after_warm_up) / 1024
+    fd_growth = int(settled_last["fds"] - settled_first["fds"])
+    return {
+        "rss_after_warm_up_kib": after_warm_up,
+        "rss_at_end_kib": at_end,
+        "rss_growth_mib": round(rss_growth_mib, 2),
+        "fd_growth": fd_growth,
+        "limits": dataclasses.asdict(limits),
+        "rss_within": rss_growth_mib <= limits.max_rss_growth_mib,
+        "fds_within": fd_growth <= limits.max_fd_growth,
+    }
+
+
 def _engine_report(sampler: Sampler, first: dict[str, float], last: dict[str, float]) -> dict[str, Any]:
     return {
         "pid": sampler.pid,
@@ -499,7 +546,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             args.admin_interval, args.malformed_share, tally, sampler.engine_gone,
         )  # fmt: skip
         elapsed = _load(plan, args.clients, sampler)
-        resources_report = _engine_report(sampler, first, _settled_sample(sampler))
+        last = _settled_sample(sampler)
+        resources_report = _engine_report(sampler, first, last)
+        limits = DriftLimits(args.max_rss_growth_mib, args.max_fd_growth, args.warm_up_share)
+        resources_report["drift"] = drift(sampler.samples, first, last, limits)
         resources_report["healthy_at_end"] = _health(socket, pid)
         errors = _engine_errors(engine.engine.log_path)
     setup = {
@@ -544,6 +594,23 @@ def verdict(report: dict[str, Any]) -> list[str]:
         reasons.append("the engine no longer answers /health")
     if engine["exit_code"] not in (0, None):
         reasons.append(f"the engine exited with code {engine['exit_code']} on shutdown")
+    reasons += drift_reasons(engine["drift"])
+    return reasons
+
+
+def drift_reasons(judged: dict[str, Any]) -> list[str]:
+    """Why a `drift` judgement fails the run; empty when it is within its limits."""
+    limits, reasons = judged["limits"], []
+    if not judged["rss_within"]:
+        reasons.append(
+            f"the engine's RSS grew {judged['rss_growth_mib']:.1f} MiB after warm-up "
+            f"(limit {limits['max_rss_growth_mib']:g} MiB)"
+        )
+    if not judged["fds_within"]:
+        reasons.append(
+            f"the engine holds {judged['fd_growth']} more open file descriptors than at the start "
+            f"(limit {limits['max_fd_growth']})"
+        )
     return reasons
 
 
@@ -590,6 +657,12 @@ def print_report(report: dict[str, Any]) -> None:
         f"{len(engine['samples'])} samples; healthy at end: {engine['healthy_at_end']}; "
         f"exit code {engine['exit_code']}; {engine['log_errors']} error lines in its log"
     )
+    judged, limits = engine["drift"], engine["drift"]["limits"]
+    console.print(
+        f"drift after warm-up: RSS {judged['rss_growth_mib']:+.1f} MiB "
+        f"(limit {limits['max_rss_growth_mib']:g}), "
+        f"fds {judged['fd_growth']:+d} (limit {limits['max_fd_growth']})"
+    )
     for line in engine["log_error_examples"]:
         console.print(f"  {line}", markup=False)
     reasons = report["failed"]
@@ -611,6 +684,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--malformed-share", type=float, default=0.3, help="share of malformed requests")
     parser.add_argument("--sample-interval", type=float, default=5.0, help="seconds between RSS/fd samples")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds for the engine to start")
+    parser.add_argument("--max-rss-growth-mib", type=float, default=32.0,
+                        help="RSS growth allowed after warm-up (default 32 MiB)")  # fmt: skip
+    parser.add_argument("--max-fd-growth", type=int, default=2,
+                        help="open descriptors allowed above the start (default 2)")  # fmt: skip
+    parser.add_argument("--warm-up-share", type=float, default=0.2,
+                        help="share of the run that is warm-up, not drift (default 0.2)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return parser.parse_args(argv)
 
