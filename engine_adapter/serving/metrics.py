@@ -91,22 +91,34 @@ TPOT_BUCKETS = (
 
 @dataclass(frozen=True, slots=True)
 class MetricFamily:
-    """One `sage:*` metric family: its kind, exposed name, help text, labels and buckets."""
+    """One `sage:*` metric family: its kind, exposed name, help text, labels and buckets.
+
+    `exported_from_start` names the label values whose series exist (at 0) from the moment the
+    family is registered: a labelled series is otherwise absent until its first change, and a
+    dashboard panel over a closed set of values (``direction``: shrink, grow) would be empty on
+    a fresh engine.
+    """
 
     kind: type[Counter] | type[Gauge] | type[Histogram]
     name: str
     documentation: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
+    exported_from_start: tuple[tuple[str, ...], ...] = ()
 
     def register(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
-        """The family's metric, registered in `registry`."""
+        """The family's metric, registered in `registry`, with its series exported from start."""
+        metric: Counter | Gauge | Histogram
         if self.kind is Histogram:
             buckets = self.buckets if self.buckets is not None else Histogram.DEFAULT_BUCKETS
-            return Histogram(
+            metric = Histogram(
                 self.name, self.documentation, list(self.labels), registry=registry, buckets=buckets
             )
-        return self.kind(self.name, self.documentation, list(self.labels), registry=registry)
+        else:
+            metric = self.kind(self.name, self.documentation, list(self.labels), registry=registry)
+        for values in self.exported_from_start:
+            metric.labels(*values)
+        return metric
 
 
 # The families, by the attribute of `EngineMetrics` that holds each, in registration (and so
@@ -165,6 +177,7 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "sage:batch_changes_total",
         "Changes of the running-batch limit by --adaptive-batch, shrink or grow.",
         ("direction",),
+        exported_from_start=(("shrink",), ("grow",)),
     ),
     "blocks_by_tenant": MetricFamily(
         Gauge, "sage:kv_cache_blocks_by_tenant", "Pool blocks in use, by tenant ('-': none).", ("tenant",)
