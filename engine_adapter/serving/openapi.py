@@ -78,6 +78,7 @@ def _operation(
 
 
 _SLO_MS: Schema = _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000})
+_PENALTY: Schema = _nullable({"type": "number", "minimum": -2, "maximum": 2})
 
 
 def _admitted(operation: Schema) -> Schema:
@@ -97,10 +98,15 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
         "stop": _nullable({"anyOf": [STR, {"type": "array", "items": STR}]}),
         "seed": _nullable(INT),
         "stream": _nullable(BOOL),
-        "stream_options": _nullable(_obj({}, {"include_usage": _nullable(BOOL)}, extra=False)),
+        "stream_options": _nullable(
+            _obj({}, {"include_usage": _nullable(BOOL), "include_obfuscation": _nullable(BOOL)}, extra=False)
+        ),
         "user": _nullable(STR),
         "n": _nullable({"type": "integer", "const": 1}),
         "logprobs": {"enum": [None, 0, False]},
+        "frequency_penalty": _PENALTY,
+        "presence_penalty": _PENALTY,
+        "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
         "priority": _nullable(INT),
         "tenant": _nullable(STR),
         "cache_salt": _nullable({"type": "string", "minLength": 1}),
@@ -284,7 +290,11 @@ def _completion_paths() -> dict[str, Schema]:
                     body=_completion_request(
                         "messages",
                         {"type": "array", "items": message, "minItems": 1},
-                        {"max_completion_tokens": _nullable({"type": "integer", "minimum": 1})},
+                        {
+                            "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
+                            "response_format": _nullable(_obj({"type": {"const": "text"}}, extra=False)),
+                            "top_logprobs": _nullable({"type": "integer", "const": 0}),
+                        },
                     ),
                 )
             )

@@ -13,9 +13,10 @@ Each `Scheduler.step()`:
 4. runs one batched forward: a prefill chunk for sequences still in prefill (within the
    `max_num_batched_tokens` budget), one token for each decoding sequence, and the step's
    embedding chunks (`engine_adapter.serving.embedding_scheduler`);
-5. samples, detokenizes, checks stop conditions (`engine_adapter.serving.outputs`), caches
-   newly full blocks so that concurrent requests share them, and releases finished sequences
-   (their full blocks stay cached).
+5. samples (after OpenAI's penalties, `engine_adapter.model.penalties`), detokenizes, checks
+   stop conditions (`engine_adapter.serving.outputs`), caches newly full blocks so that
+   concurrent requests share them, and releases finished sequences (their full blocks stay
+   cached).
 
 A preempted sequence recomputes prompt and output together; with greedy sampling it produces
 exactly the tokens it would have produced without preemption.
@@ -48,6 +49,7 @@ from engine_adapter.cache.records import Allocation
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
+from engine_adapter.model.penalties import apply_penalties
 from engine_adapter.model.sampling import make_generator, sample_batch
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.compression import SequenceCompressor
@@ -494,11 +496,9 @@ class Scheduler:
         if not sampling_rows:
             return 0
         sampled_seqs = [seqs[r] for r in sampling_rows]
-        tokens = sample_batch(
-            logits[sampling_rows],
-            [s.sampling for s in sampled_seqs],
-            [s.generator for s in sampled_seqs],
-        )
+        params = [s.sampling for s in sampled_seqs]
+        rows = apply_penalties(logits[sampling_rows], params, [s.output_ids for s in sampled_seqs])
+        tokens = sample_batch(rows, params, [s.generator for s in sampled_seqs])
         return self._take_tokens(sampled_seqs, tokens)
 
     def _take_tokens(self, seqs: list[Sequence], tokens: list[int]) -> int:
