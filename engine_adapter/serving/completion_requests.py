@@ -143,8 +143,9 @@ def _sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """The body's sampling fields as `SamplingParams` keywords (its own checks name the field)."""
     sampling: dict[str, Any] = {}
     max_tokens = opt_int(body, "max_tokens", minimum=1)
+    newer = opt_int(body, "max_completion_tokens", minimum=1)  # checked even beside max_tokens
     if max_tokens is None:  # the chat API's newer name
-        max_tokens = opt_int(body, "max_completion_tokens", minimum=1)
+        max_tokens = newer
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
     for field in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from engine_adapter.token_eviction.registry import token_policy_names
+from sage_eviction import available_policies
 
 __all__ = ["openapi_document"]
 
@@ -67,11 +68,19 @@ def _errors(*statuses: str) -> dict[str, Schema]:
 
 
 def _operation(
-    summary: str, ok: Schema, *, body: Schema | None = None, params: list[Schema] | None = None
+    summary: str,
+    ok: Schema,
+    *,
+    body: Schema | None = None,
+    example: Schema | None = None,
+    params: list[Schema] | None = None,
 ) -> Schema:
     operation: Schema = {"summary": summary, "responses": {"200": ok, **_errors()}}
     if body is not None:
-        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        media: Schema = {"schema": body}
+        if example is not None:
+            media["example"] = example
+        operation["requestBody"] = {"required": True, "content": {"application/json": media}}
     if params:
         operation["parameters"] = params
     return operation
@@ -202,9 +211,14 @@ def _eviction_paths() -> dict[str, Schema]:
                     ),
                     "Swapped",
                 ),
+                # The online policies by name; any other string may be a spec ("slru:k=v"), an
+                # alias or another case of a name, which the engine resolves or refuses.
                 body=_obj(
-                    {"policy": {"type": "string", "minLength": 1}}, {"params": _nullable(MAP)}, extra=False
+                    {"policy": {"anyOf": [{"enum": available_policies(include_offline=False)}, _text()]}},
+                    {"params": _nullable(MAP)},
+                    extra=False,
                 ),
+                example={"policy": "lru"},
             )
         },
     }
@@ -224,7 +238,8 @@ def _token_and_log_paths() -> dict[str, Schema]:
                     _obj({"old": STR, "new": STR, "params": MAP, "swap_time_s": NUM}),
                     "Swapped",
                 ),
-                body=_obj({"policy": {"type": "string", "minLength": 1}}, extra=False),
+                body=_obj({"policy": {"enum": token_policy_names()}}, extra=False),
+                example={"policy": "sliding"},
             ),
         },
         "/v1/eviction/logs": {
@@ -279,6 +294,7 @@ def _completion_paths() -> dict[str, Schema]:
                     "OpenAI-compatible text completion",
                     _completion_answer("text_completion", text_choice),
                     body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+                    example={"prompt": "Once upon a time", "max_tokens": 4},
                 )
             )
         },
@@ -296,6 +312,7 @@ def _completion_paths() -> dict[str, Schema]:
                             "top_logprobs": _nullable({"type": "integer", "const": 0}),
                         },
                     ),
+                    example={"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
                 )
             )
         },
@@ -351,6 +368,7 @@ def _embedding_paths() -> dict[str, Schema]:
                     "hidden state, computed in chunks between the LLM's steps",
                     _json(answer, "One vector per input, in input order (base64: little-endian float32s)"),
                     body=body,
+                    example={"input": ["Hello", "world"]},
                 )
             )
         },
