@@ -248,6 +248,8 @@ class Engine(EngineControl):
                 int(event["blocks_freed"]),
                 float(event["duration_us"]) / 1e6,
             )
+        elif event.get("event") == "compress" and event.get("fallback"):
+            self.metrics.on_attention_fallback(str(event["policy"]))
 
     # ---- colocation (engine_adapter.serving.colocation) --------------------------------------
 

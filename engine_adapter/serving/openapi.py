@@ -509,6 +509,8 @@ def _eviction_schemas() -> dict[str, Schema]:
                 "bytes_freed_total": INT,
                 "by_reason": MAP,
                 "compress_s": NUM,
+                "attention_fallbacks": MAP,
+                "attention_fallbacks_total": INT,
             }
         ),
     }
