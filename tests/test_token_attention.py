@@ -49,6 +49,7 @@ def decoder() -> Decoder:
     return model
 
 
+@pytest.mark.slow  # two prefills and a keep per layer, per policy: seconds on a shared CPU
 @pytest.mark.parametrize("name", ATTENTION_SCORED)
 def test_without_attention_a_policy_says_why_and_keeps_the_newest(decoder: Decoder, name: str) -> None:
     policy = make_token_policy(name)
