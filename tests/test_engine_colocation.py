@@ -19,10 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.model.tokenizer import ByteTokenizer, IncrementalDetokenizer
 from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import ConfigError, EngineConfig
+from engine_adapter.serving.embedding_batch import EmbeddingJob, EmbeddingText
 from engine_adapter.serving.engine import Engine
-from engine_adapter.serving.errors import AdmissionRejected
+from engine_adapter.serving.errors import AdmissionRejected, RequestError
+from engine_adapter.serving.sequence import Sequence
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 48
@@ -266,16 +269,139 @@ def test_sage_sheds_queued_work_past_its_deadline_and_the_spec_does_not(tmp_path
 
 def test_a_plain_partition_admits_everything_and_leaves_preemption_to_the_policy(tmp_path: Path) -> None:
     switches = {"admission": "false", "slo_preemption": "false"}  # strings, as flags give them
-    eng = Engine(_config(tmp_path, colocation="static:0.5", colocation_params=switches))
+    eng = Engine(_config(tmp_path, colocation="static:0.05", colocation_params=switches))
     eng.start()
     try:
         # the policy picks victims, and the embedding quota gates reservations
         assert eng.hooks.choose_victims(eng.scheduler.running, set(), 1) is None
         assert eng.hooks.colocation is not None
-        # 47 blocks of workspace: sage's admission rejects it (test above); a partition takes it
-        assert eng.submit_embedding(["x" * 370]).result(timeout=60).error is None
+        # 44 blocks of workspace: sage's admission rejects it (at most 48 less the LLM's floor
+        # of 5); a partition whose embedding part holds 46 takes it
+        assert eng.submit_embedding(["x" * 350]).result(timeout=60).error is None
         stats = eng.colocation_stats()
         assert stats is not None and stats["admission"] is False
-        assert stats["quota"] == {"llm_blocks": 24, "embedding_blocks": 24}
+        assert stats["quota"] == {"llm_blocks": 2, "embedding_blocks": 46}
     finally:
         eng.shutdown(drain=False, timeout=10)
+
+
+# ---- the LLM quota is charged for every block, decode growth included (issue 28, item 2) -------
+
+
+def _charged_run(
+    tmp_path: Path, mode: str, prompts: list[str], max_tokens: int
+) -> tuple[list[list[int]], int, list[tuple[int, int, int]]]:
+    """`prompts` stepped by hand on a 48-block pool under `mode` (admission control off: only
+    the quota gates); the outputs, the preemptions and, after each step, (LLM blocks held,
+    LLM quota, running sequences)."""
+    config = _config(tmp_path, colocation=mode, colocation_params={"admission": "false"})
+    eng = Engine(config)
+    gates = eng.hooks.colocation
+    assert gates is not None
+    greedy = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    handles = [eng.submit(p, greedy) for p in prompts]
+    eng._drain_inbox()
+    trace: list[tuple[int, int, int]] = []
+    while eng.scheduler.has_work():
+        eng.scheduler.step()
+        eng.cache.check_invariants()
+        trace.append((gates.llm_blocks_held(), gates.controller.quota.llm_blocks, len(eng.scheduler.running)))
+    return [h.result(timeout=1).token_ids for h in handles], eng.scheduler.total_preemptions, trace
+
+
+def _quota(tmp_path: Path, mode: str) -> int:
+    gates = Engine(_config(tmp_path / "q", colocation=mode)).hooks.colocation
+    assert gates is not None
+    return gates.controller.quota.llm_blocks
+
+
+@pytest.mark.slow  # two engines stepped by hand, a few hundred greedy tokens
+@pytest.mark.parametrize("mode", ["static:0.5", "dynamic"])
+@pytest.mark.parametrize("scenario", ["prompts", "decode growth"])
+def test_the_llm_class_never_holds_more_than_its_quota(tmp_path: Path, mode: str, scenario: str) -> None:
+    quota = _quota(tmp_path, mode)  # 24 blocks static, 33 dynamic (its starting quota)
+    half = quota // 2 + 1  # two sequences of this many blocks each are over the quota
+    if scenario == "prompts":  # each prompt alone fits; two together do not
+        prompts = [f"{i}" + "p" * (BLOCK_SIZE * half - 2) for i in range(2)]
+        max_tokens = 2
+    else:  # admitted by their prompts (6 blocks each), over the quota as they decode
+        prompts = [f"{i}" + "g" * 39 for i in range(2)]
+        max_tokens = BLOCK_SIZE * half - 41
+    outputs, preemptions, trace = _charged_run(tmp_path / "run", mode, prompts, max_tokens)
+    # A dynamic quota lets a sequence running alone grow past it; a static partition never.
+    over = [t for t in trace if t[0] > t[1] and (mode.startswith("static") or t[2] > 1)]
+    assert not over, f"the LLM class held more than its quota (held, quota, running): {over[:3]}"
+    assert max(t[0] for t in trace) > quota // 2  # the quota, not the pool, was what bound
+    if scenario == "decode growth":
+        assert preemptions > 0  # a sequence gave way when growth reached the quota
+    reference = Engine(_config(tmp_path / "ref", colocation="off", num_blocks=256))
+    reference.start()
+    try:
+        greedy = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        expected = [h.result(timeout=120).token_ids for h in [reference.submit(p, greedy) for p in prompts]]
+    finally:
+        reference.shutdown(drain=False, timeout=10)
+    assert outputs == expected  # preempted by recompute: the same greedy tokens
+
+
+# ---- static partitions are hard (issue 28, item 5) ------------------------------------------------
+
+
+def test_a_static_partition_is_hard_at_its_boundary(tmp_path: Path) -> None:
+    eng = Engine(_config(tmp_path, colocation="static:0.5", colocation_params={"admission": "false"}))
+    gates = eng.hooks.colocation
+    assert gates is not None and gates.partition == gates.controller.quota
+    assert (gates.partition.llm_blocks, gates.partition.embedding_blocks) == (24, 24)
+    eng.start()
+    try:
+        part_tokens = 24 * BLOCK_SIZE  # the byte tokenizer adds a bos
+        # embeddings: a text of exactly the embedding part is served, one token more never
+        assert eng.submit_embedding(["x" * (part_tokens - 1)]).result(timeout=60).error is None
+        with pytest.raises(RequestError, match=r"needs 25 blocks; the embedding part .* holds 24"):
+            eng.submit_embedding(["x" * part_tokens])
+        # completions: prompt plus max_tokens of exactly the LLM part is served, one more never
+        fits = eng.submit("y" * 99, SamplingParams(max_tokens=part_tokens - 100, ignore_eos=True))
+        assert fits.result(timeout=120).finish_reason == "length"
+        with pytest.raises(RequestError, match=r"needs 25 blocks; the LLM part .* holds 24"):
+            eng.submit("y" * 99, SamplingParams(max_tokens=part_tokens - 99))
+        # over HTTP: a 400 naming the partition, and the engine serves on
+        client = TestClient(build_app(eng), raise_server_exceptions=False)
+        r = client.post("/v1/embeddings", json={"input": "x" * part_tokens})
+        assert r.status_code == 400 and "static partition (static:0.5)" in r.json()["error"]["message"], (
+            r.text
+        )
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    finally:
+        eng.shutdown(drain=False, timeout=10)
+
+
+def _job() -> EmbeddingJob:
+    return EmbeddingJob("emb-gate", [EmbeddingText(ids=[1, 2, 3])], 0.0, 1.0, lambda _result: None)
+
+
+def _sequence(num_tokens: int) -> Sequence:
+    ids = [65] * num_tokens
+    return Sequence(
+        seq_id=1,
+        request_id="cmpl-gate",
+        prompt_ids=ids,
+        sampling=SamplingParams(max_tokens=1),
+        detokenizer=IncrementalDetokenizer(ByteTokenizer(), ids),
+        emit=lambda _output: None,
+    )
+
+
+def test_the_gates_let_no_first_request_past_a_static_partition(tmp_path: Path) -> None:
+    """With nothing running and nothing reserved, a static partition still refuses one block more
+    than its part (a dynamic quota lets the first of each class through, so neither starves)."""
+    for mode, hard in (("static:0.5", True), ("dynamic", False)):
+        eng = Engine(_config(tmp_path / mode.replace(":", "-"), colocation=mode))
+        gates = eng.hooks.colocation
+        assert gates is not None
+        quota = gates.controller.quota
+        assert gates.admits_embedding(_job(), quota.embedding_blocks) is True
+        assert gates.admits_embedding(_job(), quota.embedding_blocks + 1) is not hard
+        big = _sequence(BLOCK_SIZE * (quota.llm_blocks + 1))
+        assert gates.admits_llm(_sequence(BLOCK_SIZE * quota.llm_blocks), []) is True
+        assert gates.admits_llm(big, []) is not hard
+        assert gates.admits_llm_growth(big, quota.llm_blocks + 1, [big]) is not hard

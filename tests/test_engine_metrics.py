@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from engine_fixtures import app_client
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_adapter.serving.metrics import EVICTION_DURATION_BUCKETS, EngineMetrics
+from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.engine import Engine
+from engine_adapter.serving.metrics import EVICTION_DURATION_BUCKETS, METRIC_FAMILIES, EngineMetrics
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "dashboards" / "sage.json"
 
 EXPECTED = {
     # family name as the parser reports it (counters lose `_total`) -> type
@@ -133,3 +143,39 @@ def test_policy_info_marks_only_the_active_policy_and_swaps_are_counted() -> Non
     assert [labels for (name, labels), v in s.items() if name == "sage:policy_info" and v == 1] == [
         (("policy", "lru"),)
     ]
+
+
+def test_batch_changes_are_exported_from_start_at_zero() -> None:
+    # issue 28, item 9: a labelled counter has no series until its first change, so the
+    # dashboard's "batch changes" panel was empty on a fresh engine.
+    s = _samples(EngineMetrics())
+    assert s[("sage:batch_changes_total", (("direction", "shrink"),))] == 0
+    assert s[("sage:batch_changes_total", (("direction", "grow"),))] == 0
+
+
+def _dashboard_metrics() -> set[str]:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queries += [a["expr"] for a in dashboard["annotations"]["list"]]
+    return {m for q in queries for m in re.findall(r"\bsage:[A-Za-z0-9_:]+", q)}
+
+
+def test_a_fresh_engine_has_a_series_for_every_dashboard_metric_with_known_labels() -> None:
+    """Every family the dashboard draws whose series are known in advance (no labels, or labels
+    exported from start) has its samples on a fresh engine, before any request."""
+    families = {f.name: f for f in METRIC_FAMILIES.values()}
+    known = {
+        name
+        for name, family in families.items()
+        if family.kind.__name__ != "Histogram" and (not family.labels or family.exported_from_start)
+    }
+    drawn = {name for name in _dashboard_metrics() if name in known}
+    assert "sage:batch_changes_total" in drawn
+    with tempfile.TemporaryDirectory(prefix="sg-fresh-", dir="/tmp") as root:
+        config = EngineConfig(
+            device="cpu", num_blocks=16, socket=f"{root}/e.sock", log_dir=f"{root}/logs", adaptive_batch=True
+        )
+        engine = Engine(config)  # never started: no request has run
+        text = app_client(engine).get("/metrics").text
+    present = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    assert drawn <= present, f"no series on a fresh engine: {sorted(drawn - present)}"

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -127,6 +128,73 @@ def test_chat_streaming_gives_the_same_text_as_plain(client: openai.OpenAI) -> N
     assert "".join(pieces) == plain.choices[0].message.content
     assert finish == [plain.choices[0].finish_reason]
     assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_streamed_usage_comes_once_at_the_end_only_when_asked(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Name a colour."}]
+    asked = list(
+        client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    with_usage = [c for c in asked if c.usage is not None]
+    assert with_usage == [asked[-1]] and asked[-1].choices == []
+    unasked = list(
+        client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert all(c.usage is None for c in unasked)
+
+
+def test_the_parameters_clients_set_are_taken_and_the_penalties_applied(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Write the word cat eight times, separated by spaces."}]
+
+    def reply(**extra: Any) -> str:
+        answer = client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            **extra,  # type: ignore[arg-type]
+        )
+        return answer.choices[0].message.content or ""
+
+    plain = reply()
+    taken = reply(seed=5, user="someone", n=1, logprobs=False, response_format={"type": "text"})
+    assert taken == plain  # greedy: none of these changes the answer
+
+    def continued(**extra: Any) -> str:
+        answer = client.completions.create(
+            model=SMOLLM2_NAME, prompt="cat cat cat cat cat cat", max_tokens=32, temperature=0, **extra
+        )
+        return answer.choices[0].text
+
+    # Applied: a penalty over the answer's own tokens changes a greedy answer that repeats some
+    # (the exact arithmetic is tests/test_openai_params.py's, against a direct computation).
+    repeated = continued()
+    assert continued(frequency_penalty=2.0, presence_penalty=1.0) != repeated
+    assert continued(frequency_penalty=0.0, presence_penalty=0.0) == repeated
+    with pytest.raises(openai.BadRequestError, match="'n'"):
+        client.chat.completions.create(model=SMOLLM2_NAME, messages=messages, max_tokens=2, n=2)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.chat.completions.create(
+            model=SMOLLM2_NAME,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=2,
+            response_format={"type": "json_object"},
+        )
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model=SMOLLM2_NAME, messages=messages, max_tokens=2, logprobs=True)  # type: ignore[arg-type]
 
 
 def test_repeated_chat_prompt_reports_cached_tokens(client: openai.OpenAI) -> None:

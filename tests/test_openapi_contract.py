@@ -1,8 +1,12 @@
 """The control API against its OpenAPI document: schemathesis drives a live engine over its socket.
 
-Every operation gets generated requests (bounded examples); no answer may be a 5xx or stray from
-the document (status, content type, schema), and the engine must still serve afterwards. The
-document served at ``/openapi.json`` is the one checked in at ``docs/openapi.json``.
+Every operation gets generated requests, drawn from its own schema (the document's examples
+first, then bodies and queries that fit it, then ones that break it); no answer may be a 5xx or
+stray from the document (status, content type, schema), every operation must get 2xx answers
+(a fuzz that only ever hits validation tests nothing past it), and the engine must still serve
+afterwards. The only change made to a drawn request is to cap a completion's ``max_tokens`` (a
+CPU run cannot wait for millions of tokens); no field is ever added. The document served at
+``/openapi.json`` is the one checked in at ``docs/openapi.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,10 @@ DOCUMENT = openapi_document()
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 # Draining the engine ends the run: it is called once, last, by its own test.
 FUZZED = SCHEMA.exclude(path="/v1/engine/shutdown")
+# Operations whose bodies carry max_tokens: the only field the fuzz ever changes.
+GENERATING = ("/v1/completions", "/v1/chat/completions")
+# Statuses answered to the fuzz, by operation ("PUT /v1/eviction/policy").
+ANSWERS: dict[str, Counter[int]] = {}
 
 
 def test_the_checked_in_document_is_the_served_one() -> None:
@@ -71,18 +80,17 @@ def send(sock: Path, case: Any) -> httpx.Response:
 
 
 def bounded(case: Any) -> bool:
-    """Requests that would run unbounded here: a follow stream never ends, and a generation of
-    millions of tokens on a CPU would outlast the run (the engine takes them; they are just long)."""
+    """Whether `case` ends on a CPU: a follow stream never does, so it is left out; a completion
+    of millions of tokens would outlast the run, so its ``max_tokens`` is capped at 8 (the
+    engine takes such requests; they are just long). Nothing is added to a body."""
     query = case.query or {}
     if str(query.get("follow", "")).lower() in ("true", "1"):
         return False
-    body = case.body if isinstance(case.body, dict) else {}
-    for field in ("max_tokens", "max_completion_tokens"):
-        value = body.get(field)
-        if isinstance(value, int) and value > 16:
-            body[field] = 16
-    if "max_tokens" not in body and "max_completion_tokens" not in body and isinstance(case.body, dict):
-        body["max_tokens"] = 4
+    if case.path in GENERATING and isinstance(case.body, dict):
+        for field in ("max_tokens", "max_completion_tokens"):
+            value = case.body.get(field)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 8:
+                case.body[field] = 8
     return True
 
 
@@ -93,11 +101,31 @@ def test_every_operation_keeps_to_the_document(case: Any, engine_socket: Path) -
     if not bounded(case):
         return
     response = send(engine_socket, case)
+    if case.method.upper() == case.operation.method.upper():  # not a probe of another method
+        operation = f"{case.operation.method.upper()} {case.operation.path}"
+        ANSWERS.setdefault(operation, Counter())[response.status_code] += 1
     assert response.status_code < 500, (case.method, case.path, response.text[:300])
     # Not positive_data_acceptance: a schema cannot say every rule of the API (token ids within
-    # the model's vocabulary, a policy name the registry knows), so a 400 to a schema-valid
-    # request is allowed; a schema-violating one must still be refused (negative_data_rejection).
+    # the model's vocabulary, a prompt within the pool), so a 400 to a schema-valid request is
+    # allowed; a schema-violating one must still be refused (negative_data_rejection).
     case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance])
+
+
+@pytest.mark.slow
+def test_every_operation_got_past_validation(engine_socket: Path) -> None:
+    """Each fuzzed operation was answered 2xx at least once: the fuzz reached the engine."""
+    operations = {f"{o.method.upper()} {o.path}" for o in _operations(FUZZED)}
+    assert ANSWERS, "run with test_every_operation_keeps_to_the_document (it records the answers)"
+    missing = {op: dict(ANSWERS.get(op, {})) for op in operations if not _ok(ANSWERS.get(op, Counter()))}
+    assert not missing, f"operations never answered 2xx (status: count): {missing}"
+
+
+def _ok(statuses: Counter[int]) -> bool:
+    return any(200 <= status < 300 for status in statuses)
+
+
+def _operations(schema: Any) -> list[Any]:
+    return [result.ok() for result in schema.get_all_operations()]
 
 
 @pytest.mark.slow

@@ -15,11 +15,12 @@ Event shapes::
      "last_access", "hits", "priority"}
     {"event": "freed", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
     {"event": "compress", "ts", "sequence_id", "policy", "reason", "tokens_before", "tokens_after",
-     "blocks_freed", "bytes_freed", "duration_us"}
+     "blocks_freed", "bytes_freed", "duration_us", "fallback"}
 
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
-"pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption).
+"pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption);
+`fallback` is null, or why an attention-scored policy kept the newest tokens instead.
 
 Imports `engine_adapter.paths` (the log folder) and structlog; nothing else of the cache.
 """
@@ -245,9 +246,11 @@ class EvictionEventLog:
         blocks_freed: int,
         bytes_freed: int,
         duration_us: float,
+        fallback: str | None = None,
         ts: float | None = None,
     ) -> None:
-        """One token-level compression of a running sequence."""
+        """One token-level compression of a running sequence; `fallback` says why the policy
+        kept the newest tokens instead of scoring by attention (None: it scored as it should)."""
         self._log.info(
             "compress",
             ts=time.time() if ts is None else ts,
@@ -259,6 +262,7 @@ class EvictionEventLog:
             blocks_freed=blocks_freed,
             bytes_freed=bytes_freed,
             duration_us=duration_us,
+            fallback=fallback,
         )
 
     def _fan_out(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:

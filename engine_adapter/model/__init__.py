@@ -12,6 +12,7 @@
     decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput; the
                       AttentionObserver token-level eviction reads
     sampling.py       SamplingParams, sample / sample_batch with per-request generators
+    penalties.py      apply_penalties: OpenAI's frequency and presence penalties
     pooling.py        MeanPool: embeddings from the hidden states of chunked prefills
 
 Imports torch, numpy, tokenizers, gguf, safetensors and jinja2, and of sage only the cache core

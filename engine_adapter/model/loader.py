@@ -29,7 +29,12 @@ from typing import Any
 import torch
 
 from engine_adapter.model import gguf_file
-from engine_adapter.model.builtin import SMOLLM2_INSTALL, SMOLLM2_NAME, smollm2_gguf_path
+from engine_adapter.model.builtin import (
+    SAGE_TINY_CHAT_TEMPLATE,
+    SMOLLM2_INSTALL,
+    SMOLLM2_NAME,
+    smollm2_gguf_path,
+)
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.kv_pool import resolve_device, resolve_dtype
@@ -84,7 +89,8 @@ def load_model(
     run_dtype = torch.float32 if dtype is None else resolve_dtype(dtype)
     builtin = BUILTIN_MODELS.get(name_or_path)
     if builtin is not None:
-        return _load_builtin(builtin, run_device, run_dtype), ByteTokenizer(), builtin
+        tokenizer = ByteTokenizer(chat_template=SAGE_TINY_CHAT_TEMPLATE)
+        return _load_builtin(builtin, run_device, run_dtype), tokenizer, builtin
     if name_or_path == SMOLLM2_NAME:
         gguf_path = smollm2_gguf_path()
         if gguf_path is None:

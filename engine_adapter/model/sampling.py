@@ -3,7 +3,8 @@
 Greedy when ``temperature == 0``; otherwise temperature, then top-k, then top-p (nucleus), then
 a draw from the request's own `torch.Generator`, so a seeded request gives the same tokens
 whatever else runs in the batch. Draws happen on the CPU, so they are also the same on a CUDA
-machine for the same logits.
+machine for the same logits. OpenAI's frequency and presence penalties are applied to the logits
+before either (`engine_adapter.model.penalties`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class SamplingParams:
             A list or a single string; stored as a tuple.
         seed: Seed of the request's generator; None draws a fresh seed.
         ignore_eos: Keep generating past the eos token (benchmarks).
+        frequency_penalty: OpenAI's: subtracted from a token's logit once per time it was
+            generated so far, in [-2, 2].
+        presence_penalty: OpenAI's: subtracted from a token's logit once it was generated, in
+            [-2, 2].
 
     Raises:
         ValueError: A value out of range; the message names it.
@@ -43,6 +48,8 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default=())
     seed: int | None = None
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
@@ -65,6 +72,15 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an int or None")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}={value!r} must be a number in [-2, 2]")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a frequency or presence penalty changes the logits."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0
 
     @property
     def greedy(self) -> bool:

@@ -58,6 +58,7 @@ class ByteTokenizer:
 
     Args:
         add_bos: `encode` puts bos first.
+        chat_template: The Jinja chat template (None: the chat endpoint refuses).
     """
 
     BOS = 256
@@ -65,12 +66,13 @@ class ByteTokenizer:
     PAD = 258
     NUM_SPECIAL = 3
 
-    def __init__(self, *, add_bos: bool = True) -> None:
+    def __init__(self, *, add_bos: bool = True, chat_template: str | None = None) -> None:
         self.add_bos = add_bos
+        self._chat_template = chat_template
 
     @property
     def chat_template(self) -> str | None:
-        return None  # random weights answer nothing: no chat format to follow
+        return self._chat_template
 
     @property
     def bos_token_id(self) -> int:

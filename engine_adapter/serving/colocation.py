@@ -9,8 +9,14 @@ before. With ``dynamic`` or ``static:F``:
   holds it out of the scheduler and asks again each loop until its slack runs out, then admits
   or rejects it; REJECT answers 429 with the controller's reason;
 - quotas (Algorithm 2) recomputed each ``quota_interval_s``: an embedding text reserves its
-  workspace only within the embedding quota, a new LLM sequence is admitted only within the LLM
-  quota (each class may always run one, so neither starves);
+  workspace only within the embedding quota; the LLM class is charged every block its running
+  sequences hold (the pool's referenced blocks, not the reservations: `llm_blocks_held`), so a
+  new sequence is admitted, and a running one grows by a decode block, only within the LLM
+  quota; past it a running sequence gives way (preempted by recompute). A dynamic quota lets
+  each class always run one request, so that neither starves while the quota moves;
+- static partitions (``static:F``) are hard: no request of a class is ever let past its part,
+  the first one included, and a request that could never fit its part is refused on arrival
+  (a 400 from `engine_adapter.serving.intake`);
 - deadlines from real slack: a sequence's blocks get ``now + slack_s`` as `EntryMeta.deadline`,
   so the ``slo`` eviction policy ranks them by their request's SLO; preemption picks its victims
   with Algorithm 3 (`preemption_victims`), the policy's choice only when it protects them all.
@@ -48,6 +54,7 @@ from engine_adapter.colocation import (
     LLMView,
     MemoryState,
     Quota,
+    parse_mode,
 )
 from engine_adapter.serving.embedding_batch import EmbeddingJob
 from engine_adapter.serving.scheduler import Scheduler
@@ -136,19 +143,39 @@ class ColocationGates:
         self.block_size = cache.block_size
         self.slo_preemption = slo_preemption
 
+    @property
+    def partition(self) -> Quota | None:
+        """The static partition (``static:F``), hard for both classes; None with a dynamic quota."""
+        return self.controller.quota if parse_mode(self.controller.mode) is not None else None
+
+    def llm_blocks_held(self) -> int:
+        """What the LLM class is charged now: every pool block in use but the embeddings'
+        reservations (the running sequences' blocks, a shared prefix once, and pinned blocks)."""
+        return memory_state(self.cache).used_llm_blocks
+
     def admits_embedding(self, job: EmbeddingJob, blocks: int) -> bool:
-        """Whether `blocks` more reserved blocks stay within the embedding quota (one text may
-        always run)."""
+        """Whether `blocks` more reserved blocks stay within the embedding quota (with a dynamic
+        quota one text may always run; a static partition is hard)."""
         reserved = self.cache.num_reserved_blocks
-        return reserved == 0 or reserved + blocks <= self.controller.quota.embedding_blocks
+        if reserved == 0 and self.partition is None:
+            return True
+        return reserved + blocks <= self.controller.quota.embedding_blocks
 
     def admits_llm(self, seq: Sequence, running: list[Sequence]) -> bool:
-        """Whether `seq` fits the LLM quota beside `running` (one sequence may always run)."""
-        if not running:
+        """Whether `seq`'s blocks (all of them: a cached prefix is charged once it is locked)
+        fit the LLM quota beside what the class holds (with a dynamic quota one sequence may
+        always run; a static partition is hard)."""
+        if not running and self.partition is None:
             return True
-        held = sum(len(s.block_table) for s in running)
         need = math.ceil(seq.num_tokens / self.block_size)
-        return held + need <= self.controller.quota.llm_blocks
+        return self.llm_blocks_held() + need <= self.controller.quota.llm_blocks
+
+    def admits_llm_growth(self, seq: Sequence, blocks: int, running: list[Sequence]) -> bool:
+        """Whether running `seq` may take `blocks` more blocks (decode growth) within the LLM
+        quota (with a dynamic quota a sequence running alone may always grow)."""
+        if len(running) <= 1 and self.partition is None:
+            return True
+        return self.llm_blocks_held() + blocks <= self.controller.quota.llm_blocks
 
     def deadline_for(self, seq: Sequence) -> float:
         """The cache-clock deadline of `seq`'s blocks: now + its slack (deadline minus the time

@@ -3,7 +3,11 @@
 `Completion` and `ChatCompletion` check a body field by field (OpenAI's fields that sage
 serves, and sage's extensions: priority, tenant, cache_salt, ignore_eos, kv_compression, the
 SLOs) and build the OpenAI-shaped answer, whole or as stream chunks; `usage` is the answer's
-token counts.
+token counts. OpenAI's fields are all taken: applied (sampling, the penalties, seed, stop,
+user as the tenant), or taken where sage serves the value asked (``n: 1``, ``logprobs`` off,
+``response_format: {"type": "text"}``, an empty ``logit_bias``); any other value is a 400
+that names the field. A stream gives its usage once, in a last chunk, only when
+``stream_options.include_usage`` asks, as OpenAI's does.
 
 Imports: the shared request handling (`requests`); the model's sampling and chat template and
 token-level eviction's request record, inside the functions that need them.
@@ -30,14 +34,20 @@ from engine_adapter.serving.requests import (
 __all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ChatCompletion", "Completion", "usage"]
 
 # The top-level fields of POST /v1/completions: OpenAI's that we serve, and sage's extensions.
+# Every field OpenAI's clients and frameworks send by default is here: a value sage applies
+# (the penalties, seed, user) or can serve as asked (n=1, logprobs off, plain text) is taken, and
+# any other value is a 400 that names the field.
 COMPLETION_FIELDS = frozenset(
     {
         "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
-        "stream_options", "user", "n", "logprobs", "echo",
+        "stream_options", "user", "n", "logprobs", "echo", "frequency_penalty", "presence_penalty",
+        "logit_bias",
         "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression", "slo_ttft_ms", "slo_tpot_ms",
     }
 )  # fmt: skip
-CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {"messages", "max_completion_tokens"}
+CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {
+    "messages", "max_completion_tokens", "response_format", "top_logprobs",
+}  # fmt: skip
 
 
 def _prompt(body: dict[str, Any]) -> str | list[int]:
@@ -91,6 +101,71 @@ def _kv_compression(value: Any) -> Any:
         raise bad_value("kv_compression", str(exc).removeprefix("kv_compression.")) from None
 
 
+def _check_served_as_asked(body: dict[str, Any]) -> None:
+    """OpenAI's switches that sage serves only one way: that way is taken (n=1, no log
+    probabilities, no echo, no logit bias, plain text), any other is a 400 naming the field."""
+    n = opt_int(body, "n")
+    if n is not None and n != 1:
+        raise bad_value("n", f"only n=1 is served, got {n}")
+    if body.get("logprobs") not in (None, 0):  # completions: an integer; chat: a boolean (False == 0)
+        raise bad_value("logprobs", "log probabilities are not served; send null or false")
+    if body.get("top_logprobs") not in (None, 0) or isinstance(body.get("top_logprobs"), bool):
+        raise bad_value("top_logprobs", "log probabilities are not served; send null or 0")
+    if opt_bool(body, "echo", False):
+        raise bad_value("echo", "echo is not served; send false")
+    bias = body.get("logit_bias")
+    if bias is not None and bias != {}:
+        raise bad_value("logit_bias", f"a logit bias is not served; send null or {{}}, got {bias!r:.80}")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        shown = repr(kind) if isinstance(kind, str) and kind != "text" else f"{response_format!r:.80}"
+        raise bad_value("response_format", f'only {{"type": "text"}} is served, got {shown}')
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """`stream_options`: whether the stream ends with a usage chunk (OpenAI's include_usage).
+
+    ``include_obfuscation`` is taken and has nothing to do: sage pads no event."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
+        expected = '{"include_usage": bool, "include_obfuscation": bool}'
+        raise bad_value("stream_options", f"must be {expected}, got {options!r:.80}")
+    if not stream:
+        raise bad_value("stream_options", "only allowed with stream=true")
+    opt_bool(options, "include_obfuscation", False)
+    return opt_bool(options, "include_usage", False)
+
+
+def _sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """The body's sampling fields as `SamplingParams` keywords (its own checks name the field)."""
+    sampling: dict[str, Any] = {}
+    max_tokens = opt_int(body, "max_tokens", minimum=1)
+    newer = opt_int(body, "max_completion_tokens", minimum=1)  # checked even beside max_tokens
+    if max_tokens is None:  # the chat API's newer name
+        max_tokens = newer
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    for field in ("temperature", "top_p", "frequency_penalty", "presence_penalty"):
+        value = opt_float(body, field)
+        if value is not None:
+            sampling[field] = value
+    top_k = opt_int(body, "top_k", minimum=-1)
+    if top_k is not None:
+        sampling["top_k"] = max(top_k, 0)  # vLLM's -1 and sage's 0 both mean "no top-k"
+    stop = _stop(body)
+    if stop is not None:
+        sampling["stop"] = stop
+    seed = opt_int(body, "seed")
+    if seed is not None:
+        sampling["seed"] = seed
+    if opt_bool(body, "ignore_eos", False):  # vLLM's extension: benchmarks fix output lengths
+        sampling["ignore_eos"] = True
+    return sampling
+
+
 class Completion:
     """A parsed POST /v1/completions body."""
 
@@ -100,43 +175,10 @@ class Completion:
     def __init__(self, body: dict[str, Any], served_model: str) -> None:
         self.model = check_model(body, served_model)
         self.prompt: Any = self._read_prompt(body)
-        n = opt_int(body, "n")
-        if n is not None and n != 1:
-            raise bad_value("n", f"only n=1 is served, got {n}")
-        if body.get("logprobs") not in (None, 0):
-            raise bad_value("logprobs", "log probabilities are not served; send null")
-        if opt_bool(body, "echo", False):
-            raise bad_value("echo", "echo is not served; send false")
+        _check_served_as_asked(body)
         self.stream = opt_bool(body, "stream", False)
-        options = body.get("stream_options")
-        if options is not None:
-            if not isinstance(options, dict) or set(options) - {"include_usage"}:
-                raise bad_value("stream_options", f'must be {{"include_usage": bool}}, got {options!r}')
-            if not self.stream:
-                raise bad_value("stream_options", "only allowed with stream=true")
-        self.include_usage = bool(options and opt_bool(options, "include_usage", False))
-        sampling: dict[str, Any] = {}
-        max_tokens = opt_int(body, "max_tokens", minimum=1)
-        if max_tokens is None:  # the chat API's newer name
-            max_tokens = opt_int(body, "max_completion_tokens", minimum=1)
-        if max_tokens is not None:
-            sampling["max_tokens"] = max_tokens
-        for field in ("temperature", "top_p"):
-            value = opt_float(body, field)
-            if value is not None:
-                sampling[field] = value
-        top_k = opt_int(body, "top_k", minimum=-1)
-        if top_k is not None:
-            sampling["top_k"] = max(top_k, 0)  # vLLM's -1 and sage's 0 both mean "no top-k"
-        stop = _stop(body)
-        if stop is not None:
-            sampling["stop"] = stop
-        seed = opt_int(body, "seed")
-        if seed is not None:
-            sampling["seed"] = seed
-        if opt_bool(body, "ignore_eos", False):  # vLLM's extension: benchmarks fix output lengths
-            sampling["ignore_eos"] = True
-        self.sampling_kwargs = sampling
+        self.include_usage = _include_usage(body, self.stream)
+        self.sampling_kwargs = _sampling_kwargs(body)
         self.user = opt_str(body, "user")
         self.priority = opt_int(body, "priority") or 0
         tenant = opt_str(body, "tenant")
@@ -178,6 +220,25 @@ class Completion:
     def answer(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         """The whole answer of a request that does not stream."""
         return self.chunk(text, finish_reason)
+
+    def stream_chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """A chunk of the stream: with ``include_usage`` it carries ``"usage": null``, as each
+        of OpenAI's does before the last."""
+        chunk = self.chunk(text, finish_reason)
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def usage_chunk(self, output: Any) -> dict[str, Any]:
+        """The stream's last chunk with ``include_usage``: no choices, the request's usage."""
+        return {
+            "id": self.request_id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(output),
+        }
 
 
 class ChatCompletion(Completion):

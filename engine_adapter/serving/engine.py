@@ -91,7 +91,10 @@ class Engine(EngineControl):
         self.scheduler = self._scheduler(config)
         self.metrics.set_batch_limit(config.max_num_seqs)
         self.colocation = self._colocation(config)
-        self.intake = RequestIntake(config, self.tokenizer, self.model_config, self.cache, self.token_manager)
+        partition = self.hooks.colocation.partition if self.hooks.colocation is not None else None
+        self.intake = RequestIntake(
+            config, self.tokenizer, self.model_config, self.cache, self.token_manager, partition
+        )
         self.started_at = time.time()
         self.draining = False
         self.stopped = False
@@ -245,6 +248,8 @@ class Engine(EngineControl):
                 int(event["blocks_freed"]),
                 float(event["duration_us"]) / 1e6,
             )
+        elif event.get("event") == "compress" and event.get("fallback"):
+            self.metrics.on_attention_fallback(str(event["policy"]))
 
     # ---- colocation (engine_adapter.serving.colocation) --------------------------------------
 

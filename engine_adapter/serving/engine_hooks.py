@@ -104,6 +104,9 @@ class EngineHooks:
     def admits_llm(self, seq: Sequence, running: list[Sequence]) -> bool:
         return self.colocation is None or self.colocation.admits_llm(seq, running)
 
+    def admits_llm_growth(self, seq: Sequence, blocks: int, running: list[Sequence]) -> bool:
+        return self.colocation is None or self.colocation.admits_llm_growth(seq, blocks, running)
+
     def admits_embedding(self, job: EmbeddingJob, blocks: int) -> bool:
         return self.colocation is None or self.colocation.admits_embedding(job, blocks)
 

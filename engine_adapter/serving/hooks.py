@@ -6,7 +6,8 @@ metrics, its lifetime prediction, and colocation's quotas, deadlines and victims
 scheduler as one object given at construction, never as attributes set on it afterwards:
 
     events     on_admitted, on_finished, on_embedding_finished, on_batch_change
-    questions  estimate_lifetime, deadline_for, admits_llm, admits_embedding, choose_victims
+    questions  estimate_lifetime, deadline_for, admits_llm, admits_llm_growth, admits_embedding,
+               choose_victims
 
 `SchedulerHooks` is a protocol: the engine's implementation is
 `engine_adapter.serving.engine_hooks.EngineHooks`, and `NoHooks` (the default) answers each
@@ -58,6 +59,10 @@ class SchedulerHooks(Protocol):
     def admits_llm(self, seq: Sequence, running: list[Sequence]) -> bool:
         """Whether the waiting `seq` may be admitted now, beside the `running` sequences."""
 
+    def admits_llm_growth(self, seq: Sequence, blocks: int, running: list[Sequence]) -> bool:
+        """Whether the running `seq` may take `blocks` more pool blocks as it decodes (False:
+        a running sequence gives way first, as when the pool is short)."""
+
     def admits_embedding(self, job: EmbeddingJob, blocks: int) -> bool:
         """Whether a text of `job` may reserve `blocks` more pool blocks as its workspace now."""
 
@@ -92,6 +97,9 @@ class NoHooks:
         return seq.deadline
 
     def admits_llm(self, seq: Sequence, running: list[Sequence]) -> bool:
+        return True
+
+    def admits_llm_growth(self, seq: Sequence, blocks: int, running: list[Sequence]) -> bool:
         return True
 
     def admits_embedding(self, job: EmbeddingJob, blocks: int) -> bool:

@@ -3,13 +3,16 @@
 `RequestIntake` turns a caller's prompt, messages or embedding inputs into token ids and
 refuses, with a `RequestError` the caller sees as a 400, what the engine could never serve: an
 empty prompt, token ids outside the vocabulary, a prompt plus ``max_tokens`` beyond the pool or
-the model's context. It also gives a sequence its SLOs (its own, else its tenant's defaults)
-and the deadline they set, and an unseeded sampled request the engine's seed. It runs in the
-caller's thread and reads only what does not change while the engine serves (the config, the
-tokenizer, the pool's size), and the token policy's name.
+the model's context, or beyond its class's part of a static colocation partition (which is
+hard: `engine_adapter.serving.colocation`). It also gives a sequence its SLOs (its own, else
+its tenant's defaults) and the deadline they set, and an unseeded sampled request the engine's
+seed. It runs in the caller's thread and reads only what does not change while the engine
+serves (the config, the tokenizer, the pool's size, the static partition), and the token
+policy's name.
 
 Imports: the model's tokenizer and chat template, the cache manager (its size and clock),
-token-level eviction's manager, and this package's config, records and errors.
+token-level eviction's manager, the colocation quota's record, and this package's config,
+records and errors.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.colocation import Quota
 from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.config import ModelConfig
 from engine_adapter.model.sampling import SamplingParams
@@ -39,6 +43,8 @@ class RequestIntake:
         model_config: The served model's config (vocabulary size, context length).
         cache: The cache manager (the pool's size, the cache's clock for deadlines).
         token_manager: Token-level eviction (with a policy a sequence may outgrow the pool).
+        partition: A static colocation partition (``static:F``), each class's hard limit;
+            None otherwise.
     """
 
     def __init__(
@@ -48,12 +54,14 @@ class RequestIntake:
         model_config: ModelConfig,
         cache: CacheManager,
         token_manager: TokenCacheManager,
+        partition: Quota | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.cache = cache
         self.token_manager = token_manager
+        self.partition = partition
 
     # ---- completions ---------------------------------------------------------------------------
 
@@ -89,11 +97,24 @@ class RequestIntake:
                 f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the KV pool "
                 f"({self.cache.num_blocks} blocks of {self.cache.block_size} tokens = {max_tokens_in_pool})"
             )
+        if self.partition is not None:
+            self._check_partition(len(ids) + 1 if compresses else total, ids, sampling)
         limit = self.model_config.max_position_embeddings
         if total > limit:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the model's "
                 f"context of {limit} tokens"
+            )
+
+    def _check_partition(self, tokens: int, ids: list[int], sampling: SamplingParams) -> None:
+        """A static partition is hard: a request whose blocks exceed the LLM part never runs."""
+        assert self.partition is not None
+        size = self.cache.block_size
+        need, part = -(-tokens // size), self.partition.llm_blocks
+        if need > part:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({sampling.max_tokens}) needs {need} blocks; "
+                f"the LLM part of the static partition ({self.config.colocation}) holds {part}"
             )
 
     def seeded(self, sampling: SamplingParams, seq_id: int) -> SamplingParams:
@@ -163,6 +184,12 @@ class RequestIntake:
             if len(ids) > limit:
                 raise RequestError(
                     f"input {i} has {len(ids)} tokens; at most {limit} fit the model's context and the pool"
+                )
+            need = -(-len(ids) // self.cache.block_size)
+            if self.partition is not None and need > self.partition.embedding_blocks:
+                raise RequestError(
+                    f"input {i} needs {need} blocks; the embedding part of the static partition "
+                    f"({self.config.colocation}) holds {self.partition.embedding_blocks}"
                 )
             texts.append(EmbeddingText(ids=ids))
         return texts

@@ -31,6 +31,8 @@ Methods the engine calls:
 - ``set_reserved(blocks)``: pool blocks held by embedding reservations now.
 - ``set_quota(llm, embedding)`` and ``on_admission(kind, decision)``: colocation's quotas
   (Algorithm 2) and each admission decision (Algorithm 1) by request kind.
+- ``on_attention_fallback(policy)``: a token-level compression by an attention-scored policy
+  found no attention and kept the newest tokens.
 - ``set_pool_breakdown(usage, tenant_hit_rates)``: at each scrape, blocks by tenant and by
   priority class, and each tenant's hit rate with Jain's index over them (O(n): only when
   ``/metrics`` is read).
@@ -47,7 +49,8 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:prefix_cache_tenant_hit_rate{tenant}``, ``sage:tenant_fairness_index``,
 ``sage:embedding_requests_total{status}``, ``sage:embedding_latency_seconds``,
 ``sage:embedding_tokens_total``, ``sage:reserved_blocks``, ``sage:quota_blocks{class}`` (``llm``,
-``embedding``; only with colocation on) and ``sage:admission_decisions_total{kind, decision}``. The
+``embedding``; only with colocation on), ``sage:admission_decisions_total{kind, decision}`` and
+``sage:token_attention_fallbacks_total{policy}``. The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -91,22 +94,34 @@ TPOT_BUCKETS = (
 
 @dataclass(frozen=True, slots=True)
 class MetricFamily:
-    """One `sage:*` metric family: its kind, exposed name, help text, labels and buckets."""
+    """One `sage:*` metric family: its kind, exposed name, help text, labels and buckets.
+
+    `exported_from_start` names the label values whose series exist (at 0) from the moment the
+    family is registered: a labelled series is otherwise absent until its first change, and a
+    dashboard panel over a closed set of values (``direction``: shrink, grow) would be empty on
+    a fresh engine.
+    """
 
     kind: type[Counter] | type[Gauge] | type[Histogram]
     name: str
     documentation: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
+    exported_from_start: tuple[tuple[str, ...], ...] = ()
 
     def register(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
-        """The family's metric, registered in `registry`."""
+        """The family's metric, registered in `registry`, with its series exported from start."""
+        metric: Counter | Gauge | Histogram
         if self.kind is Histogram:
             buckets = self.buckets if self.buckets is not None else Histogram.DEFAULT_BUCKETS
-            return Histogram(
+            metric = Histogram(
                 self.name, self.documentation, list(self.labels), registry=registry, buckets=buckets
             )
-        return self.kind(self.name, self.documentation, list(self.labels), registry=registry)
+        else:
+            metric = self.kind(self.name, self.documentation, list(self.labels), registry=registry)
+        for values in self.exported_from_start:
+            metric.labels(*values)
+        return metric
 
 
 # The families, by the attribute of `EngineMetrics` that holds each, in registration (and so
@@ -165,6 +180,7 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "sage:batch_changes_total",
         "Changes of the running-batch limit by --adaptive-batch, shrink or grow.",
         ("direction",),
+        exported_from_start=(("shrink",), ("grow",)),
     ),
     "blocks_by_tenant": MetricFamily(
         Gauge, "sage:kv_cache_blocks_by_tenant", "Pool blocks in use, by tenant ('-': none).", ("tenant",)
@@ -206,6 +222,14 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "Colocation admission decisions, by request kind (llm, embedding) and decision.",
         ("kind", "decision"),
     ),
+    # Token-level eviction (spec 002).
+    "token_attention_fallbacks": MetricFamily(
+        Counter,
+        "sage:token_attention_fallbacks_total",
+        "Compressions by an attention-scored token policy that found no attention and kept the "
+        "newest tokens, by policy.",
+        ("policy",),
+    ),
 }
 
 
@@ -246,6 +270,7 @@ class EngineMetrics:
     reserved_blocks: Gauge
     quota_blocks: Gauge
     admission_decisions: Counter
+    token_attention_fallbacks: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -358,6 +383,10 @@ class EngineMetrics:
     def on_admission(self, kind: str, decision: str) -> None:
         """Colocation admitted, deferred or rejected a request of `kind` (llm, embedding)."""
         self.admission_decisions.labels(kind=kind, decision=decision).inc()
+
+    def on_attention_fallback(self, policy: str) -> None:
+        """A compression by `policy` kept the newest tokens: it found no attention to score by."""
+        self.token_attention_fallbacks.labels(policy=policy).inc()
 
     def set_pool_breakdown(
         self, usage: Mapping[str, Any], tenant_hit_rates: Mapping[str | None, float]

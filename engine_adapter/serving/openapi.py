@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from engine_adapter.token_eviction.registry import token_policy_names
+from sage_eviction import available_policies
 
 __all__ = ["openapi_document"]
 
@@ -67,17 +68,26 @@ def _errors(*statuses: str) -> dict[str, Schema]:
 
 
 def _operation(
-    summary: str, ok: Schema, *, body: Schema | None = None, params: list[Schema] | None = None
+    summary: str,
+    ok: Schema,
+    *,
+    body: Schema | None = None,
+    example: Schema | None = None,
+    params: list[Schema] | None = None,
 ) -> Schema:
     operation: Schema = {"summary": summary, "responses": {"200": ok, **_errors()}}
     if body is not None:
-        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        media: Schema = {"schema": body}
+        if example is not None:
+            media["example"] = example
+        operation["requestBody"] = {"required": True, "content": {"application/json": media}}
     if params:
         operation["parameters"] = params
     return operation
 
 
 _SLO_MS: Schema = _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000})
+_PENALTY: Schema = _nullable({"type": "number", "minimum": -2, "maximum": 2})
 
 
 def _admitted(operation: Schema) -> Schema:
@@ -97,10 +107,15 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
         "stop": _nullable({"anyOf": [STR, {"type": "array", "items": STR}]}),
         "seed": _nullable(INT),
         "stream": _nullable(BOOL),
-        "stream_options": _nullable(_obj({}, {"include_usage": _nullable(BOOL)}, extra=False)),
+        "stream_options": _nullable(
+            _obj({}, {"include_usage": _nullable(BOOL), "include_obfuscation": _nullable(BOOL)}, extra=False)
+        ),
         "user": _nullable(STR),
         "n": _nullable({"type": "integer", "const": 1}),
         "logprobs": {"enum": [None, 0, False]},
+        "frequency_penalty": _PENALTY,
+        "presence_penalty": _PENALTY,
+        "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
         "priority": _nullable(INT),
         "tenant": _nullable(STR),
         "cache_salt": _nullable({"type": "string", "minLength": 1}),
@@ -196,9 +211,14 @@ def _eviction_paths() -> dict[str, Schema]:
                     ),
                     "Swapped",
                 ),
+                # The online policies by name; any other string may be a spec ("slru:k=v"), an
+                # alias or another case of a name, which the engine resolves or refuses.
                 body=_obj(
-                    {"policy": {"type": "string", "minLength": 1}}, {"params": _nullable(MAP)}, extra=False
+                    {"policy": {"anyOf": [{"enum": available_policies(include_offline=False)}, _text()]}},
+                    {"params": _nullable(MAP)},
+                    extra=False,
                 ),
+                example={"policy": "lru"},
             )
         },
     }
@@ -218,7 +238,8 @@ def _token_and_log_paths() -> dict[str, Schema]:
                     _obj({"old": STR, "new": STR, "params": MAP, "swap_time_s": NUM}),
                     "Swapped",
                 ),
-                body=_obj({"policy": {"type": "string", "minLength": 1}}, extra=False),
+                body=_obj({"policy": {"enum": token_policy_names()}}, extra=False),
+                example={"policy": "sliding"},
             ),
         },
         "/v1/eviction/logs": {
@@ -273,6 +294,7 @@ def _completion_paths() -> dict[str, Schema]:
                     "OpenAI-compatible text completion",
                     _completion_answer("text_completion", text_choice),
                     body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+                    example={"prompt": "Once upon a time", "max_tokens": 4},
                 )
             )
         },
@@ -284,8 +306,13 @@ def _completion_paths() -> dict[str, Schema]:
                     body=_completion_request(
                         "messages",
                         {"type": "array", "items": message, "minItems": 1},
-                        {"max_completion_tokens": _nullable({"type": "integer", "minimum": 1})},
+                        {
+                            "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
+                            "response_format": _nullable(_obj({"type": {"const": "text"}}, extra=False)),
+                            "top_logprobs": _nullable({"type": "integer", "const": 0}),
+                        },
                     ),
+                    example={"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
                 )
             )
         },
@@ -341,6 +368,7 @@ def _embedding_paths() -> dict[str, Schema]:
                     "hidden state, computed in chunks between the LLM's steps",
                     _json(answer, "One vector per input, in input order (base64: little-endian float32s)"),
                     body=body,
+                    example={"input": ["Hello", "world"]},
                 )
             )
         },
@@ -481,6 +509,8 @@ def _eviction_schemas() -> dict[str, Schema]:
                 "bytes_freed_total": INT,
                 "by_reason": MAP,
                 "compress_s": NUM,
+                "attention_fallbacks": MAP,
+                "attention_fallbacks_total": INT,
             }
         ),
     }

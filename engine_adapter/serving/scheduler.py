@@ -13,9 +13,10 @@ Each `Scheduler.step()`:
 4. runs one batched forward: a prefill chunk for sequences still in prefill (within the
    `max_num_batched_tokens` budget), one token for each decoding sequence, and the step's
    embedding chunks (`engine_adapter.serving.embedding_scheduler`);
-5. samples, detokenizes, checks stop conditions (`engine_adapter.serving.outputs`), caches
-   newly full blocks so that concurrent requests share them, and releases finished sequences
-   (their full blocks stay cached).
+5. samples (after OpenAI's penalties, `engine_adapter.model.penalties`), detokenizes, checks
+   stop conditions (`engine_adapter.serving.outputs`), caches newly full blocks so that
+   concurrent requests share them, and releases finished sequences (their full blocks stay
+   cached).
 
 A preempted sequence recomputes prompt and output together; with greedy sampling it produces
 exactly the tokens it would have produced without preemption.
@@ -48,6 +49,7 @@ from engine_adapter.cache.records import Allocation
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
+from engine_adapter.model.penalties import apply_penalties
 from engine_adapter.model.sampling import make_generator, sample_batch
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.compression import SequenceCompressor
@@ -364,13 +366,23 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, n_new: int, batch: list[Sequence], chunks: list[int]) -> bool:
         """Make `seq`'s blocks hold `n_new` more tokens; compress (token-level eviction) or
-        preempt others (or `seq`) when the pool is short."""
-        if seq.cache_len + n_new <= len(seq.block_table) * self.cache.block_size:
+        preempt others (or `seq`) when the pool, or the LLM quota, is short."""
+        block_size = self.cache.block_size
+        if seq.cache_len + n_new <= len(seq.block_table) * block_size:
             return True
         while True:
             num_tokens = seq.cache_len + n_new  # `seq` itself may have been compressed
-            if num_tokens <= len(seq.block_table) * self.cache.block_size:
+            new_blocks = -(-num_tokens // block_size) - len(seq.block_table)
+            if new_blocks <= 0:
                 return True
+            if not self.hooks.admits_llm_growth(seq, new_blocks, self.running):
+                # The LLM class is charged for decode growth too: past its quota, some running
+                # sequence gives way, as when the pool is short.
+                if self._compress_instead_of_preempting(batch, chunks):
+                    continue
+                if not self._give_way(seq, batch, quota=True):
+                    return False
+                continue
             t = time.perf_counter()
             try:
                 new_ids = self.cache.reserve_tokens(seq.seq_id, num_tokens)
@@ -380,9 +392,7 @@ class Scheduler:
                 self.cache_s += time.perf_counter() - t
                 if self.compression.shrink(seq):
                     continue
-                self._release(seq)
-                self.running.remove(seq)
-                self._finish(seq, "error", str(exc))
+                self._end_running(seq, str(exc))
                 return False
             if new_ids is not None:
                 seq.block_table = self.cache.block_table(seq.seq_id)
@@ -391,11 +401,27 @@ class Scheduler:
             self.cache_s += time.perf_counter() - t
             if self._compress_instead_of_preempting(batch, chunks):
                 continue
-            victim = self._choose_victim(seq, batch)
-            if victim is None:
-                self._preempt(seq)  # nothing else can give way
+            if not self._give_way(seq, batch):
                 return False
+
+    def _give_way(self, seq: Sequence, batch: list[Sequence], *, quota: bool = False) -> bool:
+        """Preempt a running sequence so that `seq` can grow; True when one other than `seq`
+        gave way. Else `seq` itself is preempted, or, over a hard LLM partition (`quota`) with
+        nothing else running, it ends with an error: it could never be re-admitted."""
+        victim = self._choose_victim(seq, batch)
+        if victim is not None:
             self._preempt(victim)
+            return True
+        if quota and len(self.running) == 1:
+            self._end_running(seq, f"sequence {seq.request_id} outgrew the LLM quota running alone")
+        else:
+            self._preempt(seq)  # nothing else can give way
+        return False
+
+    def _end_running(self, seq: Sequence, error: str) -> None:
+        self._release(seq)
+        self.running.remove(seq)
+        self._finish(seq, "error", error)
 
     def _choose_victim(self, seq: Sequence, batch: list[Sequence]) -> Sequence | None:
         """The running sequence to preempt so that `seq` gets its slot: the hooks' choice, else
@@ -494,11 +520,9 @@ class Scheduler:
         if not sampling_rows:
             return 0
         sampled_seqs = [seqs[r] for r in sampling_rows]
-        tokens = sample_batch(
-            logits[sampling_rows],
-            [s.sampling for s in sampled_seqs],
-            [s.generator for s in sampled_seqs],
-        )
+        params = [s.sampling for s in sampled_seqs]
+        rows = apply_penalties(logits[sampling_rows], params, [s.output_ids for s in sampled_seqs])
+        tokens = sample_batch(rows, params, [s.generator for s in sampled_seqs])
         return self._take_tokens(sampled_seqs, tokens)
 
     def _take_tokens(self, seqs: list[Sequence], tokens: list[int]) -> int:

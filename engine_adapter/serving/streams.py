@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from engine_adapter.serving.completion_requests import usage
 from engine_adapter.serving.requests import dumps
 
 if TYPE_CHECKING:
@@ -148,7 +147,8 @@ async def follow_events(
 
 
 async def completion_events(completion: Completion, handle: Any) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per delta, the finish reason and usage last, then [DONE]."""
+    """Server-sent events: one chunk per delta, the finish reason, with ``include_usage`` a
+    last chunk of usage alone (OpenAI's stream), then [DONE]."""
     finished = False
     try:
         async for output in ThreadPump(iter(handle), f"sage-stream-{completion.request_id}"):
@@ -160,17 +160,12 @@ async def completion_events(completion: Completion, handle: Any) -> AsyncIterato
                     kind = "slo_rejected" if output.finish_reason == "rejected" else "engine_error"
                     yield sse({"error": {"type": kind, "message": message}})
                     break
-                chunk = completion.chunk(output.text, output.finish_reason)
-                chunk["usage"] = usage(output)
-                yield sse(chunk)
+                yield sse(completion.stream_chunk(output.text, output.finish_reason))
                 if completion.include_usage:
-                    usage_chunk = completion.chunk("", None)
-                    usage_chunk["choices"] = []
-                    usage_chunk["usage"] = usage(output)
-                    yield sse(usage_chunk)
+                    yield sse(completion.usage_chunk(output))
                 break
             if output.text:
-                yield sse(completion.chunk(output.text, None))
+                yield sse(completion.stream_chunk(output.text, None))
     except Exception as exc:
         log.error("stream failed", request_id=completion.request_id, exc_info=exc)
         yield sse({"error": {"type": "internal_error", "message": f"{type(exc).__name__}: {exc}"}})

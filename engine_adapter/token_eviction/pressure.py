@@ -8,6 +8,12 @@ device's memory (``/proc/meminfo`` MemAvailable on CPU, ``torch.cuda.mem_get_inf
 
 A sequence is compressed again only once it has grown back to the length it was compressed
 from: a pool smaller than the threshold would otherwise shrink the same sequence every step.
+
+A policy that scores by attention (snapkv, h2o, tova) but finds none for a sequence (one that
+started before the policy was swapped in) keeps its newest tokens instead: each such
+compression is logged as a warning with the reason, counted by policy in
+`TokenEvictionStats.attention_fallbacks` (``/v1/eviction/token``; ``/metrics`` counts the
+events' ``fallback``), and its ``compress`` event carries the reason in ``fallback``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
 import torch
 
 from engine_adapter.cache.events import EvictionEventLog
@@ -35,6 +42,8 @@ __all__ = [
     "TokenCacheManager",
     "TokenEvictionStats",
 ]
+
+log = structlog.get_logger("sage.token_eviction")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +142,18 @@ class TokenEvictionStats:
     bytes_freed: dict[str, int] = field(default_factory=dict)
     by_reason: dict[str, int] = field(default_factory=dict)
     compress_s: float = 0.0
+    attention_fallbacks: dict[str, int] = field(default_factory=dict)
 
-    def add(self, policy: str, reason: str, tokens: int, nbytes: int, seconds: float) -> None:
+    def add(
+        self, policy: str, reason: str, tokens: int, nbytes: int, seconds: float, *, fallback: bool = False
+    ) -> None:
         self.compressions += 1
         self.tokens_evicted[policy] = self.tokens_evicted.get(policy, 0) + tokens
         self.bytes_freed[policy] = self.bytes_freed.get(policy, 0) + nbytes
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         self.compress_s += seconds
+        if fallback:  # scored by recency: the policy found no attention to score by
+            self.attention_fallbacks[policy] = self.attention_fallbacks.get(policy, 0) + 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,6 +164,8 @@ class TokenEvictionStats:
             "bytes_freed_total": sum(self.bytes_freed.values()),
             "by_reason": dict(self.by_reason),
             "compress_s": round(self.compress_s, 6),
+            "attention_fallbacks": dict(self.attention_fallbacks),
+            "attention_fallbacks_total": sum(self.attention_fallbacks.values()),
         }
 
 
@@ -214,6 +230,7 @@ class TokenCacheManager:
         """Compress one sequence to `target_len` tokens, counting it; returns tokens removed."""
         policy = policy or self.policy
         before, blocks_before = cache.length, cache.num_blocks()
+        fallback = policy.attention_missing(cache)  # read before the compaction changes it
         t0 = time.perf_counter()
         removed = policy.evict(cache, target_len)
         seconds = time.perf_counter() - t0
@@ -222,7 +239,14 @@ class TokenCacheManager:
         self._compressed_from[sequence_id] = before
         blocks_freed = blocks_before - cache.num_blocks()
         nbytes = blocks_freed * cache.pool.bytes_per_block
-        self.stats.add(policy.name(), reason, removed, nbytes, seconds)
+        self.stats.add(policy.name(), reason, removed, nbytes, seconds, fallback=fallback is not None)
+        if fallback is not None:
+            log.warning(
+                "token policy fell back to recency",
+                policy=policy.name(),
+                sequence_id=sequence_id,
+                reason=fallback,
+            )
         if self.events is not None:
             self.events.compress(
                 sequence_id=sequence_id,
@@ -233,6 +257,7 @@ class TokenCacheManager:
                 blocks_freed=blocks_freed,
                 bytes_freed=nbytes,
                 duration_us=round(seconds * 1e6, 1),
+                fallback=fallback,
             )
         return removed
 

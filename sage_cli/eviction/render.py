@@ -134,7 +134,12 @@ def _token_lines(token: dict[str, Any]) -> list[str]:
         f"  Tokens Evicted: {_count(token.get('tokens_evicted_total'))}",
         f"  Memory Freed: {'?' if freed is None else f'{freed / 2**20:.1f} MiB'}",
     ]
-    for key, title in (("tokens_evicted", "Tokens By Policy"), ("by_reason", "Compressions By Reason")):
+    titles = (
+        ("tokens_evicted", "Tokens By Policy"),
+        ("by_reason", "Compressions By Reason"),
+        ("attention_fallbacks", "Recency Fallbacks By Policy"),  # no attention to score by
+    )
+    for key, title in titles:
         counts = token.get(key)
         if isinstance(counts, dict) and counts:
             lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))

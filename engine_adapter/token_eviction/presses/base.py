@@ -3,8 +3,11 @@
 `TokenEvictionPolicy` is spec 002's ``EvictionPolicy`` for one sequence's tokens
 (``should_evict(cache, mem_available)``, ``evict(cache, target_len)``, ``name()``); a policy
 gives `scores` ``[kv_heads, L]`` (higher is kept) and the base keeps the `top_kept` per layer
-and KV head. `QueryScoredPolicy` is the base of the policies that score by the queries the
-decoder's `AttentionObserver` kept (SnapKV, TOVA). The kept count is kvpress's
+and KV head. A policy that scores by attention keeps the newest tokens instead when the
+sequence's observer saw nothing to score by (`recency_scores`), and says why in
+`attention_missing`, which the caller logs and counts (`TokenCacheManager`).
+`QueryScoredPolicy` is the base of the policies that score by the queries the decoder's
+`AttentionObserver` kept (SnapKV, TOVA). The kept count is kvpress's
 ``max(1, int(L * (1 - compression_ratio)))`` (`kept_for_ratio`), the same for every layer and head.
 
 Imports torch, the decoder's `AttentionObserver` and `SequenceKV`; nothing of the registry.
@@ -111,6 +114,13 @@ class TokenEvictionPolicy(ABC):
         del mem_available
         return cache.length >= self.min_length()
 
+    def attention_missing(self, cache: SequenceKV) -> str | None:
+        """Why the attention this policy scores by is missing for `cache` now, so that it keeps
+        the newest tokens instead (`recency_scores`); None when it has what it needs, or scores
+        by something else."""
+        del cache
+        return None
+
     def make_observer(self) -> AttentionObserver | None:
         """What the attention must collect for this policy, per sequence (None: nothing)."""
         if self.observation_window <= 0 and not self.accumulate_attention:
@@ -153,6 +163,17 @@ class QueryScoredPolicy(TokenEvictionPolicy):
         if q is None or q.shape[1] >= cache.length:
             return None
         return q
+
+    def attention_missing(self, cache: SequenceKV) -> str | None:
+        if cache.observer is None:
+            return "no attention observer (the sequence started before this policy was set)"
+        for layer in range(cache.num_layers):
+            if self._queries(cache, layer) is None:
+                q = cache.observer.queries.get(layer)
+                if q is None:
+                    return f"no queries observed at layer {layer}"
+                return f"the {q.shape[1]} observed queries cover all {cache.length} tokens"
+        return None
 
     def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
         q = self._queries(cache, layer)

@@ -54,12 +54,28 @@ class H2OPolicy(TokenEvictionPolicy):
     def always_kept(self, length: int, target_len: int) -> list[int]:
         return list(range(length - min(self.recent_window, target_len), length))
 
-    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+    def _observed(self, cache: SequenceKV, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer's accumulated attention and query counts, when they cover every token."""
         obs = cache.observer
         total = None if obs is None else obs.attention_sum.get(layer)
         seen = None if obs is None else obs.seen.get(layer)
         if total is None or seen is None or total.shape[1] != cache.length:
+            return None
+        return total, seen
+
+    def attention_missing(self, cache: SequenceKV) -> str | None:
+        if cache.observer is None:
+            return "no attention observer (the sequence started before this policy was set)"
+        for layer in range(cache.num_layers):
+            if self._observed(cache, layer) is None:
+                return f"no accumulated attention over all {cache.length} tokens at layer {layer}"
+        return None
+
+    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+        observed = self._observed(cache, layer)
+        if observed is None:
             return recency_scores(cache.num_kv_heads, cache.length)
+        total, seen = observed
         scores = observed_attention_scores(total, seen, cache.num_kv_heads)
         recent = min(self.recent_window, target_len)
         if recent > 0:
