@@ -62,7 +62,7 @@ complete -c sage -n '__fish_sage_at sage llm benchmark' -l cache-model -x -a 'ra
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l protect-queued -x -d 'radix model: protect queued requests\' cached prefixes from eviction until they run, within this fraction of the pool'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l duration -x -d 'Stop after this much (virtual, in sim) time; default: the whole workload'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l output -s o -r -F -d 'Write the results as JSON'
-complete -c sage -n '__fish_sage_at sage llm benchmark' -l plot -r -F -d 'Plot hit rate against capacity and the latency CDF (needs matplotlib)'
+complete -c sage -n '__fish_sage_at sage llm benchmark' -l plot -r -F -d 'Plot hit rate against the capacity ratio and, per cache size, the TTFT CDF (needs matplotlib: pip install \'sage-kv[plot]\')'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l cost-model -r -F -d 'Prefill and decode cost model of the simulator (YAML)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l adaptive-batch -d 'sim mode: run each policy also with the adaptive batch limit, side by side'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l jobs -s j -x -d 'sim mode: run the (policy, capacity) rows in N processes (default: the usable cores; 1: in this process)'

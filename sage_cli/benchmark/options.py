@@ -266,7 +266,8 @@ PlotOpt = Annotated[
         metavar="FILE.png",
         dir_okay=False,
         show_default=False,
-        help="Plot hit rate against capacity and the latency CDF (needs matplotlib).",
+        help="Plot hit rate against the capacity ratio and, per cache size, the TTFT CDF (needs "
+        "matplotlib: pip install 'sage-kv[plot]').",
     ),
 ]
 CostModelOpt = Annotated[
