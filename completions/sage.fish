@@ -40,7 +40,7 @@ complete -c sage -n '__fish_sage_at sage llm' -s h -l help -d 'Show the help and
 # sage llm benchmark
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l eviction-policies -x -d 'Policies to compare, comma-separated (default: lru,lfu,arc; with --engine-kind vllm, the one policy the server runs, \'vllm\' for its own, the default; with --workload colocation, the one policy of the simulated pool, lru by default)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l mode -x -a 'sim engine' -d 'sim: the simulator on a virtual clock; engine: a real engine'
-complete -c sage -n '__fish_sage_at sage llm benchmark' -l trace -r -F -d 'Replay a trace instead of generating a workload'
+complete -c sage -n '__fish_sage_at sage llm benchmark' -l trace -r -F -d 'Replay a trace instead of generating a workload: a file (.jsonl, .csv, either .gz), or one shipped with sage by name: mooncake:conversation, mooncake:synthetic, azure:code, azure:conversation'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l trace-format -x -a 'mooncake azure' -d 'Format of --trace: mooncake (JSON lines) or azure (CSV); default: from the file name'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l workload -x -a 'synthetic spec colocation' -d 'Generated workload when there is no --trace: synthetic, the module spec\'s (spec), or LLM requests beside embedding batches (colocation: the --ratio '
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l ratio -x -d 'colocation: LLM:embedding request ratios, or \'shift\' (9:1 -> 1:9 -> 9:1 during the run)'

@@ -93,7 +93,8 @@ def build_workload(
     """
     try:
         if trace is not None:
-            source = trace_format or ("azure" if str(trace).endswith(".csv") else "mooncake")
+            csv = str(trace).removesuffix(".gz").endswith(".csv")
+            source = trace_format or ("azure" if csv else "mooncake")
             built = load(source, path=trace, limit=requests)
         elif workload in (None, "synthetic"):
             params: dict[str, Any] = {"requests": requests if requests is not None else 1000, "seed": seed}

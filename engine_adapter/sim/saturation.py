@@ -9,8 +9,8 @@ the two kinds of row are far apart: 1 to 3 times the idle prefill where the engi
 cost model: 11,697 times, 14,344 s, for the unbounded cache itself).
 
 Two cases, two messages: the unbounded reference row saturated means the workload overloads
-the modelled engine whatever the cache (a faster `--cost-model`, or fewer requests per second,
-would let the rows speak of the cache); only smaller caches saturated means their misses and
+the modelled engine whatever the cache (a faster `--cost-model` would let the times speak of
+the cache); only smaller caches saturated means their misses and
 preemptions are what builds the queue, a result in itself.
 
 Pure Python; imports the cost model and the workload records.
@@ -72,8 +72,8 @@ def saturation(
             f"saturated: the workload overloads the modelled engine: even the unbounded cache waits "
             f"a median TTFT of {ttft:,.1f} s, {ttft / idle:,.0f}x the {idle:.3g} s an idle engine takes "
             f"to prefill the mean prompt ({mean_prompt:,} tokens); TTFT, TPOT and throughput measure "
-            f"the queue, not the cache (hit and re-prefill rates are unaffected): give a faster engine "
-            f"with --cost-model FILE.yaml, or fewer requests per second"
+            f"the queue, not the cache (hit and re-prefill rates stand); for times that speak of the "
+            f"cache, give an engine that keeps up with --cost-model FILE.yaml"
         )
     elif saturated:
         names = ", ".join(_label(row) for row in saturated[:6])

@@ -94,10 +94,12 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        metavar="FILE",
+        metavar="FILE|NAME",
         dir_okay=False,
         show_default=False,
-        help="Replay a trace instead of generating a workload.",
+        help="Replay a trace instead of generating a workload: a file (.jsonl, .csv, either .gz), or "
+        "one shipped with sage by name: mooncake:conversation, mooncake:synthetic, azure:code, "
+        "azure:conversation.",
     ),
 ]
 TraceFormatOpt = Annotated[
