@@ -14,13 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fresh_copy import fresh_copy
 
 from engine_adapter.sim.azure_trace import read_azure
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.shipped_traces import SHIPPED_TRACES, is_trace_name, shipped_trace, trace_names
 from engine_adapter.sim.trace_file import MAX_LINE_BYTES, TraceLines, WorkloadError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # sha256 of the uncompressed files as published upstream (engine_adapter/sim/traces/README.md).
 PUBLISHED_SHA256 = {
@@ -141,29 +140,11 @@ def test_a_1_gb_line_without_a_newline_is_refused_in_little_memory(tmp_path: Pat
     assert peak_kib < baseline_kib + 16 * 1024, (peak_kib, baseline_kib)  # 1 MiB read, not 1 GiB
 
 
-def _fresh_copy(dest: Path) -> Path:
-    """The files a clone of this checkout has (tracked, and new ones git does not ignore),
-    without build outputs or compiled extensions."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-    return dest
-
-
 @pytest.mark.slow
 def test_an_installed_wheel_reads_the_traces_by_name(tmp_path: Path) -> None:
     """The traces are package data: a wheel built from a clone holds them, and, installed, the
     CLI replays `mooncake:synthetic` by name from the installed package."""
-    clone = _fresh_copy(tmp_path / "clone")
+    clone = fresh_copy(tmp_path / "clone")
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     env = {**os.environ, "CC": "false"}  # no compiled core: quicker, and the traces are the point
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
