@@ -18,6 +18,12 @@ system, the spec's system (Algorithms 1-3 as written) on its own row beside it:
     python benchmarks/colocation.py                       # shared and split, seeds 0,1,2
     python benchmarks/colocation.py --compute split --seeds 0,1,2,3,4 --json out.json
     python benchmarks/colocation.py --policy slo           # the pool's cache evicted by slo
+    python benchmarks/colocation.py --cell shared:7:3:1.25 --seeds 0,1,2,3,4   # one cell, every system
+
+`--cell COMPUTE:RATIO:LOAD` runs one cell of the grid with every system and prints its
+per-system table (the README's), with each system's preemptions and the decisions its quota
+made (`quota_limited`: 0 means the quota, Algorithm 2 or the static split that replaces it,
+changed nothing in the run).
 """
 
 from __future__ import annotations
@@ -161,6 +167,39 @@ def check_targets(result: dict[str, Any], system: str) -> list[tuple[str, bool, 
     return out
 
 
+def cell_table(compute: str, ratio: str, load: float, seeds: list[int], duration: float, policy: str) -> str:
+    """Every system on one cell, averaged over `seeds`, as the README's markdown table."""
+    result = run_colocation_benchmark(
+        ratios=[ratio], loads=[load], compute=compute, seeds=seeds, duration_s=duration, policy=policy
+    )
+    lines = [
+        f"{compute} compute, {ratio} at {load:.0%}:",
+        "",
+        "| system | SLO both | SLO LLM | SLO emb | TTFT p99 ms | TPOT p99 ms | emb p99 ms | req/s | KV hit "
+        "| rejected | deferred | preempted | quota decisions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in result["results"]:
+        cells = [
+            f"{100 * r['combined_attainment']:.1f}",
+            f"{100 * r['llm_attainment']:.1f}",
+            f"{100 * r['embedding_attainment']:.1f}",
+            f"{r['llm_ttft_p99_ms']:.0f}",
+            f"{r['llm_tpot_p99_ms']:.0f}",
+            f"{r['embedding_p99_ms']:.0f}",
+            f"{r['throughput_rps']:.2f}",
+            f"{100 * r['kv_hit_rate']:.1f}",
+            *(f"{r[key]:.1f}" for key in ("rejected", "deferred", "preemptions", "quota_limited")),
+        ]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _parse_cell(text: str) -> tuple[str, str, float]:
+    compute, ratio_l, ratio_e, load = text.split(":")
+    return compute, f"{ratio_l}:{ratio_e}", float(load.rstrip("%")) / (100 if load.endswith("%") else 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compute", default="shared,split", help="shared, split or both (comma-separated)")
@@ -168,9 +207,17 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--json", type=Path, default=None, help="write every row and check as JSON")
     parser.add_argument("--policy", default="lru", help="the pool cache's eviction policy (registry spec)")
+    parser.add_argument(
+        "--cell", default=None, help="COMPUTE:RATIO:LOAD, e.g. shared:7:3:1.25: one cell's table"
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     print(machine_line())
+    if args.cell is not None:
+        start = time.perf_counter()
+        print(cell_table(*_parse_cell(args.cell), seeds, args.duration, args.policy))
+        print(f"\n({time.perf_counter() - start:.0f} s wall, seeds {seeds}, policy {args.policy})")
+        return
     everything: dict[str, Any] = {}
     for compute in args.compute.split(","):
         start = time.perf_counter()

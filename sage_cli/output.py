@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-__all__ = ["Output", "dump_json", "format_cell"]
+__all__ = ["WIDE_COLUMNS", "Output", "dump_json", "format_cell"]
+
+WIDE_COLUMNS = 160
+"""The width of a wide result (a benchmark's table) written to a file or a pipe."""
 
 
 def dump_json(payload: Any, *, compact: bool = False) -> str:
@@ -76,14 +79,23 @@ class Output:
         isatty = getattr(self.stream, "isatty", None)
         return bool(isatty and isatty())
 
-    def result(self, payload: Any, render: Callable[[], str | RenderableType]) -> None:
-        """Print one result: `payload` as JSON, or what `render` makes of it."""
+    def result(self, payload: Any, render: Callable[[], str | RenderableType], *, wide: bool = False) -> None:
+        """Print one result: `payload` as JSON, or what `render` makes of it.
+
+        `wide`: a table as wide as its columns need (up to `WIDE_COLUMNS`) when the stream is not
+        a terminal (a file, a pipe), where Rich would otherwise squeeze it into 80 columns and
+        cut its cells; on a terminal, the terminal's width.
+        """
         if self.json_mode:
             self.write(dump_json(payload))
             return
         rendered = render()
         if isinstance(rendered, str):
             self.write(rendered)
+        elif wide and not self.is_terminal():
+            from rich.console import Console
+
+            Console(file=self.stream, highlight=False, markup=False, width=WIDE_COLUMNS).print(rendered)
         else:
             self.console.print(rendered)
 

@@ -8,14 +8,16 @@ cache size of N bytes is N blocks.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MOONCAKE = Path("mooncake") / "conversation_trace.jsonl"
-MOONCAKE_SYNTHETIC = Path("mooncake") / "synthetic_trace.jsonl"
+from engine_adapter.sim.shipped_traces import shipped_trace
+
+# The Mooncake traces sage ships (gzipped, engine_adapter/sim/traces/): always there, no skip.
+MOONCAKE = shipped_trace("mooncake:conversation")[0]
+MOONCAKE_SYNTHETIC = shipped_trace("mooncake:synthetic")[0]
 ORACLE_RECORD = struct.Struct("<IQIq")
 ORACLE_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "mq", "belady"]
 
@@ -46,11 +48,3 @@ def libcachesim_class(policy: str) -> Any:
         "mq": lcs.MQ,
         "belady": lcs.Belady,
     }[policy]
-
-
-def trace_dir() -> Path | None:
-    """The folder holding the shared traces: $SAGE_TRACE_DIR, ./shared/traces or ../shared/traces."""
-    here = Path(__file__).resolve().parent.parent
-    candidates = [Path(os.environ["SAGE_TRACE_DIR"])] if "SAGE_TRACE_DIR" in os.environ else []
-    candidates += [here / "shared" / "traces", here.parent / "shared" / "traces"]
-    return next((c for c in candidates if (c / MOONCAKE).is_file()), None)

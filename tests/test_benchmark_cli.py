@@ -110,6 +110,37 @@ def test_synthetic_run_prints_the_table_and_writes_the_json(tmp_path: Path) -> N
         assert row["block_lookups"] == result["workload"]["total_block_lookups"] or row["preemptions"] > 0
 
 
+def test_the_table_shows_preemptions_and_warns_when_the_engine_saturates(tmp_path: Path) -> None:
+    """Issue 28, item 10: at a small cache every row preempts, Belady's included, and a cost
+    model too slow for the workload makes TTFT a queue; the table says both."""
+    costs = tmp_path / "slow.yaml"
+    costs.write_text("prefill_per_token_s: 0.01\ndecode_base_s: 0.2\n", encoding="utf-8")
+    proc = sage(
+        "--workload", "synthetic", "--requests", "120", "--eviction-policies", "lru", "--jobs", "1",
+        "--cost-model", str(costs), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if "Policy" in line)
+    assert "Preempted" in header and "TTFT p50 s" in header
+    assert "…" not in proc.stdout  # a pipe gets the table's full width, not 80 columns
+    warning = [line for line in proc.stdout.splitlines() if line.startswith("warning: saturated")]
+    assert warning and "overloads the modelled engine" in warning[0]
+    result = json.loads(sage(
+        "--workload", "synthetic", "--requests", "120", "--eviction-policies", "lru", "--jobs", "1",
+        "--cost-model", str(costs), "--json", cwd=tmp_path,
+    ).stdout)  # fmt: skip
+    assert result["saturation"]["reference_saturated"] is True
+    assert result["saturation"]["warnings"][0] in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize("policies", ["", " ", ",", " , "])
+def test_an_empty_policy_list_is_a_one_line_error(tmp_path: Path, policies: str) -> None:
+    """Issue 28, item 15: an empty --eviction-policies is refused, not read as the default."""
+    proc = sage("--workload", "synthetic", "--requests", "10", "--eviction-policies", policies, cwd=tmp_path)
+    assert_one_line_error(proc, "--eviction-policies is empty", "lru")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
 def test_trace_run_with_capacity_blocks_and_json_output(tmp_path: Path) -> None:
     trace = mooncake_trace(tmp_path / "t.jsonl", SMALL)
     proc = sage(

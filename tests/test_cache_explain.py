@@ -7,6 +7,8 @@
 - With it off, the evict events carry no ``explain`` key (nothing else changes).
 - `tree_snapshot` is bounded by `depth` and `max_nodes`, and conserves blocks: the blocks of the
   shown nodes plus every ``hidden`` count equal the cached blocks (hypothesis, random prefixes).
+  Ghosts obey the same bounds and every evicted block not cached again is shown or counted in
+  ``hidden_ghosts`` once (issue 28); a picture of 2,000 nodes side by side stays 3,840 px.
 - `usage()` counts every used block once, by tenant and by priority class.
 """
 
@@ -20,10 +22,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.explain import jsonable
 from engine_adapter.cache.request import CacheRequest
-from engine_adapter.cache.tree import tree_snapshot
+from engine_adapter.cache.tree import MAX_GHOSTS, tree_snapshot
 
 
 class Clock:
@@ -245,3 +248,81 @@ def test_usage_counts_every_used_block_once() -> None:
     assert sum(usage["by_class"].values()) == usage["used_blocks"]
     assert set(usage["by_class"]) <= {"low", "normal", "high"}
     assert {"t0", "t1", "-"} <= set(usage["by_tenant"])
+
+
+# ---- ghosts within the tree's bounds (issue 28, item 12) ----------------------------------------
+
+
+def _levels(nodes: list[dict[str, Any]], level: int = 1) -> list[tuple[int, dict[str, Any]]]:
+    """(level, node) of every node and ghost shown, a ghost one level below what it hangs from."""
+    out = []
+    for node in nodes:
+        out.append((level, node))
+        out += _levels(node["children"], level + 1) + _levels(node.get("ghosts", []), level + 1)
+    return out
+
+
+def _hidden_ghosts(tree: dict[str, Any]) -> int:
+    return tree["hidden_ghosts"] + sum(n.get("hidden_ghosts", 0) for _, n in _levels(tree["roots"]))
+
+
+def test_a_chain_of_evicted_blocks_is_cut_at_the_depth() -> None:
+    """A 20-block prompt evicted whole leaves a chain of 20 ghosts, each the parent of the next;
+    before issue 28 the tree drew all 20 levels whatever --depth said."""
+    m = make(num_blocks=32, explain=False)
+    prompt = tokens(5, 20 * BS)
+    m.allocate(CacheRequest(1, prompt))
+    m.free_sequence(1, prompt)
+    m.evict(20)
+    assert m.events is not None
+    tree = tree_snapshot(m.radix, block_size=BS, depth=3, max_nodes=50, evicted=m.events.tail())
+    shown = _levels(tree["roots"])
+    assert [level for level, _ in shown] == [1, 2, 3] and all(n.get("ghost") for _, n in shown)
+    assert tree["ghost_blocks"] == 3 and _hidden_ghosts(tree) == 17
+    assert shown[-1][1]["hidden_ghosts"] == 17  # counted below the deepest ghost shown
+    full = tree_snapshot(m.radix, block_size=BS, depth=64, max_nodes=50, evicted=m.events.tail())
+    assert full["ghost_blocks"] == 20 and _hidden_ghosts(full) == 0
+    tight = tree_snapshot(m.radix, block_size=BS, depth=64, max_nodes=5, evicted=m.events.tail())
+    assert tight["ghost_blocks"] == 5 and _hidden_ghosts(tight) == 15
+
+
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=10),
+    evict=st.integers(0, 40),
+    depth=st.integers(1, 6),
+    max_nodes=st.integers(1, 15),
+)
+def test_ghosts_and_nodes_stay_within_depth_and_max_nodes(
+    prompts: list[list[int]], evict: int, depth: int, max_nodes: int
+) -> None:
+    m = make(num_blocks=64, explain=False)
+    for sid, shape in enumerate(prompts, start=1):
+        ids = [t for kind in shape for t in tokens(kind, BS)]
+        m.allocate(CacheRequest(sid, ids))
+        m.free_sequence(sid, ids)
+    m.evict(min(evict, m.num_cached_blocks))
+    assert m.events is not None
+    events = m.events.tail()
+    tree = tree_snapshot(m.radix, block_size=BS, depth=depth, max_nodes=max_nodes, evicted=events)
+    shown = _levels(tree["roots"])
+    assert all(level <= depth for level, _ in shown)
+    ghosts = [n for _, n in shown if n.get("ghost")]
+    assert len(ghosts) == tree["ghost_blocks"]
+    assert tree["shown_nodes"] + tree["ghost_blocks"] <= max_nodes
+    # Every evicted block not cached again (the latest 64) is shown or counted, once.
+    evicted = {e["block"] for e in events if e["event"] == "evict"}
+    cached = {format_block_key(b.key) for b in m.radix.blocks()}
+    assert tree["ghost_blocks"] + _hidden_ghosts(tree) == min(len(evicted - cached), MAX_GHOSTS)
+
+
+def test_the_picture_of_a_wide_tree_is_bounded(tmp_path: Any) -> None:
+    """--png of 2,000 nodes side by side: Graphviz scales it into 3,840 pixels a side."""
+    import struct
+
+    from sage_cli.eviction.views import PNG_DPI, PNG_MAX_INCHES, tree_dot
+
+    node = {"tokens": [0, 16], "blocks": 1, "hits": 0, "ref_count": 0, "children": [], "id": "ab" * 8}
+    tree = {"cached_blocks": 2000, "policy": "lru", "roots": [dict(node) for _ in range(2000)]}
+    png = tree_dot(tree).pipe(format="png")
+    width, height = struct.unpack(">II", png[16:24])
+    assert max(width, height) <= PNG_MAX_INCHES * PNG_DPI == 3840

@@ -141,6 +141,18 @@ def test_bad_input_is_one_line_and_nothing_is_lost(live: tuple[dict[str, str], P
     assert after["policy"] == before["policy"]
 
 
+def test_policies_marks_the_one_a_running_engine_runs(live: tuple[dict[str, str], Path]) -> None:
+    env, _ = live
+    stats = json.loads(_sage(env, "llm", "eviction", "stats", "--name", "live", "--json").stdout)
+    listed = _sage(env, "llm", "eviction", "policies", "--name", "live", "--json")
+    assert listed.returncode == 0, listed.stderr
+    answer = json.loads(listed.stdout)
+    assert answer["active"] == stats["policy"] and answer["engine"].endswith("live.sock")
+    assert any(p["name"] == "belady" and p["offline"] for p in answer["policies"])  # what is installed
+    table = _sage(env, "llm", "eviction", "policies", "--name", "live")
+    assert f"* active: {stats['policy']} (the engine on " in " ".join(table.stdout.split())
+
+
 def test_stop_leaves_nothing_behind() -> None:
     home = Path(tempfile.mkdtemp(prefix="sage-stop-", dir="/tmp"))
     env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(REPO)}
@@ -167,3 +179,5 @@ def test_stop_leaves_nothing_behind() -> None:
         pytest.fail(f"engine process {pid} still alive after stop")
     again = _sage(env, "llm", "eviction", "stats")
     assert again.returncode != 0 and "sage llm engine start" in again.stderr
+    twice = _sage(env, "llm", "engine", "stop")  # idempotent (issue 28): nothing to stop, exit 0
+    assert twice.returncode == 0 and "No engine running" in twice.stdout and twice.stderr == ""

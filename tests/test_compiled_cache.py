@@ -29,7 +29,7 @@ from cache_snapshot import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from oracle_trace import MOONCAKE, trace_dir
+from oracle_trace import MOONCAKE
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_meta import BlockMetaFields
@@ -454,10 +454,7 @@ def _rows_agree(workload: Workload, policy: str, fraction: float, model: str, **
 
 @pytest.fixture(scope="module")
 def mooncake_slice() -> Workload:
-    root = trace_dir()
-    if root is None:
-        pytest.skip(f"{MOONCAKE.parent} traces not found (set SAGE_TRACE_DIR)")
-    workload = read_mooncake(root / MOONCAKE)
+    workload = read_mooncake(MOONCAKE)
     return Workload(workload.requests[:1500], workload.block_size, "mooncake")
 
 

@@ -83,3 +83,62 @@ def test_renderers_tolerate_odd_events() -> None:
     odd = {"event": "evict", "explain": {"values": "x", "preferred_to": [1], "skipped": None}}
     assert "evicted by ? for ?" in explain_one_line(odd)
     assert explain_lines(odd)[0].startswith("block ? [pool block None] evicted at ?")
+
+
+# ---- several engine runs in one file; one line per eviction (issue 28, item 12) -----------------
+
+
+def _write_run(path: Path, run_id: str) -> list[dict[str, object]]:
+    """One engine run's records appended to `path`: sequence ids start at 1 again, as they do."""
+    with EvictionEventLog(path, run_id=run_id) as log:
+        m = CacheManager(BlockAllocator(12, BS), policy="lru", event_log=log, explain=True)
+        for sid in range(1, 6):
+            prompt = [hash((run_id, sid)) % 10_000 * 100 + i for i in range(3 * BS)]
+            m.allocate(CacheRequest(sid, prompt))
+            m.free_sequence(sid, prompt)
+        return log.tail()
+
+
+def test_explain_from_a_file_of_two_engine_runs_groups_them(tmp_path: Path) -> None:
+    log = tmp_path / "evictions.jsonl"
+    first, second = _write_run(log, "20260101-100000-11"), _write_run(log, "20260101-110000-22")
+    assert {e["run"] for e in first} == {"20260101-100000-11"} and {e["run"] for e in second} == {
+        "20260101-110000-22"
+    }
+    seq = next(e["sequence_id"] for e in first if e["event"] == "evict")
+    assert any(e["event"] == "evict" and e["sequence_id"] == seq for e in second)  # ids repeat
+    done = _sage("explain", str(seq), "--file", str(log), home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    headings = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert [h.split(":")[0] for h in headings] == [
+        "== engine run 20260101-100000-11",
+        "== engine run 20260101-110000-22",
+    ]
+    text = done.stdout
+    assert text.index(headings[0]) < text.index(headings[1])
+    only = ("--run", "20260101-110000-22", "--json")
+    one = _sage("explain", str(seq), "--file", str(log), *only, home=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert {json.loads(line)["run"] for line in one.stdout.splitlines()} == {"20260101-110000-22"}
+    bad = _sage("explain", str(seq), "--file", str(log), "--run", "nope", home=tmp_path)
+    assert bad.returncode == 2
+    assert "no such run in the log; runs: 20260101-100000-11, 20260101-110000-22" in bad.stderr
+
+
+def test_the_text_log_has_one_line_per_eviction(tmp_path: Path) -> None:
+    """Before issue 28 it printed one line per evicted block and one per call."""
+    log = tmp_path / "evictions.jsonl"
+    events = _write_run(log, "20260101-100000-11")
+    calls = [e for e in events if e["event"] == "freed"]
+    assert any(int(str(c["blocks_freed"])) > 1 for c in calls)  # calls that evict several blocks
+    text = _sage("logs", "--file", str(log), "--tail", "1000", home=tmp_path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.strip().splitlines()
+    assert len(lines) == len(calls)
+    for line, call in zip(lines, calls, strict=True):
+        assert " EVICTION: Sequence" in line and "evicted (LRU, alloc, last_access=" in line
+        blocks = int(str(call["blocks_freed"]))
+        freed = f"{blocks} block{'s' if blocks != 1 else ''}"
+        assert f"; freed {freed}, total freed: {call['total_freed']} " in line
+    as_json = _sage("logs", "--file", str(log), "--tail", "1000", "--json", home=tmp_path)
+    assert [json.loads(line) for line in as_json.stdout.splitlines()] == events  # JSON: every event

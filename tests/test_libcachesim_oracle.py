@@ -14,6 +14,7 @@ order of appearance. Capacities: 1, 5, 10 and 25 percent of the unique blocks.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle_trace import MOONCAKE, ORACLE_POLICIES, libcachesim_class, trace_dir, write_oracle_general
+from oracle_trace import MOONCAKE, ORACLE_POLICIES, libcachesim_class, write_oracle_general
 
 from sage_eviction import available_policies
 from sage_eviction.flat import simulate_flat
@@ -67,11 +68,8 @@ def zipf_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 @pytest.fixture(scope="module")
 def mooncake_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
-    root = trace_dir()
-    if root is None:
-        pytest.skip(f"{MOONCAKE} not found (set SAGE_TRACE_DIR to the folder holding mooncake/)")
     keys: list[int] = []
-    with open(root / MOONCAKE, encoding="utf-8") as f:
+    with gzip.open(MOONCAKE, "rt", encoding="utf-8") as f:
         for line in f:
             keys.extend(json.loads(line)["hash_ids"])
     path = tmp_path_factory.mktemp("oracle") / "mooncake.oracleGeneral.bin"

@@ -23,7 +23,6 @@ from oracle_trace import (
     MOONCAKE_SYNTHETIC,
     ORACLE_POLICIES,
     libcachesim_class,
-    trace_dir,
     write_oracle_general,
 )
 
@@ -48,10 +47,8 @@ def oracle_workloads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     pytest.importorskip("libcachesim", reason="libCacheSim is the oracle extra: pip install -e '.[oracle]'")
     folder = tmp_path_factory.mktemp("sim-oracle")
     workloads: dict[str, Workload] = {"synthetic": synthetic(requests=400, seed=11)}
-    root = trace_dir()
-    if root is not None:
-        workloads["mooncake"] = read_mooncake(root / MOONCAKE)
-        workloads["mooncake-synthetic"] = read_mooncake(root / MOONCAKE_SYNTHETIC)
+    workloads["mooncake"] = read_mooncake(MOONCAKE)
+    workloads["mooncake-synthetic"] = read_mooncake(MOONCAKE_SYNTHETIC)
     out: dict[str, tuple[Workload, Path]] = {}
     for name, workload in workloads.items():
         path = folder / f"{name}.oracleGeneral.bin"
@@ -76,8 +73,6 @@ def _libcachesim_misses(path: Path, n_requests: int, policy: str, capacity: int)
 def test_flat_model_matches_libcachesim(
     oracle_workloads: dict[str, tuple[Workload, Path]], trace: str, policy: str
 ) -> None:
-    if trace not in oracle_workloads:
-        pytest.skip(f"{MOONCAKE.parent} traces not found (set SAGE_TRACE_DIR)")
     workload, path = oracle_workloads[trace]
     unique = unique_blocks(workload.requests)
     lookups = sum(len(r.block_hashes) for r in workload.requests)

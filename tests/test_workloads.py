@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +16,7 @@ import pytest
 from engine_adapter.sim.azure_trace import read_azure
 from engine_adapter.sim.mooncake_trace import MOONCAKE_BLOCK_SIZE, read_mooncake
 from engine_adapter.sim.prefix_model import PrefixModel
+from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.sources import load
 from engine_adapter.sim.synthetic import preset, spec_benchmark, synthetic
 from engine_adapter.sim.workloads import (
@@ -30,20 +30,19 @@ from engine_adapter.sim.workloads import (
 DATA = Path(__file__).parent / "data"
 
 
-def _traces_dir() -> Path:
-    """The public traces: $SAGE_TRACES, else shared/traces in or beside the checkout."""
-    root = Path(__file__).resolve().parents[1]
-    candidates = [root / "shared" / "traces", root.parent / "shared" / "traces"]
-    if os.environ.get("SAGE_TRACES"):
-        candidates.insert(0, Path(os.environ["SAGE_TRACES"]))
-    return next((path for path in candidates if path.is_dir()), candidates[0])
+# The public traces sage ships (engine_adapter/sim/traces/, gzipped), by name: no folder to find.
+MOONCAKE_TRACES = {
+    "conversation_trace.jsonl": "mooncake:conversation",
+    "synthetic_trace.jsonl": "mooncake:synthetic",
+}
+AZURE_TRACES = {
+    "AzureLLMInferenceTrace_code.csv": "azure:code",
+    "AzureLLMInferenceTrace_conv.csv": "azure:conversation",
+}
 
 
-TRACES = _traces_dir()
-MOONCAKE = TRACES / "mooncake"
-AZURE = TRACES / "azure_llm_2023"
-
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"the public traces are not at {TRACES}")
+def _shipped(name: str) -> Path:
+    return shipped_trace(name)[0]
 
 
 def _sorted(workload: Workload) -> bool:
@@ -54,7 +53,6 @@ def _sorted(workload: Workload) -> bool:
 # --------------------------------------------------------------------------- real traces
 
 
-@needs_traces
 @pytest.mark.parametrize(
     ("name", "requests", "lookups", "unique"),
     [
@@ -65,7 +63,7 @@ def _sorted(workload: Workload) -> bool:
 def test_mooncake_traces_have_the_published_counts(
     name: str, requests: int, lookups: int, unique: int
 ) -> None:
-    workload = read_mooncake(MOONCAKE / name)
+    workload = read_mooncake(_shipped(MOONCAKE_TRACES[name]))
     assert len(workload) == requests
     assert total_block_lookups(workload) == lookups
     assert unique_blocks(workload) == unique
@@ -84,23 +82,22 @@ def test_mooncake_traces_have_the_published_counts(
     json.dumps({"workload": described})
 
 
-@needs_traces
 def test_mooncake_limit_reads_the_first_records() -> None:
-    workload = read_mooncake(MOONCAKE / "conversation_trace.jsonl", limit=100)
+    workload = read_mooncake(_shipped("mooncake:conversation"), limit=100)
     assert [r.request_id for r in workload] == list(range(100))
     assert workload.describe()["params"] == {"limit": 100}
 
 
-@needs_traces
 @pytest.mark.parametrize(
     ("name", "rows"),
     [("AzureLLMInferenceTrace_code.csv", 8_819), ("AzureLLMInferenceTrace_conv.csv", 19_366)],
 )
 def test_azure_traces_parse_and_the_prefix_model_is_deterministic(name: str, rows: int) -> None:
     model = PrefixModel(seed=3, tenants=2, priority_weights=(1, 1))
-    first = read_azure(AZURE / name, prefix_model=model)
-    again = read_azure(AZURE / name, prefix_model=PrefixModel(seed=3, tenants=2, priority_weights=(1, 1)))
-    other = read_azure(AZURE / name, prefix_model=PrefixModel(seed=4, tenants=2, priority_weights=(1, 1)))
+    path = _shipped(AZURE_TRACES[name])
+    first = read_azure(path, prefix_model=model)
+    again = read_azure(path, prefix_model=PrefixModel(seed=3, tenants=2, priority_weights=(1, 1)))
+    other = read_azure(path, prefix_model=PrefixModel(seed=4, tenants=2, priority_weights=(1, 1)))
     assert len(first) == rows
     assert first.requests == again.requests
     assert [r.block_hashes for r in first] != [r.block_hashes for r in other]

@@ -1,5 +1,8 @@
 """Structured eviction events: one ``evict`` event per victim block, one ``freed`` per eviction
-call (their shapes: docs/architecture.md, "Control API").
+call (their shapes: docs/architecture.md, "Control API"). Every event carries ``run``, the id
+of the log that wrote it (one per engine start: ``YYYYmmdd-HHMMSS-PID``), so that the records of
+several engine runs appended to one file can be told apart (``sage llm eviction explain --file``
+groups by it).
 
 Events go through a structlog processor chain of plain callables:
 
@@ -11,11 +14,11 @@ The file (JSON lines, rotated by size) is optional; the in-memory ring buffer th
 
 Event shapes::
 
-    {"event": "evict", "ts", "block", "block_id", "sequence_id", "tenant", "policy", "reason",
-     "last_access", "hits", "priority"}
-    {"event": "freed", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
-    {"event": "compress", "ts", "sequence_id", "policy", "reason", "tokens_before", "tokens_after",
-     "blocks_freed", "bytes_freed", "duration_us", "fallback"}
+    {"event": "evict", "ts", "run", "block", "parent", "depth", "block_id", "sequence_id",
+     "tenant", "policy", "reason", "last_access", "hits", "priority"}
+    {"event": "freed", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
+    {"event": "compress", "ts", "run", "sequence_id", "policy", "reason", "tokens_before",
+     "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"}
 
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
@@ -50,11 +53,13 @@ __all__ = [
     "EventSubscriber",
     "EvictionEventLog",
     "default_log_path",
+    "new_run_id",
 ]
 
 EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.explain)
     "event",
     "ts",
+    "run",
     "block",
     "parent",
     "depth",
@@ -67,10 +72,11 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "hits",
     "priority",
 )
-FREED_KEYS = ("event", "ts", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
+FREED_KEYS = ("event", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
 COMPRESS_KEYS = (
     "event",
     "ts",
+    "run",
     "sequence_id",
     "policy",
     "reason",
@@ -79,6 +85,7 @@ COMPRESS_KEYS = (
     "blocks_freed",
     "bytes_freed",
     "duration_us",
+    "fallback",
 )
 
 
@@ -87,6 +94,12 @@ class _PutNowait(Protocol):
 
 
 EventSubscriber = Callable[[dict[str, Any]], None] | _PutNowait
+
+
+def new_run_id() -> str:
+    """An id for the records of one engine run: its start time and pid, ``YYYYmmdd-HHMMSS-PID``
+    (readable, sortable by start, distinct for two engines started in the same second)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def default_log_path(name: str) -> Path:
@@ -127,6 +140,7 @@ class EvictionEventLog:
         processors: Extra structlog processors that observe each event: each is called with a
             copy, and what it returns or raises (``DropEvent``) is ignored, so a
             ``structlog.testing.LogCapture`` here captures without stopping the file or the ring.
+        run_id: The ``run`` every event carries; `new_run_id()` when None.
     """
 
     def __init__(
@@ -138,9 +152,11 @@ class EvictionEventLog:
         backup_count: int = 3,
         ring_size: int = 10_000,
         processors: list[Callable[..., Any]] | None = None,
+        run_id: str | None = None,
     ) -> None:
         if ring_size <= 0:
             raise ValueError(f"ring_size={ring_size} must be positive")
+        self.run_id = run_id if run_id is not None else new_run_id()
         if path is None and name is not None:
             path = default_log_path(name)
         self.path: Path | None = None if path is None else Path(path)
@@ -200,6 +216,7 @@ class EvictionEventLog:
         self._log.info(
             "evict",
             ts=time.time() if ts is None else ts,
+            run=self.run_id,
             block=block,
             parent=parent,
             depth=depth,
@@ -228,6 +245,7 @@ class EvictionEventLog:
         self._log.info(
             "freed",
             ts=time.time() if ts is None else ts,
+            run=self.run_id,
             policy=policy,
             reason=reason,
             blocks_freed=blocks_freed,
@@ -254,6 +272,7 @@ class EvictionEventLog:
         self._log.info(
             "compress",
             ts=time.time() if ts is None else ts,
+            run=self.run_id,
             sequence_id=sequence_id,
             policy=policy,
             reason=reason,

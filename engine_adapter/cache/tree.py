@@ -14,6 +14,11 @@ person wants to see:
 - *ghosts*: the latest evicted blocks (from the eviction log's ring; each event names its parent)
   that are not cached again, attached under the node holding their parent, under another ghost
   when their parent was evicted too, or at the top. A ghost subtree is drawn in another style.
+  Ghosts obey the same bounds: a ghost sits one level below what it hangs from and is shown
+  only within `depth` levels, and ghosts and nodes together are at most `max_nodes` (the latest
+  evictions first, shallow before deep); a ghost not shown is counted in ``hidden_ghosts`` of
+  the shown node or ghost it would hang below (the answer's own, at the top), so a chain of 64
+  evicted blocks draws as `depth` levels, not 64.
 
 O(n) in the cached blocks, under the cache lock; not for hot paths. Imports `block_keys`,
 `cached_block` and `radix_cache`.
@@ -101,9 +106,11 @@ def tree_snapshot(
         raise ValueError(f"max_nodes={max_nodes} must be in [1, {MAX_NODES}]")
     blocks = radix.blocks()
     roots, children = _children_of(blocks)
-    top, hidden_top, by_block, shown = _walk(roots, children, block_size, depth, max_nodes)
+    top, hidden_top, by_block, levels = _walk(roots, children, block_size, depth, max_nodes)
+    shown = len(levels)
     truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
-    ghosts = _ghosts(evicted, radix, by_block, top)
+    ghosts = _Ghosts(evicted, radix, by_block, levels)
+    hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown)
     return {
         "block_size": block_size,
         "cached_blocks": len(blocks),
@@ -113,7 +120,8 @@ def tree_snapshot(
         "truncated": truncated,
         "hidden": hidden_top,
         "roots": top,
-        "ghost_blocks": ghosts,
+        "ghost_blocks": ghosts.shown,
+        "hidden_ghosts": hidden_ghosts,
     }
 
 
@@ -139,17 +147,18 @@ def _walk(
     block_size: int,
     depth: int,
     max_nodes: int,
-) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, dict[str, Any]], dict[int, int]]:
     """Breadth first to `depth` levels and `max_nodes` nodes: the top nodes, what is hidden at
-    the top, the node showing each block (by formatted key), and the nodes shown."""
+    the top, the node showing each block (by formatted key), and each shown node's level (by
+    the node's `id`; as many as the nodes shown)."""
     top: list[dict[str, Any]] = []
     hidden_top = {"nodes": 0, "blocks": 0}
     by_block: dict[str, dict[str, Any]] = {}  # block key -> the node showing it
-    shown = 0
+    levels: dict[int, int] = {}
     queue: deque[tuple[CachedBlock, int, dict[str, Any] | None]] = deque((r, 1, None) for r in roots)
     while queue:
         first, level, parent = queue.popleft()
-        if shown >= max_nodes or level > depth:
+        if len(levels) >= max_nodes or level > depth:
             nodes, count = _subtree_size(first, children)
             hidden = hidden_top if parent is None else parent["hidden"]
             hidden["nodes"] += nodes
@@ -157,12 +166,12 @@ def _walk(
             continue
         chain = _chain(first, children)
         node = _node(chain, block_size)
-        shown += 1
+        levels[id(node)] = level
         for block in chain:
             by_block[format_block_key(block.key)] = node
         (top if parent is None else parent["children"]).append(node)
         queue.extend((kid, level + 1, node) for kid in children.get(chain[-1].key, ()))
-    return top, hidden_top, by_block, shown
+    return top, hidden_top, by_block, levels
 
 
 def _has_hidden(node: Mapping[str, Any]) -> bool:
@@ -170,40 +179,113 @@ def _has_hidden(node: Mapping[str, Any]) -> bool:
     return bool(hidden and hidden["nodes"]) or any(_has_hidden(c) for c in node["children"])
 
 
-def _ghosts(
-    evicted: Iterable[Mapping[str, Any]],
-    radix: RadixCache,
-    by_block: dict[str, dict[str, Any]],
-    top: list[dict[str, Any]],
-) -> int:
-    """Attach the latest evicted blocks not cached again as ghost nodes; returns how many."""
-    cached = {format_block_key(b.key) for b in radix.blocks()}
-    latest: dict[str, Mapping[str, Any]] = {}
-    for event in evicted:
-        if event.get("event") == "evict" and isinstance(event.get("block"), str):
-            latest[event["block"]] = event
-    picked = [e for key, e in latest.items() if key not in cached][-MAX_GHOSTS:]
-    ghost_nodes: dict[str, dict[str, Any]] = {}
-    for event in picked:
-        ghost_nodes[event["block"]] = {
-            "id": event["block"],
-            "ghost": True,
-            "blocks": 1,
-            "depth": event.get("depth"),
-            "evicted_at": event.get("ts"),
-            "reason": event.get("reason"),
-            "policy": event.get("policy"),
-            "tenant": event.get("tenant"),
-            "hits": event.get("hits"),
-            "children": [],
-        }
-    for event in picked:
-        node = ghost_nodes[event["block"]]
-        parent = event.get("parent")
-        if isinstance(parent, str) and parent in ghost_nodes and parent != event["block"]:
-            ghost_nodes[parent]["children"].append(node)
-        elif isinstance(parent, str) and parent in by_block:
-            by_block[parent].setdefault("ghosts", []).append(node)
-        else:
-            top.append(node)
-    return len(picked)
+def _ghost_node(event: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": event["block"],
+        "ghost": True,
+        "blocks": 1,
+        "depth": event.get("depth"),
+        "evicted_at": event.get("ts"),
+        "reason": event.get("reason"),
+        "policy": event.get("policy"),
+        "tenant": event.get("tenant"),
+        "hits": event.get("hits"),
+        "children": [],
+    }
+
+
+class _Ghosts:
+    """The latest evicted blocks not cached again, each with what it hangs below and its level.
+
+    A ghost hangs below the ghost of its parent block, else below the shown node holding its
+    parent, else at the top; its level is one more than that of what it hangs below (1 at the
+    top). Built from the eviction events, oldest first; `attach` places them within the bounds.
+    """
+
+    def __init__(
+        self,
+        evicted: Iterable[Mapping[str, Any]],
+        radix: RadixCache,
+        by_block: dict[str, dict[str, Any]],
+        levels: dict[int, int],
+    ) -> None:
+        cached = {format_block_key(b.key) for b in radix.blocks()}
+        latest: dict[str, Mapping[str, Any]] = {}
+        for event in evicted:
+            if event.get("event") == "evict" and isinstance(event.get("block"), str):
+                latest.pop(event["block"], None)  # re-evicted: it moves to the newest end
+                latest[event["block"]] = event
+        picked = [e for key, e in latest.items() if key not in cached][-MAX_GHOSTS:]
+        self._nodes = {e["block"]: _ghost_node(e) for e in picked}
+        self._recency = {e["block"]: i for i, e in enumerate(picked)}  # larger: evicted later
+        self._parent: dict[str, str | None] = {}
+        self._host: dict[str, dict[str, Any] | None] = {}
+        for e in picked:
+            parent = e.get("parent")
+            ghost_parent = isinstance(parent, str) and parent in self._nodes and parent != e["block"]
+            self._parent[e["block"]] = parent if ghost_parent else None
+            self._host[e["block"]] = (
+                by_block.get(parent) if isinstance(parent, str) and not ghost_parent else None
+            )
+        self._node_levels = levels
+        self._levels: dict[str, int] = {}
+        self.shown = 0
+
+    def level(self, key: str) -> int:
+        """The ghost's level (a parent chain that loops, which events should never make, is cut)."""
+        path: list[str] = []  # ghosts whose level follows from their parent's
+        seen: set[str] = set()
+        at = key
+        while at not in self._levels:
+            parent = self._parent[at]
+            if parent is None or parent in seen:
+                host = self._host[at]
+                self._levels[at] = 1 if host is None else self._node_levels[id(host)] + 1
+                break
+            seen.add(at)
+            path.append(at)
+            at = parent
+        for below in reversed(path):
+            parent = self._parent[below]
+            assert parent is not None  # only ghosts with a ghost parent are on the path
+            self._levels[below] = self._levels[parent] + 1
+        return self._levels[key]
+
+    def attach(self, top: list[dict[str, Any]], depth: int, budget: int) -> int:
+        """Hang the ghosts that fit `depth` levels and `budget` nodes (shallow, then the latest
+        first); count the others in ``hidden_ghosts`` of where they would hang. Returns how many
+        hang from nowhere shown (the answer's own ``hidden_ghosts``)."""
+        order = sorted(self._nodes, key=lambda k: (self.level(k), -self._recency[k]))
+        placed: set[str] = set()
+        hidden_top = 0
+        for key in order:
+            node, parent, host = self._nodes[key], self._parent[key], self._host[key]
+            fits = self.level(key) <= depth and len(placed) < budget
+            if fits and (parent is None or parent in placed):
+                placed.add(key)
+                if parent is not None:
+                    self._nodes[parent]["children"].append(node)
+                elif host is not None:
+                    host.setdefault("ghosts", []).append(node)
+                else:
+                    top.append(node)
+                continue
+            shown_above = self._shown_above(key, placed)
+            if shown_above is None:
+                hidden_top += 1
+            else:
+                shown_above["hidden_ghosts"] = shown_above.get("hidden_ghosts", 0) + 1
+        self.shown = len(placed)
+        return hidden_top
+
+    def _shown_above(self, key: str, placed: set[str]) -> dict[str, Any] | None:
+        """The nearest shown ghost or node a hidden ghost hangs below, None for the top."""
+        seen: set[str] = set()
+        while True:
+            parent = self._parent[key]
+            if parent is None or parent in seen:
+                return self._host[key]
+            if parent in placed:
+                return self._nodes[parent]
+            seen.add(key)
+            key = parent

@@ -15,7 +15,7 @@ interval) or ``"static:F"`` (a fixed LLM share F of the pool).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine_adapter.colocation import admission, preemption, quota
 from engine_adapter.colocation.predictors import EmbeddingLoadForecaster, OutputLengthPredictor
@@ -151,6 +151,8 @@ class ColocationController:
         memory: MemoryState,
         running: Sequence[LLMView],
         embedding_queue: Sequence[EmbeddingView],
+        *,
+        choose_victims: Callable[[Sequence[LLMView], int], list[str]] | None = None,
     ) -> Admission:
         """Algorithm 1 for an LLM request (see `engine_adapter.colocation.admission`).
 
@@ -160,6 +162,10 @@ class ColocationController:
             memory: The pool now.
             running: The LLM requests holding KV blocks (the candidates for preemption).
             embedding_queue: The embedding batches admitted and not finished.
+            choose_victims: Who a high-priority request preempts: the lower-priority running
+                requests and the blocks it needs in, their ids out. None: Algorithm 3
+                (`preemption_victims`); the simulator's ablation without Algorithm 3 passes its
+                latest-arrival rule, so that no preemption of the run is Algorithm 3's.
         """
         out = self.predicted_output_tokens(req)
         completion = now_s + (req.slo.ttft_ms + req.slo.tpot_ms * max(0, out - 1)) / 1000.0
@@ -175,7 +181,10 @@ class ColocationController:
         lower = [r for r in running if r.priority < req.priority]
 
         def victims_for(blocks: int) -> list[str]:
-            chosen = self.preemption_victims(lower, blocks, now_s)
+            if choose_victims is None:
+                chosen = self.preemption_victims(lower, blocks, now_s)
+            else:
+                chosen = choose_victims(lower, blocks)
             freed = sum(r.blocks for r in lower if r.request_id in set(chosen))
             return chosen if freed >= blocks else []
 

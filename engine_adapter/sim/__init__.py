@@ -23,6 +23,8 @@ The benchmark (`sage llm benchmark --mode sim`):
 
     benchmark.py       every policy at every capacity, plus the reference rows
     sweep.py           the rows in this process, in worker processes or on Ray
+    saturation.py      which rows measure a queue rather than the cache, and the warning
+    plot.py            ``--plot``: hit rate against the capacity ratio, TTFT CDFs
 
     colocation/        the colocation study: LLM requests and embedding batches on one pool,
                        on the same cache manager and policies (its own docstring lists its files)

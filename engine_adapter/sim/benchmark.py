@@ -14,8 +14,11 @@ its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline
 Every row runs through `CacheManager` and the registered policy (not the simulator's lean LRU
 path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in every row.
 
-Returns ``{"workload": Workload.describe(), "settings": {...}, "results": [row, ...]}`` and
-writes the same as JSON to `output`; `plot` gets a PNG of hit rate against capacity per policy.
+Returns ``{"workload": Workload.describe(), "settings": {...}, "results": [row, ...],
+"saturation": {...}, "run": {...}}`` and writes the same as JSON to `output`; ``saturation``
+names the rows whose median TTFT is queueing rather than prefill, with a one-line warning for
+each case (`engine_adapter.sim.saturation`). `plot` gets a PNG of hit rate against the capacity
+ratio per policy and of each cache size's TTFT CDF (`engine_adapter.sim.plot`).
 A Rich progress bar on stderr shows the runs (and the requests of each) while they go; the
 result's ``run`` block says how they ran (executor, workers, the core's implementation).
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.sim.cost_model import CostModel, CostModelError
+from engine_adapter.sim.saturation import saturation
 from engine_adapter.sim.simulator import UNBOUNDED, min_capacity
 from engine_adapter.sim.sources import load
 from engine_adapter.sim.sweep import (
@@ -89,7 +93,8 @@ def build_workload(
     """
     try:
         if trace is not None:
-            source = trace_format or ("azure" if str(trace).endswith(".csv") else "mooncake")
+            csv = str(trace).removesuffix(".gz").endswith(".csv")
+            source = trace_format or ("azure" if csv else "mooncake")
             built = load(source, path=trace, limit=requests)
         elif workload in (None, "synthetic"):
             params: dict[str, Any] = {"requests": requests if requests is not None else 1000, "seed": seed}
@@ -220,35 +225,6 @@ def _progress() -> Iterator[Any]:
         yield progress
 
 
-def _plot(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
-    try:
-        import matplotlib  # type: ignore[import-not-found,unused-ignore]
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise BenchmarkError(
-            "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
-        ) from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    policies = list(dict.fromkeys(row["policy"] for row in rows if row["policy"] != UNBOUNDED))
-    for policy in policies:
-        points = sorted((row["capacity_blocks"], row["hit_rate"]) for row in rows if row["policy"] == policy)
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
-    for row in rows:
-        if row["policy"] == UNBOUNDED:
-            ax.axhline(row["hit_rate"], color="grey", linestyle="--", linewidth=1, label="unbounded")
-            break
-    ax.set_xlabel("capacity (blocks)")
-    ax.set_ylabel("hit rate (prompt tokens)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
@@ -314,7 +290,8 @@ class SimBenchmarkOptions:
         cache_model: ``"radix"`` or ``"flat"``.
         duration: Keep only the requests arriving within this many seconds of the first.
         output: Write the result here as JSON.
-        plot: Write a PNG of hit rate against capacity here (needs matplotlib).
+        plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs
+            matplotlib).
         cost_model: Cost-model fields (as read from `cost_model_path` by the CLI).
         cost_model_path: A cost-model YAML file (read when `cost_model` is None).
         protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
@@ -355,10 +332,10 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         **options: The fields of `SimBenchmarkOptions` (`policies` is required).
 
     Returns:
-        ``{"workload": {...}, "settings": {...}, "results": [row, ...], "run": {...}}``; rows as
-        `SimResult`. ``run`` says how it ran (executor, workers, implementation of the core,
-        wall seconds): the one part besides the rows' wall times that `jobs` and `ray_address`
-        change.
+        ``{"workload": {...}, "settings": {...}, "results": [row, ...], "saturation": {...},
+        "run": {...}}``; rows as `SimResult`. ``run`` says how it ran (executor, workers,
+        implementation of the core, wall seconds): the one part besides the rows' wall times
+        that `jobs` and `ray_address` change.
 
     Raises:
         BenchmarkError: Options it cannot run with (one-line message).
@@ -400,11 +377,34 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         "protect_queued": opts.protect_queued,
         "adaptive_batch": opts.adaptive_batch,
     }
-    result = {"workload": built.describe(), "settings": settings, "results": rows, "run": run}
+    result = {
+        "workload": built.describe(),
+        "settings": settings,
+        "results": rows,
+        "saturation": saturation(rows, built, costs, UNBOUNDED),
+        "run": run,
+    }
     _write_output(result, opts.output)
     if opts.plot is not None:
-        _plot(rows, opts.plot, f"{built.source}: hit rate against capacity ({opts.cache_model} model)")
+        _plot(result, [outcome.ttft_quantiles_s for outcome in outcomes], opts.plot)
     return result
+
+
+def _plot(result: dict[str, Any], ttft_quantiles: list[tuple[float, ...]], path: str | Path) -> None:
+    """``--plot``: hit rate against the capacity ratio and each size's TTFT CDF (`plot`)."""
+    from engine_adapter.sim.plot import write_plot
+
+    workload = result["workload"]
+    model = result["settings"]["cache_model"]
+    title = f"{workload['source']}: {workload['requests']:,} requests ({model} model)"
+    try:
+        write_plot(result["results"], ttft_quantiles, workload["unique_blocks"], path, title)
+    except ImportError:
+        raise BenchmarkError(
+            "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
+        ) from None
+    except OSError as exc:
+        raise BenchmarkError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _executor(opts: SimBenchmarkOptions) -> Executor:

@@ -216,6 +216,7 @@ class Simulator:
             )
         self.adaptive_batch = adaptive_batch
         self.adaptive: AdaptiveBatch | None = None
+        self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -513,6 +514,7 @@ class Simulator:
     def _result(self, st: RunState, wall: float) -> SimResult:
         """The run's figures (docs/architecture.md, "Metrics")."""
         st.ttfts.sort()
+        self.ttft_s = st.ttfts
         st.tpots.sort()
         makespan = st.clock - st.first_arrival
         if st.cache is not None:

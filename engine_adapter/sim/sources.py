@@ -61,7 +61,8 @@ def load(source: str, *, path: str | Path | None = None, **params: Any) -> Workl
 
     Args:
         source: `"mooncake"`, `"azure"`, `"synthetic"` or a preset name (`PRESETS`). A path
-            ending in `.jsonl` or `.csv` stands for `mooncake` or `azure` with that path.
+            ending in `.jsonl` or `.csv` (or either `.gz`) stands for `mooncake` or `azure` with
+            that path.
         path: The trace file of `mooncake` and `azure`.
         **params: The source's keyword params; for `azure`, `limit` and the `PrefixModel`
             fields.
@@ -69,8 +70,8 @@ def load(source: str, *, path: str | Path | None = None, **params: Any) -> Workl
     Raises:
         WorkloadError: An unknown source or param, a missing path, or a bad trace.
     """
-    if path is None and source.endswith((".jsonl", ".csv")):
-        source, path = ("mooncake" if source.endswith(".jsonl") else "azure"), source
+    if path is None and source.removesuffix(".gz").endswith((".jsonl", ".csv")):
+        source, path = ("mooncake" if source.removesuffix(".gz").endswith(".jsonl") else "azure"), source
     if source in ("mooncake", "azure"):
         if path is None:
             raise WorkloadError(f"the {source} source needs a trace file path")

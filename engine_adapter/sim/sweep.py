@@ -10,9 +10,10 @@ order of `rows` whichever executor ran them, so the benchmark's JSON does not de
   unpickles it in its initializer, a Ray worker fetches it from the object store on its first
   row of the sweep and keeps it for the next ones.
 - `RowSpec`: one row (its index, policy, capacity, adaptive batch or not).
-- `RowOutcome`: the row's dict and which implementation of the core computed it
+- `RowOutcome`: the row's dict, which implementation of the core computed it
   (`sage_eviction.native.core_implementation()` in the process that ran it: a Ray node may
-  differ from this machine).
+  differ from this machine), and its TTFT distribution as 101 quantiles (`--plot` draws the
+  CDF from them; the row's dict, and so the JSON, carries only p50 and p99).
 
 Executors (`Executor`): ``jobs=1`` runs the rows here, one after the other, with progress per
 request; ``jobs=N`` runs them in N processes (`concurrent.futures.ProcessPoolExecutor`: forked
@@ -46,6 +47,7 @@ from typing import Any, Protocol
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.workloads import Workload
+from sage_eviction.metrics import percentile
 from sage_eviction.native import core_implementation
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "ray_available",
     "run_row",
     "run_rows",
+    "ttft_quantiles",
     "usable_cores",
 ]
 
@@ -98,11 +101,20 @@ class RowSpec:
 
 @dataclass(frozen=True, slots=True)
 class RowOutcome:
-    """A row's figures (`SimResult.to_dict()`) and the implementation of the core that ran it."""
+    """A row's figures (`SimResult.to_dict()`), the implementation of the core that ran it, and
+    its TTFT quantiles at 0, 1, ..., 100 % (seconds; empty when no request got a token)."""
 
     index: int
     row: dict[str, Any]
     implementation: str
+    ttft_quantiles_s: tuple[float, ...] = ()
+
+
+def ttft_quantiles(sorted_ttfts: Sequence[float]) -> tuple[float, ...]:
+    """The quantiles at 0, 1, ..., 100 % of sorted TTFTs: a CDF in 101 points, whatever the count."""
+    if not sorted_ttfts:
+        return ()
+    return tuple(percentile(sorted_ttfts, q / 100) for q in range(101))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +190,8 @@ def run_row(
         protect_queued=context.protect_queued,
         adaptive_batch=spec.adaptive,
     )
-    return RowOutcome(spec.index, simulator.run().to_dict(), core_implementation())
+    row = simulator.run().to_dict()
+    return RowOutcome(spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s))
 
 
 def run_rows(

@@ -1,7 +1,8 @@
 """The checks of ``sage llm benchmark``'s options, made before anything runs, and what they yield.
 
 `check_plan` checks, in a fixed order (the first bad option is the one reported), the workload
-(``--trace`` or a generated ``--workload``), the cache sizes, the duration, the files to write,
+(``--trace``: a file, or a trace shipped with sage by name, ``mooncake:conversation``; or a
+generated ``--workload``), the cache sizes, the duration, the files to write,
 the cost model, ``--protect-queued`` and where the simulator's rows run; it returns a
 `BenchmarkPlan`. Policy names are checked against the light `sage_eviction` registry.
 """
@@ -169,11 +170,18 @@ def _workload_source(args: BenchmarkArgs) -> WorkloadSource:
     if args.trace is not None and args.tenants is not None:
         raise CLIUsageError("--tenants applies to a generated --workload, not to --trace")
     fmt: str | None = None
-    if args.trace is not None:
-        readable(args.trace, "--trace")
-        fmt = args.trace_format.value if args.trace_format is not None else _infer_trace_format(args.trace)
+    trace = args.trace
+    if trace is not None:
+        trace, shipped_format = _shipped_or_file(trace)
+        readable(trace, "--trace")
+        given = args.trace_format.value if args.trace_format is not None else None
+        if shipped_format is not None and given not in (None, shipped_format):
+            raise CLIUsageError(
+                f"--trace {args.trace} is a {shipped_format} trace, not --trace-format {given}"
+            )
+        fmt = given or shipped_format or _infer_trace_format(trace)
     return WorkloadSource(
-        trace=args.trace,
+        trace=trace,
         trace_format=fmt,
         workload=None if args.trace is not None else (args.workload or Workload.synthetic).value,
         requests=args.requests,
@@ -183,8 +191,26 @@ def _workload_source(args: BenchmarkArgs) -> WorkloadSource:
     )
 
 
+def _shipped_or_file(trace: Path) -> tuple[Path, str | None]:
+    """A file as given; a trace shipped with sage (``mooncake:conversation``) as its file and
+    format. An existing file wins over a name."""
+    text = str(trace)
+    if trace.exists():
+        return trace, None
+    from engine_adapter.sim.shipped_traces import is_trace_name, shipped_trace
+
+    if not is_trace_name(text):
+        return trace, None  # `readable` says what is wrong with the path
+    try:
+        path, shipped = shipped_trace(text)
+    except (ValueError, FileNotFoundError) as exc:
+        raise CLIUsageError(f"--trace: {exc}") from None
+    return path, shipped.trace_format
+
+
 def _infer_trace_format(path: Path) -> str:
-    suffix = path.suffix.lower()
+    name = path.name.lower().removesuffix(".gz")
+    suffix = Path(name).suffix
     if suffix in (".jsonl", ".json", ".ndjson"):
         return TraceFormat.mooncake.value
     if suffix == ".csv":

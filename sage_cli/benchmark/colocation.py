@@ -205,6 +205,9 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("kv_hit_rate", "KV hit", "percent"),
     ("rejected", "Rejected", "number"),
     ("deferred", "Deferred", "number"),
+    ("preemptions", "Preempted", "number"),
+    # Decisions the quota (Algorithm 2, or a static split) made; 0: it changed nothing in the run.
+    ("quota_limited", "Quota decisions", "number"),
 )
 
 
@@ -234,10 +237,12 @@ def colocation_table(result: dict[str, Any], policy: str = DEFAULT_POLICY) -> Ta
         pad_edge=False,
         collapse_padding=True,
     )
-    for key, title, _ in _COLUMNS:
+    present = {key for row in rows if isinstance(row, dict) for key in row}
+    columns = [c for c in _COLUMNS if c[0] in present]  # live engines' rows count no quota decisions
+    for key, title, _ in columns:
         table.add_column(
             title, justify="left" if key in ("ratio", "system") else "right", no_wrap=key == "system"
         )
     for row in rows:
-        table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in _COLUMNS))
+        table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in columns))
     return table

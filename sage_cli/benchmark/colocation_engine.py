@@ -509,7 +509,7 @@ def run_on_engines(grid: ColocationGrid) -> None:
         raise CLIUsageError(str(exc)) from None
     if grid.output is not None:
         grid.output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    Output(grid.json_out).result(result, lambda: colocation_table(result))
+    Output(grid.json_out).result(result, lambda: colocation_table(result), wide=True)
 
 
 def _check_engine_grid(grid: ColocationGrid) -> None:

@@ -47,5 +47,5 @@ def run_in_simulator(grid: ColocationGrid) -> None:
             )
         except ColocationBenchmarkError as exc:
             raise CLIUsageError(str(exc)) from None
-    Output(grid.json_out).result(result, lambda: colocation_table(result, grid.policy))
+    Output(grid.json_out).result(result, lambda: colocation_table(result, grid.policy), wide=True)
 

@@ -59,7 +59,9 @@ def _policies(args: BenchmarkArgs) -> list[str]:
         from sage_cli.benchmark.vllm import vllm_policies
 
         return vllm_policies(args)
-    return parse_policies(args.eviction_policies or "lru,lfu,arc", args.mode.value)
+    # None is the default; an empty string is a mistake (it used to run the default silently).
+    text = "lru,lfu,arc" if args.eviction_policies is None else args.eviction_policies
+    return parse_policies(text, args.mode.value)
 
 
 def _run_colocation(args: BenchmarkArgs) -> None:

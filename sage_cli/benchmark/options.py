@@ -94,10 +94,12 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        metavar="FILE",
+        metavar="FILE|NAME",
         dir_okay=False,
         show_default=False,
-        help="Replay a trace instead of generating a workload.",
+        help="Replay a trace instead of generating a workload: a file (.jsonl, .csv, either .gz), or "
+        "one shipped with sage by name: mooncake:conversation, mooncake:synthetic, azure:code, "
+        "azure:conversation.",
     ),
 ]
 TraceFormatOpt = Annotated[
@@ -266,7 +268,8 @@ PlotOpt = Annotated[
         metavar="FILE.png",
         dir_okay=False,
         show_default=False,
-        help="Plot hit rate against capacity and the latency CDF (needs matplotlib).",
+        help="Plot hit rate against the capacity ratio and, per cache size, the TTFT CDF (needs "
+        "matplotlib: pip install 'sage-kv[plot]').",
     ),
 ]
 CostModelOpt = Annotated[

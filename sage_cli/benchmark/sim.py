@@ -94,4 +94,4 @@ def run_in_simulator(args: BenchmarkArgs, plan: BenchmarkPlan) -> None:
         ) from exc
     result = run_benchmark(**options.as_kwargs())
     if isinstance(result, dict):
-        Output(args.json_out).result(result, lambda: results_table(result))
+        Output(args.json_out).result(result, lambda: results_table(result), wide=True)

@@ -1,8 +1,11 @@
 """The table of a policy benchmark (one row per policy and cache size), and where a result goes.
 
 The simulator, a live engine and a vLLM server all return ``{"results": [row, ...], ...}`` with
-flat rows; `results_table` shows the columns the rows have, `save_and_show` writes ``--output``
-(for the engine modes; the simulator writes its own) and prints the table or ``--json``.
+flat rows; `results_table` shows the columns the rows have (preemptions among them: at a small
+cache every row may preempt, Belady's included) and, under them, the simulator's saturation
+warnings (``result["saturation"]["warnings"]``: when the median TTFT is queueing, not prefill);
+`save_and_show` writes ``--output`` (for the engine modes; the simulator writes its own) and
+prints the table or ``--json``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from sage_cli.output import Output, format_cell
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.console import RenderableType
 
-__all__ = ["results_table", "run_caption", "save_and_show"]
+__all__ = ["results_table", "run_caption", "saturation_warnings", "save_and_show"]
 
 
 # The table's columns (key, title, format); --json and --output carry every field.
@@ -28,7 +31,9 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("fairness_score", "Fair", "ratio"),
     ("memory_utilization", "Util", "percent"),
     ("evictions", "Evicted", "int"),
+    ("preemptions", "Preempted", "int"),
     ("eviction_p50_us", "p50 µs", "number"),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
     ("throughput_impact", "Tput loss", "percent"),
 )
 
@@ -68,10 +73,20 @@ def run_caption(run: Any) -> str | None:
     return "; ".join(parts) or None
 
 
-def results_table(result: dict[str, Any]) -> Table | str:
-    """The rows ``run_benchmark`` returned, one per policy and capacity, as a table."""
+def saturation_warnings(result: dict[str, Any]) -> list[str]:
+    """The simulator's saturation warnings (none for the engine modes, which measure real times)."""
+    saturation = result.get("saturation")
+    warnings = saturation.get("warnings") if isinstance(saturation, dict) else None
+    return [str(w) for w in warnings] if isinstance(warnings, list) else []
+
+
+def results_table(result: dict[str, Any]) -> RenderableType:
+    """The rows ``run_benchmark`` returned, one per policy and capacity, as a table, and any
+    saturation warning under it."""
     from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     rows = result.get("results", result.get("rows"))
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
@@ -101,7 +116,10 @@ def results_table(result: dict[str, Any]) -> Table | str:
         )
     for row in rows:
         table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in columns))
-    return table
+    warnings = saturation_warnings(result)
+    if not warnings:
+        return table
+    return Group(table, *(Text(f"warning: {w}", style="bold yellow") for w in warnings))
 
 
 def save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -> None:
@@ -109,4 +127,4 @@ def save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -
     shown as the table or as JSON."""
     if output is not None:
         output.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    Output(json_out).result(result, lambda: results_table(result))
+    Output(json_out).result(result, lambda: results_table(result), wide=True)

@@ -3,6 +3,11 @@
 Gone is: its socket and pid file removed (``engine_adapter.paths.pid_path``, next to the socket),
 or, for an engine reached with ``--url``, its port no longer answering. Files left by an engine
 that died while draining are removed after a grace period.
+
+Stopping is idempotent: with no engine running (no socket file, or a stale one nothing listens
+on) it says so and exits 0, ``{"status": "not_running", ...}`` with ``--json``, so scripts can
+stop before they start. A path that is not a socket, or an engine that cannot be reached for
+another reason, is still an error.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from sage_cli.options import ApiKeyOpt, JsonOpt, NameOpt, SocketOpt, UrlOpt, cli
 from sage_cli.output import Output
 
 if TYPE_CHECKING:
-    from sage_cli.client import ControlClient
+    from sage_cli.client import ControlClient, EngineNotRunning
 
 __all__ = ["stop"]
 
@@ -61,6 +66,14 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
+def _not_running(out: Output, exc: EngineNotRunning, url: str | None) -> None:
+    """Nothing to stop: say so (exit 0)."""
+    where = {"url": url} if url is not None else {"socket": str(exc.socket)}
+    stale = " (a stale socket file: the next start replaces it)" if exc.stale else ""
+    result = {"status": "not_running", **where, "stale_socket": exc.stale}
+    out.result(result, lambda: f"No engine running on {url or exc.socket}{stale}; nothing to stop")
+
+
 def stop(
     socket: SocketOpt = None,
     name: NameOpt = None,
@@ -77,11 +90,17 @@ def stop(
     """Stop a running engine: it finishes the requests in flight, then exits.
 
     Waits until the engine has removed its socket and pid file (with --url: until it stops
-    answering).
+    answering). With no engine running it says so and exits 0.
     """
+    from sage_cli.client import EngineNotRunning
+
     out = Output(json_out)
     with client_for(socket, name, url=url, api_key=api_key) as client:
-        health = client.health()
+        try:
+            health = client.health()
+        except EngineNotRunning as exc:
+            _not_running(out, exc, url)
+            return
         client.shutdown()
     if url is not None:
         _wait_until_unreachable(client, health, timeout)

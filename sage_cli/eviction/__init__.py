@@ -1,14 +1,18 @@
 """``sage llm eviction``: inspect and change the eviction policy of a running engine.
 
     commands.py      the commands: stats, logs, set-policy, set-token-policy, policies, explain,
-                     tree, top (each talks to the engine through `sage_cli.client`)
+                     tree, top (each talks to the engine through `sage_cli.client`; ``policies``
+                     needs none)
     render.py        the statistics block, eviction log lines, a swap, the policies table
-    explanations.py  why a block left: one line per victim, or a past eviction in full
+    explanations.py  why a block left: one line per victim, or a past eviction in full, and the
+                     engine runs a log file's records come from
     views.py         the prefix tree (Rich, Graphviz) and the frames of ``top``
     log_file.py      an eviction log file read with no engine (tail, follow, rotations)
+    installed.py     the policies installed here, from the registry (``policies``)
 
 The rendering modules are pure functions of the engine's JSON; none of these modules imports
-torch, `sage_eviction` or `engine_adapter` (beyond `engine_adapter.paths`). `app` is the group.
+torch or `engine_adapter` (beyond `engine_adapter.paths`), and only `installed` imports
+`sage_eviction`, inside its function. `app` is the group.
 """
 
 from __future__ import annotations

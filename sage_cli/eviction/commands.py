@@ -1,9 +1,11 @@
 """The commands of ``sage llm eviction``: stats, logs, set-policy, set-token-policy, policies,
 explain, tree and top.
 
-Every command here only talks to the engine over its socket (`sage_cli.client`): none imports
-torch, `sage_eviction` or `engine_adapter` beyond `engine_adapter.paths` (``stats`` answers in a
-new process in well under 0.4 s). What they print is made in `render`, `explanations` and `views`.
+Every command here talks to the engine over its socket (`sage_cli.client`) but ``policies``,
+which lists the policies installed here (`installed`, the registry) and asks an engine, if one
+answers, only which it runs. None imports torch or `engine_adapter` beyond
+`engine_adapter.paths`, and only ``policies`` imports `sage_eviction` (``stats`` answers in a new
+process in well under 0.4 s). What they print is made in `render`, `explanations` and `views`.
 """
 
 from __future__ import annotations
@@ -13,16 +15,29 @@ import select
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from sage_cli.errors import CLIUsageError
-from sage_cli.eviction.explanations import explain_lines, explain_one_line, is_eviction_of
+from sage_cli.eviction.explanations import (
+    by_run,
+    explain_lines,
+    explain_one_line,
+    is_eviction_of,
+    run_heading,
+)
 from sage_cli.eviction.log_file import read_log_file
-from sage_cli.eviction.render import policies_table, render_event, render_stats, render_swap, stats_block
+from sage_cli.eviction.render import (
+    eviction_log_lines,
+    policies_table,
+    render_event,
+    render_stats,
+    render_swap,
+    stats_block,
+)
 from sage_cli.eviction.views import load_graphviz, render_top, tree_dot, tree_rich
 from sage_cli.options import (
     ApiKeyOpt,
@@ -119,33 +134,36 @@ def logs(
         ),
     ] = None,
 ) -> None:
-    """Show the eviction log: one line per evicted block and per eviction call.
+    """Show the eviction log: one line per eviction (its victims by sequence, what it freed).
 
-    The engine writes it with --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl;
-    --file reads such a file directly, with no engine.
+    --explain: one line per victim, with why it went. --json: the engine's events as they are,
+    one JSON line each (an ``evict`` per victim, a ``freed`` per eviction). The engine writes
+    the log with --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl; --file reads such a
+    file directly, with no engine.
     """
     out = Output(json_out)
 
-    def show(event: dict[str, Any]) -> None:
-        if not explain:
-            out.item(event, lambda: render_event(event))
-        elif event.get("event") == "evict":  # --explain: the victims, each on one line
-            out.item(event, lambda: f"{render_event(event).split(' EVICTION:')[0]} {explain_one_line(event)}")
+    def show(events: Iterable[dict[str, Any]]) -> None:
+        if json_out:
+            for event in events:
+                out.item(event, lambda: "")
+        elif not explain:
+            for line in eviction_log_lines(events):
+                out.item(None, lambda line=line: line)
+        else:  # --explain: the victims, each on one line
+            for event in events:
+                if event.get("event") == "evict":
+                    stamp = render_event(event).split(" EVICTION:")[0]
+                    out.item(event, lambda event=event, stamp=stamp: f"{stamp} {explain_one_line(event)}")
 
     try:
         if file is not None:
             if socket is not None or name is not None:
                 raise CLIUsageError("--file reads a log file; it does not take --socket or --name")
-            for event in read_log_file(file, tail, follow):
-                show(event)
+            show(read_log_file(file, tail, follow))
             return
         with client_for(socket, name, url=url, api_key=api_key) as client:
-            if follow:
-                for event in client.follow_eviction_logs(tail):
-                    show(event)
-            else:
-                for event in client.eviction_logs(tail):
-                    show(event)
+            show(client.follow_eviction_logs(tail) if follow else client.eviction_logs(tail))
     except KeyboardInterrupt:
         return
 def set_policy(
@@ -198,10 +216,22 @@ def policies(
     api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """List the eviction policies a running engine offers, with their params and papers."""
+    """List the eviction policies installed here, with their params and papers; no engine needed.
+
+    Read from the policy registry (built-ins and plugins). When an engine answers on the socket
+    (or --url), the policy it runs is marked.
+    """
+    from sage_cli.client import EngineUnavailable
+    from sage_cli.eviction.installed import installed_policies
+
     out = Output(json_out)
-    with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.eviction_policies()
+    answer: dict[str, Any] = {"active": None, "engine": None, "policies": installed_policies()}
+    try:
+        with client_for(socket, name, url=url, api_key=api_key) as client:
+            answer["active"] = client.eviction_policies().get("active")
+            answer["engine"] = str(url or client.socket)
+    except EngineUnavailable:
+        pass  # no engine to ask: the installed policies are the answer
     out.result(answer, lambda: policies_table(answer))
 
 
@@ -223,11 +253,21 @@ def explain(
         Path | None,
         typer.Option("--file", metavar="PATH", dir_okay=False, show_default=False, help="Search a log file."),
     ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            metavar="RUN",
+            show_default=False,
+            help="Only the records of this engine run (a log file may hold several: the headings name them).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Explain a past eviction from the log: the victim's ranking values, the candidates it was
     chosen before, and the blocks passed over (pinned, in use, shared). Needs an engine started
-    with --explain."""
+    with --explain. A log file appended to by several engine runs (sequence ids start again at
+    each) is shown run by run, under a heading naming each; --run keeps one."""
     target = target.strip()
     if not target or not (target.isdigit() or all(c in "0123456789abcdefABCDEF" for c in target)):
         raise CLIUsageError(f"{target!r}: give a sequence id (digits) or a block key (hex)")
@@ -239,12 +279,22 @@ def explain(
         with client_for(socket, name, url=url, api_key=api_key) as client:
             events = client.eviction_logs(tail)
     found = [e for e in events if is_eviction_of(e, target)]
+    if run is not None:
+        runs = [r for r, _ in by_run(events)]
+        found = [e for e in found if e.get("run") == run]
+        if not found and run not in runs:
+            known = ", ".join(r for r in runs if r is not None) or "none"
+            raise CLIUsageError(f"--run {run}: no such run in the log; runs: {known}")
     if not found:
         raise CLIUsageError(f"no eviction of {target} in the last {len(events)} events of the log")
     out = Output(json_out)
-    for event in found:
-        text = "\n".join(explain_lines(event))
-        out.item(event, lambda text=text: text)
+    groups = by_run(found)
+    for group_run, group in groups:
+        if len(groups) > 1 and not json_out:
+            out.write(run_heading(group_run, group, target))
+        for event in group:
+            text = "\n".join(explain_lines(event))
+            out.item(event, lambda text=text: text)
 
 
 def tree(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-__all__ = ["explain_lines", "explain_one_line", "is_eviction_of", "short_block"]
+__all__ = ["by_run", "explain_lines", "explain_one_line", "is_eviction_of", "run_heading", "short_block"]
 
 _COMMON = ("policy", "evictable", "last_access", "priority", "tenant")
 
@@ -122,3 +122,21 @@ def is_eviction_of(event: dict[str, Any], target: str) -> bool:
         return True
     block = event.get("block")
     return isinstance(block, str) and len(target) >= 4 and block.startswith(target.lower())
+
+
+def by_run(events: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The events grouped by the engine run that wrote them (their ``run``; None for records
+    written before events carried one), runs in the order they first appear, events in theirs."""
+    runs: dict[str | None, list[dict[str, Any]]] = {}
+    for event in events:
+        run = event.get("run")
+        runs.setdefault(run if isinstance(run, str) else None, []).append(event)
+    return list(runs.items())
+
+
+def run_heading(run: str | None, found: list[dict[str, Any]], target: str) -> str:
+    """The line above one run's explanations: which run, how many evictions of `target`."""
+    what = f"{len(found)} eviction{'s' if len(found) != 1 else ''} of {target}"
+    if run is None:
+        return f"== records without a run id (written before logs named their run): {what}"
+    return f"== engine run {run}: {what}"

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
+    "eviction_log_lines",
     "policies_table",
     "render_event",
+    "render_eviction",
     "render_stats",
     "render_swap",
     "stats_block",
@@ -204,6 +207,83 @@ def render_event(event: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
     return f"{stamp} {str(kind or 'event').upper()}: {rest}".rstrip()
 
 
+def _victims_text(victims: list[dict[str, Any]]) -> str:
+    """The victims of one eviction call, by sequence: ``Sequence 123``, ``Sequences 123 (2
+    blocks), 124``, ``3 cached blocks``; at most four sequences named, the rest counted."""
+    by_sequence: dict[Any, int] = {}
+    unowned = 0
+    for event in victims:
+        sequence_id = event.get("sequence_id")
+        if sequence_id is None:
+            unowned += 1
+        else:
+            by_sequence[sequence_id] = by_sequence.get(sequence_id, 0) + 1
+    parts = [f"{sid}" + (f" ({n} blocks)" if n > 1 else "") for sid, n in list(by_sequence.items())[:4]]
+    if len(by_sequence) > 4:
+        parts.append(f"{len(by_sequence) - 4} more")
+    named = ""
+    if parts:
+        named = ("Sequence " if len(by_sequence) == 1 else "Sequences ") + ", ".join(parts)
+    if unowned:
+        cached = _plural(unowned, "cached block")
+        named = f"{named} and {cached}" if named else cached.capitalize()
+    return named or "Nothing"
+
+
+def render_eviction(
+    victims: list[dict[str, Any]], freed: dict[str, Any] | None, *, tz: dt.tzinfo | None = None
+) -> str:
+    """One eviction call on one line: its victims by sequence, the policy, why, the oldest
+    victim's last access, and what the call freed (the module spec's two lines in one).
+
+    ``[2026-01-02 10:15:32] EVICTION: Sequence 123 evicted (LRU, alloc, last_access=1735797332.1);
+    freed 1 block, total freed: 127 blocks``
+
+    Args:
+        victims: The call's ``evict`` events (possibly none, or only the last of them when a
+            tail cut the call).
+        freed: Its ``freed`` event; None when the log ends before it.
+        tz: The time zone of the timestamp; the local one by default.
+    """
+    first = victims[0] if victims else (freed or {})
+    stamp = f"[{_timestamp(first.get('ts'), tz)}]"
+    policy = str(first.get("policy") or (freed or {}).get("policy") or "?").upper()
+    reason = first.get("reason") or (freed or {}).get("reason")
+    accesses = [x for x in (_number(v.get("last_access")) for v in victims) if x is not None]
+    details = [policy, *([str(reason)] if reason else [])]
+    if accesses:
+        details.append(f"last_access={min(accesses):.1f}")
+    line = f"{stamp} EVICTION: {_victims_text(victims)} evicted ({', '.join(details)})"
+    if freed is not None:
+        line += (
+            f"; freed {_plural(freed.get('blocks_freed'), 'block')}, "
+            f"total freed: {_plural(freed.get('total_freed'), 'block')}"
+        )
+    return line
+
+
+def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> Iterator[str]:
+    """The eviction log for people: one line per eviction call (its ``evict`` events and the
+    ``freed`` event that ends it), one per other event. Lazy: a line comes out as soon as its
+    call's ``freed`` event goes in, so ``logs --follow`` prints each eviction as it happens."""
+    victims: list[dict[str, Any]] = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "evict":
+            victims.append(event)
+            continue
+        if kind == "freed":
+            yield render_eviction(victims, event, tz=tz)
+            victims = []
+            continue
+        if victims:
+            yield render_eviction(victims, None, tz=tz)
+            victims = []
+        yield render_event(event, tz=tz)
+    if victims:
+        yield render_eviction(victims, None, tz=tz)
+
+
 def _params_text(params: Any) -> str:
     if not isinstance(params, dict) or not params:
         return "-"
@@ -235,7 +315,8 @@ def render_swap(answer: dict[str, Any]) -> str:
 
 
 def policies_table(answer: dict[str, Any]) -> Table:
-    """The policies an engine offers: name, params with defaults, paper; the active one marked."""
+    """The installed policies: name, params with defaults, paper; the one an engine runs marked
+    (``answer["engine"]`` says which engine, None when none answered)."""
     from rich.table import Table
 
     active = answer.get("active")
@@ -253,6 +334,9 @@ def policies_table(answer: dict[str, Any]) -> Table:
             _params_text(policy.get("params")),
             str(policy.get("paper") or ""),
         )
-    table.caption = f"* active: {active}" if active else None
+    if active:
+        table.caption = f"* active: {active} (the engine on {answer.get('engine') or '?'})"
+    elif "engine" in answer:
+        table.caption = "no engine running: * would mark the policy one runs"
     table.caption_justify = "left"
     return table

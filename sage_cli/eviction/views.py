@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.tree import Tree
 
-__all__ = ["GHOST_STYLE", "load_graphviz", "render_top", "tree_dot", "tree_rich"]
+__all__ = ["GHOST_STYLE", "PNG_DPI", "PNG_MAX_INCHES", "load_graphviz", "render_top", "tree_dot", "tree_rich"]
 
 GHOST_STYLE = "dim italic"
 
@@ -61,6 +61,20 @@ def _hidden_label(hidden: Any) -> str | None:
     return None
 
 
+def _hidden_ghosts_label(count: Any) -> str | None:
+    """The ghosts cut by --depth or --max-nodes below a node (the engine counts them)."""
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return f"… {count} more evicted block(s) (ghosts beyond --depth or --max-nodes)"
+    return None
+
+
+PNG_MAX_INCHES = 40
+PNG_DPI = 96
+"""``--png`` is at most PNG_MAX_INCHES x PNG_DPI = 3,840 pixels a side: Graphviz scales a
+larger drawing down to fit (``size``), whatever the tree (the nodes are bounded by
+--max-nodes, ghosts included, but a wide level could still draw tens of thousands of pixels)."""
+
+
 def tree_rich(tree: dict[str, Any]) -> Tree:
     """The tree as a Rich `Tree`: cached nodes plain, pinned bold, ghosts dim italic."""
     from rich.text import Text
@@ -80,15 +94,15 @@ def tree_rich(tree: dict[str, Any]) -> Tree:
             add(branch, child)
         for child in node.get("ghosts", []):
             add(branch, child)
-        hidden = _hidden_label(node.get("hidden"))
-        if hidden:
-            branch.add(Text(hidden, style="dim"))
+        for label in (_hidden_label(node.get("hidden")), _hidden_ghosts_label(node.get("hidden_ghosts"))):
+            if label:
+                branch.add(Text(label, style="dim"))
 
     for node in tree.get("roots", []):
         add(root, node)
-    hidden = _hidden_label(tree.get("hidden"))
-    if hidden:
-        root.add(Text(hidden, style="dim"))
+    for label in (_hidden_label(tree.get("hidden")), _hidden_ghosts_label(tree.get("hidden_ghosts"))):
+        if label:
+            root.add(Text(label, style="dim"))
     if not tree.get("roots"):
         root.add(Text("(empty)", style="dim"))
     return root
@@ -103,9 +117,11 @@ def load_graphviz() -> Any:
 
 
 def tree_dot(tree: dict[str, Any]) -> Any:
-    """The tree as a `graphviz.Digraph`: cached nodes as boxes, ghosts dashed and grey."""
+    """The tree as a `graphviz.Digraph`: cached nodes as boxes, ghosts dashed and grey; rendered,
+    at most `PNG_MAX_INCHES` x `PNG_DPI` pixels a side."""
     graphviz = load_graphviz()
-    dot = graphviz.Digraph("sage_prefix_cache", graph_attr={"rankdir": "LR"}, node_attr={"shape": "box"})
+    bounds = {"rankdir": "LR", "size": f"{PNG_MAX_INCHES},{PNG_MAX_INCHES}", "dpi": str(PNG_DPI)}
+    dot = graphviz.Digraph("sage_prefix_cache", graph_attr=bounds, node_attr={"shape": "box"})
     dot.node(
         "root", f"root\\n{tree.get('cached_blocks')} cached blocks ({tree.get('policy')})", shape="ellipse"
     )
@@ -122,14 +138,18 @@ def tree_dot(tree: dict[str, Any]) -> Any:
             dot.edge(parent, me)
         for child in [*node.get("children", []), *node.get("ghosts", [])]:
             add(me, child)
-        hidden = _hidden_label(node.get("hidden"))
-        if hidden:
-            more = f"n{next(counter)}"
-            dot.node(more, hidden, shape="plaintext")
-            dot.edge(me, more, style="dotted")
+        more_below(me, node)
+
+    def more_below(parent: str, node: dict[str, Any]) -> None:
+        for label in (_hidden_label(node.get("hidden")), _hidden_ghosts_label(node.get("hidden_ghosts"))):
+            if label:
+                more = f"n{next(counter)}"
+                dot.node(more, label, shape="plaintext")
+                dot.edge(parent, more, style="dotted")
 
     for node in tree.get("roots", []):
         add("root", node)
+    more_below("root", tree)
     return dot
 
 

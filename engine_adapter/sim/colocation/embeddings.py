@@ -52,7 +52,11 @@ def start_embeddings(st: ColocationRun, now: float) -> None:
         e = st.queued[0]
         blocks = st.blocks_for(e)
         within = st.pool.embedding_used + blocks <= st.quota.embedding_blocks or not st.emb_running
-        if not within or not _reserve(st, e, blocks, now):
+        if not within:
+            if blocks <= st.pool.available:  # the pool holds it: the quota decided
+                st.result.quota_limited += 1
+            return
+        if not _reserve(st, e, blocks, now):
             return
         st.queued.pop(0)
         e.state, e.started_s, e.blocks, e.remaining_s = "running", now, blocks, e.work_s
@@ -72,6 +76,7 @@ def _reserve(st: ColocationRun, e: EmbeddingInFlight, blocks: int, now: float) -
     short = blocks - pool.available
     if over <= 0:
         return False
+    st.result.quota_limited += 1
     for victim in victims(st, list(st.running), min(over, short), now):
         preempt(st, victim)
     return pool.reserve(e.owner, blocks)

@@ -4,12 +4,16 @@ vLLM-like: waiting requests are admitted first come first served (or by Algorith
 controller), each admission allocating the prompt's blocks in the pool (its template's cached
 prefix is a hit); a request that cannot get a block is preempted by recompute and goes back to
 the head of the queue. Victims: Algorithm 3 (with the controller and `alg3`) or the latest
-arrival among the lowest priority, as vLLM does. Functions of the run's state (`state.py`).
+arrival among the lowest priority, as vLLM does; one rule for every preemption of a run, those
+Algorithm 1 makes for a high-priority request included (`victims`). Functions of the run's
+state (`state.py`).
 """
 
 from __future__ import annotations
 
-from engine_adapter.colocation import Decision
+from collections.abc import Sequence
+
+from engine_adapter.colocation import Decision, LLMView
 from engine_adapter.sim.colocation.state import ColocationRun, LLMInFlight
 
 __all__ = ["admit", "finish_llm", "preempt", "release", "schedule_llm", "victims"]
@@ -119,6 +123,13 @@ def _schedule_by_algorithm_1(st: ColocationRun, now: float) -> None:
     controller = st.controller
     assert controller is not None
     queue_views = [st.emb_view(e) for e in st.queued]
+
+    def choose(lower: Sequence[LLMView], blocks: int) -> list[str]:
+        # A high-priority request's victims by the run's one rule (`victims`): Algorithm 3, or
+        # latest arrival when it is ablated (else `-no-alg3` still preempted by Algorithm 3 here).
+        by_id = {x.req.request_id: x for x in st.running}
+        return [v.req.request_id for v in victims(st, [by_id[x.request_id] for x in lower], blocks, now)]
+
     for r in list(st.waiting[:ADMISSION_LOOKAHEAD]):
         if len(st.running) >= st.shape.max_running:
             break
@@ -128,7 +139,9 @@ def _schedule_by_algorithm_1(st: ColocationRun, now: float) -> None:
             st.waiting.remove(r)
             continue
         running_views = [st.llm_view(x) for x in st.running]
-        decision = controller.admit_llm(st.llm_view(r), now, st.memory(), running_views, queue_views)
+        decision = controller.admit_llm(
+            st.llm_view(r), now, st.memory(), running_views, queue_views, choose_victims=choose
+        )
         if decision.decision is Decision.REJECT:
             st.waiting.remove(r)
             st.reject_llm(r, f"alg1: {decision.reason}")

@@ -40,6 +40,11 @@ class RunResult:
     quota_trace: list[tuple[float, int]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
     lost: int = 0  # requests that ended neither finished nor rejected (must stay 0)
+    # Decisions in which the quota, not the pool, was the limit: LLM allocations the cap refused,
+    # cached blocks evicted to keep within it, embedding batches held back by their quota, LLM
+    # requests preempted to give embeddings their quota. 0: the quota (Algorithm 2, or the static
+    # split that replaces it) changed nothing in the run.
+    quota_limited: int = 0
 
 
 def _p99(values: list[float]) -> float:
@@ -77,4 +82,5 @@ def metrics(result: RunResult, alpha: float = 0.5, beta: float = 0.5, gamma: flo
         "rejected": float(result.llm_rejected + result.embedding_rejected),
         "deferred": float(result.llm_deferred),
         "preemptions": float(result.preemptions),
+        "quota_limited": float(result.quota_limited),
     }

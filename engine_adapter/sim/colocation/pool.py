@@ -14,6 +14,8 @@ by LLM sequences and embedding workspaces, evicting by a registered policy.
 - The LLM side's cap (its quota, or more when it borrows) is enforced against the manager's
   counts: the blocks running sequences hold (`llm_held`) never exceed it, and cached blocks
   beyond it are evicted, in the policy's order, as soon as something is allocated.
+  `cap_decisions` counts the times the cap, not the pool, decided: an allocation it refused,
+  or cached blocks it evicted (the run's `quota_limited`, which shows whether the quota mattered).
 
 The calls of `lookup` and `allocate` are in `_newly_held` and `_allocate` only. Imports the
 cache core and the controller's `MemoryState`.
@@ -54,6 +56,7 @@ class ColocationPool:
         self._prefix_keys: dict[int, tuple[PrefixKey, ...]] = {}  # template -> its prefix's keys
         self._keys: dict[int, tuple[PrefixKey, ...]] = {}  # running sequence -> its prefix keys
         self._blocks: dict[int, int] = {}  # running sequence -> blocks it holds
+        self.cap_decisions = 0  # allocations the LLM cap refused, evictions it forced
 
     @property
     def manager(self) -> CacheManager:
@@ -140,9 +143,13 @@ class ColocationPool:
         if beyond:
             held = self.llm_held
             if held + blocks - len(keys) > llm_cap:
+                self._count_refusal(held + blocks - len(keys))
                 return None
-            if held + blocks > llm_cap and held + self._newly_held(sid, keys, tokens) > llm_cap:
-                return None
+            if held + blocks > llm_cap:
+                newly = self._newly_held(sid, keys, tokens)
+                if held + newly > llm_cap:
+                    self._count_refusal(held + newly)
+                    return None
         cached = self._allocate(sid, keys, tokens, request, deadline())
         if cached is None:
             return None
@@ -152,6 +159,12 @@ class ColocationPool:
         if beyond:
             self._evict_beyond(llm_cap)
         return cached * self.block_size
+
+    def _count_refusal(self, llm_held_after: int) -> None:
+        """The cap refused an allocation: its decision when the pool, with no cap, would have
+        let the LLM side hold `llm_held_after` blocks (all but the embedding workspaces)."""
+        if llm_held_after <= self.total - self._reserved:
+            self.cap_decisions += 1
 
     def _newly_held(self, sid: int, keys: tuple[PrefixKey, ...], tokens: int) -> int:
         """Blocks an allocation would add to `llm_held`: its new blocks and the cached prefix
@@ -186,6 +199,7 @@ class ColocationPool:
         it cannot be had (nothing changed)."""
         beyond = self.llm_used + 1 > llm_cap  # else within the cap whatever the cache holds
         if beyond and self.llm_held + 1 > llm_cap:
+            self._count_refusal(self.llm_held + 1)
             return False
         try:
             new_ids = self._manager.reserve_tokens(sid, tokens)
@@ -221,6 +235,7 @@ class ColocationPool:
         """Cached blocks beyond the LLM side's cap give way (in the policy's order)."""
         excess = self.llm_used - llm_cap
         if excess > 0:
+            self.cap_decisions += 1
             self._manager.evict(excess, reason="quota")
 
     # ------------------------------------------------------------------ embedding workspaces

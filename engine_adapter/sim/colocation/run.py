@@ -187,6 +187,7 @@ def _drain(st: ColocationRun, now: float) -> None:
             st.pool.release_reservation(e.owner)
         st.reject_emb(e, "drain: unfinished when the run ended")
     res = st.result
+    res.quota_limited += st.pool.cap_decisions
     res.makespan_s = now
     res.lost = sum(1 for r in st.llm if r.state not in ("done", "rejected")) + sum(
         1 for e in st.emb if e.state not in ("done", "rejected")

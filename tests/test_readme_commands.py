@@ -1,0 +1,202 @@
+"""Every command of the README runs from a fresh clone (issue 28, item 14: its benchmark commands
+read ``../shared/traces/...``, which a clone does not have).
+
+The commands are those of the README's fenced ``bash`` blocks (continuation lines joined, the
+comment after two spaces dropped) and its ``python`` snippet. Each is run in a fresh copy of
+the repository (`fresh_copy`: what a clone holds, with the compiled core its install builds),
+with ``HOME`` a new folder (so ``~/.sage`` is a new one) and the installed ``sage`` on ``PATH``:
+
+- the session commands (``sage llm engine ...``, ``sage llm eviction ...``, ``curl`` on the
+  socket) in the README's order, as a new user types them: ``engine stop`` before anything
+  runs, an engine started, asked and stopped, then one started with ``--explain`` that the test
+  gives traffic until it evicts (``explain 3`` needs an eviction of sequence 3), the OpenAI
+  snippet against it, and ``top`` in a pseudo-terminal, which ``q`` quits;
+- the benchmark commands (``sage llm benchmark ...``, ``python benchmarks/...``), as written,
+  but the long ones with options appended (`SHORTER`: a later option wins) that cut their work
+  (requests, simulated seconds, seeds, samples) while every file, name and option they give is
+  still read;
+- the others (`ELSEWHERE`) need what a test cannot have here: PyPI, a GPU engine, a Grafana
+  server, a Ray cluster. Each is named with why; a README command that is in no list fails
+  `test_every_readme_command_is_run_or_said_why_not`, so a new command is run or explained.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fresh_copy import ROOT, fresh_copy
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+# What a test here cannot run, and why (a regex on the command).
+ELSEWHERE: dict[str, str] = {
+    r"^python3 -m venv ": "installs from PyPI (.ci/run runs the same install on a bare machine)",
+    r"http://localhost:3000/": "imports the dashboard into a running Grafana",
+    r"\bvllm serve\b": "a vLLM server (tests_integration/vllm runs one in its own venv)",
+    r"\bsglang serve\b": "an SGLang server (needs a GPU for its model runner)",
+    r"scripts/integration_venvs\.sh": "builds each engine's venv from PyPI (.ci/run runs vllm and lmcache)",
+    r"--ray ray://": "a Ray cluster at that address",
+}
+SESSION = re.compile(r"^(sage llm (engine|eviction) |curl -s --unix-socket )")
+BENCHMARK = re.compile(r"^(sage llm benchmark |python benchmarks/)")
+# Options appended to the long commands (a later option wins): the same command, less work.
+SHORTER: dict[str, list[str]] = {
+    r"--mode engine": ["--requests", "8"],
+    r"--trace mooncake:conversation .*--eviction-policies arc,fifo": ["--requests", "1500"],
+    r"--trace mooncake:conversation .*--cache-model flat": ["--requests", "1500"],
+    r"--trace azure:code": ["--requests", "1500"],
+    r"--trace mooncake:synthetic --requests 2000": ["--requests", "600"],
+    r"--workload synthetic --requests (2000|4000)": ["--requests", "400"],
+    r"--workload spec\b": ["--requests", "300"],
+    r"^sage llm benchmark --workload colocation": ["--duration", "3"],
+    r"^python benchmarks/colocation\.py": ["--duration", "2", "--seeds", "0", "--compute", "split"],
+    r"^python benchmarks/token_quality\.py": ["--lengths", "128", "--samples", "1", "--ratios", "0.5",
+                                              "--modes", "agnostic"],
+}  # fmt: skip
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's bash blocks, in order."""
+    commands = []
+    for match in re.finditer(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", README, re.S | re.M):
+        if match.group(1) not in ("bash", "sh"):
+            continue
+        for line in re.sub(r"\\\n\s*", " ", match.group(2)).splitlines():
+            command = line.split("  #")[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+def readme_python() -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```python\n(.*?)^```", README, re.S | re.M)]
+
+
+def _elsewhere(command: str) -> str | None:
+    return next((why for pattern, why in ELSEWHERE.items() if re.search(pattern, command)), None)
+
+
+def test_every_readme_command_is_run_or_said_why_not() -> None:
+    commands = readme_commands()
+    unplaced = [c for c in commands if not (SESSION.match(c) or BENCHMARK.match(c) or _elsewhere(c))]
+    assert not unplaced, f"README commands neither run by this test nor in ELSEWHERE: {unplaced}"
+    for pattern in [*ELSEWHERE, *SHORTER]:  # no stale entries
+        assert any(re.search(pattern, c) for c in commands), pattern
+    assert not [c for c in commands if "shared/traces" in c or "SAGE_TRACE" in c]
+    assert len(readme_python()) == 1
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fresh_copy(tmp_path_factory.mktemp("clone"), compiled=True)
+
+
+def _env(home: Path, clone: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    bin_dir = str(Path(sys.executable).parent)
+    env.update(HOME=str(home), PYTHONPATH=str(clone), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}")
+    return env
+
+
+def _run(command: str, clone: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _evict_until_sequence_3_is_gone(socket: Path) -> None:
+    """Distinct prompts of ~300 tokens until the pool (256 blocks of 16) has evicted sequence 3."""
+    transport = httpx.HTTPTransport(uds=str(socket))
+    with httpx.Client(transport=transport, base_url="http://sage", timeout=120) as c:
+        for i in range(60):
+            prompt = f"Request {i}: " + " ".join(f"word{i}x{j}" for j in range(120))
+            r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+            assert r.status_code == 200, r.text
+            events = c.get("/v1/eviction/logs", params={"tail": 100_000}).json()["events"]
+            if any(e.get("event") == "evict" and e.get("sequence_id") == 3 for e in events):
+                return
+    pytest.fail("the README's engine never evicted sequence 3")
+
+
+def _top_quits_on_q(clone: Path, env: dict[str, str]) -> str:
+    """`sage llm eviction top` in a pseudo-terminal: it draws, and q quits."""
+    leader, follower = pty.openpty()
+    env = {**env, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
+    terminal = {"stdin": follower, "stdout": follower, "stderr": follower}
+    proc = subprocess.Popen(["sage", "llm", "eviction", "top"], cwd=clone, env=env, **terminal)
+    os.close(follower)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"hit rate" not in seen and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.5)[0]:
+                seen += os.read(leader, 65536)
+        os.write(leader, b"q")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    return seen.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_the_readme_session_runs_from_a_fresh_clone(clone: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _env(home, clone)
+    socket = home / ".sage" / "run" / "default.sock"
+    commands = [c for c in readme_commands() if SESSION.match(c)]
+    try:
+        for command in commands:
+            if command == "sage llm eviction top":
+                assert "hit rate" in _top_quits_on_q(clone, env)
+                continue
+            done = _run(command, clone, env, timeout=180)
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+            if command.startswith("sage llm engine start") and "--explain" in command:
+                _evict_until_sequence_3_is_gone(socket)
+                (snippet,) = readme_python()
+                ran = subprocess.run(
+                    [sys.executable, "-c", snippet], cwd=clone, env=env, capture_output=True, text=True,
+                    timeout=180,
+                )  # fmt: skip
+                assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+            if command.startswith("sage llm eviction explain 3"):
+                assert "ranked by:" in done.stdout and "(seq 3" in done.stdout, done.stdout
+            if command.startswith("curl"):
+                assert '"choices"' in done.stdout, done.stdout
+    finally:
+        _run("sage llm engine stop", clone, env, timeout=120)
+    assert not socket.exists()
+
+
+def _shorter(command: str) -> str:
+    for pattern, extra in SHORTER.items():
+        if re.search(pattern, command):
+            return f"{command} {' '.join(extra)}"
+    return command
+
+
+@pytest.mark.slow
+def test_the_readme_benchmarks_run_from_a_fresh_clone(clone: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _env(home, clone)
+    for command in [c for c in readme_commands() if BENCHMARK.match(c) and not _elsewhere(c)]:
+        done = _run(_shorter(command), clone, env, timeout=600)
+        assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+        assert "Traceback" not in done.stderr
+    for written in ("results.json", "results.png", "mooncake.json"):  # the files the commands name
+        assert (clone / written).stat().st_size > 0, written
+    shutil.rmtree(home, ignore_errors=True)
