@@ -368,18 +368,9 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         "wall_s": time.perf_counter() - wall0,
     }
     _set_throughput_impact(rows)
-    settings = {
-        "mode": opts.mode,
-        "cache_model": opts.cache_model,
-        "policies": list(opts.policies),
-        "capacities": capacities,
-        "cost_model": costs.to_dict(),
-        "protect_queued": opts.protect_queued,
-        "adaptive_batch": opts.adaptive_batch,
-    }
     result = {
         "workload": built.describe(),
-        "settings": settings,
+        "settings": _settings(opts, capacities, costs),
         "results": rows,
         "saturation": saturation(rows, built, costs, UNBOUNDED),
         "run": run,
@@ -388,6 +379,19 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     if opts.plot is not None:
         _plot(result, [outcome.ttft_quantiles_s for outcome in outcomes], opts.plot)
     return result
+
+
+def _settings(opts: SimBenchmarkOptions, capacities: list[int], costs: CostModel) -> dict[str, Any]:
+    """The JSON's ``settings``: what the sweep ran with."""
+    return {
+        "mode": opts.mode,
+        "cache_model": opts.cache_model,
+        "policies": list(opts.policies),
+        "capacities": capacities,
+        "cost_model": costs.to_dict(),
+        "protect_queued": opts.protect_queued,
+        "adaptive_batch": opts.adaptive_batch,
+    }
 
 
 def _plot(result: dict[str, Any], ttft_quantiles: list[tuple[float, ...]], path: str | Path) -> None:
