@@ -362,7 +362,9 @@ def _keys(interval: float) -> Iterator[str | None]:
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
     try:
-        tty.setcbreak(fd)
+        # TCSANOW, not tty's default TCSAFLUSH: that would discard a q pressed while the first
+        # frame was drawn (before this line), and top would not quit on it.
+        tty.setcbreak(fd, termios.TCSANOW)
         while True:
             ready, _, _ = select.select([sys.stdin], [], [], interval)
             yield sys.stdin.read(1) if ready else None
