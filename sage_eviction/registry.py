@@ -27,6 +27,7 @@ __all__ = [
     "available_policies",
     "ResolvedPolicy",
     "create_policy",
+    "describe_policies",
     "get_policy_class",
     "parse_policy_spec",
     "policy_params",
@@ -125,6 +126,26 @@ def policy_params(cls: type[EvictionPolicy]) -> dict[str, ParamSpec]:
         default = None if param.default is inspect.Parameter.empty else param.default
         specs[pname] = ParamSpec(pname, hint, default, optional)
     return specs
+
+
+def describe_policies(*, include_offline: bool) -> list[dict[str, Any]]:
+    """Each registered policy as the control API's ``GET /v1/eviction/policies`` lists it (and
+    ``sage llm eviction policies`` with no engine): name, strategy, paper, whether it is offline,
+    its params with their defaults (``capacity`` aside: the cache gives it)."""
+    listing = []
+    for name in available_policies(include_offline=include_offline):
+        cls = get_policy_class(name)
+        params = {k: p.default for k, p in policy_params(cls).items() if k != "capacity"}
+        listing.append(
+            {
+                "name": name,
+                "strategy": cls.strategy.name,
+                "paper": cls.paper,
+                "offline": cls.offline,
+                "params": params,
+            }
+        )
+    return listing
 
 
 def _coerce(policy: str, spec: ParamSpec, value: Any, all_specs: dict[str, ParamSpec]) -> Any:

@@ -33,7 +33,7 @@ from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
 from engine_adapter.token_eviction.pressure import TokenCacheManager
 from engine_adapter.token_eviction.registry import make_token_policy
-from sage_eviction import available_policies, get_policy_class, policy_params
+from sage_eviction import describe_policies, get_policy_class
 from sage_eviction.native import core_implementation
 from sage_eviction.registry import parse_policy_spec
 
@@ -122,20 +122,7 @@ class EngineControl:
 
     def policies(self) -> dict[str, Any]:
         """GET /v1/eviction/policies: the online policies with their params and defaults."""
-        listing = []
-        for name in available_policies(include_offline=False):
-            cls = get_policy_class(name)
-            params = {k: p.default for k, p in policy_params(cls).items() if k != "capacity"}
-            listing.append(
-                {
-                    "name": name,
-                    "strategy": cls.strategy.name,
-                    "paper": cls.paper,
-                    "offline": cls.offline,
-                    "params": params,
-                }
-            )
-        return {"active": self.cache.policy_name, "policies": listing}
+        return {"active": self.cache.policy_name, "policies": describe_policies(include_offline=False)}
 
     def set_policy(self, policy: str, params: dict[str, Any]) -> dict[str, Any]:
         """Hot swap between two steps.

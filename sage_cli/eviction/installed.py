@@ -14,16 +14,7 @@ __all__ = ["installed_policies"]
 
 
 def installed_policies() -> list[dict[str, Any]]:
-    """Each registered policy: name, strategy, paper, whether it is offline, its params with their
-    defaults (``capacity`` aside: the cache gives it)."""
-    from sage_eviction import available_policies, get_policy_class, policy_params
+    """Each registered policy, offline ones included (`sage_eviction.describe_policies`)."""
+    from sage_eviction import describe_policies
 
-    listing = []
-    for name in available_policies(include_offline=True):
-        cls = get_policy_class(name)
-        params = {k: p.default for k, p in policy_params(cls).items() if k != "capacity"}
-        strategy = cls.strategy.name
-        listing.append(
-            {"name": name, "strategy": strategy, "paper": cls.paper, "offline": cls.offline, "params": params}
-        )
-    return listing
+    return describe_policies(include_offline=True)
