@@ -6,7 +6,10 @@ sage's rows without Algorithm 2 equal sage's under shared compute.
   run (every metric equal), over generated workloads of both compute modes: the counter covers
   every path by which the quota acts, so a row with 0 shows that Algorithm 2 cannot matter there.
 - Where the quota does decide (static partitions under load, split compute), the counter is not
-  0 and the runs differ.
+  0 and the runs differ. Each path by which the quota acts (cached blocks evicted to keep within
+  the cap, an embedding batch held back by its quota, LLM requests preempted to hand embeddings
+  their quota) is also driven on its own and counted: the generated workloads seldom make one of
+  them the only decision of both runs, so the property alone missed a path left uncounted.
 - `-no-alg3` preempts by latest arrival everywhere, Algorithm 1's preemptions for a
   high-priority request included (before issue 28 those still went by Algorithm 3, which made
   `sage-no-alg3` equal to `sage` under shared compute); with no preemption at all, the two runs
@@ -15,14 +18,27 @@ sage's rows without Algorithm 2 equal sage's under shared compute.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_adapter.colocation import ColocationController, ColocationParams, LLMView
 from engine_adapter.colocation.records import LLMSLO, Decision, MemoryState
-from engine_adapter.sim.colocation import metrics, run_colocation
-from engine_adapter.sim.colocation.workload import generate
+from engine_adapter.sim.colocation import SYSTEMS, metrics, run_colocation
+from engine_adapter.sim.colocation.embeddings import start_embeddings
+from engine_adapter.sim.colocation.llm import admit
+from engine_adapter.sim.colocation.pool import ColocationPool
+from engine_adapter.sim.colocation.state import ColocationRun
+from engine_adapter.sim.colocation.workload import (
+    EmbeddingCostModel,
+    EmbeddingRequest,
+    LLMRequest,
+    PoolShape,
+    generate,
+)
+from engine_adapter.sim.cost_model import CostModel
 
 
 def _same_run(a: dict[str, float], b: dict[str, float]) -> bool:
@@ -132,3 +148,64 @@ def test_the_row_carries_the_quota_decisions_and_preemptions(system: str) -> Non
     row = metrics(run_colocation(w, system, compute="split"))
     assert {"quota_limited", "preemptions"} <= set(row)
     assert row["quota_limited"] >= 0
+
+
+# ---- every path by which the quota acts is counted -------------------------------------------
+# The property tests above can only see a path that is the sole decision of both runs, which the
+# generated workloads seldom give: each path is driven here on its own, on the run's real parts.
+
+
+def _llm(i: int, prompt_tokens: int) -> LLMRequest:
+    return LLMRequest(f"l{i}", 0.0, i, 64, prompt_tokens, 1000, 1000, 1e6, 1e6, 0)  # far from done
+
+
+def _batch(i: int, blocks: int) -> EmbeddingRequest:
+    # workspace_blocks(texts * 128 tokens) = texts * 128 * 128 KiB / 8 MiB = texts * 2 blocks
+    return EmbeddingRequest(f"e{i}", 0.0, blocks // 2, 64 * blocks // 2, 128, 0, 1e9)
+
+
+def _run(system: str, llm: list[LLMRequest], embeddings: list[EmbeddingRequest]) -> ColocationRun:
+    w = generate(ratio="5:5", load=1.0, compute="split", duration_s=1, seed=0)
+    w = dataclasses.replace(w, llm=tuple(llm), embeddings=tuple(embeddings))
+    return ColocationRun(
+        w,
+        SYSTEMS[system],
+        compute="split",
+        cost=CostModel(),
+        embedding_cost=EmbeddingCostModel(),
+        pool=PoolShape(),
+        params=ColocationParams(),
+        policy="lru",
+    )
+
+
+def test_cached_blocks_evicted_to_keep_within_the_cap_are_a_quota_decision() -> None:
+    pool = ColocationPool(PoolShape(total_blocks=32, block_size=16), "lru", lambda: 0.0)
+    assert pool.admit(0, _llm(0, 100), 0, 32, lambda: None) == 0  # 7 blocks, 4 of them its prefix
+    pool.release(0)  # its prefix stays cached: 4 blocks
+    assert pool.cap_decisions == 0 and pool.llm_used == 4
+    assert pool.admit(1, _llm(1, 100), 0, 8, lambda: None) == 0  # 7 more: 11 beyond a cap of 8
+    assert pool.cap_decisions == 1 and pool.llm_used == 8  # 3 cached blocks gave way to the cap
+
+
+def test_an_embedding_batch_held_back_by_its_quota_is_a_quota_decision() -> None:
+    for system, counted in (("static-80/20", 1), ("shared-lru", 0)):  # quota 410 blocks; none
+        st = _run(system, [], [_batch(0, 300), _batch(1, 300)])
+        assert st.blocks_for(st.emb[0]) == 300
+        st.queued = list(st.emb)
+        start_embeddings(st, 0.0)
+        assert st.result.quota_limited == counted, system
+        assert len(st.emb_running) == 2 - counted  # the pool had room for both
+
+
+def test_llm_requests_preempted_to_hand_embeddings_their_quota_are_a_quota_decision() -> None:
+    st = _run("sage", [_llm(i, 16 * 200 - 1) for i in range(9)], [_batch(0, 400)])
+    st.waiting = list(st.llm)
+    for r in list(st.waiting):
+        assert admit(st, r), r.req.request_id  # borrowing: the LLM side may take the whole pool
+        st.waiting.remove(r)
+    assert st.pool.llm_held > st.quota.llm_blocks and st.pool.available < 400
+    st.queued = list(st.emb)
+    start_embeddings(st, 0.0)
+    assert st.emb_running == st.emb  # the batch got its workspace back from the LLM side
+    assert st.result.preemptions > 0 and st.result.quota_limited == 1

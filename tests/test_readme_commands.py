@@ -2,7 +2,8 @@
 read ``../shared/traces/...``, which a clone does not have).
 
 The commands are those of the README's fenced ``bash`` blocks (continuation lines joined, the
-comment after two spaces dropped) and its ``python`` snippet. Each is run in a fresh copy of
+comment after two spaces dropped), the ``$`` lines of its ``console`` blocks, and its ``python``
+snippet. Each is run in a fresh copy of
 the repository (`fresh_copy`: what a clone holds, with the compiled core its install builds),
 with ``HOME`` a new folder (so ``~/.sage`` is a new one) and the installed ``sage`` on ``PATH``:
 
@@ -66,12 +67,17 @@ SHORTER: dict[str, list[str]] = {
 
 
 def readme_commands() -> list[str]:
-    """The commands of the README's bash blocks, in order."""
+    """The commands of the README's bash blocks and its console blocks (the lines after ``$ ``;
+    the others are their output), in order."""
     commands = []
     for match in re.finditer(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", README, re.S | re.M):
-        if match.group(1) not in ("bash", "sh"):
+        if match.group(1) not in ("bash", "sh", "console"):
             continue
         for line in re.sub(r"\\\n\s*", " ", match.group(2)).splitlines():
+            if match.group(1) == "console":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
             command = line.split("  #")[0].strip()
             if command and not command.startswith("#"):
                 commands.append(command)
@@ -174,8 +180,10 @@ def test_the_readme_session_runs_from_a_fresh_clone(clone: Path, tmp_path: Path)
                 assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
             if command.startswith("sage llm eviction explain 3"):
                 assert "ranked by:" in done.stdout and "(seq 3" in done.stdout, done.stdout
-            if command.startswith("curl"):
+            if command.startswith("curl") and "/completions" in command:
                 assert '"choices"' in done.stdout, done.stdout
+            if command.startswith("curl") and "/v1/embeddings" in command:
+                assert done.stdout.split() == ["576", "576"], done.stdout  # as the README shows
     finally:
         _run("sage llm engine stop", clone, env, timeout=120)
     assert not socket.exists()
