@@ -54,7 +54,9 @@ def test_a_stream_without_usage_leaves_the_count_to_the_caller() -> None:
 
 @pytest.mark.slow
 def test_the_engine_benchmark_counts_what_a_real_engine_generated() -> None:
-    engine = start_temporary_engine({"model": "sage-tiny", "device": "cpu", "block_size": 4, "num_blocks": 256})
+    engine = start_temporary_engine(
+        {"model": "sage-tiny", "device": "cpu", "block_size": 4, "num_blocks": 256}
+    )
     try:
         body = {"prompt": [1, 2, 3, 4, 5], "max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
         with ControlClient(engine.socket, timeout=60.0) as client:

@@ -178,7 +178,7 @@ def test_a_usage_engine_whose_stream_has_no_usage_fails_its_requests(peers: Any,
     args = peers.parse_args(["--concurrency", "2", "--rounds", "1", "--max-tokens", "5"])
     (row,) = peers.measure(spec, args, tmp_path)
     assert row["failed"] == 2 and row["output_tokens"] == 0
-    assert row["errors"] == ["the stream carried no usage"]
+    assert row["errors"] == ["the stream carried no usage (stream_options.include_usage)"]
 
 
 def test_a_peer_that_exits_while_starting_is_a_row_and_leaves_no_process(peers: Any, tmp_path: Path) -> None:

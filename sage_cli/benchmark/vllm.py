@@ -132,10 +132,13 @@ def _get(client: httpx.Client, path: str) -> httpx.Response:
     return response
 
 
-def stream_http_completion(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
+def stream_http_completion(
+    client: httpx.Client, body: dict[str, Any], *, require_usage: bool = True
+) -> EngineRun:
     """One streamed ``POST /v1/completions`` to an OpenAI server over HTTP (vLLM, or a peer of
     `benchmarks/peers.py`), read by `replay.read_stream`: TTFT, TPOT, text and usage. The run is
-    ok when the stream ended; whether it carried usage is `run.has_usage`, for the caller to judge."""
+    ok when the stream ended, and, with `require_usage`, carried a usage chunk to count its
+    tokens (without, the caller counts them: `EngineRun.count_tokens`)."""
     run = EngineRun()
     start = time.perf_counter()
     try:
@@ -146,7 +149,9 @@ def stream_http_completion(client: httpx.Client, body: dict[str, Any]) -> Engine
                 run.status = response.status_code
                 return run
             read_stream(json_chunks(response.iter_lines()), start, run)
-        run.ok = True
+        run.ok = run.has_usage or not require_usage
+        if not run.ok:
+            run.error = "the stream carried no usage (stream_options.include_usage)"
     except (httpx.HTTPError, StreamError) as exc:  # an error event or a chunk that is no JSON object
         run.error = f"{type(exc).__name__}: {exc}"
     return run
@@ -192,10 +197,7 @@ def run_vllm_benchmark(
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            run = stream_http_completion(client, body)
-            if run.ok and not run.has_usage:
-                run.ok, run.error = False, "the stream carried no usage (stream_options.include_usage)"
-            return run
+            return stream_http_completion(client, body)
 
         runs, wall = replay_requests(
             requests, send, time_scale=time_scale, concurrency=concurrency, tick=tick
