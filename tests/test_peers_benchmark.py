@@ -160,7 +160,9 @@ def test_a_level_counts_tokens_from_usage_or_the_tokenizer_never_chunks(
     peers: Any, tmp_path: Path, usage: bool
 ) -> None:
     spec, pids = _dummy_spec(peers, tmp_path, usage=usage)
-    args = peers.parse_args(["--concurrency", "1,3", "--rounds", "2", "--max-tokens", "5"])
+    args = peers.parse_args(
+        ["--concurrency", "1,3", "--rounds", "2", "--min-requests", "1", "--max-tokens", "5"]
+    )
     rows = peers.measure(spec, args, tmp_path)
     assert [r["concurrency"] for r in rows] == [1, 3]
     for row in rows:
@@ -175,7 +177,9 @@ def test_a_level_counts_tokens_from_usage_or_the_tokenizer_never_chunks(
 def test_a_usage_engine_whose_stream_has_no_usage_fails_its_requests(peers: Any, tmp_path: Path) -> None:
     spec, _ = _dummy_spec(peers, tmp_path, usage=False)
     spec.tokens_from = "usage"  # an engine that should send usage but does not: nothing to count
-    args = peers.parse_args(["--concurrency", "2", "--rounds", "1", "--max-tokens", "5"])
+    args = peers.parse_args(
+        ["--concurrency", "2", "--rounds", "1", "--min-requests", "1", "--max-tokens", "5"]
+    )
     (row,) = peers.measure(spec, args, tmp_path)
     assert row["failed"] == 2 and row["output_tokens"] == 0
     assert row["errors"] == ["the stream carried no usage (stream_options.include_usage)"]
@@ -218,7 +222,7 @@ def test_bad_options_are_one_line_errors(peers: Any, capsys: pytest.CaptureFixtu
 def test_the_benchmark_runs_against_a_real_sage_alone(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(PEERS.parents[1]), "SAGE_HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, str(PEERS), "--peers", "none", "--concurrency", "1,2", "--rounds", "1",
+        [sys.executable, str(PEERS), "--peers", "none", "--concurrency", "1,2", "--rounds", "1", "--min-requests", "1",
          "--max-tokens", "4", "--prompt-words", "8", "--json"],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
