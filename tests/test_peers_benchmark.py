@@ -222,8 +222,8 @@ def test_bad_options_are_one_line_errors(peers: Any, capsys: pytest.CaptureFixtu
 def test_the_benchmark_runs_against_a_real_sage_alone(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(PEERS.parents[1]), "SAGE_HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, str(PEERS), "--peers", "none", "--concurrency", "1,2", "--rounds", "1", "--min-requests", "1",
-         "--max-tokens", "4", "--prompt-words", "8", "--json"],
+        [sys.executable, str(PEERS), "--peers", "none", "--concurrency", "1,2", "--rounds", "1",
+         "--min-requests", "1", "--max-tokens", "4", "--prompt-words", "8", "--json"],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
