@@ -191,6 +191,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--profile", action="store_true", help="print torch.profiler tables of the eager step"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     args.torch_dtype = getattr(torch, args.dtype)
@@ -211,6 +214,8 @@ def main() -> None:
 
     decoder = sage_decoder(config, device, args.torch_dtype)
     row("sage eager", {b: time_sage(decoder, b, args, timer) for b in batches})
+    if args.profile:
+        _profile(decoder, batches[0], args, timer)
     if not args.no_transformers:
         _transformers_row(config, batches, args, device, timer, row)
     if not args.no_compile:
@@ -221,6 +226,21 @@ def main() -> None:
         except Exception as exc:  # a failed compile still leaves the other rows
             print(f"# compile failed: {type(exc).__name__}: {str(exc)[:300]}")
         print(f"# compile and its timed runs took {time.perf_counter() - t0:.0f} s")
+
+
+def _profile(decoder: Decoder, batch: int, args: argparse.Namespace, timer: Callable[..., float]) -> None:
+    """The operators of sage's eager decode step at `batch`, by self CPU time and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    short = argparse.Namespace(**{**vars(args), "warmup": 3, "iters": 10})
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        time_sage(decoder, batch, short, timer)
+    table = prof.key_averages()
+    print(f"\n# profile of 13 eager steps at batch {batch}, by self CPU time")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=40))
+    if torch.cuda.is_available():
+        print(table.table(sort_by="self_cuda_time_total", row_limit=10, max_name_column_width=40))
 
 
 def _transformers_row(

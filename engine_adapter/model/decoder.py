@@ -7,6 +7,11 @@ over all its tokens read back from the pool. Nothing else holds K/V: a sequence 
 blocks were written by another sequence (a shared prefix) or by an earlier chunk attends to them
 exactly as to its own.
 
+Reading the pool: one sequence whose slots are one ascending run (a fresh sequence's blocks come
+off the allocator in order) attends over a view of the pool; other batches gather their slots.
+The K/V dtype may differ from the model's (`make_pool(kv_dtype=...)`): K/V are cast on write and
+on read. `Decoder.compile_step` compiles the dense math on both sides of the paged attention.
+
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` without the ``model.`` prefix, so a
 checkpoint loads by name (see `engine_adapter.model.loader`).
 """
@@ -199,12 +204,15 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
         self.compiled: tuple[Any, Any] | None = None  # set by compile_math
+        self.cuda_graphs = False
 
     def forward(self, h: torch.Tensor, layer: int, step: _StepIndex, pool: PagedKVPool) -> torch.Tensor:
         before, after = self.compiled or (_before_attention, _after_attention)
         q, k, v = before(self, h, step.cos, step.sin)
         out: torch.Tensor = after(self, h, self.self_attn.attend(q, k, v, layer, step, pool))
-        return out
+        # Under CUDA graphs every layer replays the same graph into the same output buffer: the
+        # next layer's replay would overwrite the residual stream it reads, so it gets a copy.
+        return out.clone() if self.cuda_graphs else out
 
     def compile_math(self, mode: str | None) -> None:
         """torch.compile the dense math on both sides of the paged attention (norms, projections,
@@ -212,6 +220,7 @@ class DecoderLayer(nn.Module):
         an argument (dynamo takes a module's parameters as graph inputs), so one graph serves all
         layers; the token count is dynamic, so one graph serves every batch."""
         self.compiled = _compiled_math(mode)
+        self.cuda_graphs = mode == "reduce-overhead"
 
 
 def _before_attention(
@@ -362,6 +371,9 @@ class Decoder(nn.Module):
         with torch.inference_mode():
             self._check_pool(pool)
             step = self._index(batch, pool.block_size)
+            if self.compiled is not None and self.compiled.endswith("reduce-overhead"):
+                # A new step: the CUDA graphs' outputs of the last one are dead.
+                torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
             h = self.embed_tokens(step.input_ids)
             for layer, block in enumerate(self.layers):
                 h = block(h, layer, step, pool)

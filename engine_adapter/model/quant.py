@@ -6,7 +6,11 @@
   on the weights packed by ``_convert_weight_to_int4pack_for_cpu``. The kernel computes
   ``(q - 8) * scale + zero``, so ``zero = min + 8 * scale``.
 
-Activations stay in the model's dtype (float32, bfloat16 or float16); only the weights shrink.
+The kernels run on bfloat16 activations whatever the model's dtype: torch 2.13's CPU kernels are
+vectorised for bfloat16 only, and with float32 or float16 activations they took 35-60x the time
+of a dense float32 matmul (SmolLM2's MLP shape, one thread, AVX512 without BF16). So a quantized
+linear casts its input to bfloat16 and its output back; scales and zeros are bfloat16 (a GGUF's
+float16 scales and minima are rounded to bfloat16; its 4-bit codes are kept as they are).
 A linear whose shape torch's int4 packing refuses (`int4_fits`) stays int8. The lm head is int8
 in both modes: the logits decide every token and int4 there costs agreement
 for little speed (llama.cpp keeps its output layer at 8 bits for the same reason).
@@ -24,7 +28,18 @@ from torch import nn
 
 from engine_adapter.model.decoder import Decoder
 
-__all__ = ["GROUP_SIZE", "Int4Linear", "Int8Linear", "Q4Groups", "int4_fits", "quantize_decoder"]
+# The activation dtype of torch's fast CPU weight-only kernels (see above).
+KERNEL_DTYPE = torch.bfloat16
+
+__all__ = [
+    "GROUP_SIZE",
+    "KERNEL_DTYPE",
+    "Int4Linear",
+    "Int8Linear",
+    "Q4Groups",
+    "int4_fits",
+    "quantize_decoder",
+]
 
 GROUP_SIZE = 32
 # The CPU packing's tile parameter; the CPU kernel accepts any value the CUDA one does.
@@ -85,15 +100,18 @@ class Int8Linear(nn.Module):
         super().__init__()
         _check_cpu(weight)
         w = weight.detach().float()
-        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        # Round against the scale the kernel will use (bfloat16), not its float32 value: then every
+        # weight is within half a step of its code.
+        scales = (w.abs().amax(dim=1).clamp(min=1e-30) / 127).to(KERNEL_DTYPE)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
-        self.register_buffer("qweight", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scales.to(dtype))
+        codes = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
+        self.register_buffer("qweight", codes.to(torch.int8))
+        self.register_buffer("scales", scales)
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales.to(x.dtype))
+        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
@@ -116,14 +134,13 @@ class Int4Linear(nn.Module):
         # [in // 32, out, 2]: (scale, zero) with the kernel's zero = min + 8 * scale
         scales_zeros = torch.stack((scales.T, (minima + 8 * scales).T), dim=-1).contiguous()
         self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros.to(dtype))
+        self.register_buffer("scales_zeros", scales_zeros.to(KERNEL_DTYPE))
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).contiguous()
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed, GROUP_SIZE, self.scales_zeros.to(x.dtype)
-        )
+        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE).contiguous()
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP_SIZE, self.scales_zeros)
+        y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
