@@ -11,6 +11,7 @@
 
     python benchmarks/precision_quality.py                          # fp32, bf16, fp16, int8, int4
     python benchmarks/precision_quality.py --settings float32,int8 --prompts 50 --needles 2
+    python benchmarks/precision_quality.py --settings float32,int8,int4 --speed-rounds 3  # speed only
 """
 
 from __future__ import annotations
@@ -129,6 +130,30 @@ def decode_rate(decoder: Decoder, batch: int, context: int, steps: int) -> float
     return batch / statistics.median(decode_steps(decoder, pool, tables, tokens, context + 3, steps))
 
 
+def interleaved_speed(settings: list[str], context: int, steps: int, rounds: int) -> None:
+    """Decode tokens/s of every setting, `rounds` rounds taking turns in one process (a change of
+    the machine's load then hits every setting alike); the median round and the ratio to the first."""
+    models = {}
+    for name in settings:
+        dtype, quantization = SETTINGS[name]
+        models[name] = load_model("smollm2-135m", device="cpu", dtype=dtype, quantization=quantization)[0]
+    rates: dict[tuple[str, int], list[float]] = {(n, b): [] for n in models for b in (1, 8)}
+    for _ in range(rounds):
+        for name, decoder in models.items():
+            for b in (1, 8):
+                rates[(name, b)].append(decode_rate(decoder, b, context, steps))
+    first = settings[0]
+    print(f"\n{rounds} interleaved rounds, median; decode at context {context}\n")
+    print(f"| setting | tok/s b=1 | vs {first} | tok/s b=8 | vs {first} |")
+    print("|---|---|---|---|---|")
+    for name in models:
+        cells = []
+        for b in (1, 8):
+            rate = statistics.median(rates[(name, b)])
+            cells += [f"{rate:.1f}", f"{rate / statistics.median(rates[(first, b)]):.2f}x"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -142,9 +167,13 @@ def main() -> None:
     parser.add_argument("--speed-steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed-rounds", type=int, default=0, help="only speed: interleaved rounds")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {machine_line()}; torch threads {torch.get_num_threads()}", flush=True)
+    if args.speed_rounds:
+        interleaved_speed(args.settings.split(","), args.context, args.speed_steps, args.speed_rounds)
+        return
     _, tokenizer, _ = load_model("smollm2-135m", device="cpu")
     batch = prompts(tokenizer, args.prompts, args.seed)
     reference: list[list[int]] | None = None
