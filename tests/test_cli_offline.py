@@ -609,7 +609,8 @@ def test_render_swap_and_status() -> None:
     assert "  Started:         2026-01-02 10:15:32 (up 1h 2m 5s)" in text.splitlines()
     assert "  KV Cache:        1024 blocks x 16 tokens" in text.splitlines()
     assert "  Implementation:  pure-python (SAGE_PURE_PYTHON=1)" in text.splitlines()
-    assert "  Precision:       float32, KV cache bfloat16, quantization int8, compile off" in text.splitlines()
+    precision = "  Precision:       float32, KV cache bfloat16, quantization int8, compile off"
+    assert precision in text.splitlines()
     assert "  Requests:        2 running, 0 waiting, 17 finished" in text.splitlines()
 
 
