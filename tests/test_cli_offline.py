@@ -593,6 +593,10 @@ def test_render_swap_and_status() -> None:
         "socket": "/tmp/e.sock",
         "device": "cpu",
         "implementation": "pure-python (SAGE_PURE_PYTHON=1)",
+        "dtype": "float32",
+        "kv_dtype": "bfloat16",
+        "quantization": "int8",
+        "compile": None,
         "started_at": 1767348932.0,
         "uptime_s": 3725.2,
         "policy": {"name": "lru", "params": {}},
@@ -605,6 +609,8 @@ def test_render_swap_and_status() -> None:
     assert "  Started:         2026-01-02 10:15:32 (up 1h 2m 5s)" in text.splitlines()
     assert "  KV Cache:        1024 blocks x 16 tokens" in text.splitlines()
     assert "  Implementation:  pure-python (SAGE_PURE_PYTHON=1)" in text.splitlines()
+    precision = "  Precision:       float32, KV cache bfloat16, quantization int8, compile off"
+    assert precision in text.splitlines()
     assert "  Requests:        2 running, 0 waiting, 17 finished" in text.splitlines()
 
 

@@ -238,10 +238,10 @@ def test_forward_rejects_a_pool_that_does_not_fit(tiny: tuple[Decoder, ByteToken
     wrong = PagedKVPool(
         num_layers=cfg.num_hidden_layers,
         num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
+        head_dim=cfg.head_dim * 2,
         block_size=BLOCK_SIZE,
         num_blocks=4,
-        dtype=torch.float16,
+        dtype=torch.float16,  # another K/V dtype alone fits (tests/test_model_precision.py)
         device="cpu",
     )
     with pytest.raises(ValueError, match="does not fit the model"):

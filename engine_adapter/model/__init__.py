@@ -9,8 +9,12 @@
                       -> (Decoder, tokenizer, config)
     kv_pool.py        PagedKVPool: one K and one V tensor per layer, indexed by the block ids of
                       the cache core's BlockAllocator (pool.allocator)
-    decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput; the
-                      AttentionObserver token-level eviction reads
+    decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput;
+                      Decoder.compile_step (torch.compile of the layers' dense math)
+    layers.py         RMSNorm (torch's fused rms_norm), the rotary embedding
+    observer.py       the AttentionObserver token-level eviction reads
+    precision.py      the run dtype: auto (bf16 on CUDA or a CPU with AMX/AVX512-BF16), names
+    quant.py          weight-only int8/int4 linears on torch's CPU kernels (a GGUF's Q4_1 as stored)
     sampling.py       SamplingParams, sample / sample_batch with per-request generators
     penalties.py      apply_penalties: OpenAI's frequency and presence penalties
     pooling.py        MeanPool: embeddings from the hidden states of chunked prefills

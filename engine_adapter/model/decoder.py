@@ -7,91 +7,32 @@ over all its tokens read back from the pool. Nothing else holds K/V: a sequence 
 blocks were written by another sequence (a shared prefix) or by an earlier chunk attends to them
 exactly as to its own.
 
+Reading the pool: one sequence whose slots are one ascending run (a fresh sequence's blocks come
+off the allocator in order) attends over a view of the pool; other batches gather their slots.
+The K/V dtype may differ from the model's (`make_pool(kv_dtype=...)`): K/V are cast on write and
+on read. `Decoder.compile_step` compiles the dense math on both sides of the paged attention.
+
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` without the ``model.`` prefix, so a
 checkpoint loads by name (see `engine_adapter.model.loader`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine_adapter.model.config import ModelConfig
+from engine_adapter.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from engine_adapter.model.observer import AttentionObserver
 
 if TYPE_CHECKING:
     from engine_adapter.model.kv_pool import PagedKVPool
 
 __all__ = ["AttentionObserver", "Decoder", "ForwardBatch", "ForwardOutput"]
-
-
-@dataclass(eq=False)
-class AttentionObserver:
-    """What token-level eviction needs from one sequence's attention, collected as the layers run.
-
-    Scoring tokens by attention must not materialise ``T x T`` matrices for a long prompt, so
-    the attention layer hands over only what a policy asks for:
-
-    - ``window > 0``: the rotated queries of the sequence's last `window` tokens per layer
-      (SnapKV's observation window, TOVA's last query); the scores are computed later against
-      the keys in the pool, ``window x T`` per head.
-    - ``accumulate``: per layer and query head, the attention each key received summed over
-      every query that saw it, and how many queries saw it (H2O's accumulated attention),
-      computed in query chunks of `chunk` rows.
-
-    Attributes:
-        queries: layer -> ``[heads, <= window, head_dim]``, oldest first.
-        attention_sum: layer -> ``[heads, L]`` float32, L the keys in the pool.
-        seen: layer -> ``[heads, L]`` float32: queries that attended to each key.
-    """
-
-    window: int = 0
-    accumulate: bool = False
-    chunk: int = 256
-    queries: dict[int, torch.Tensor] = field(default_factory=dict)
-    attention_sum: dict[int, torch.Tensor] = field(default_factory=dict)
-    seen: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def observe(self, layer: int, q: torch.Tensor, keys: torch.Tensor, start: int) -> None:
-        """Record `q` ``[n, heads, D]`` (the new queries, cache indices ``start..start+n-1``)
-        against `keys` ``[kv_heads, start + n, D]`` (every key of the sequence, in cache order)."""
-        if self.window > 0:
-            new = q.transpose(0, 1)[:, -self.window :]
-            old = self.queries.get(layer)
-            both = new if old is None else torch.cat((old, new), dim=1)
-            self.queries[layer] = both[:, -self.window :].contiguous()
-        if self.accumulate:
-            self._accumulate(layer, q, keys, start)
-
-    def _accumulate(self, layer: int, q: torch.Tensor, keys: torch.Tensor, start: int) -> None:
-        n, heads, dim = q.shape
-        total = keys.shape[1]
-        groups = heads // keys.shape[0]
-        k = keys.float().repeat_interleave(groups, dim=0)  # [heads, L, D]
-        acc = torch.zeros(heads, total, dtype=torch.float32, device=q.device)
-        key_index = torch.arange(total, device=q.device)
-        for lo in range(0, n, self.chunk):
-            hi = min(n, lo + self.chunk)
-            qc = q[lo:hi].float().transpose(0, 1)  # [heads, c, D]
-            w = torch.matmul(qc, k.transpose(1, 2)) / math.sqrt(dim)
-            q_index = torch.arange(start + lo, start + hi, device=q.device)
-            w = w.masked_fill(key_index[None, None, :] > q_index[None, :, None], float("-inf"))
-            acc += torch.softmax(w, dim=-1).sum(dim=1)
-        # Key j is seen by the new queries at cache indices >= j.
-        seen_new = (start + n - torch.maximum(key_index, torch.tensor(start, device=q.device))).clamp(min=0)
-        seen_new = seen_new.float()[None, :].expand(heads, -1)
-        old_sum, old_seen = self.attention_sum.get(layer), self.seen.get(layer)
-        if old_sum is not None and old_seen is not None:
-            kept = old_sum.shape[1]
-            acc[:, :kept] += old_sum
-            seen_new = seen_new.clone()
-            seen_new[:, :kept] += old_seen
-        self.attention_sum[layer] = acc
-        self.seen[layer] = seen_new.contiguous()
 
 
 @dataclass(slots=True)
@@ -150,72 +91,6 @@ class ForwardOutput:
     hidden_sums: torch.Tensor | None = None
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, as Llama does."""
-
-    def __init__(self, hidden_size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
-
-
-class RotaryEmbedding:
-    """Rotary position embedding (the non-interleaved "rotate half" form of Llama and Qwen2).
-
-    Not a module: its frequencies are derived from the config, never loaded, and are kept per
-    device so the decoder may be built on the meta device and materialised later.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.config = config
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
-
-    def _inverse_frequencies(self) -> torch.Tensor:
-        cfg = self.config
-        dim = cfg.head_dim
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
-        inv_freq = 1.0 / (cfg.rope_theta**exponents)
-        scaling = cfg.rope_scaling
-        if scaling is None:
-            return inv_freq
-        factor = float(scaling["factor"])
-        if scaling["rope_type"] == "linear":
-            return inv_freq / factor
-        # llama3: keep high frequencies, divide low ones by `factor`, interpolate between.
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_context = float(scaling["original_max_position_embeddings"])
-        low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_context / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-        return torch.where(medium, smoothed, scaled)
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin, ``[n, head_dim]`` each, for int64 `positions` ``[n]``."""
-        inv_freq = self._inv_freq.get(positions.device)
-        if inv_freq is None:
-            inv_freq = self._inverse_frequencies().to(positions.device)
-            self._inv_freq[positions.device] = inv_freq
-        freqs = positions[:, None].float() * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[n, heads, head_dim]`` by the angles of its tokens (cos/sin ``[n, head_dim]``)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 class Attention(nn.Module):
     """Grouped-query attention over the paged pool."""
 
@@ -234,13 +109,28 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.attention_out_bias)
 
-    def forward(self, x: torch.Tensor, layer: int, step: _StepIndex, pool: PagedKVPool) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[n, heads, D]``, k and v ``[n, kv_heads, D]`` of the new tokens, q and k rotated."""
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q = apply_rotary(q, step.cos, step.sin)
-        k = apply_rotary(k, step.cos, step.sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        step: _StepIndex,
+        pool: PagedKVPool,
+    ) -> torch.Tensor:
+        """Write the new K/V into the pool and attend over each sequence's context: ``[n, heads * D]``
+        (before the output projection). The paged part: it stays eager under `Decoder.compile_step`."""
+        n = q.shape[0]
         pool.write(layer, step.slots, k, v)
 
         if step.fresh_single:
@@ -250,17 +140,9 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
             )
-            projected: torch.Tensor = self.o_proj(out.transpose(0, 1).reshape(n, -1))
-            return projected
+            return out.transpose(0, 1).reshape(n, -1)
 
-        assert step.kv_slots is not None  # set whenever fresh_single is False
-        flat = (-1, self.num_kv_heads, self.head_dim)
-        padded = (*step.kv_slots.shape, self.num_kv_heads, self.head_dim)
-        # index_select of whole rows is several times faster than advanced indexing on CPU.
-        # [B, L, kv_heads, D] -> [B, kv_heads, L, D]
-        slots = step.kv_slots.view(-1)
-        k_ctx = pool.k_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
-        v_ctx = pool.v_cache[layer].view(flat).index_select(0, slots).view(padded).transpose(1, 2)
+        k_ctx, v_ctx = _context_kv(pool, layer, step, q.dtype)
         for b, observer, first, n_new, start in step.observed:
             observer.observe(layer, q[first : first + n_new], k_ctx[b, :, : start + n_new], start)
         q_pad = q[step.q_index].transpose(1, 2)  # [B, heads, Tq, D]
@@ -269,8 +151,32 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(batch * tq, -1)
         if step.q_unpad is not None:
             out = out[step.q_unpad]
-        projected = self.o_proj(out)
-        return projected
+        return out
+
+
+def _context_kv(
+    pool: PagedKVPool, layer: int, step: _StepIndex, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every key and value the batch attends to, ``[B, kv_heads, L, D]`` each, in `dtype`.
+
+    One sequence whose slots are one ascending run of the pool (a fresh sequence's blocks come
+    off the allocator in order) reads a view of the pool: no copy. Otherwise the slots are
+    gathered; index_select of whole rows is several times faster than advanced indexing on CPU.
+    """
+    kv_heads, head_dim = pool.num_kv_heads, pool.head_dim
+    flat = (-1, kv_heads, head_dim)
+    k_flat, v_flat = pool.k_cache[layer].view(flat), pool.v_cache[layer].view(flat)
+    if step.kv_run is not None:
+        lo, hi = step.kv_run
+        k_ctx, v_ctx = k_flat[lo:hi].unsqueeze(0), v_flat[lo:hi].unsqueeze(0)
+    else:
+        assert step.kv_slots is not None  # set whenever fresh_single is False
+        padded = (*step.kv_slots.shape, kv_heads, head_dim)
+        slots = step.kv_slots.view(-1)
+        k_ctx = k_flat.index_select(0, slots).view(padded)
+        v_ctx = v_flat.index_select(0, slots).view(padded)
+    # [B, L, kv_heads, D] -> [B, kv_heads, L, D]; a K/V dtype other than the model's is cast here.
+    return k_ctx.transpose(1, 2).to(dtype), v_ctx.transpose(1, 2).to(dtype)
 
 
 class MLP(nn.Module):
@@ -297,10 +203,49 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+        self.compiled: tuple[Any, Any] | None = None  # set by compile_math
+        self.cuda_graphs = False
+
     def forward(self, h: torch.Tensor, layer: int, step: _StepIndex, pool: PagedKVPool) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), layer, step, pool)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+        before, after = self.compiled or (_before_attention, _after_attention)
+        q, k, v = before(self, h, step.cos, step.sin)
+        out: torch.Tensor = after(self, h, self.self_attn.attend(q, k, v, layer, step, pool))
+        # Under CUDA graphs every layer replays the same graph into the same output buffer: the
+        # next layer's replay would overwrite the residual stream it reads, so it gets a copy.
+        return out.clone() if self.cuda_graphs else out
+
+    def compile_math(self, mode: str | None) -> None:
+        """torch.compile the dense math on both sides of the paged attention (norms, projections,
+        rotary, MLP, residuals). Every layer calls the same two compiled functions with itself as
+        an argument (dynamo takes a module's parameters as graph inputs), so one graph serves all
+        layers; the token count is dynamic, so one graph serves every batch."""
+        self.compiled = _compiled_math(mode)
+        self.cuda_graphs = mode == "reduce-overhead"
+
+
+def _before_attention(
+    layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layer.self_attn.project(layer.input_layernorm(h), cos, sin)
+
+
+def _after_attention(layer: DecoderLayer, h: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    h = h + layer.self_attn.o_proj(attended)
+    out: torch.Tensor = h + layer.mlp(layer.post_attention_layernorm(h))
+    return out
+
+
+_COMPILED: dict[str | None, tuple[Any, Any]] = {}
+
+
+def _compiled_math(mode: str | None) -> tuple[Any, Any]:
+    """The compiled `_before_attention` and `_after_attention` of `mode`, made once per process."""
+    if mode not in _COMPILED:
+        _COMPILED[mode] = (
+            torch.compile(_before_attention, dynamic=True, mode=mode),
+            torch.compile(_after_attention, dynamic=True, mode=mode),
+        )
+    return _COMPILED[mode]
 
 
 @dataclass(slots=True)
@@ -321,6 +266,7 @@ class _StepIndex:
     last_index: torch.Tensor  # [B] row of each sequence's last new token
     fresh_single: bool
     kv_slots: torch.Tensor | None = None  # [B, L]
+    kv_run: tuple[int, int] | None = None  # B == 1 and kv_slots == range(lo, hi): read a view
     q_index: torch.Tensor | None = None  # [B, Tq]
     q_unpad: torch.Tensor | None = None  # [T] rows of the padded [B * Tq] output, or None if unpadded
     mask: torch.Tensor | None = None  # [B, 1, Tq, L] bool, or None when every query sees every key
@@ -344,9 +290,42 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # nn.Module: weight-only quantization swaps in its own linear (engine_adapter.model.quant)
+        self.lm_head: nn.Module = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(config)
+        self.compiled: str | None = None  # set by compile_step
+        self.quantization = "none"  # set by engine_adapter.model.quant.quantize_decoder
+
+    def precision(self, pool: PagedKVPool) -> dict[str, str | None]:
+        """How this model runs with `pool`, for the engine's info: dtype, KV dtype, quantization,
+        compile (None when not compiled)."""
+        return {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_dtype": str(pool.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
+            "compile": self.compiled,
+        }
+
+    def compile_step(self, mode: str | None = None) -> str:
+        """torch.compile every layer's dense math (`DecoderLayer.compile_math`); the paged
+        attention between stays eager, so the pool's changing block tables and context lengths
+        cause no recompilation. Graphs are built on the first forwards.
+
+        Args:
+            mode: torch.compile's mode; None: ``reduce-overhead`` (CUDA graphs) on CUDA, the
+                default (inductor's C++ kernels) on the CPU.
+
+        Returns:
+            A description for the engine's info: ``inductor`` or ``inductor:reduce-overhead``.
+        """
+        if mode is None and self.device.type == "cuda":
+            mode = "reduce-overhead"
+        for block in self.layers:
+            assert isinstance(block, DecoderLayer)
+            block.compile_math(mode)
+        self.compiled = "inductor" + (f":{mode}" if mode else "")
+        return self.compiled
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the lm head when the config ties them."""
@@ -361,9 +340,12 @@ class Decoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
-    def make_pool(self, *, num_blocks: int, block_size: int) -> PagedKVPool:
-        """A `PagedKVPool` that fits this model (layers, kv heads, head size, dtype, device)."""
-        from engine_adapter.model.kv_pool import PagedKVPool
+    def make_pool(
+        self, *, num_blocks: int, block_size: int, kv_dtype: torch.dtype | str | None = None
+    ) -> PagedKVPool:
+        """A `PagedKVPool` that fits this model (layers, kv heads, head size, device), its K/V
+        in `kv_dtype` (None: the model's dtype; another one is cast on write and on read)."""
+        from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
 
         cfg = self.config
         return PagedKVPool(
@@ -372,7 +354,7 @@ class Decoder(nn.Module):
             head_dim=cfg.head_dim,
             block_size=block_size,
             num_blocks=num_blocks,
-            dtype=self.dtype,
+            dtype=self.dtype if kv_dtype is None else resolve_dtype(kv_dtype),
             device=str(self.device),
         )
 
@@ -389,6 +371,9 @@ class Decoder(nn.Module):
         with torch.inference_mode():
             self._check_pool(pool)
             step = self._index(batch, pool.block_size)
+            if self.compiled is not None and self.compiled.endswith("reduce-overhead"):
+                # A new step: the CUDA graphs' outputs of the last one are dead.
+                torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
             h = self.embed_tokens(step.input_ids)
             for layer, block in enumerate(self.layers):
                 h = block(h, layer, step, pool)
@@ -426,11 +411,16 @@ class Decoder(nn.Module):
 
     def _check_pool(self, pool: PagedKVPool) -> None:
         cfg = self.config
-        expected = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device)
-        found = (pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.device)
-        if expected[:4] != found[:4] or not _same_device(self.device, pool.device):
+        expected = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.device)
+        found = (pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.device)
+        # Any floating K/V dtype fits: the attention casts what it reads to the model's dtype.
+        if (
+            expected[:3] != found[:3]
+            or not pool.dtype.is_floating_point
+            or not _same_device(self.device, pool.device)
+        ):
             raise ValueError(
-                "KV pool does not fit the model: (layers, kv heads, head_dim, dtype, device) are "
+                "KV pool does not fit the model: (layers, kv heads, head_dim, device) are "
                 f"{found} in the pool, {expected} in the model; build it with Decoder.make_pool"
             )
 
@@ -551,6 +541,10 @@ def _add_padded_attention(
     j = torch.arange(max_new)
     valid = j[None, :] < lengths_t[:, None]  # [B, Tq]
     step.kv_slots = kv_slots.to(device)
+    if len(lengths) == 1:
+        first_slot, count = int(kv_slots[0, 0]), kv_slots.shape[1]
+        if bool((kv_slots[0] == torch.arange(first_slot, first_slot + count)).all()):
+            step.kv_run = (first_slot, first_slot + count)
     step.q_index = torch.where(valid, first[:, None] + j[None, :], first[:, None]).to(device)
     if max_new > 1:
         step.q_unpad = valid.view(-1).nonzero().squeeze(1).to(device)

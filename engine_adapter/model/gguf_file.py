@@ -33,6 +33,7 @@ __all__ = [
     "build_tokenizer",
     "dequantized_tensors",
     "hf_config",
+    "q4_1_codes",
     "parameter_name",
     "read_gguf",
     "unpermute_qk",
@@ -290,3 +291,27 @@ def build_tokenizer(contents: GGUFContents) -> Any:
             single=f"{bos_token} $A", pair=f"{bos_token} $A $B", special_tokens=[(bos_token, int(bos))]
         )
     return tokenizer
+
+
+def q4_1_codes(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A Q4_1 tensor's codes, scales and minima as stored, or None for another type.
+
+    Q4_1 keeps 32 values per block as ``d`` (float16), ``m`` (float16) and 16 bytes of nibbles:
+    value j is ``d * q_j + m``, ``q_j`` the low nibble of byte j for j < 16 and the high nibble of
+    byte j - 16 otherwise (llama.cpp's block_q4_1).
+
+    Returns:
+        ``(codes uint8 [rows, cols], scales float16 [rows, cols // 32], minima float16 [...])``.
+    """
+    from gguf import GGMLQuantizationType
+
+    if tensor.tensor_type != GGMLQuantizationType.Q4_1:
+        return None
+    raw = np.asarray(tensor.data, dtype=np.uint8)
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 20)
+    scales = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    minima = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    nibbles = blocks[..., 4:]
+    codes = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1).reshape(rows, -1)
+    return codes, scales, minima

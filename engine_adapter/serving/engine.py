@@ -35,7 +35,6 @@ from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.colocation import Decision
 from engine_adapter.model.chat_template import ChatMessage
-from engine_adapter.model.loader import load_model
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.colocation import Deferred, EngineColocation
@@ -43,7 +42,7 @@ from engine_adapter.serving.config import EngineConfig, colocation_switches
 from engine_adapter.serving.control import EngineControl, LoopStats
 from engine_adapter.serving.embedding_batch import EmbeddingHandle, EmbeddingJob, EmbeddingResult
 from engine_adapter.serving.engine_hooks import EngineHooks
-from engine_adapter.serving.engine_parts import cache_manager, colocation_gates, pool_blocks, token_manager
+from engine_adapter.serving.engine_parts import cache_manager, colocation_gates, model_and_pool, token_manager
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError
 from engine_adapter.serving.handles import RequestHandle
 from engine_adapter.serving.intake import RequestIntake
@@ -69,11 +68,7 @@ class Engine(EngineControl):
         self.config = config
         self.name = config.name
         get_policy_class(config.eviction_policy, online=True)  # before the model loads
-        self.decoder, self.tokenizer, self.model_config = load_model(config.model, device=config.device)
-        device = str(self.decoder.device)
-        self.pool = self.decoder.make_pool(
-            num_blocks=pool_blocks(config, self.decoder, device), block_size=config.block_size
-        )
+        self.decoder, self.tokenizer, self.model_config, self.pool = model_and_pool(config)
         self.events = EvictionEventLog(
             config.eviction_log_path if config.log_evictions else None, ring_size=10_000
         )

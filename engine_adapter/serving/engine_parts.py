@@ -1,5 +1,5 @@
-"""An engine's parts built from its config: the pool's size, the cache manager, token-level
-eviction, and colocation's gates.
+"""An engine's parts built from its config: the model and its pool, the pool's size, the cache
+manager, token-level eviction, and colocation's gates.
 
 `Engine.__init__` builds its parts in the order each needs the ones before it: the model and
 the pool, the event log and the cache manager, the metrics, token-level eviction, colocation's
@@ -19,7 +19,11 @@ from typing import Any
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.colocation import ColocationController
-from engine_adapter.model.kv_pool import PagedKVPool
+from engine_adapter.model.config import ModelConfig
+from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
+from engine_adapter.model.loader import load_model
+from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.colocation import ColocationGates
 from engine_adapter.serving.config import EngineConfig, colocation_params, colocation_switches
 from engine_adapter.serving.errors import RequestError
@@ -33,23 +37,48 @@ from engine_adapter.token_eviction.pressure import (
 )
 from engine_adapter.token_eviction.registry import make_token_policy
 
-__all__ = ["DEFAULT_NUM_BLOCKS", "cache_manager", "colocation_gates", "pool_blocks", "token_manager"]
+__all__ = [
+    "DEFAULT_NUM_BLOCKS",
+    "cache_manager",
+    "colocation_gates",
+    "model_and_pool",
+    "pool_blocks",
+    "token_manager",
+]
 
 # The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
 # --kv-cache-memory or --gpu-memory-utilization for a real model.
 DEFAULT_NUM_BLOCKS = 2048
 
 
-def pool_blocks(config: EngineConfig, decoder: Any, device: str) -> int:
+def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfig, PagedKVPool]:
+    """The model in the config's dtype and quantization (compiled with ``compile``) and its KV
+    pool in ``kv_dtype`` (auto: the model's dtype), sized by `pool_blocks`."""
+    decoder, tokenizer, model_config = load_model(
+        config.model, device=config.device, dtype=config.dtype, quantization=config.quantization
+    )
+    kv_dtype = decoder.dtype if config.kv_dtype == "auto" else resolve_dtype(config.kv_dtype)
+    pool = decoder.make_pool(
+        num_blocks=pool_blocks(config, decoder, str(decoder.device), kv_dtype),
+        block_size=config.block_size,
+        kv_dtype=kv_dtype,
+    )
+    if config.compile:
+        decoder.compile_step()
+    return decoder, tokenizer, model_config, pool
+
+
+def pool_blocks(config: EngineConfig, decoder: Any, device: str, kv_dtype: Any = None) -> int:
     """Blocks of the KV pool: ``num_blocks``, else what ``kv_cache_memory`` or
-    ``gpu_memory_utilization`` holds for the model, else `DEFAULT_NUM_BLOCKS`."""
+    ``gpu_memory_utilization`` holds for the model (K/V in `kv_dtype`, None: the model's),
+    else `DEFAULT_NUM_BLOCKS`."""
     cfg = decoder.config
     shape = {
         "num_layers": cfg.num_hidden_layers,
         "num_kv_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
         "block_size": config.block_size,
-        "dtype": decoder.dtype,
+        "dtype": decoder.dtype if kv_dtype is None else kv_dtype,
     }
     if config.num_blocks is not None:
         return config.num_blocks

@@ -470,6 +470,10 @@ def _engine_schemas() -> dict[str, Schema]:
                 "socket": _nullable(STR),
                 "loop_error": _nullable(STR),
                 "implementation": STR,
+                "dtype": STR,
+                "kv_dtype": STR,
+                "quantization": STR,
+                "compile": _nullable(STR),
             },
         ),
     }

@@ -113,6 +113,43 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="DEVICE",
     ),
     ConfigFlag(
+        key="dtype",
+        param="dtype",
+        decls=("--dtype",),
+        kind="text",
+        help=(
+            "Dtype of the weights and activations: auto (bfloat16 on CUDA or a CPU with AMX or "
+            "AVX512-BF16, else float32), float32, bfloat16 or float16. (default: auto)"
+        ),
+        metavar="DTYPE",
+    ),
+    ConfigFlag(
+        key="kv_dtype",
+        param="kv_dtype",
+        decls=("--kv-dtype",),
+        kind="text",
+        help="Dtype of the KV cache: auto (the model's dtype), float32, bfloat16 or float16. (default: auto)",
+        metavar="DTYPE",
+    ),
+    ConfigFlag(
+        key="quantization",
+        param="quantization",
+        decls=("--quantization",),
+        kind="text",
+        help="Weight-only quantization of the linear layers (CPU): none, int8 or int4. (default: none)",
+        metavar="MODE",
+    ),
+    ConfigFlag(
+        key="compile",
+        param="compile",
+        decls=("--compile/--no-compile",),
+        kind="switch",
+        help=(
+            "torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first "
+            "steps of each shape compile. (default: no)"
+        ),
+    ),
+    ConfigFlag(
         key="name",
         param="name",
         decls=("--name", "-n"),

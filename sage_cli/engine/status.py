@@ -57,6 +57,11 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
         ("PID", get("pid")),
         ("Socket", get("socket")),
         ("Device", get("device")),
+        (
+            "Precision",
+            f"{get('dtype')}, KV cache {get('kv_dtype')}, quantization {get('quantization')}, "
+            f"compile {engine.get('compile') or 'off'}",
+        ),
         ("Implementation", get("implementation")),
         ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),
         ("Eviction Policy", policy_text),

@@ -32,10 +32,13 @@ from engine_adapter.serving.config.colocation import (
     parse_tenant_slos,
 )
 from engine_adapter.serving.config.values import (
+    DTYPES,
+    QUANTIZATIONS,
     ConfigError,
     Parser,
     float_in,
     int_at_least,
+    one_of,
     parse_bool,
     parse_device,
     parse_engine_kind,
@@ -121,6 +124,19 @@ class EngineConfig:
     """Tokens per KV block."""
     device: str = "auto"
     """auto (cuda when present), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Dtype of the weights and activations: auto (bfloat16 on CUDA or a CPU with AMX or
+    AVX512-BF16, else float32), float32, bfloat16 or float16."""
+    kv_dtype: str = "auto"
+    """Dtype of the KV cache: auto (the model's dtype), float32, bfloat16 or float16."""
+    quantization: str = "none"
+    """Weight-only quantization of the linear layers (CPU): none, int8 or int4.
+
+    torch's int8/int4 weight-only kernels; a GGUF's Q4_1 weights are used as stored for int4.
+    """
+    compile: bool = False
+    """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
+    steps of each shape compile."""
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
@@ -370,6 +386,10 @@ PARSERS: dict[str, Parser] = {
     "gpu_memory_utilization": float_in(0.0, 1.0, low_open=True),
     "block_size": int_at_least(1),
     "device": parse_device,
+    "dtype": one_of(DTYPES, "dtype"),
+    "kv_dtype": one_of(DTYPES, "KV cache dtype"),
+    "quantization": one_of(QUANTIZATIONS, "quantization"),
+    "compile": parse_bool,
     "name": parse_engine_name,
     "socket": parse_path,
     "log_dir": parse_path,

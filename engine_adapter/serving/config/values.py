@@ -99,6 +99,24 @@ def parse_token_policy(value: Any, where: str) -> str:
     return name
 
 
+# The model's choices (engine_adapter.model.precision holds the same; a test keeps them equal):
+# spelt here so that reading a config never imports torch.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4")
+
+
+def one_of(choices: tuple[str, ...], what: str) -> Parser:
+    """A parser of one of `choices` (case-insensitive)."""
+
+    def parse(value: Any, where: str) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in choices:
+            raise fail(where, value, f"a {what}: {', '.join(choices)}")
+        return str(text)
+
+    return parse
+
+
 def parse_device(value: Any, where: str) -> str:
     """auto, cpu, cuda or cuda:N."""
     device = parse_text(value, where).lower()
