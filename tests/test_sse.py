@@ -87,7 +87,7 @@ def _vllm(body: str) -> httpx.Client:
 
 
 def test_the_vllm_benchmark_counts_its_tokens_from_usage() -> None:
-    from sage_cli.benchmark.vllm import _stream
+    from sage_cli.benchmark.vllm import stream_http_completion
 
     usage = {"prompt_tokens": 7, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4}}
     chunks = [
@@ -96,10 +96,11 @@ def test_the_vllm_benchmark_counts_its_tokens_from_usage() -> None:
         {"choices": [{"text": "b"}]},
         {"choices": [], "usage": usage},
     ]
-    run = _stream(_vllm(sse(*chunks)), {})
+    run = stream_http_completion(_vllm(sse(*chunks)), {})
     assert run.ok and run.error is None
     assert (run.prompt_tokens, run.completion_tokens, run.cached_tokens) == (7, 5, 4)
-    assert run.ttft_s is not None and len(run.tpot_s) == 1  # two chunks with text
+    assert run.ttft_s is not None and run.text == "ab"
+    assert len(run.tpot_s) == 1  # one TPOT per request: (last - first) / (tokens - 1)
 
 
 @pytest.mark.parametrize(
@@ -110,8 +111,8 @@ def test_the_vllm_benchmark_counts_its_tokens_from_usage() -> None:
     ],
 )
 def test_the_vllm_benchmark_counts_a_broken_stream_as_a_failed_request(body: str, error: str) -> None:
-    from sage_cli.benchmark.vllm import _stream
+    from sage_cli.benchmark.vllm import stream_http_completion
 
-    run = _stream(_vllm(body), {})
+    run = stream_http_completion(_vllm(body), {})
     assert not run.ok
     assert run.error is not None and run.error.startswith(error)
