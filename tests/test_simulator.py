@@ -289,7 +289,10 @@ def test_no_row_exceeds_the_unbounded_cache(
     workload = synthetic(
         requests=requests, seed=seed, rate=rate, input_tokens=128.0, output_tokens=64.0, sessions=8
     )
-    capacity = min(min_capacity(workload) + extra, unique_blocks(workload.requests))
+    # At least the largest request (with its output): the simulator refuses less, and a workload's
+    # unique blocks can be fewer than that when its requests share most of their prompts.
+    least = min_capacity(workload)
+    capacity = max(least, min(least + extra, unique_blocks(workload.requests)))
     if cache_model == "flat":
         capacity = max(1, extra)
     rows = _rows(workload, capacity, cache_model)
