@@ -69,6 +69,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "gpu_memory_utilization": ("0.5", 0.5, {}),
     "block_size": ("32", 32, {}),
     "device": ("CPU", "cpu", {}),
+    "threads": ("3", 3, {}),
     "name": ("blue", "blue", {}),
     "socket": ("/tmp/sage-t/x.sock", "/tmp/sage-t/x.sock", {}),
     "log_dir": ("/tmp/sage-t/logs", "/tmp/sage-t/logs", {}),

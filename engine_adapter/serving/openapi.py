@@ -470,6 +470,15 @@ def _engine_schemas() -> dict[str, Schema]:
                 "socket": _nullable(STR),
                 "loop_error": _nullable(STR),
                 "implementation": STR,
+                "threads": _obj(
+                    {
+                        "threads": INT,
+                        "cores": INT,
+                        "omp_num_threads": _nullable(STR),
+                        "torch_threads": INT,
+                        "warnings": {"type": "array", "items": STR},
+                    }
+                ),
             },
         ),
     }

@@ -121,6 +121,13 @@ class EngineConfig:
     """Tokens per KV block."""
     device: str = "auto"
     """auto (cuda when present), cpu, cuda or cuda:N."""
+    threads: int | None = None
+    """Torch threads of the engine (default: the cores this process may use).
+
+    Set once, on the engine thread, the one thread that runs torch (docs/architecture.md,
+    "Threads"). At least 1; more than the usable cores is allowed (the engine warns), and so
+    is an ``OMP_NUM_THREADS`` that disagrees (it warns too: this key wins).
+    """
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
@@ -370,6 +377,7 @@ PARSERS: dict[str, Parser] = {
     "gpu_memory_utilization": float_in(0.0, 1.0, low_open=True),
     "block_size": int_at_least(1),
     "device": parse_device,
+    "threads": int_at_least(1),
     "name": parse_engine_name,
     "socket": parse_path,
     "log_dir": parse_path,

@@ -86,6 +86,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("gpu_memory_utilization", ("--gpu-memory-utilization",), metavar="F"),
     StartFlag("block_size", ("--block-size",), metavar="N", min=1, show_default=True),
     StartFlag("device", ("--device",), metavar="DEVICE", show_default=True),
+    StartFlag("threads", ("--threads",), metavar="N", min=1),
     StartFlag("name", ("--name", "-n"), metavar="NAME", show_default=True),
     StartFlag("socket", ("--socket",), metavar="PATH", kind="file"),
     StartFlag("log_dir", ("--log-dir",), metavar="DIR", kind="dir"),
