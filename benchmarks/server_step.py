@@ -10,16 +10,20 @@ load falls on all of them alike:
 - bare: the decoder alone on B random prompts of `--prompt-len` tokens, `--decode-steps` steps of
   one token per sequence (forward, then a greedy argmax), on the engine's own thread (the same
   OpenMP team and threads as the engine's steps) while its loop is idle.
-- engine: an in-process `Engine` decoding B requests of the same lengths (greedy, ignore_eos):
+- engine: an in-process `Engine` decoding B requests of the same lengths (greedy, ignore_eos,
+  submitted together so that they are admitted in one step):
   its forward (`StepStats.forward_s`), its whole `Scheduler.step()` (admission, reservation,
   sampling, detokenizing, caching) and its loop's period (the step plus the loop's own work:
   inbox, control jobs, gauges), over the steps that decode B tokens and prefill none.
 - server (``--server``): an engine process (``python -m engine_adapter.serving.server``), B
-  streamed completions at once over its socket: the median interval between two chunks of a
-  stream, which is the server's decode step as a client sees it.
+  streamed completions at once over its socket: the mean interval between two chunks over the
+  second half of each stream, which is the server's decode step as a client sees it. Its
+  requests arrive one by one, so its batch is ragged (different lengths): compare it with a
+  ``--ragged`` run's bare step, where prompt i has `--prompt-len` + i tokens and the decoder
+  masks its attention.
 
     python benchmarks/server_step.py                     # smollm2-135m, batch 1 and 8, all cores
-    python benchmarks/server_step.py --threads 1 --server
+    python benchmarks/server_step.py --threads 1 --server --ragged
     python benchmarks/server_step.py --model sage-tiny --batch-sizes 1,4 --json
 """
 
@@ -56,22 +60,24 @@ BLOCK_SIZE = 16
 TARGET = 1.10
 
 
-def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+def _prompts(batch: int, length: int, seed: int, ragged: bool) -> list[list[int]]:
+    """B random prompts of `length` tokens, or of length, length + 1, ... when `ragged`."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (batch, length), generator=generator).tolist()
+    ids = torch.randint(0, 256, (batch, length + batch), generator=generator).tolist()
+    return [row[: length + (i if ragged else 0)] for i, row in enumerate(ids)]
 
 
 def bare_round(engine: Engine, prompts: list[list[int]], decode_steps: int) -> dict[str, list[float]]:
     """The decoder alone (run this on the engine thread): forward and forward + argmax per step."""
-    decoder, batch, length = engine.decoder, len(prompts), len(prompts[0])
-    blocks = -(-(length + decode_steps) // BLOCK_SIZE)
+    decoder, batch, lengths = engine.decoder, len(prompts), [len(p) for p in prompts]
+    blocks = -(-(max(lengths) + decode_steps) // BLOCK_SIZE)
     pool = decoder.make_pool(num_blocks=batch * blocks, block_size=BLOCK_SIZE)
     tables = [pool.allocator.allocate(blocks) for _ in range(batch)]
     tokens = decoder(ForwardBatch(prompts, [0] * batch, tables), pool).logits.argmax(-1).tolist()
     forward, step = [], []
     for i in range(decode_steps):
         start = time.perf_counter()
-        out = decoder(ForwardBatch([[t] for t in tokens], [length + i] * batch, tables), pool)
+        out = decoder(ForwardBatch([[t] for t in tokens], [n + i for n in lengths], tables), pool)
         middle = time.perf_counter()
         tokens = out.logits.argmax(-1).tolist()
         end = time.perf_counter()
@@ -101,7 +107,10 @@ def engine_round(
     """B requests through the running engine; the times of its steps that decode B tokens."""
     recorder.rows.clear()
     sampling = SamplingParams(max_tokens=decode_steps + 1, ignore_eos=True, temperature=0.0)
-    handles = [engine.submit(p, sampling) for p in prompts]
+    # All B in one step, as the bare batch: a request admitted a step before the others would
+    # make the batch ragged, and a ragged batch takes the decoder's masked attention.
+    with engine.cache.lock:
+        handles = [engine.submit(p, sampling) for p in prompts]
     for handle in handles:
         handle.result(timeout=600)
     engine.reset_prefix_cache()  # the next round starts from an empty cache
@@ -117,7 +126,7 @@ def engine_round(
 
 
 def server_round(sock: Path, prompts: list[list[int]], decode_steps: int) -> list[float]:
-    """B streamed completions at once; the intervals between each stream's chunks."""
+    """B streamed completions at once; the decode step each stream saw (see below)."""
     import httpx
 
     gaps: list[list[float]] = [[] for _ in prompts]
@@ -145,7 +154,10 @@ def server_round(sock: Path, prompts: list[list[int]], decode_steps: int) -> lis
         t.join()
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://sage") as http:
         http.post("/v1/cache/reset").raise_for_status()
-    return [g for per_stream in gaps for g in per_stream[2:]]  # past its first decodes
+    # Per stream, the mean gap over its second half, when every request has arrived and been
+    # prefilled; a mean, since the socket may hand two events over at once (a gap of ~0, then
+    # one twice as long), and one event a token (SmolLM2's tokens each carry text).
+    return [statistics.fmean(g[len(g) // 2 :]) for g in gaps if len(g) >= 2]
 
 
 class ServerProcess:
@@ -208,7 +220,7 @@ def measure_batch(
     inside: dict[str, list[float]] = {"forward": [], "step": [], "loop": []}
     served: list[float] = []
     for r in range(args.repeats + 1):
-        prompts = _prompts(batch, args.prompt_len, seed=1000 * batch + r)
+        prompts = _prompts(batch, args.prompt_len, 1000 * batch + r, args.ragged)
         b = engine.engine_thread.call(bare_round, engine, prompts, args.decode_steps)
         e = engine_round(engine, recorder, prompts, args.decode_steps)
         s = server_round(server.sock, prompts, args.decode_steps) if server is not None else []
@@ -237,6 +249,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
     parser.add_argument("--server", action="store_true", help="also through an engine process's socket")
+    parser.add_argument(
+        "--ragged",
+        action="store_true",
+        help="prompt i has prompt-len + i tokens: the decoder's masked attention",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser.parse_args(argv)
 
@@ -278,6 +295,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "model": model,
             "threads": info["threads"],
             "prompt_len": args.prompt_len,
+            "ragged": args.ragged,
             "decode_steps": args.decode_steps,
             "repeats": args.repeats,
         },
@@ -316,7 +334,8 @@ def print_tables(report: dict[str, Any]) -> None:
     warnings = f"; warnings: {threads['warnings']}" if threads["warnings"] else ""
     print(
         f"setup:   model={setup['model']}, threads={threads['torch_threads']} of {threads['cores']} cores, "
-        f"prompt_len={setup['prompt_len']}, decode_steps={setup['decode_steps']}, "
+        f"prompt_len={setup['prompt_len']}{' + i (ragged)' if setup['ragged'] else ''}, "
+        f"decode_steps={setup['decode_steps']}, "
         f"repeats={setup['repeats']}{warnings}"
     )
     print("decode step, median ms, and its ratio to the bare decoder's (target: the engine's loop")
