@@ -20,7 +20,8 @@ load falls on all of them alike:
   second half of each stream, which is the server's decode step as a client sees it. Its
   requests arrive one by one, so its batch is ragged (different lengths): compare it with a
   ``--ragged`` run's bare step, where prompt i has `--prompt-len` + i tokens and the decoder
-  masks its attention.
+  masks its attention. The client's threads share the machine's cores with the server: on 2
+  cores, read it beside the server's own CPU use (``top -H -p PID``).
 
     python benchmarks/server_step.py                     # smollm2-135m, batch 1 and 8, all cores
     python benchmarks/server_step.py --threads 1 --server --ragged
