@@ -612,6 +612,13 @@ def test_render_swap_and_status() -> None:
     precision = "  Precision:       float32, KV cache bfloat16, quantization int8, compile off"
     assert precision in text.splitlines()
     assert "  Requests:        2 running, 0 waiting, 17 finished" in text.splitlines()
+    assert "  Threads:         ?" in text.splitlines()  # an engine from before --threads
+    threads = {"threads": 2, "cores": 2, "omp_num_threads": None, "torch_threads": 2, "warnings": []}
+    engine["threads"] = threads
+    assert "  Threads:         2 (2 cores)" in render_status(engine, tz=UTC).splitlines()
+    engine["threads"] = {**threads, "torch_threads": 3, "warnings": ["torch runs 3 threads"]}
+    lines = render_status(engine, tz=UTC).splitlines()
+    assert "  Threads:         3 (2 cores); warning: torch runs 3 threads" in lines
 
 
 def test_policies_table_marks_the_active_policy() -> None:

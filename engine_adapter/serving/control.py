@@ -4,7 +4,12 @@
 ``/v1/eviction/*`` and ``/v1/cache/*`` endpoints and ``/metrics`` (docs/architecture.md,
 "Control API"), and swaps the block and token policies. It owns nothing: it reads the parts
 the engine builds (declared below) and takes the cache manager's lock, so an answer never sees
-half a step and a swap falls between two steps. `LoopStats` is what the engine loop has done.
+half a step and a swap falls between two steps. The few answers that ask torch (the engine
+thread's thread count, a CUDA device's free memory) ask it on the engine thread, before taking
+the lock (docs/architecture.md, "Threads"): never wait on the engine thread with the lock held,
+since the loop takes it to run the jobs. The rest (the cache's bookkeeping, the swaps and the
+reset: pure Python) runs on the caller's thread under the lock. `LoopStats` is what the engine
+loop has done.
 
 Imports: the cache core, token-level eviction, the policy library, and this package's metrics,
 scheduler, colocation and errors; never the engine (which imports this).
@@ -29,6 +34,7 @@ from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.serving.colocation import EngineColocation
 from engine_adapter.serving.config import EngineConfig
+from engine_adapter.serving.engine_thread import EngineThread, ThreadSettings, check_threads
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
@@ -77,6 +83,8 @@ class EngineControl:
     colocation: EngineColocation | None
     started_at: float
     loop: LoopStats
+    engine_thread: EngineThread
+    thread_settings: ThreadSettings
 
     @property
     def loop_error(self) -> str | None:
@@ -85,6 +93,7 @@ class EngineControl:
 
     def info(self) -> dict[str, Any]:
         """GET /v1/engine (without socket and pid)."""
+        threads = self.engine_thread.call(check_threads, self.thread_settings).to_dict()
         with self.cache.lock:
             return {
                 "name": self.name,
@@ -107,6 +116,7 @@ class EngineControl:
                 "steps": self.loop.steps,
                 "bookkeeping_share": self.loop.bookkeeping_share,
                 "loop_error": self.loop.error,
+                "threads": threads,
             }
 
     # ---- block-level eviction ----------------------------------------------------------------
@@ -160,6 +170,7 @@ class EngineControl:
     def token_eviction(self) -> dict[str, Any]:
         """GET /v1/eviction/token: the token-level policy, its settings and totals."""
         manager = self.token_manager
+        available = self.engine_thread.call(manager.monitor.mem_stats).available
         with self.cache.lock:
             return {
                 "policy": manager.policy.name(),
@@ -167,7 +178,7 @@ class EngineControl:
                 "eviction_window": manager.window,
                 "memory_threshold_bytes": manager.threshold_bytes,
                 "target_ratio": manager.target_ratio,
-                "available_bytes": manager.monitor.mem_stats().available,
+                "available_bytes": available,
                 **manager.stats.to_dict(),
             }
 

@@ -1,8 +1,9 @@
 """The engine: model, paged KV pool, cache manager and scheduler behind one thread-safe facade.
 
-The engine loop runs in its own thread and calls `Scheduler.step()` with the cache manager's
-lock held, so a hot swap (`set_policy`), which takes the same lock, happens between two steps:
-no step sees half a swap, and no cached block or request is lost. The server is the only
+The engine loop runs on the engine thread (`engine_thread.EngineThread`, the one thread that
+runs torch: the model is loaded and warmed up there too) and calls `Scheduler.step()` with the
+cache manager's lock held; a hot swap (`set_policy`) runs there between two steps: no step sees
+half a swap, and no cached block or request is lost. The server is the only
 caller (docs/architecture.md, "Layers"); tests drive the facade directly too.
 
     engine = Engine(EngineConfig(num_blocks=256, device="cpu"))
@@ -26,6 +27,7 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import Future, wait
 from typing import Any
 
 import structlog
@@ -42,7 +44,8 @@ from engine_adapter.serving.config import EngineConfig, colocation_switches
 from engine_adapter.serving.control import EngineControl, LoopStats
 from engine_adapter.serving.embedding_batch import EmbeddingHandle, EmbeddingJob, EmbeddingResult
 from engine_adapter.serving.engine_hooks import EngineHooks
-from engine_adapter.serving.engine_parts import cache_manager, colocation_gates, model_and_pool, token_manager
+from engine_adapter.serving.engine_parts import cache_manager, colocation_gates, load_parts, token_manager
+from engine_adapter.serving.engine_thread import EngineThread
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError
 from engine_adapter.serving.handles import RequestHandle
 from engine_adapter.serving.intake import RequestIntake
@@ -68,7 +71,15 @@ class Engine(EngineControl):
         self.config = config
         self.name = config.name
         get_policy_class(config.eviction_policy, online=True)  # before the model loads
-        self.decoder, self.tokenizer, self.model_config, self.pool = model_and_pool(config)
+        self._wake = threading.Event()
+        # The one thread that runs torch: the model loads and warms up there, the loop runs
+        # there, and control requests that need the model or the pool are answered there
+        # (engine_thread; docs/architecture.md, "Threads").
+        self.engine_thread = EngineThread(f"sage-engine-{self.name}", wake=self._wake.set)
+        parts = self.engine_thread.call(load_parts, config)
+        self.thread_settings = parts.threads
+        self.decoder, self.tokenizer, self.model_config = parts.decoder, parts.tokenizer, parts.model_config
+        self.pool = parts.pool
         self.events = EvictionEventLog(
             config.eviction_log_path if config.log_evictions else None, ring_size=10_000
         )
@@ -94,8 +105,7 @@ class Engine(EngineControl):
         self.draining = False
         self.stopped = False
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_done: Future[None] | None = None
         self._ids = itertools.count(1)
         self.loop = LoopStats()
 
@@ -135,11 +145,10 @@ class Engine(EngineControl):
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine loop thread."""
-        if self._thread is not None:
+        """Start the engine loop on the engine thread."""
+        if self._loop_done is not None:
             return
-        self._thread = threading.Thread(target=self._loop, name=f"sage-engine-{self.name}", daemon=True)
-        self._thread.start()
+        self._loop_done = self.engine_thread.submit(self._loop)
 
     def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; finish (drain) or abort the ones in flight; flush the log."""
@@ -148,8 +157,8 @@ class Engine(EngineControl):
             self._inbox.put(("abort_all", None))
         self._inbox.put(("stop", None))
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._loop_done is not None:
+            wait([self._loop_done], timeout)
         self.stopped = True
         self.events.close()
 
@@ -158,6 +167,7 @@ class Engine(EngineControl):
         while True:
             with self.cache.lock:
                 stopping = self._drain_inbox() or stopping
+                self.engine_thread.run_pending()  # the control requests queued meanwhile
                 if self.colocation is not None:
                     self._colocation_tick()
                 if self.scheduler.has_work():

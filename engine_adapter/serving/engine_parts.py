@@ -1,5 +1,5 @@
-"""An engine's parts built from its config: the model and its pool, the pool's size, the cache
-manager, token-level eviction, and colocation's gates.
+"""An engine's parts built from its config: the model and its pool (loaded on the engine
+thread), the pool's size, the cache manager, token-level eviction, and colocation's gates.
 
 `Engine.__init__` builds its parts in the order each needs the ones before it: the model and
 the pool, the event log and the cache manager, the metrics, token-level eviction, colocation's
@@ -7,25 +7,27 @@ gates (the controller over the pool), the scheduler's hooks, the scheduler, and 
 colocation loop that reads the scheduler's queues. The builders that take more than a line of
 config live here.
 
-Imports: the cache core, the model's pool, token-level eviction, the colocation controller and
-this package's config and colocation.
+Imports: the cache core, the model, token-level eviction, the colocation controller and this
+package's config, colocation and engine thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
-from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.decoder import Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.colocation import ColocationGates
 from engine_adapter.serving.config import EngineConfig, colocation_params, colocation_switches
+from engine_adapter.serving.engine_thread import ThreadSettings, apply_threads, check_threads
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.token_eviction.pressure import (
     CudaMonitor,
@@ -39,16 +41,46 @@ from engine_adapter.token_eviction.registry import make_token_policy
 
 __all__ = [
     "DEFAULT_NUM_BLOCKS",
+    "ModelParts",
     "cache_manager",
     "colocation_gates",
+    "load_parts",
     "model_and_pool",
     "pool_blocks",
     "token_manager",
+    "warm_up",
 ]
 
 # The pool size when the config sets none: enough for sage-tiny on a CPU; pass --num-blocks,
 # --kv-cache-memory or --gpu-memory-utilization for a real model.
 DEFAULT_NUM_BLOCKS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class ModelParts:
+    """What the engine thread loads before the engine is built around it."""
+
+    threads: ThreadSettings
+    decoder: Decoder
+    tokenizer: Tokenizer
+    model_config: ModelConfig
+    pool: PagedKVPool
+
+
+def load_parts(config: EngineConfig) -> ModelParts:
+    """The engine thread's first job: its torch threads, the model, the KV pool and a warm-up,
+    in that order (the thread count must be set before the first parallel region)."""
+    threads = apply_threads(config.threads)
+    decoder, tokenizer, model_config, pool = model_and_pool(config)
+    warm_up(decoder, config.block_size)
+    return ModelParts(check_threads(threads), decoder, tokenizer, model_config, pool)
+
+
+def warm_up(decoder: Decoder, block_size: int) -> None:
+    """One forward of one token through a one-block pool of its own, so that the OpenMP team
+    and the kernels' first-call setup are the engine thread's before the first request."""
+    pool = decoder.make_pool(num_blocks=1, block_size=block_size)
+    decoder(ForwardBatch([[0]], [0], [pool.allocator.allocate(1)]), pool)
 
 
 def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfig, PagedKVPool]:

@@ -474,6 +474,15 @@ def _engine_schemas() -> dict[str, Schema]:
                 "kv_dtype": STR,
                 "quantization": STR,
                 "compile": _nullable(STR),
+                "threads": _obj(
+                    {
+                        "threads": INT,
+                        "cores": INT,
+                        "omp_num_threads": _nullable(STR),
+                        "torch_threads": INT,
+                        "warnings": {"type": "array", "items": STR},
+                    }
+                ),
             },
         ),
     }

@@ -150,6 +150,15 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         ),
     ),
     ConfigFlag(
+        key="threads",
+        param="threads",
+        decls=("--threads",),
+        kind="int",
+        help="Torch threads of the engine (default: the cores this process may use).",
+        metavar="N",
+        min=1,
+    ),
+    ConfigFlag(
         key="name",
         param="name",
         decls=("--name", "-n"),

@@ -27,6 +27,18 @@ def _duration(seconds: Any) -> str:
     return " ".join(parts)
 
 
+def _threads(engine: dict[str, Any]) -> str:
+    """``2 (2 cores)``, and each warning of the engine's threads after it."""
+    threads = engine.get("threads")
+    if not isinstance(threads, dict):
+        return "?"
+    text = f"{threads.get('torch_threads', '?')} ({threads.get('cores', '?')} cores)"
+    warnings = threads.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        text += "; warning: " + "; ".join(str(w) for w in warnings)
+    return text
+
+
 def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
     """``GET /v1/engine`` for people: one aligned ``key: value`` line per fact."""
     policy = engine.get("policy")
@@ -63,6 +75,7 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
             f"compile {engine.get('compile') or 'off'}",
         ),
         ("Implementation", get("implementation")),
+        ("Threads", _threads(engine)),
         ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),
         ("Eviction Policy", policy_text),
         ("KV Cache", f"{get('num_blocks')} blocks x {get('block_size')} tokens"),

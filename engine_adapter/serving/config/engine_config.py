@@ -137,6 +137,13 @@ class EngineConfig:
     compile: bool = False
     """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
     steps of each shape compile."""
+    threads: int | None = None
+    """Torch threads of the engine (default: the cores this process may use).
+
+    Set once, on the engine thread, the one thread that runs torch (docs/architecture.md,
+    "Threads"). At least 1; more than the usable cores is allowed (the engine warns), and so
+    is an ``OMP_NUM_THREADS`` that disagrees (it warns too: this key wins).
+    """
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
@@ -390,6 +397,7 @@ PARSERS: dict[str, Parser] = {
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),
     "quantization": one_of(QUANTIZATIONS, "quantization"),
     "compile": parse_bool,
+    "threads": int_at_least(1),
     "name": parse_engine_name,
     "socket": parse_path,
     "log_dir": parse_path,
