@@ -137,6 +137,9 @@ class EngineConfig:
     compile: bool = False
     """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
     steps of each shape compile."""
+    cuda_graphs: bool = True
+    """On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context
+    bucket (the whole step, one launch); prefill stays eager. No effect on the CPU."""
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
@@ -390,6 +393,7 @@ PARSERS: dict[str, Parser] = {
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),
     "quantization": one_of(QUANTIZATIONS, "quantization"),
     "compile": parse_bool,
+    "cuda_graphs": parse_bool,
     "name": parse_engine_name,
     "socket": parse_path,
     "log_dir": parse_path,

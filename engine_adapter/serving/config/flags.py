@@ -90,6 +90,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("kv_dtype", ("--kv-dtype",), metavar="DTYPE", show_default=True),
     StartFlag("quantization", ("--quantization",), metavar="MODE", show_default=True),
     StartFlag("compile", ("--compile/--no-compile",), show_default=True),
+    StartFlag("cuda_graphs", ("--cuda-graphs/--no-cuda-graphs",), show_default=True),
     StartFlag("name", ("--name", "-n"), metavar="NAME", show_default=True),
     StartFlag("socket", ("--socket",), metavar="PATH", kind="file"),
     StartFlag("log_dir", ("--log-dir",), metavar="DIR", kind="dir"),
