@@ -32,12 +32,15 @@ def _scenario(
     decoder: Decoder, contexts: list[int], *, shared: int = 0, kv_dtype: str = "float32", seed: int = 0
 ) -> tuple[PagedKVPool, ForwardBatch]:
     """A pool of random K/V and a decode batch whose sequences hold `contexts` tokens; with
-    `shared`, every sequence's first `shared` blocks are sequence 0's (a shared prefix)."""
+    `shared`, every sequence's first `shared` blocks are sequence 0's (a shared prefix). Block 0
+    is stale: NaN that no sequence owns (a key read from it would poison the logits)."""
     torch.manual_seed(seed)
     pool = decoder.make_pool(num_blocks=NUM_BLOCKS, block_size=BLOCK, kv_dtype=kv_dtype)
+    assert pool.allocator.allocate(1) == [0]
     for layer in range(pool.num_layers):
         for t in pool.flat(layer):
             t.normal_(0.0, 1.0)
+            t[:BLOCK] = float("nan")
     tables: list[list[int]] = []
     for ctx in contexts:
         need = ctx // BLOCK + 1  # room for the new token
@@ -84,9 +87,10 @@ def _compare(decoder: Decoder, pool: PagedKVPool, batch: ForwardBatch, **buckets
     untouched = torch.ones(real, dtype=torch.bool)
     untouched[new_slots] = False
     for b, e, s in zip(before, after_eager, after_static, strict=True):
-        assert torch.equal(s[:real][untouched], b[:real][untouched])  # nothing else changed
+        # nothing else changed (NaN == NaN here: block 0 keeps its stale NaN)
+        torch.testing.assert_close(s[:real][untouched], b[:real][untouched], rtol=0, atol=0, equal_nan=True)
         assert not torch.equal(s[new_slots], b[new_slots])  # the new tokens were written
-        torch.testing.assert_close(s[:real], e[:real], rtol=tol * 10, atol=tol * 10)
+        torch.testing.assert_close(s[:real], e[:real], rtol=tol * 10, atol=tol * 10, equal_nan=True)
 
 
 @pytest.mark.parametrize(
@@ -148,6 +152,12 @@ def test_other_batches_stay_eager(decoder: Decoder) -> None:
     ]
     for variant in variants:
         assert not graphs.fits(variant, pool)
+    decoder.graphs = graphs
+    try:
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            decoder(ForwardBatch([[decoder.config.vocab_size], [0]], [20, 30], batch.block_tables), pool)
+    finally:
+        decoder.graphs = None
     assert not graphs.fits(batch, decoder.make_pool(num_blocks=8, block_size=BLOCK))  # another pool
 
 
@@ -160,17 +170,20 @@ def test_the_scratch_block_is_no_sequences(decoder: Decoder) -> None:
 
 
 def test_a_padded_step_writes_only_the_scratch_block(decoder: Decoder) -> None:
-    pool, _ = _scenario(decoder, [10])
+    pool, batch = _scenario(decoder, [10])
     before = _snapshot(pool)
     graphs = enable_cuda_graphs(decoder, pool, min_context=16, max_context=64)
     decoder.graphs = None
     graphs.capture([3], 10)  # CPU: fills the padding buffers; no graph to capture
-    graphs.run(ForwardBatch([[5]], [10], [[0]]))
-    graphs._step(graphs._bucket(4, 16))  # the padding-only bucket of capture, as a warm-up runs it
+    graphs._step(graphs._bucket(4, 16))  # the padding-only bucket, as a warm-up before a capture runs it
+    graphs.run(batch)  # bucket 1: no padding
     real = NUM_BLOCKS * BLOCK
+    new_slot = batch.block_tables[0][0] * BLOCK + 10
+    others = torch.arange(real) != new_slot
     for b, a in zip(before, _snapshot(pool), strict=True):
-        assert torch.equal(a[:real][torch.arange(real) != 10], b[:real][torch.arange(real) != 10])
-        assert not torch.equal(a[real:], b[real:])
+        torch.testing.assert_close(a[:real][others], b[:real][others], rtol=0, atol=0, equal_nan=True)
+        assert not torch.equal(a[new_slot], b[new_slot])
+        assert not torch.equal(a[real:], b[real:])  # the padded rows wrote the scratch block
     assert graphs.captured == []  # no graphs on the CPU
 
 
