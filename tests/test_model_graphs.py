@@ -128,14 +128,9 @@ def test_static_step_on_random_batches(decoder: Decoder, contexts: list[int], sh
 
 def test_buckets() -> None:
     assert [batch_bucket(n, 64) for n in (1, 2, 3, 5, 33, 64, 65)] == [1, 2, 4, 8, 64, 64, None]
-    assert [context_bucket(t, 256, 1000) for t in (1, 256, 257, 600, 1000, 1001)] == [
-        256,
-        256,
-        512,
-        1000,
-        1000,
-        None,
-    ]
+    totals = (1, 256, 257, 600, 1000, 1001)
+    assert [context_bucket(t, 256, 1000) for t in totals] == [256, 256, 512, 768, 1000, None]
+    assert [context_bucket(t, 16, 4096) for t in (129, 200, 257, 600)] == [256, 256, 512, 1024]
 
 
 def test_other_batches_stay_eager(decoder: Decoder) -> None:

@@ -10,15 +10,19 @@ A graph fixes every shape and address, so a batch is padded to a bucket:
 - batch size B: the next of 1, 2, 4, 8, ... up to ``max_batch``. Padded rows read token 0 at
   position 0, write their K/V into the pool's scratch block (`PagedKVPool.scratch_slots`: past
   the allocator's blocks, owned by no sequence), attend to one scratch key, and are dropped.
-- context L: the next of ``min_context * 2**k`` (the last one ``max_context``), at least every
-  sequence's context plus its new token. Key slots past a sequence's end point at its own first
-  slot (as `decoder._key_slots` does: masked keys are never stale NaN) and the mask hides them.
+- context L: the next multiple of ``min_context`` up to 8 of them, then powers of two (the last
+  one ``max_context``), at least every sequence's context plus its new token. Key slots past a
+  sequence's end point at its own first slot (as `decoder._key_slots` does: masked keys are
+  never stale NaN) and the mask hides them.
 
 The host fills one int64 buffer per bucket (token ids, RoPE positions, cache positions, write
 slots, key slots) with one copy; everything after it is shape-static and free of host syncs:
-RoPE from the positions, the mask from the cache positions, then the eager layers over a
-`_StepIndex` of those buffers (the same `Attention.attend`: `PagedKVPool.write` with
-index_copy_, an index_select gather of the key slots, SDPA with the mask and enable_gqa).
+RoPE from the positions, the mask from the cache positions, then the eager layers: the same
+dense math as `Decoder.forward`, the new K/V written with `PagedKVPool.write` (index_copy_), the
+key slots gathered with `decoder._context_kv` (index_select) and SDPA with the mask. With one
+query per sequence, the query heads that share a KV head are folded into the query length
+(``[B, kv_heads, group, D]``), so SDPA needs no enable_gqa: a masked SDPA with enable_gqa may
+leave the fused CUDA kernels for the math one, which repeats K/V per query head.
 
 On CUDA each bucket is captured on first use: two warm-up runs on a side stream (torch's rule),
 then the capture into one memory pool shared by all buckets; the step replays the graph and
@@ -33,13 +37,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from engine_adapter.model.decoder import (
+    Attention,
     DecoderLayer,
     ForwardBatch,
     ForwardOutput,
     _after_attention,
     _before_attention,
+    _context_kv,
     _input_ids,
     _key_slots,
     _StepIndex,
@@ -77,12 +84,13 @@ def batch_bucket(n: int, max_batch: int) -> int | None:
 
 def context_bucket(total: int, min_context: int, max_context: int) -> int | None:
     """The padded context of a batch whose longest sequence holds `total` tokens (the new one
-    included): ``min_context * 2**k``, capped at `max_context`; None past `max_context`."""
+    included): a multiple of `min_context` up to 8 of them (fine steps where a context is short
+    and the gather's waste would show), then powers of two; capped at `max_context`, None past it."""
     if total > max_context:
         return None
     bucket = min_context
     while bucket < total:
-        bucket *= 2
+        bucket = bucket + min_context if bucket < 8 * min_context else bucket * 2
     return min(bucket, max_context)
 
 
@@ -98,7 +106,7 @@ class _Bucket:
     context: int
     index: torch.Tensor
     key_pos: torch.Tensor  # [L] 0 .. L-1
-    q_index: torch.Tensor  # [B, 1] row b: query row b (one new token per sequence)
+    rows: torch.Tensor  # [B] 0 .. B-1: each sequence's last (only) new token
     graph: Any = None  # torch.cuda.CUDAGraph once captured
     logits: torch.Tensor | None = None  # the graph's output, [B, vocab] float32
 
@@ -206,7 +214,7 @@ class DecodeGraphs:
                 context=context,
                 index=torch.zeros(4 * batch + batch * context, dtype=torch.long, device=device),
                 key_pos=torch.arange(context, device=device),
-                q_index=torch.arange(batch, device=device).view(batch, 1),
+                rows=torch.arange(batch, device=device),
             )
             self._buckets[(batch, context)] = bucket
         return bucket
@@ -244,24 +252,19 @@ class DecodeGraphs:
         ids, positions, starts, slots = (bucket.part(i) for i in range(4))
         cos, sin = decoder.rotary.cos_sin(positions, decoder.dtype)
         mask = (bucket.key_pos[None, :] <= starts[:, None]).view(size, 1, 1, ctx)
-        step = _StepIndex(
-            input_ids=ids,
-            cos=cos,
-            sin=sin,
-            slots=slots,
-            last_index=bucket.q_index.view(-1),
-            fresh_single=False,
-            kv_slots=bucket.kv_slots,
-            q_index=bucket.q_index,
-            mask=mask,
+        step = _StepIndex(  # what _context_kv reads: the key slots (never a view of one run)
+            input_ids=ids, cos=cos, sin=sin, slots=slots, last_index=bucket.rows, fresh_single=False
         )
+        step.kv_slots = bucket.kv_slots
         h = decoder.embed_tokens(ids)
         for i, layer in enumerate(decoder.layers):
             assert isinstance(layer, DecoderLayer)
             # The eager math even under --compile: a compiled graph of its own (reduce-overhead)
             # cannot run inside this capture.
             q, k, v = _before_attention(layer, h, cos, sin)
-            h = _after_attention(layer, h, layer.self_attn.attend(q, k, v, i, step, pool))
+            pool.write(i, slots, k, v)
+            attended = _decode_attention(layer.self_attn, q, *_context_kv(pool, i, step, q.dtype), mask)
+            h = _after_attention(layer, h, attended)
         logits: torch.Tensor = decoder.lm_head(decoder.norm(h)).float()
         return logits
 
@@ -278,3 +281,16 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self._memory):
             bucket.logits = self._step(bucket)
         bucket.graph = graph
+
+
+def _decode_attention(
+    attn: Attention, q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """One query per sequence over its keys: q ``[B, heads, D]``, K/V ``[B, kv_heads, L, D]``,
+    mask ``[B, 1, 1, L]``; returns ``[B, heads * D]``. Query head h reads KV head h // group (as
+    enable_gqa does), so the group's heads become the query length of their KV head."""
+    batch = q.shape[0]
+    group = attn.num_heads // attn.num_kv_heads
+    folded = q.view(batch, attn.num_kv_heads, group, attn.head_dim)
+    out = F.scaled_dot_product_attention(folded, k_ctx, v_ctx, attn_mask=mask)
+    return out.reshape(batch, -1)
