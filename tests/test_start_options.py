@@ -73,6 +73,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "kv_dtype": ("float16", "float16", {}),
     "quantization": ("INT8", "int8", {}),
     "compile": ("yes", True, {}),
+    "cuda_graphs": ("yes", True, {}),
     "name": ("blue", "blue", {}),
     "socket": ("/tmp/sage-t/x.sock", "/tmp/sage-t/x.sock", {}),
     "log_dir": ("/tmp/sage-t/logs", "/tmp/sage-t/logs", {}),
