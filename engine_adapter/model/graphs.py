@@ -7,9 +7,10 @@ shape bucket with `torch.cuda.CUDAGraph` and replays it: one launch per step.
 
 A graph fixes every shape and address, so a batch is padded to a bucket:
 
-- batch size B: the next of 1, 2, 4, 8, ... up to ``max_batch``. Padded rows read token 0 at
-  position 0, write their K/V into the pool's scratch block (`PagedKVPool.scratch_slots`: past
-  the allocator's blocks, owned by no sequence), attend to one scratch key, and are dropped.
+- batch size B: the next of 1, 2, 4, 8, ... (for ``max_batch`` sequences at most). Padded rows
+  read token 0 at position 0, write their K/V into the pool's scratch block
+  (`PagedKVPool.scratch_slots`: past the allocator's blocks, owned by no sequence), attend to
+  one scratch key, and are dropped.
 - context L: the next multiple of ``min_context`` up to 8 of them, then powers of two (the last
   one ``max_context``), at least every sequence's context plus its new token. Key slots past a
   sequence's end point at its own first slot (as `decoder._key_slots` does: masked keys are
@@ -77,9 +78,8 @@ def enable_cuda_graphs(decoder: Decoder, pool: PagedKVPool, **buckets: int) -> D
 
 
 def batch_bucket(n: int, max_batch: int) -> int | None:
-    """The padded batch size of `n` sequences: the next power of two, None past `max_batch`."""
-    bucket = 1 << max(n - 1, 0).bit_length()
-    return bucket if bucket <= max_batch else None
+    """The padded batch size of `n` sequences: the next power of two; None past `max_batch`."""
+    return 1 << max(n - 1, 0).bit_length() if n <= max_batch else None
 
 
 def context_bucket(total: int, min_context: int, max_context: int) -> int | None:
@@ -126,7 +126,7 @@ class DecodeGraphs:
     Args:
         decoder: The model.
         pool: The KV pool the graphs write and read (its tensors' addresses are captured).
-        max_batch: The largest batch bucket; larger batches run eagerly.
+        max_batch: The most sequences of a graphed batch; larger batches run eagerly.
         max_context: The largest context bucket (tokens); longer contexts run eagerly.
         min_context: The smallest context bucket.
         max_keys: The largest B * L: the gathered K/V of a bucket grow with it.
@@ -278,7 +278,8 @@ class DecodeGraphs:
                 self._step(bucket)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._memory):
+        # thread_local: a CUDA call of another thread (a memory monitor) does not void the capture
+        with torch.cuda.graph(graph, pool=self._memory, capture_error_mode="thread_local"):
             bucket.logits = self._step(bucket)
         bucket.graph = graph
 
