@@ -183,6 +183,31 @@ def test_a_padded_step_writes_only_the_scratch_block(decoder: Decoder) -> None:
     assert graphs.captured == []  # no graphs on the CPU
 
 
+def _engine_completions(device: str, graphs: bool | None) -> list[list[int]]:
+    """Greedy token ids of a sage-tiny engine (started_engine: 4-token blocks) for a few prompts
+    of different lengths, run together; `graphs`: the config's cuda_graphs (None: the default,
+    with the static step switched on by hand, which runs it eagerly on the CPU)."""
+    from engine_adapter.model.sampling import SamplingParams
+    from tests.engine_fixtures import started_engine
+
+    prompts = ["Tell me about caches.", "short", "x" * 50, "another prompt of a few words"]
+    config = {} if graphs is None else {"cuda_graphs": graphs}
+    engine = started_engine(device=device, dtype="float32", **config)
+    try:
+        if graphs is None:
+            enable_cuda_graphs(engine.decoder, engine.pool, min_context=16, max_context=128)
+        assert (engine.decoder.graphs is not None) == (graphs is not False)
+        handles = [engine.submit(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
+        return [h.result(timeout=120).token_ids for h in handles]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+def test_engine_greedy_completions_alike_with_the_static_step_on_the_cpu() -> None:
+    assert _engine_completions("cpu", None) == _engine_completions("cpu", False)
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -219,18 +244,4 @@ def test_graph_replay_equals_the_eager_forward_on_cuda() -> None:
 @needs_cuda
 @pytest.mark.slow
 def test_engine_greedy_completions_alike_with_and_without_graphs() -> None:
-    from engine_adapter.model.sampling import SamplingParams
-    from tests.engine_fixtures import started_engine
-
-    prompts = ["Tell me about caches.", "short", "x" * 50, "another prompt of a few words"]
-
-    def run(cuda_graphs: bool) -> list[list[int]]:
-        engine = started_engine(device="cuda", dtype="float32", cuda_graphs=cuda_graphs)
-        try:
-            assert (engine.decoder.graphs is not None) == cuda_graphs
-            handles = [engine.submit(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
-            return [h.result(timeout=120).token_ids for h in handles]
-        finally:
-            engine.shutdown()
-
-    assert run(True) == run(False)
+    assert _engine_completions("cuda", True) == _engine_completions("cuda", False)
