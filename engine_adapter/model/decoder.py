@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -514,18 +515,23 @@ def _input_ids(batch: ForwardBatch, vocab: int) -> torch.Tensor:
 
 
 def _key_slots(
-    block_tables: list[list[int]], starts: list[int], lengths: list[int], block_size: int
+    block_tables: list[list[int]],
+    starts: list[int],
+    lengths: list[int],
+    block_size: int,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """Pool slots of positions ``0..L-1`` of every sequence, ``[B, L]``, L the longest context."""
+    """Pool slots of positions ``0..L-1`` of every sequence, ``[B, L]``, L the longest context
+    (or `width`, at least that: the static decode step's context bucket)."""
     totals = [s + n for s, n in zip(starts, lengths, strict=True)]
-    max_total = max(totals)
+    max_total = max(totals) if width is None else width
     max_blocks = -(-max_total // block_size)
-    tables = torch.tensor(
-        [list(t[:max_blocks]) + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables],
-        dtype=torch.long,
-    )
+    # Through numpy: torch.tensor of nested lists is ~5x slower (0.5 ms at 64 x 34 blocks).
+    rows = [list(t[:max_blocks]) + [0] * (max_blocks - min(len(t), max_blocks)) for t in block_tables]
+    tables = torch.from_numpy(np.array(rows, dtype=np.int64))
+    in_block = torch.arange(block_size, dtype=torch.long)
+    kv_slots = (tables[:, :, None] * block_size + in_block).view(len(rows), -1)[:, :max_total]
     key_pos = torch.arange(max_total, dtype=torch.long)
-    kv_slots = tables[:, key_pos // block_size] * block_size + key_pos % block_size
     # Keys past a sequence's end are masked, but 0 * NaN is NaN: point them at its own first
     # token, never at stale slots that another (perhaps diverged) sequence wrote.
     past_end = key_pos[None, :] >= torch.tensor(totals)[:, None]

@@ -234,9 +234,8 @@ class DecodeGraphs:
         n, size, ctx = len(batch), bucket.batch, bucket.context
         index = self._padding_index(size, ctx)
         starts = torch.tensor(batch.start_positions, dtype=torch.long)
-        kv = _key_slots(batch.block_tables, list(batch.start_positions), [1] * n, self.pool.block_size)
-        if kv.shape[1] < ctx:  # past the longest context: each row's first slot, masked
-            kv = torch.cat([kv, kv[:, :1].expand(n, ctx - kv.shape[1])], dim=1)
+        starts_list = list(batch.start_positions)
+        kv = _key_slots(batch.block_tables, starts_list, [1] * n, self.pool.block_size, width=ctx)
         offsets = torch.tensor(batch.position_offsets or [0] * n, dtype=torch.long)
         index[:n] = _input_ids(batch, self.decoder.config.vocab_size)
         index[size : size + n] = starts + offsets
