@@ -1,11 +1,15 @@
-"""The decode step of a 1B-class Llama on one GPU: sage's paged decoder, eager and compiled
-(CUDA graphs), against transformers' LlamaForCausalLM on the same GPU and shapes.
+"""The decode step of a 1B-class Llama on one GPU: sage's paged decoder eager, as one CUDA graph
+per step (engine_adapter.model.graphs) and compiled, against transformers' LlamaForCausalLM on
+the same GPU and shapes.
 
 The model has TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV heads, MLP 5632,
 vocab 32000) with random bf16 weights: nothing is downloaded, and a step's time does not depend
 on the values. Each of B sequences holds `--context` tokens in a paged pool on the device; a
 step decodes one token per sequence (the Python that builds the step's index tensors included,
-as in the engine) and is timed with CUDA events, median of `--iters` after `--warmup`.
+as in the engine) and is timed with CUDA events, median of `--iters` after `--warmup`. The CUDA
+graph row captures its bucket in the first warm-up step; on the CPU it runs the same padded
+static step eagerly (no graph). Before it, one step's logits of the graph and of the eager
+forward are compared (printed: the largest difference).
 transformers runs the same batch after a prefill of the same length: sdpa attention, a static
 cache when this transformers has one (else its dynamic cache).
 
@@ -14,6 +18,7 @@ a machine with a bare CUDA torch.
 
     python benchmarks/gpu_decode.py                        # cuda, batch 1 and 64, context 512
     python benchmarks/gpu_decode.py --device cpu --tiny    # a small model on the CPU (a check)
+    python benchmarks/gpu_decode.py --no-compile --no-transformers   # eager and graph rows only
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from _machine import machine_line
 
 from engine_adapter.model.config import ModelConfig
 from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.graphs import enable_cuda_graphs
+from engine_adapter.model.kv_pool import PagedKVPool
 
 TINYLLAMA = ModelConfig(
     architecture="llama",
@@ -94,20 +101,51 @@ def sage_decoder(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
     return decoder.eval().requires_grad_(False)
 
 
-def time_sage(decoder: Decoder, batch: int, args: argparse.Namespace, timer: Callable[..., float]) -> float:
-    """Median seconds of one decode step of `batch` sequences that each hold `args.context` tokens."""
+def time_sage(
+    decoder: Decoder,
+    batch: int,
+    args: argparse.Namespace,
+    timer: Callable[..., float],
+    graphs: bool = False,
+) -> float:
+    """Median seconds of one decode step of `batch` sequences that each hold `args.context` tokens
+    (with `graphs`: replayed from the step's CUDA graph)."""
     steps = args.warmup + args.iters
-    per_seq = -(-(args.context + steps + 1) // BLOCK_SIZE)
-    pool = decoder.make_pool(num_blocks=batch * per_seq, block_size=BLOCK_SIZE)
-    for cache in (*pool.k_cache, *pool.v_cache):  # the context's K/V: values do not change the time
-        cache.normal_(0.0, 1.0)
-    tables = [pool.allocator.allocate(per_seq) for _ in range(batch)]
+    pool, tables = _filled_pool(decoder, batch, args.context + steps + 1)
+    decoder.graphs = None
+    if graphs:
+        enable_cuda_graphs(decoder, pool, max_batch=max(batch, 1))
     tokens = torch.randint(0, decoder.config.vocab_size, (batch,)).tolist()
     times = []
     for i in range(steps):
         fb = ForwardBatch([[t] for t in tokens], [args.context + i] * batch, tables)
         times.append(timer(lambda fb=fb: decoder(fb, pool)))
+    decoder.graphs = None
     return statistics.median(times[args.warmup :])
+
+
+def _filled_pool(decoder: Decoder, batch: int, tokens: int) -> tuple[PagedKVPool, list[list[int]]]:
+    """A pool of random K/V (values do not change the time) with `batch` tables of `tokens`."""
+    per_seq = -(-tokens // BLOCK_SIZE)
+    pool = decoder.make_pool(num_blocks=batch * per_seq, block_size=BLOCK_SIZE)
+    for cache in (*pool.k_cache, *pool.v_cache):
+        cache.normal_(0.0, 1.0)
+    return pool, [pool.allocator.allocate(per_seq) for _ in range(batch)]
+
+
+def graph_check(decoder: Decoder, batch: int, context: int) -> float:
+    """The largest difference between one decode step's logits from the graph (a padded bucket
+    when `batch` is not a power of two) and from the eager forward (the same K/V rewritten)."""
+    pool, tables = _filled_pool(decoder, batch, context + 1)
+    contexts = [context - 7 * i for i in range(batch)]  # ragged
+    tokens = torch.randint(0, decoder.config.vocab_size, (batch,)).tolist()
+    fb = ForwardBatch([[t] for t in tokens], contexts, tables)
+    decoder.graphs = None
+    eager = decoder(fb, pool).logits
+    enable_cuda_graphs(decoder, pool)
+    graph = decoder(fb, pool).logits
+    decoder.graphs = None
+    return float((graph - eager).abs().max())
 
 
 def time_transformers(
@@ -190,6 +228,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--no-graphs", action="store_true", help="no CUDA graph row")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument(
         "--profile", action="store_true", help="print torch.profiler tables of the eager step"
@@ -214,6 +253,8 @@ def main() -> None:
 
     decoder = sage_decoder(config, device, args.torch_dtype)
     row("sage eager", {b: time_sage(decoder, b, args, timer) for b in batches})
+    if not args.no_graphs:
+        _graph_row(decoder, batches, args, timer, row)
     if args.profile:
         _profile(decoder, batches[0], args, timer)
     if not args.no_transformers:
@@ -226,6 +267,25 @@ def main() -> None:
         except Exception as exc:  # a failed compile still leaves the other rows
             print(f"# compile failed: {type(exc).__name__}: {str(exc)[:300]}")
         print(f"# compile and its timed runs took {time.perf_counter() - t0:.0f} s")
+
+
+def _graph_row(
+    decoder: Decoder,
+    batches: list[int],
+    args: argparse.Namespace,
+    timer: Callable[..., float],
+    row: Callable[[str, dict[int, float]], None],
+) -> None:
+    t0 = time.perf_counter()
+    diff = graph_check(decoder, 5, args.context)
+    print(f"# graph vs eager, batch 5 (bucket 8), ragged contexts: max |logits diff| {diff:.3g}")
+    label = (
+        "sage CUDA graph (whole step)"
+        if decoder.device.type == "cuda"
+        else "sage static step (CPU: no graph)"
+    )
+    row(label, {b: time_sage(decoder, b, args, timer, graphs=True) for b in batches})
+    print(f"# the graph rows (captures included) took {time.perf_counter() - t0:.0f} s")
 
 
 def _profile(decoder: Decoder, batch: int, args: argparse.Namespace, timer: Callable[..., float]) -> None:

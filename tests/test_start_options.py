@@ -74,6 +74,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "quantization": ("INT8", "int8", {}),
     "compile": ("yes", True, {}),
     "threads": ("3", 3, {}),
+    "cuda_graphs": ("yes", True, {}),
     "name": ("blue", "blue", {}),
     "socket": ("/tmp/sage-t/x.sock", "/tmp/sage-t/x.sock", {}),
     "log_dir": ("/tmp/sage-t/logs", "/tmp/sage-t/logs", {}),

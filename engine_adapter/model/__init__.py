@@ -11,6 +11,8 @@
                       the cache core's BlockAllocator (pool.allocator)
     decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput;
                       Decoder.compile_step (torch.compile of the layers' dense math)
+    graphs.py         enable_cuda_graphs: pure decode steps padded to buckets and replayed from
+                      one CUDA graph each (the same static step runs eagerly on the CPU)
     layers.py         RMSNorm (torch's fused rms_norm), the rotary embedding
     observer.py       the AttentionObserver token-level eviction reads
     precision.py      the run dtype: auto (bf16 on CUDA or a CPU with AMX/AVX512-BF16), names

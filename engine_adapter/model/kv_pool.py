@@ -123,27 +123,40 @@ class PagedKVPool:
         self.device = resolve_device(device)
         self.bytes_per_block = _bytes_per_block(num_layers, num_kv_heads, head_dim, block_size, self.dtype)
 
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # One scratch block past the allocator's blocks (id `num_blocks`, see `scratch_slots`):
+        # the padded rows of a static decode step (engine_adapter.model.graphs) write there.
+        # The allocator never hands it out, and k_cache/v_cache do not show it.
+        shape = (num_blocks + 1, block_size, num_kv_heads, head_dim)
         make = torch.empty if self.device.type == "meta" else torch.zeros
-        self.k_cache: list[torch.Tensor] = [
-            make(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)
-        ]
-        self.v_cache: list[torch.Tensor] = [
-            make(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)
-        ]
-        flat = (num_blocks * block_size, num_kv_heads, head_dim)
-        self._k_flat = [t.view(flat) for t in self.k_cache]
-        self._v_flat = [t.view(flat) for t in self.v_cache]
+        k_all = [make(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        v_all = [make(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        self.k_cache: list[torch.Tensor] = [t[:num_blocks] for t in k_all]
+        self.v_cache: list[torch.Tensor] = [t[:num_blocks] for t in v_all]
+        flat = ((num_blocks + 1) * block_size, num_kv_heads, head_dim)
+        self._k_flat = [t.view(flat) for t in k_all]
+        self._v_flat = [t.view(flat) for t in v_all]
 
         # Which blocks are free is the cache core's business: the manager takes this allocator.
         self.allocator = BlockAllocator(num_blocks, block_size)
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of K and V over all layers and blocks (0 allocated on meta)."""
+        """Bytes of K and V over all layers and blocks (0 allocated on meta; the one scratch block
+        not counted)."""
         return self.bytes_per_block * self.num_blocks
 
+    @property
+    def scratch_slots(self) -> range:
+        """Slots of the scratch block: no sequence owns them, so writes there are dropped."""
+        first = self.num_blocks * self.block_size
+        return range(first, first + self.block_size)
+
     # ---- K/V access -----------------------------------------------------------------------
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `layer` as ``[slots, num_kv_heads, head_dim]`` views, the scratch block's
+        slots (`scratch_slots`) included."""
+        return self._k_flat[layer], self._v_flat[layer]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K and V of `n` tokens.

@@ -22,6 +22,7 @@ from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
 from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.graphs import enable_cuda_graphs
 from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
@@ -84,8 +85,9 @@ def warm_up(decoder: Decoder, block_size: int) -> None:
 
 
 def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfig, PagedKVPool]:
-    """The model in the config's dtype and quantization (compiled with ``compile``) and its KV
-    pool in ``kv_dtype`` (auto: the model's dtype), sized by `pool_blocks`."""
+    """The model in the config's dtype and quantization (compiled with ``compile``; decode steps
+    from CUDA graphs with ``cuda_graphs`` on CUDA) and its KV pool in ``kv_dtype`` (auto: the
+    model's dtype), sized by `pool_blocks`."""
     decoder, tokenizer, model_config = load_model(
         config.model, device=config.device, dtype=config.dtype, quantization=config.quantization
     )
@@ -97,6 +99,8 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
     )
     if config.compile:
         decoder.compile_step()
+    if config.cuda_graphs and decoder.device.type == "cuda":
+        enable_cuda_graphs(decoder, pool, max_batch=config.max_num_seqs)
     return decoder, tokenizer, model_config, pool
 
 

@@ -159,6 +159,17 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         min=1,
     ),
     ConfigFlag(
+        key="cuda_graphs",
+        param="cuda_graphs",
+        decls=("--cuda-graphs/--no-cuda-graphs",),
+        kind="switch",
+        help=(
+            "On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context "
+            "bucket (the whole step, one launch); prefill stays eager. No effect on the CPU. (default: "
+            "yes)"
+        ),
+    ),
+    ConfigFlag(
         key="name",
         param="name",
         decls=("--name", "-n"),

@@ -144,6 +144,9 @@ class EngineConfig:
     "Threads"). At least 1; more than the usable cores is allowed (the engine warns), and so
     is an ``OMP_NUM_THREADS`` that disagrees (it warns too: this key wins).
     """
+    cuda_graphs: bool = True
+    """On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context
+    bucket (the whole step, one launch); prefill stays eager. No effect on the CPU."""
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
@@ -398,6 +401,7 @@ PARSERS: dict[str, Parser] = {
     "quantization": one_of(QUANTIZATIONS, "quantization"),
     "compile": parse_bool,
     "threads": int_at_least(1),
+    "cuda_graphs": parse_bool,
     "name": parse_engine_name,
     "socket": parse_path,
     "log_dir": parse_path,

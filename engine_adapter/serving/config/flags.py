@@ -91,6 +91,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("quantization", ("--quantization",), metavar="MODE", show_default=True),
     StartFlag("compile", ("--compile/--no-compile",), show_default=True),
     StartFlag("threads", ("--threads",), metavar="N", min=1),
+    StartFlag("cuda_graphs", ("--cuda-graphs/--no-cuda-graphs",), show_default=True),
     StartFlag("name", ("--name", "-n"), metavar="NAME", show_default=True),
     StartFlag("socket", ("--socket",), metavar="PATH", kind="file"),
     StartFlag("log_dir", ("--log-dir",), metavar="DIR", kind="dir"),
