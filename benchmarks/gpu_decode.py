@@ -107,14 +107,16 @@ def time_sage(
     args: argparse.Namespace,
     timer: Callable[..., float],
     graphs: bool = False,
+    compiled_math: bool = False,
 ) -> float:
     """Median seconds of one decode step of `batch` sequences that each hold `args.context` tokens
-    (with `graphs`: replayed from the step's CUDA graph)."""
+    (with `graphs`: replayed from the step's CUDA graph, with inductor's kernels for the dense
+    math inside it when `compiled_math`)."""
     steps = args.warmup + args.iters
     pool, tables = _filled_pool(decoder, batch, args.context + steps + 1)
     decoder.graphs = None
     if graphs:
-        enable_cuda_graphs(decoder, pool, max_batch=max(batch, 1))
+        enable_cuda_graphs(decoder, pool, compiled_math=compiled_math, max_batch=max(batch, 1))
     tokens = torch.randint(0, decoder.config.vocab_size, (batch,)).tolist()
     times = []
     for i in range(steps):
@@ -285,7 +287,11 @@ def _graph_row(
         else "sage static step (CPU: no graph)"
     )
     row(label, {b: time_sage(decoder, b, args, timer, graphs=True) for b in batches})
-    print(f"# the graph rows (captures included) took {time.perf_counter() - t0:.0f} s")
+    if not args.no_compile:  # inductor's fused kernels captured inside the step's graph
+        row(label + " + compiled math", {
+            b: time_sage(decoder, b, args, timer, graphs=True, compiled_math=True) for b in batches
+        })
+    print(f"# the graph rows (captures and compiles included) took {time.perf_counter() - t0:.0f} s")
 
 
 def _profile(decoder: Decoder, batch: int, args: argparse.Namespace, timer: Callable[..., float]) -> None:

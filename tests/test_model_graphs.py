@@ -61,14 +61,16 @@ def _restore(pool: PagedKVPool, saved: list[torch.Tensor]) -> None:
         dst.copy_(src)
 
 
-def _compare(decoder: Decoder, pool: PagedKVPool, batch: ForwardBatch, **buckets: int) -> None:
+def _compare(
+    decoder: Decoder, pool: PagedKVPool, batch: ForwardBatch, compiled_math: bool = False, **buckets: int
+) -> None:
     """Eager forward, then the static step from the same pool: the same logits and K/V."""
     before = _snapshot(pool)
     decoder.graphs = None
     eager = decoder(batch, pool).logits
     after_eager = _snapshot(pool)
     _restore(pool, before)
-    graphs = enable_cuda_graphs(decoder, pool, **buckets)
+    graphs = enable_cuda_graphs(decoder, pool, compiled_math=compiled_math, **buckets)
     try:
         assert graphs.fits(batch, pool)
         static = decoder(batch, pool).logits
@@ -111,6 +113,13 @@ def test_static_step_equals_the_forward(decoder: Decoder, contexts: list[int], s
 def test_static_step_with_another_kv_dtype_and_the_default_buckets(decoder: Decoder) -> None:
     pool, batch = _scenario(decoder, [20, 3, 45], kv_dtype="bfloat16", seed=1)
     _compare(decoder, pool, batch)
+
+
+@pytest.mark.slow
+def test_static_step_with_compiled_math_equals_the_forward(decoder: Decoder) -> None:
+    """inductor's kernels for the dense math (what --compile puts inside the CUDA graph)."""
+    pool, batch = _scenario(decoder, [31, 5, 48], seed=2)
+    _compare(decoder, pool, batch, compiled_math=True, min_context=16, max_context=256)
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ from engine_adapter.model.decoder import (
     ForwardOutput,
     _after_attention,
     _before_attention,
+    _compiled_math,
     _context_kv,
     _input_ids,
     _key_slots,
@@ -62,7 +63,9 @@ __all__ = ["DecodeGraphs", "batch_bucket", "context_bucket", "enable_cuda_graphs
 _WARMUPS = 2  # eager runs on a side stream before a capture
 
 
-def enable_cuda_graphs(decoder: Decoder, pool: PagedKVPool, **buckets: int) -> DecodeGraphs:
+def enable_cuda_graphs(
+    decoder: Decoder, pool: PagedKVPool, *, compiled_math: bool = False, **buckets: int
+) -> DecodeGraphs:
     """Route `decoder`'s pure decode batches of `pool` through the static step (`Decoder.graphs`):
     a CUDA graph per (batch, context) bucket on CUDA, the same padded step run eagerly elsewhere.
     Other batches (prefill, observers, pooling, past the buckets) stay eager.
@@ -70,9 +73,11 @@ def enable_cuda_graphs(decoder: Decoder, pool: PagedKVPool, **buckets: int) -> D
     Args:
         decoder: The model.
         pool: The pool whose decode steps are graphed (its tensors are captured).
+        compiled_math: Run each layer's dense math through inductor's kernels (compiled in the
+            warm-up before a capture) inside the step: fewer, fused kernels per layer.
         buckets: ``max_batch``, ``max_context``, ``min_context``, ``max_keys`` of `DecodeGraphs`.
     """
-    graphs = DecodeGraphs(decoder, pool, **buckets)
+    graphs = DecodeGraphs(decoder, pool, compiled_math=compiled_math, **buckets)
     decoder.graphs = graphs
     return graphs
 
@@ -141,6 +146,7 @@ class DecodeGraphs:
         max_context: int = 4096,
         min_context: int = 256,
         max_keys: int = 1 << 18,
+        compiled_math: bool = False,
     ) -> None:
         if min(max_batch, max_context, min_context, max_keys) < 1 or min_context > max_context:
             raise ValueError("cuda graph buckets need 1 <= min_context <= max_context, max_batch >= 1")
@@ -148,6 +154,9 @@ class DecodeGraphs:
         self.max_batch, self.max_context, self.min_context = max_batch, max_context, min_context
         self.max_keys = max_keys
         self.use_graphs = pool.device.type == "cuda"
+        # inductor's default mode (no CUDA graphs of its own, which cannot nest in this capture):
+        # its fused kernels are compiled in the warm-up runs and then captured like any other.
+        self.math = _compiled_math(None) if compiled_math else (_before_attention, _after_attention)
         self._memory = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._buckets: dict[tuple[int, int], _Bucket] = {}
 
@@ -258,12 +267,10 @@ class DecodeGraphs:
         h = decoder.embed_tokens(ids)
         for i, layer in enumerate(decoder.layers):
             assert isinstance(layer, DecoderLayer)
-            # The eager math even under --compile: a compiled graph of its own (reduce-overhead)
-            # cannot run inside this capture.
-            q, k, v = _before_attention(layer, h, cos, sin)
+            q, k, v = self.math[0](layer, h, cos, sin)
             pool.write(i, slots, k, v)
             attended = _decode_attention(layer.self_attn, q, *_context_kv(pool, i, step, q.dtype), mask)
-            h = _after_attention(layer, h, attended)
+            h = self.math[1](layer, h, attended)
         logits: torch.Tensor = decoder.lm_head(decoder.norm(h)).float()
         return logits
 

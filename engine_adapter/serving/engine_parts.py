@@ -100,7 +100,7 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
     if config.compile:
         decoder.compile_step()
     if config.cuda_graphs and decoder.device.type == "cuda":
-        enable_cuda_graphs(decoder, pool, max_batch=config.max_num_seqs)
+        enable_cuda_graphs(decoder, pool, compiled_math=config.compile, max_batch=config.max_num_seqs)
     return decoder, tokenizer, model_config, pool
 
 
