@@ -106,7 +106,7 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l quantization -x -d
 complete -c sage -n '__fish_sage_at sage llm engine start' -l compile -d 'torch.compile the decode step\'s dense math (inductor; CUDA graphs on CUDA); the first steps of each shape compile'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l no-compile -d 'The opposite of --compile'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l threads -x -d 'Torch threads of the engine (default: the cores this process may use)'
-complete -c sage -n '__fish_sage_at sage llm engine start' -l cuda-graphs -d 'On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context bucket (the whole step, one launch; with ``compile``, inductor\'s fused kernels inside it); prefill stays eager'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l cuda-graphs -d 'On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context bucket (the whole step, one launch); prefill stays eager'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l no-cuda-graphs -d 'The opposite of --cuda-graphs'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l name -s n -x -d 'Name of the engine: picks its socket and log folder'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l socket -r -F -d 'Control socket (default: $SAGE_HOME/run/<name>.sock)'

@@ -165,8 +165,8 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         kind="switch",
         help=(
             "On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context "
-            "bucket (the whole step, one launch; with ``compile``, inductor's fused kernels inside it); "
-            "prefill stays eager. No effect on the CPU. (default: yes)"
+            "bucket (the whole step, one launch); prefill stays eager. No effect on the CPU. (default: "
+            "yes)"
         ),
     ),
     ConfigFlag(

@@ -146,8 +146,7 @@ class EngineConfig:
     """
     cuda_graphs: bool = True
     """On CUDA, replay pure decode steps from CUDA graphs captured per batch-size and context
-    bucket (the whole step, one launch; with ``compile``, inductor's fused kernels inside it);
-    prefill stays eager. No effect on the CPU."""
+    bucket (the whole step, one launch); prefill stays eager. No effect on the CPU."""
     name: str = DEFAULT_NAME
     """Name of the engine: picks its socket and log folder."""
     socket: str = ""
