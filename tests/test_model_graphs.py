@@ -196,8 +196,9 @@ def _engine_completions(device: str, graphs: bool | None) -> list[list[int]]:
     """Greedy token ids of a sage-tiny engine (started_engine: 4-token blocks) for a few prompts
     of different lengths, run together; `graphs`: the config's cuda_graphs (None: the default,
     with the static step switched on by hand, which runs it eagerly on the CPU)."""
+    from engine_fixtures import started_engine
+
     from engine_adapter.model.sampling import SamplingParams
-    from tests.engine_fixtures import started_engine
 
     prompts = ["Tell me about caches.", "short", "x" * 50, "another prompt of a few words"]
     config = {} if graphs is None else {"cuda_graphs": graphs}

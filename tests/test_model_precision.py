@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_fixtures import SMOLLM2, needs_smollm2
 
 from engine_adapter.model import ForwardBatch, load_model
 from engine_adapter.model.decoder import Decoder
@@ -28,7 +29,6 @@ from engine_adapter.model.precision import (
 from engine_adapter.model.quant import GROUP_SIZE, KERNEL_DTYPE, Int4Linear, Int8Linear, Q4Groups
 from engine_adapter.serving.config import ConfigError, EngineConfig
 from engine_adapter.serving.config.values import DTYPES, QUANTIZATIONS
-from tests.model_fixtures import SMOLLM2, needs_smollm2
 
 PROMPT = list(b"a test of precision, with a few more words")
 # Tokens fed after the prompt, one decode step each (teacher forcing).
