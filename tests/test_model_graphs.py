@@ -218,7 +218,7 @@ def test_engine_greedy_completions_alike_with_the_static_step_on_the_cpu() -> No
     assert _engine_completions("cpu", None) == _engine_completions("cpu", False)
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a GPU)")
 
 
 @needs_cuda

@@ -134,7 +134,9 @@ def test_a_fallback_is_logged_counted_and_named() -> None:
     client = app_client(engine)
     try:
         with capture_logs() as logs:
-            handle = engine.submit(PROMPT, SamplingParams(max_tokens=120, ignore_eos=True))
+            # Long enough that the swap lands while it decodes, even when the swap waits a while
+            # for the cache lock on a loaded machine (at 120 tokens it once finished first).
+            handle = engine.submit(PROMPT, SamplingParams(max_tokens=400, ignore_eos=True))
             next(iter(handle))  # decoding, with no observer: `none` asks for nothing
             engine.set_token_policy("tova")
             assert handle.result(60).finish_reason == "length"
