@@ -2,8 +2,9 @@
 
 The engine loop runs on the engine thread (`engine_thread.EngineThread`, the one thread that
 runs torch: the model is loaded and warmed up there too) and calls `Scheduler.step()` with the
-cache manager's lock held; a hot swap (`set_policy`) runs there between two steps: no step sees
-half a swap, and no cached block or request is lost. The server is the only
+cache manager's lock held; a hot swap (`set_policy`) takes the same lock on its caller's thread
+(it calls no torch), so it lands between two steps: no step sees half a swap, and no cached
+block or request is lost. The server is the only
 caller (docs/architecture.md, "Layers"); tests drive the facade directly too.
 
     engine = Engine(EngineConfig(num_blocks=256, device="cpu"))
