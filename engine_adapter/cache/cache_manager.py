@@ -32,7 +32,6 @@ parts and the policy library; no part imports it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.eviction import EvictionStep
+from engine_adapter.cache.handoff_lock import HandoffLock
 from engine_adapter.cache.invariants import check_manager_invariants
 from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.pins import Pins
@@ -118,7 +118,7 @@ class CacheManager:
         self.isolate_tenants = isolate_tenants
         self.clock = clock
         self.protect_queued = protect_queued
-        self.lock = threading.RLock()
+        self.lock = HandoffLock()  # the engine loop hands it to control requests between steps
         self._binding = PolicyBinding(policy, self.num_blocks, policy_params)
         self.radix: RadixCache = new_radix_cache(
             self._binding.new_policy(),

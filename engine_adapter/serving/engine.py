@@ -4,8 +4,9 @@ The engine loop runs on the engine thread (`engine_thread.EngineThread`, the one
 runs torch: the model is loaded and warmed up there too) and calls `Scheduler.step()` with the
 cache manager's lock held; a hot swap (`set_policy`) takes the same lock on its caller's thread
 (it calls no torch), so it lands between two steps: no step sees half a swap, and no cached
-block or request is lost. The server is the only
-caller (docs/architecture.md, "Layers"); tests drive the facade directly too.
+block or request is lost. The loop hands the lock to such a waiter after the step it is in
+(`cache.handoff_lock`), so a swap under load waits one step, not until the batch drains. The
+server is the only caller (docs/architecture.md, "Layers"); tests drive the facade directly too.
 
     engine = Engine(EngineConfig(num_blocks=256, device="cpu"))
     engine.start()
@@ -171,11 +172,17 @@ class Engine(EngineControl):
                 self.engine_thread.run_pending()  # the control requests queued meanwhile
                 if self.colocation is not None:
                     self._colocation_tick()
-                if self.scheduler.has_work():
+                stepped = self.scheduler.has_work()
+                if stepped:
                     self._step()
-                    continue
-                if stopping and not (self.colocation is not None and self.colocation.deferred):
+                elif stopping and not (self.colocation is not None and self.colocation.deferred):
                     return
+            if stepped:
+                # A control request (a swap, a stats read) that waits for the lock takes it now,
+                # between two steps, rather than when the batch drains.
+                if self.cache.lock.waiting:
+                    self.cache.lock.yield_to_waiters()
+                continue
             self._wake.wait(0.05)
             self._wake.clear()
 
