@@ -22,6 +22,7 @@ from engine_adapter.cache.errors import (
     SequenceExistsError,
     UnknownSequenceError,
 )
+from engine_adapter.cache.handoff_lock import HandoffLock
 from engine_adapter.cache.records import PinnedPrefix
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.stats import CacheStats
@@ -542,7 +543,7 @@ def test_fairness_over_tenants() -> None:
 
 def test_lock_is_reentrant_and_usable_from_another_thread() -> None:
     m = make()
-    assert isinstance(m.lock, type(threading.RLock()))
+    assert isinstance(m.lock, HandoffLock)  # reentrant, and handed to waiters between steps
     with m.lock:
         m.allocate(CacheRequest(1, tokens(1, 4)))
         with m.lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from engine_adapter.cache.handoff_lock import HandoffLock
 
@@ -10,27 +11,26 @@ from engine_adapter.cache.handoff_lock import HandoffLock
 def test_a_waiting_thread_takes_the_lock_between_two_steps() -> None:
     lock = HandoffLock()
     steps_when_taken: list[int] = []
-    started = threading.Event()
     steps = 0
 
     def waiter() -> None:
-        started.wait()
         with lock:
             steps_when_taken.append(steps)
 
-    thread = threading.Thread(target=waiter)
-    thread.start()
     # The engine loop's shape: hold the lock for a step, hand it over if anyone waits, go on.
-    while not steps_when_taken and steps < 200_000:
+    # At step 10 the waiter is started and the step lasts until it is blocked on the lock.
+    thread = threading.Thread(target=waiter)
+    while not steps_when_taken and steps < 100_000:
         with lock:
             steps += 1
             if steps == 10:
-                started.set()
+                thread.start()
+                while not lock.waiting:
+                    time.sleep(0.001)
         if lock.waiting:
             lock.yield_to_waiters(timeout=5.0)
     thread.join()
-    assert steps_when_taken and steps_when_taken[0] < 200_000
-    assert steps == steps_when_taken[0]  # the loop stopped at the step the waiter took its turn
+    assert steps_when_taken == [10]  # its turn came right after the step it waited behind
 
 
 def test_it_is_reentrant_and_counts_only_blocked_threads() -> None:
