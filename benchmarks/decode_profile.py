@@ -6,6 +6,7 @@ tables in docs/performance.md come from this script.
 
     python benchmarks/decode_profile.py                                # SmolLM2, fp32, batch 1 and 8
     python benchmarks/decode_profile.py --dtype bfloat16 --quantization int8 --compile
+    python benchmarks/decode_profile.py --packed-weights on              # oneDNN's prepacked weights
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--quantization", default="none")
+    parser.add_argument("--packed-weights", default="off", choices=("auto", "on", "off"))
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--context", type=int, default=128)
@@ -71,12 +73,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12)
     args = parser.parse_args()
     decoder, _tok, _cfg = load_model(
-        args.model, device="cpu", dtype=args.dtype, quantization=args.quantization
+        args.model,
+        device="cpu",
+        dtype=args.dtype,
+        quantization=args.quantization,
+        packed_weights=args.packed_weights,
     )
     if args.compile:
         decoder.compile_step()
     print(f"# {machine_line()}; torch threads {torch.get_num_threads()}")
-    print(f"# {args.model} dtype={args.dtype} quantization={args.quantization} compile={args.compile}")
+    print(
+        f"# {args.model} dtype={args.dtype} quantization={args.quantization} "
+        f"packed_weights={args.packed_weights} compile={args.compile}"
+    )
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         pool, tables, tokens = prefilled(decoder, batch, args.context)
         decode_steps(decoder, pool, tables, tokens, args.context, 5)  # warm-up (and compile)

@@ -596,6 +596,7 @@ def test_render_swap_and_status() -> None:
         "dtype": "float32",
         "kv_dtype": "bfloat16",
         "quantization": "int8",
+        "packed_weights": "no",
         "compile": None,
         "started_at": 1767348932.0,
         "uptime_s": 3725.2,
@@ -609,7 +610,9 @@ def test_render_swap_and_status() -> None:
     assert "  Started:         2026-01-02 10:15:32 (up 1h 2m 5s)" in text.splitlines()
     assert "  KV Cache:        1024 blocks x 16 tokens" in text.splitlines()
     assert "  Implementation:  pure-python (SAGE_PURE_PYTHON=1)" in text.splitlines()
-    precision = "  Precision:       float32, KV cache bfloat16, quantization int8, compile off"
+    precision = (
+        "  Precision:       float32, KV cache bfloat16, quantization int8, packed weights no, compile off"
+    )
     assert precision in text.splitlines()
     assert "  Requests:        2 running, 0 waiting, 17 finished" in text.splitlines()
     assert "  Threads:         ?" in text.splitlines()  # an engine from before --threads

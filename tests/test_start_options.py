@@ -72,6 +72,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "dtype": ("BFloat16", "bfloat16", {}),
     "kv_dtype": ("float16", "float16", {}),
     "quantization": ("INT8", "int8", {}),
+    "packed_weights": ("ON", "on", {}),
     "compile": ("yes", True, {}),
     "threads": ("3", 3, {}),
     "cuda_graphs": ("yes", True, {}),

@@ -306,15 +306,17 @@ class Decoder(nn.Module):
         self.rotary = RotaryEmbedding(config)
         self.compiled: str | None = None  # set by compile_step
         self.quantization = "none"  # set by engine_adapter.model.quant.quantize_decoder
+        self.packed_weights = False  # set by engine_adapter.model.packed.pack_decoder
         self.graphs: StepRunner | None = None  # set by graphs.enable_cuda_graphs
 
     def precision(self, pool: PagedKVPool) -> dict[str, str | None]:
         """How this model runs with `pool`, for the engine's info: dtype, KV dtype, quantization,
-        compile (None when not compiled)."""
+        packed weights (yes/no), compile (None when not compiled)."""
         return {
             "dtype": str(self.dtype).removeprefix("torch."),
             "kv_dtype": str(pool.dtype).removeprefix("torch."),
             "quantization": self.quantization,
+            "packed_weights": "yes" if self.packed_weights else "no",
             "compile": self.compiled,
         }
 

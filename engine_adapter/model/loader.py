@@ -38,6 +38,7 @@ from engine_adapter.model.builtin import (
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.kv_pool import resolve_device
+from engine_adapter.model.packed import pack_decoder
 from engine_adapter.model.precision import QUANTIZATION_CHOICES
 from engine_adapter.model.precision import run_dtype as resolve_run_dtype
 from engine_adapter.model.quant import Q4Groups, quantize_decoder
@@ -70,6 +71,7 @@ def load_model(
     device: str | torch.device = "auto",
     dtype: torch.dtype | str | None = None,
     quantization: str = "none",
+    packed_weights: str = "off",
 ) -> tuple[Decoder, Tokenizer, ModelConfig]:
     """Load a decoder, its tokenizer and its config, ready for inference.
 
@@ -83,6 +85,8 @@ def load_model(
         quantization: ``none``, ``int8`` or ``int4``: weight-only quantization of the linear
             layers (`engine_adapter.model.quant`, CPU only). A GGUF's Q4_1 weights are taken as
             stored for ``int4``.
+        packed_weights: ``off``, ``on`` or ``auto``: the dense linear layers on oneDNN's
+            prepacked weights (`engine_adapter.model.packed`, CPU).
 
     Returns:
         ``(decoder, tokenizer, config)``, the decoder in eval mode with gradients off.
@@ -91,11 +95,12 @@ def load_model(
         ModelLoadError: The name is neither built in, nor a folder, nor in the local hub cache;
             the folder lacks a file, holds an unsupported architecture, or its weights do not
             match its config.
-        ValueError: `device`, `dtype` or `quantization` is not valid, or quantization is asked
-            for on a device other than the CPU.
+        ValueError: `device`, `dtype`, `quantization` or `packed_weights` is not valid, or
+            quantization or packed weights are asked for on a device other than the CPU.
     """
     decoder, tokenizer, config, groups = _load(name_or_path, device, dtype, quantization)
     quantize_decoder(decoder, quantization, groups)
+    pack_decoder(decoder, packed_weights)
     return decoder, tokenizer, config
 
 

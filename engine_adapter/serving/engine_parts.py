@@ -89,7 +89,11 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
     from CUDA graphs with ``cuda_graphs`` on CUDA) and its KV pool in ``kv_dtype`` (auto: the
     model's dtype), sized by `pool_blocks`."""
     decoder, tokenizer, model_config = load_model(
-        config.model, device=config.device, dtype=config.dtype, quantization=config.quantization
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        quantization=config.quantization,
+        packed_weights=config.packed_weights,
     )
     kv_dtype = decoder.dtype if config.kv_dtype == "auto" else resolve_dtype(config.kv_dtype)
     pool = decoder.make_pool(

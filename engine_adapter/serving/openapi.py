@@ -473,6 +473,7 @@ def _engine_schemas() -> dict[str, Schema]:
                 "dtype": STR,
                 "kv_dtype": STR,
                 "quantization": STR,
+                "packed_weights": STR,
                 "compile": _nullable(STR),
                 "threads": _obj(
                     {

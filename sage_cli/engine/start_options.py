@@ -140,6 +140,17 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="MODE",
     ),
     ConfigFlag(
+        key="packed_weights",
+        param="packed_weights",
+        decls=("--packed-weights",),
+        kind="text",
+        help=(
+            "Dense linear layers on oneDNN's prepacked weights (CPU, float32 or bfloat16): auto, on or "
+            "off. auto packs when the model can be packed. (default: off)"
+        ),
+        metavar="MODE",
+    ),
+    ConfigFlag(
         key="compile",
         param="compile",
         decls=("--compile/--no-compile",),

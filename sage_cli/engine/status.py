@@ -72,6 +72,7 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
         (
             "Precision",
             f"{get('dtype')}, KV cache {get('kv_dtype')}, quantization {get('quantization')}, "
+            f"packed weights {engine.get('packed_weights') or 'no'}, "
             f"compile {engine.get('compile') or 'off'}",
         ),
         ("Implementation", get("implementation")),

@@ -33,6 +33,7 @@ from engine_adapter.serving.config.colocation import (
 )
 from engine_adapter.serving.config.values import (
     DTYPES,
+    PACKED_WEIGHTS,
     QUANTIZATIONS,
     ConfigError,
     Parser,
@@ -134,6 +135,9 @@ class EngineConfig:
 
     torch's int8/int4 weight-only kernels; a GGUF's Q4_1 weights are used as stored for int4.
     """
+    packed_weights: str = "off"
+    """Dense linear layers on oneDNN's prepacked weights (CPU, float32 or bfloat16): auto, on or
+    off. auto packs when the model can be packed."""
     compile: bool = False
     """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
     steps of each shape compile."""
@@ -399,6 +403,7 @@ PARSERS: dict[str, Parser] = {
     "dtype": one_of(DTYPES, "dtype"),
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),
     "quantization": one_of(QUANTIZATIONS, "quantization"),
+    "packed_weights": one_of(PACKED_WEIGHTS, "packed weights"),
     "compile": parse_bool,
     "threads": int_at_least(1),
     "cuda_graphs": parse_bool,

@@ -103,6 +103,7 @@ def parse_token_policy(value: Any, where: str) -> str:
 # spelt here so that reading a config never imports torch.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")
+PACKED_WEIGHTS = ("auto", "on", "off")
 
 
 def one_of(choices: tuple[str, ...], what: str) -> Parser:

@@ -1,0 +1,119 @@
+"""Packed weights (issue 27): the dense linears on oneDNN's prepacked layout.
+
+`PackedLinear` against ``F.linear`` on random shapes, dtypes, biases and batch sizes (one packed
+copy serves every batch size); the packed decoder's logits against the plain decoder's,
+teacher-forced on sage-tiny, and its greedy tokens alike; which layers are packed (quantized ones
+keep their kernels); one-line refusals; the engine reports it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn import functional as F
+
+from engine_adapter.model import ForwardBatch, load_model
+from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.packed import PACKED_WEIGHTS_CHOICES, PackedLinear, pack_decoder
+from engine_adapter.serving.config import ConfigError, EngineConfig
+from engine_adapter.serving.config.values import PACKED_WEIGHTS
+
+PROMPT = list(b"packed weights, the same numbers")
+FORCED = [101, 32, 116, 101, 115, 116, 33]
+
+
+@settings(deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    lead=st.sampled_from([(), (3,)]),
+    in_features=st.integers(1, 96),
+    out_features=st.integers(1, 130),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_packed_linear_equals_f_linear(
+    rows: int, lead: tuple[int, ...], in_features: int, out_features: int, bias: bool, seed: int
+) -> None:
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    packed = PackedLinear(linear)
+    for batch in (rows, 1, rows + 7):  # one packed weight, any number of rows
+        x = torch.randn(*lead, batch, in_features)
+        expected = F.linear(x, linear.weight, linear.bias)
+        got = packed(x)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_weights_pack_too() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48).to(torch.bfloat16)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    got = PackedLinear(linear)(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(
+        got.float(), F.linear(x, linear.weight, linear.bias).float(), rtol=0.02, atol=0.05
+    )
+
+
+def _teacher_forced(decoder: Decoder) -> torch.Tensor:
+    pool = decoder.make_pool(num_blocks=8, block_size=16)
+    table = pool.allocator.allocate(4)
+    rows = [decoder(ForwardBatch([PROMPT], [0], [table]), pool).logits[0]]
+    for i, token in enumerate(FORCED):
+        rows.append(decoder(ForwardBatch([[token]], [len(PROMPT) + i], [table]), pool).logits[0])
+    return torch.stack(rows)
+
+
+def test_the_packed_decoder_follows_the_plain_one() -> None:
+    plain, _, config = load_model("sage-tiny", device="cpu", dtype="float32")
+    packed, _, _ = load_model("sage-tiny", device="cpu", dtype="float32", packed_weights="on")
+    linears = 7 * config.num_hidden_layers + 1  # q k v o gate up down per layer, and the lm head
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == linears
+    assert not any(type(m) is nn.Linear for m in packed.modules())
+    assert packed.packed_weights and not plain.packed_weights
+    expected, got = _teacher_forced(plain), _teacher_forced(packed)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_quantized_layers_keep_their_kernels_and_auto_packs_only_what_it_can() -> None:
+    quantized, _, _ = load_model("sage-tiny", device="cpu", quantization="int8", packed_weights="auto")
+    assert not any(isinstance(m, PackedLinear) for m in quantized.modules())  # all int8, head too
+    assert not quantized.packed_weights
+    half, _, _ = load_model("sage-tiny", device="cpu", dtype="float16")
+    assert pack_decoder(half, "auto") == 0 and not half.packed_weights
+    with pytest.raises(ValueError, match=r"float32 or bfloat16, not torch\.float16") as raised:
+        pack_decoder(half, "on")
+    assert "\n" not in str(raised.value)
+    with pytest.raises(ValueError, match="packed weights 'yes' is not one of auto, on, off"):
+        pack_decoder(half, "yes")
+
+
+def test_config_choices_and_errors() -> None:
+    assert PACKED_WEIGHTS == PACKED_WEIGHTS_CHOICES
+    with pytest.raises(ConfigError) as raised:
+        EngineConfig(packed_weights="maybe")
+    assert "packed weights" in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.slow
+def test_the_engine_reports_packed_weights_and_decodes_as_without() -> None:
+    from engine_adapter.model.sampling import SamplingParams
+    from engine_adapter.serving.engine import Engine
+
+    outputs = {}
+    for mode in ("off", "on"):
+        engine = Engine(EngineConfig(model="sage-tiny", device="cpu", num_blocks=32, packed_weights=mode))
+        engine.start()
+        try:
+            assert engine.info()["packed_weights"] == ("yes" if mode == "on" else "no")
+            outputs[mode] = (
+                engine.submit(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True)).result(60).token_ids
+            )
+        finally:
+            engine.shutdown()
+    assert outputs["on"] == outputs["off"]
