@@ -17,6 +17,7 @@ import importlib.util
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,6 +109,27 @@ def _fail_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
         if not any(allowed in reason for allowed in ALLOWED_SKIPS):
             report.outcome = "failed"
             report.longrepr = f"skipped under SAGE_REQUIRE_ALL=1, where nothing may be missing: {reason}"
+
+
+# Tests not marked slow in code that took a while when scripts/quick_loop.py measured the quick
+# loop: marked slow here (before `-m` deselects), so `pytest -m "not slow"` stays under a minute
+# on 2 cores while the full run still runs them. SAGE_QUICK_LIST=off ignores the list (to measure).
+MEASURED_SLOW = Path(__file__).with_name("slow_measured.txt")
+
+
+def _measured_slow() -> frozenset[str]:
+    if os.environ.get("SAGE_QUICK_LIST") == "off" or not MEASURED_SLOW.exists():
+        return frozenset()
+    lines = MEASURED_SLOW.read_text(encoding="utf-8").splitlines()
+    return frozenset(line.partition("\t")[2] for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    listed = _measured_slow()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(hookwrapper=True)
