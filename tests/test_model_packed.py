@@ -17,7 +17,14 @@ from torch.nn import functional as F
 
 from engine_adapter.model import ForwardBatch, load_model
 from engine_adapter.model.decoder import Decoder
-from engine_adapter.model.packed import PACKED_WEIGHTS_CHOICES, PackedLinear, pack_decoder
+from engine_adapter.model.packed import (
+    PACKED_WEIGHTS_CHOICES,
+    PROBE_ROWS,
+    PackedLinear,
+    crossover,
+    first_of_winning_run,
+    pack_decoder,
+)
 from engine_adapter.serving.config import ConfigError, EngineConfig
 from engine_adapter.serving.config.values import PACKED_WEIGHTS
 
@@ -32,14 +39,21 @@ FORCED = [101, 32, 116, 101, 115, 116, 33]
     in_features=st.integers(1, 96),
     out_features=st.integers(1, 130),
     bias=st.booleans(),
+    min_rows=st.integers(1, 50),
     seed=st.integers(0, 2**16),
 )
 def test_a_packed_linear_equals_f_linear(
-    rows: int, lead: tuple[int, ...], in_features: int, out_features: int, bias: bool, seed: int
+    rows: int,
+    lead: tuple[int, ...],
+    in_features: int,
+    out_features: int,
+    bias: bool,
+    min_rows: int,
+    seed: int,
 ) -> None:
     torch.manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    packed = PackedLinear(linear)
+    packed = PackedLinear(linear, min_rows)  # calls below min_rows rows take F.linear
     for batch in (rows, 1, rows + 7):  # one packed weight, any number of rows
         x = torch.randn(*lead, batch, in_features)
         expected = F.linear(x, linear.weight, linear.bias)
@@ -68,16 +82,37 @@ def _teacher_forced(decoder: Decoder) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def test_the_packed_decoder_follows_the_plain_one() -> None:
+@pytest.mark.parametrize("from_rows", [1, 4])  # every call packed; the prefill packed, decode plain
+def test_the_packed_decoder_follows_the_plain_one(from_rows: int) -> None:
     plain, _, config = load_model("sage-tiny", device="cpu", dtype="float32")
-    packed, _, _ = load_model("sage-tiny", device="cpu", dtype="float32", packed_weights="on")
+    packed, _, _ = load_model("sage-tiny", device="cpu", dtype="float32")
     linears = 7 * config.num_hidden_layers + 1  # q k v o gate up down per layer, and the lm head
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == linears
+    assert pack_decoder(packed, "on", min_rows=lambda _linear: from_rows) == linears
     assert not any(type(m) is nn.Linear for m in packed.modules())
     assert packed.packed_weights and not plain.packed_weights
     expected, got = _teacher_forced(plain), _teacher_forced(packed)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_a_shape_where_packing_never_wins_stays_plain() -> None:
+    decoder, _, config = load_model("sage-tiny", device="cpu", dtype="float32")
+    head_shape = (config.vocab_size, config.hidden_size)
+    only_head = pack_decoder(
+        decoder, "on", min_rows=lambda m: 2 if (m.out_features, m.in_features) == head_shape else None
+    )
+    assert only_head == 1 and isinstance(decoder.lm_head, PackedLinear) and decoder.lm_head.min_rows == 2
+    assert sum(type(m) is nn.Linear for m in decoder.modules()) == 7 * config.num_hidden_layers
+
+
+def test_the_crossover_is_where_the_last_run_of_wins_starts() -> None:
+    probes = (1, 2, 4, 8)
+    assert first_of_winning_run(probes, [False, False, True, True]) == 4
+    assert first_of_winning_run(probes, [True, True, True, True]) == 1
+    assert first_of_winning_run(probes, [False, True, False, True]) == 8  # a lone win earlier is noise
+    assert first_of_winning_run(probes, [True, True, True, False]) is None
+    rows = crossover(nn.Linear(96, 320), repeats=1)  # the real timing: one of the probes, or never
+    assert rows is None or rows in PROBE_ROWS
 
 
 def test_quantized_layers_keep_their_kernels_and_auto_packs_only_what_it_can() -> None:
@@ -117,3 +152,17 @@ def test_the_engine_reports_packed_weights_and_decodes_as_without() -> None:
         finally:
             engine.shutdown()
     assert outputs["on"] == outputs["off"]
+
+
+def test_calls_below_the_crossover_take_f_linear_and_the_rest_the_packed_kernel() -> None:
+    from torch.profiler import profile
+
+    packed = PackedLinear(nn.Linear(32, 48), min_rows=4)
+
+    def ops(rows: int) -> set[str]:
+        with profile() as prof:
+            packed(torch.randn(rows, 32))
+        return {e.name for e in prof.events()}
+
+    assert "mkldnn::_linear_pointwise" not in ops(3) and "aten::linear" in ops(3)
+    assert "mkldnn::_linear_pointwise" in ops(4) and "aten::linear" not in ops(4)

@@ -8,22 +8,45 @@ for CPU inference. The decode step of a small model is a few hundred such GEMMs 
 rows each, where the layout and the per-call setup matter most: docs/performance.md has the
 figures of this CPU (`benchmarks/decode_profile.py --packed-weights`).
 
+Neither kernel wins everywhere. On this 2-core Xeon (one thread) ``F.linear`` takes 70-170 us for
+SmolLM2's shapes at 1 to 3 rows and doubles at 4, where the BLAS changes kernels, while the packed
+GEMM costs a steady ~40 us more per call at 1 row and wins from 4 or 6 rows on (1.3-1.7x at 8);
+for the small k/v projections (576 x 192) plain stays ahead. So each distinct weight shape is
+timed once at load (`crossover`: both kernels on 1 to 32 rows, best of a few runs) and a
+`PackedLinear` sends a call with fewer rows than its shape's crossover to ``F.linear`` and the
+rest to the packed weight; a shape where packing never wins is not packed. A decode step of a
+small batch then keeps the plain path, a larger batch and every prefill take the packed one.
+
 The reorder is done once, at load, on the engine thread. The results equal ``F.linear``'s up to
-float rounding (another summation order). The packed weight is a copy: for a model whose lm head
-shares the embedding's weight (SmolLM2), the head's copy costs its size again.
+float rounding (another summation order). The packed weight is a copy kept beside the original
+(which the small-batch path reads): packing costs the packed layers' weights once more.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from engine_adapter.model.decoder import Decoder
 
-__all__ = ["PackedLinear", "PACKED_WEIGHTS_CHOICES", "pack_decoder", "packing_available"]
+__all__ = [
+    "PACKED_WEIGHTS_CHOICES",
+    "PROBE_ROWS",
+    "PackedLinear",
+    "crossover",
+    "pack_decoder",
+    "packing_available",
+]
 
 PACKED_WEIGHTS_CHOICES = ("auto", "on", "off")
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# Rows at which `crossover` times the two kernels: decode batches up to 32, then prefill-sized.
+PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 128)
 
 
 def packing_available(decoder: Decoder) -> str | None:
@@ -38,31 +61,78 @@ def packing_available(decoder: Decoder) -> str | None:
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ weight.T + bias`` on a weight reordered once into oneDNN's layout."""
+    """``y = x @ weight.T + bias``: calls of at least `min_rows` rows on the weight reordered once
+    into oneDNN's layout, smaller ones through ``F.linear`` on the original weight."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    weight: torch.Tensor
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear, min_rows: int = 1) -> None:
         super().__init__()
-        weight = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.min_rows = min_rows
+        self.register_buffer("weight", linear.weight.detach())
         # No batch-size hint: decode batches and prefills of any length share one packed copy.
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, None))
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight, None))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        if flat.shape[0] < self.min_rows:
+            y = F.linear(flat, self.weight, self.bias)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
         return out
 
 
-def pack_decoder(decoder: Decoder, mode: str) -> int:
+def _best_of(run: Callable[[], object], repeats: int) -> float:
+    run()  # the first call sets up the kernel
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def crossover(linear: nn.Linear, repeats: int = 5) -> int | None:
+    """The fewest rows (of `PROBE_ROWS`) from which the packed kernel beats ``F.linear`` on every
+    larger probe too, or None when it loses at the largest (then the layer is not packed)."""
+    weight = linear.weight.detach()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    x = torch.randn(max(PROBE_ROWS), linear.in_features, dtype=weight.dtype)
+    wins = []
+    for rows in PROBE_ROWS:
+        xs = x[:rows]
+        plain = _best_of(partial(F.linear, xs, weight), repeats)
+        fast = _best_of(
+            partial(torch.ops.mkldnn._linear_pointwise, xs, packed, None, "none", [], ""), repeats
+        )
+        wins.append(fast < plain)
+    return first_of_winning_run(PROBE_ROWS, wins)
+
+
+def first_of_winning_run(probes: tuple[int, ...], wins: list[bool]) -> int | None:
+    """The first probe of the run of wins that ends the list (None when the last probe lost): a
+    kernel that wins at 4 rows, loses at 6 and wins from 8 on is taken from 8."""
+    first = len(wins)
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return probes[first] if first < len(wins) else None
+
+
+def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], int | None] = crossover) -> int:
     """Replace the decoder's dense linear layers (those quantization left, and the lm head) by
-    `PackedLinear`, in place.
+    `PackedLinear`, in place, each from its shape's crossover.
 
     Args:
         decoder: A loaded `Decoder`.
         mode: ``off``; ``on`` (raises when the decoder cannot be packed); ``auto`` (packs when it
             can: a CPU decoder in float32 or bfloat16 on a torch with oneDNN).
+        min_rows: The rows from which a layer takes the packed kernel, None to leave it plain;
+            called once per distinct weight shape (default: timed, `crossover`).
 
     Returns:
         How many layers were packed.
@@ -77,13 +147,21 @@ def pack_decoder(decoder: Decoder, mode: str) -> int:
         return 0
     if why_not is not None:
         raise ValueError(why_not)
+    by_shape: dict[tuple[int, int, bool], int | None] = {}
     packed = 0
-    for name, module in list(decoder.named_modules()):
-        if type(module) is not nn.Linear:  # quantized layers keep their own kernels
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        parent = decoder.get_submodule(parent_name) if parent_name else decoder
-        setattr(parent, attr, PackedLinear(module))
-        packed += 1
+    with torch.no_grad():
+        for name, module in list(decoder.named_modules()):
+            if type(module) is not nn.Linear:  # quantized layers keep their own kernels
+                continue
+            shape = (module.out_features, module.in_features, module.bias is not None)
+            if shape not in by_shape:
+                by_shape[shape] = min_rows(module)
+            rows = by_shape[shape]
+            if rows is None:
+                continue
+            parent_name, _, attr = name.rpartition(".")
+            parent = decoder.get_submodule(parent_name) if parent_name else decoder
+            setattr(parent, attr, PackedLinear(module, rows))
+            packed += 1
     decoder.packed_weights = packed > 0
     return packed
