@@ -21,6 +21,7 @@ import random
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -67,25 +68,29 @@ def cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     sage_sglang.register()
 
 
+def hicache_args(write_policy: str = "write_through") -> ServerArgs:
+    """HiCache's server args for CPU: the `direct` I/O backend, host pool twice the device's."""
+    args = ServerArgs(
+        model_path="dummy",
+        page_size=1,
+        enable_hierarchical_cache=True,
+        hicache_io_backend="direct",
+        hicache_mem_layout="layer_first",
+        hicache_write_policy=write_policy,
+        hicache_ratio=2.0,
+    )
+    set_global_server_args_for_scheduler(args)
+    return args
+
+
 class HiCache:
     """A HiCache-enabled UnifiedRadixCache and the scheduler's side of serving one request."""
 
-    def __init__(self, override: dict[Any, Any] | None, write_policy: str = "write_through") -> None:
-        cfg = CacheConfig(kv_size=KV, eviction_policy="lru", dtype=torch.float32)
-        self.cache, self.allocator, _ = fixtures.build_fixture(cfg, component_registry_override=override)[:3]
-        args = ServerArgs(
-            model_path="dummy",
-            page_size=1,
-            hicache_io_backend="direct",
-            hicache_mem_layout="layer_first",
-            hicache_write_policy=write_policy,
-            hicache_ratio=2.0,
-        )
-        set_global_server_args_for_scheduler(args)
-        self.cache.init_hicache(args, self.cache.cache_init_params)
+    def __init__(self, cache: Any, allocator: Any, *, sage: bool) -> None:
+        self.cache, self.allocator = cache, allocator
         fixtures.drop_hicache_atexit_pin(self.cache)
         self.full = self.cache.tree_core.components_by_type[ComponentType.FULL]
-        self.sage = override is not None  # sage's component: check its policies against the tree
+        self.sage = sage  # sage's component: check its policies against the tree
         self.host_victims: list[int] = []  # first token of each host leaf SGLang dropped
         self.host_hits = 0
         evict_host_leaf = self.cache.tree_core._evict_host_leaf
@@ -106,6 +111,14 @@ class HiCache:
             return result
 
         self.cache.tree_core.drive_host_eviction = drive_fully
+
+    @classmethod
+    def from_kit(cls, override: dict[Any, Any] | None, write_policy: str = "write_through") -> HiCache:
+        """Built as SGLang's own HiCache unit tests build theirs."""
+        cfg = CacheConfig(kv_size=KV, eviction_policy="lru", dtype=torch.float32)
+        cache, allocator, _ = fixtures.build_fixture(cfg, component_registry_override=override)[:3]
+        cache.init_hicache(hicache_args(write_policy), cache.cache_init_params)
+        return cls(cache, allocator, sage=override is not None)
 
     def kv(self) -> torch.Tensor:
         pool = self.allocator.get_kvcache()
@@ -201,13 +214,13 @@ def frequent_then_recent(cache: HiCache) -> int:
 def test_host_tier_evicts_in_the_host_policys_order_not_recency(
     tmp_path: Path, hicaches: list[HiCache]
 ) -> None:
-    stock = HiCache(None)  # SGLang's own FullComponent, --radix-eviction-policy lru
+    stock = HiCache.from_kit(None)  # SGLang's own FullComponent, --radix-eviction-policy lru
     hicaches.append(stock)
     stock_hit = frequent_then_recent(stock)
     assert stock.host_victims[0] == 1  # recency: the frequent prefix, least recently used, goes first
     assert stock_hit == 0
 
-    lfu = HiCache(sage("lru", "lfu"))  # the same device order, LFU on host
+    lfu = HiCache.from_kit(sage("lru", "lfu"))  # the same device order, LFU on host
     hicaches.append(lfu)
     lfu_hit = frequent_then_recent(lfu)
     assert lfu.host_victims and 1 not in lfu.host_victims
@@ -223,7 +236,7 @@ def test_host_tier_evicts_in_the_host_policys_order_not_recency(
 def test_device_and_host_policies_differ_and_every_victim_is_theirs(
     tmp_path: Path, hicaches: list[HiCache], write_policy: str
 ) -> None:
-    cache = HiCache(sage("fifo", "lfu"), write_policy)
+    cache = HiCache.from_kit(sage("fifo", "lfu"), write_policy)
     hicaches.append(cache)
     rng = random.Random(11)
     prefixes = [[rng.randrange(1000) for _ in range(10)] for _ in range(14)]
@@ -248,8 +261,9 @@ def test_device_and_host_policies_differ_and_every_victim_is_theirs(
     assert cache.full.host_late_inserts == 0  # every host copy arrived through a hook
 
 
-def build_with(policy: str, config: dict[str, Any] | None, seam: str) -> Any:
-    _, allocator, req_to_token_pool = fixtures.build_fixture(CacheConfig(kv_size=KV))[:3]
+def build_with(policy: str, config: dict[str, Any] | None, seam: str, *, hierarchical: bool = False) -> Any:
+    """The cache SGLang's scheduler builds (`registry.create_tree_cache`'s factories)."""
+    _, allocator, req_to_token_pool = fixtures.build_fixture(CacheConfig(kv_size=KV, dtype=torch.float32))[:3]
     params = CacheInitParams(
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator,
@@ -259,14 +273,16 @@ def build_with(policy: str, config: dict[str, Any] | None, seam: str) -> Any:
         eviction_policy=policy,
         eviction_policy_config=config,
     )
+    # The model worker only receives the HiCache layer counter; there is no model here to run.
+    worker = SimpleNamespace(register_hicache_layer_transfer_counter=lambda counter: None)
     ctx = registry.TreeCacheBuildContext(
-        server_args=ServerArgs(model_path="dummy", page_size=1),
+        server_args=hicache_args() if hierarchical else ServerArgs(model_path="dummy", page_size=1),
         params=params,
         is_hybrid_swa=False,
         is_hybrid_ssm=False,
-        enable_hierarchical_cache=False,
+        enable_hierarchical_cache=hierarchical,
         disable_radix_cache=False,
-        tp_worker=None,
+        tp_worker=worker,
         model_config=None,
         tp_size=1,
         tp_rank=0,
@@ -275,7 +291,34 @@ def build_with(policy: str, config: dict[str, Any] | None, seam: str) -> Any:
     factory = (
         registry.default_radix_cache_factory if seam == "policy" else registry._RADIX_CACHE_REGISTRY["sage"]
     )
-    return factory(ctx).tree_core.components_by_type[ComponentType.FULL]
+    cache = factory(ctx)
+    return (
+        HiCache(cache, allocator, sage=True)
+        if hierarchical
+        else cache.tree_core.components_by_type[ComponentType.FULL]
+    )
+
+
+def test_the_cli_and_sglangs_factory_build_hicache_with_both_policies(
+    tmp_path: Path, hicaches: list[HiCache]
+) -> None:
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(
+        ["--model-path", "dummy", "--enable-hierarchical-cache", "--radix-eviction-policy", "sage-lru",
+         "--radix-eviction-policy-config", '{"hicache_policy": "lfu"}']
+    )  # fmt: skip
+    assert args.enable_hierarchical_cache
+    config = args.radix_eviction_policy_config
+    assert (sage_sglang.spec_of(args.radix_eviction_policy, config), sage_sglang.host_spec_of(config)) == (
+        "lru",
+        "lfu",
+    )
+    cache = build_with(args.radix_eviction_policy, config, "policy", hierarchical=True)
+    hicaches.append(cache)
+    assert cache.cache.cache_controller is not None  # HiCache is on
+    assert frequent_then_recent(cache) == 16 and cache.host_victims[0] == 2  # as the kit-built one
+    assert by_engine(tmp_path / "events.jsonl")["sglang-hicache"][0]["spec"] == "lfu"
 
 
 def test_the_host_policy_comes_from_the_config_the_env_or_the_device_spec(
