@@ -11,7 +11,7 @@ package (or `sage_eviction`) never loads an engine or torch; nothing here import
 - `vllm`: the GPU prefix cache (`SageBlockPool`, the `vllm.general_plugins` entry point) and
   the KV-offload `CachePolicy` (`SagePolicy`, `Sage_<name>`).
 - `sglang`: `SageFullComponent` for SGLang's radix cache and its `sglang.srt.plugins` entry
-  point.
+  point; `sglang_hicache`: its HiCache host tier, ordered by a second policy.
 - `lmcache`: sage's entries in LMCache's two policy factories (`install`).
 
 Each engine class is a module-level mixin that a cached factory puts over the engine's own

@@ -15,8 +15,10 @@ parsing):
 
 Both need the Python TreeCore: the default Rust core refuses unknown policy names and custom
 components, so `register()` sets `SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python` when a sage
-policy is asked for (a component override forces it as well). HiCache's host tier keeps
-SGLang's own order: the `sage-<name>` strategy object SGLang builds for it is recency (LRU).
+policy is asked for (a component override forces it as well). With HiCache
+(`--enable-hierarchical-cache`) the host tier's victims are a second sage policy's
+(`sglang_hicache._SageHostTier`): `"hicache_policy": "<spec>"` in the policy config, else
+`SAGE_HICACHE_POLICY`, else the device tier's spec.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import time
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
+from sage_eviction.errors import PolicyConfigError
 from sage_eviction.integrations.bridge import PolicyBridge
 from sage_eviction.integrations.compat import EngineClass, check_version
+from sage_eviction.integrations.sglang_hicache import HOST_POLICY_KEY, _SageHostTier
 from sage_eviction.registry import available_policies
 from sage_eviction.types import EntryMeta
 
-__all__ = ["PREFIX", "register", "sage_full_component_class", "spec_of"]
+__all__ = ["PREFIX", "host_spec_of", "register", "sage_full_component_class", "spec_of"]
 
 PREFIX = "sage-"
 BACKEND = "sage"
@@ -42,10 +46,25 @@ _log = logging.getLogger("sglang.sage_eviction")
 
 
 def spec_of(policy: str, config: dict[str, Any] | None) -> str:
-    """`sage-s3fifo` with `{"small_ratio": 0.2}` -> `s3fifo:small_ratio=0.2`."""
+    """`sage-s3fifo` with `{"small_ratio": 0.2}` -> `s3fifo:small_ratio=0.2` (the device tier's
+    spec: the `hicache_policy` key is the host tier's, `host_spec_of`)."""
     name = policy[len(PREFIX) :] if policy.startswith(PREFIX) else policy
-    params = ",".join(f"{k}={v}" for k, v in (config or {}).items())
+    params = ",".join(f"{k}={v}" for k, v in (config or {}).items() if k != HOST_POLICY_KEY)
     return f"{name}:{params}" if params else name
+
+
+def host_spec_of(config: dict[str, Any] | None) -> str | None:
+    """The HiCache host tier's spec in the policy config (`{"hicache_policy": "lfu"}`), or None.
+
+    Raises:
+        PolicyConfigError: The value is not a spec string.
+    """
+    value = (config or {}).get(HOST_POLICY_KEY)
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        raise PolicyConfigError(
+            f"sage's sglang integration: {HOST_POLICY_KEY} must be a policy spec string, got {value!r}"
+        )
+    return value
 
 
 def _asks_for_sage(argv: list[str]) -> bool:
@@ -74,8 +93,8 @@ def register() -> None:
     new = [n for n in names if n not in choices.RADIX_EVICTION_POLICY_CHOICES]
     choices.add_radix_eviction_policy_choices(new)
     for name in names:
-        # The strategy object SGLang builds for the name: only the host tier (HiCache) and the
-        # legacy RadixCache read it; the device tier is SageFullComponent's.
+        # The strategy object SGLang builds for the name: only the legacy RadixCache reads it;
+        # both tiers of UnifiedRadixCache are SageFullComponent's.
         utils._EVICTION_POLICY_FACTORIES.setdefault(name, lambda **_: LRUStrategy())
     if BACKEND not in registry._RADIX_CACHE_REGISTRY:
         registry.register_radix_cache_backend(BACKEND, _sage_backend_factory)
@@ -85,11 +104,11 @@ def register() -> None:
         os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
 
 
-def _use_sage_component(ctx: Any, spec: str | None) -> None:
+def _use_sage_component(ctx: Any, spec: str | None, host_spec: str | None = None) -> None:
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     overrides = dict(ctx.params.component_registry_override or {})
-    overrides[ComponentType.FULL] = sage_full_component_class(spec)
+    overrides[ComponentType.FULL] = sage_full_component_class(spec, host_spec)
     ctx.params.component_registry_override = overrides
     _log.info("sage: the radix cache's device tier evicts with %s (Python TreeCore)", spec or "SAGE_POLICY")
 
@@ -106,7 +125,8 @@ def _wrap_default_factory(original: Any) -> Any:
     def default_radix_cache_factory(ctx: Any) -> Any:
         policy = str(ctx.params.eviction_policy or "")
         if policy.startswith(PREFIX):
-            _use_sage_component(ctx, spec_of(policy, ctx.params.eviction_policy_config))
+            config = ctx.params.eviction_policy_config
+            _use_sage_component(ctx, spec_of(policy, config), host_spec_of(config))
             ctx.params.eviction_policy_config = None  # sage's params, not an LRUStrategy's
         return original(ctx)
 
@@ -166,10 +186,23 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
         return out
 
     def evict_component(self, node: Any, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+
         out = super().evict_component(node, *args, **kwargs)
-        if node.component_data[self.component_type].value is None or node.id in self.sage:
-            self.sage.remove(node.id)
+        # Only a device-layer eviction leaves the device tier (the value itself is cleared later,
+        # in SGLang's cascade); HiCache also frees host copies alone (write-back reclaim).
+        if EvictLayer.DEVICE in kwargs.get("target", EvictLayer.DEVICE) and node.id in self.sage:
+            self.sage.remove(node.id)  # a no-op for the policy's own victims, already gone
             self._nodes.pop(node.id, None)
+        return out
+
+    def commit_hicache_transfer(self, node: Any, phase: Any, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.mem_cache.unified_cache.components.base import CacheTransferPhase
+
+        out = super().commit_hicache_transfer(node, phase, *args, **kwargs)
+        if phase == CacheTransferPhase.LOAD_BACK:  # HiCache: host hits back on device
+            for node_id in _loaded_node_ids(args, kwargs):
+                self._track(self.tree_core.node_by_id(node_id))
         return out
 
     def _evict_device_start(self, request_cnt: int) -> None:
@@ -201,13 +234,24 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
                 return node.id
 
 
+def _loaded_node_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The nodes a LOAD_BACK commit put back on device (`transfers[0].nodes_to_load`)."""
+    transfers = args[0] if args else kwargs.get("transfers", ())
+    if not transfers or transfers[0].device_indices is None:
+        return []
+    return list(transfers[0].nodes_to_load or ())
+
+
 @functools.cache
-def sage_full_component_class(spec: str | None = None) -> type[Any]:
-    """SGLang's `FullComponent` whose device victims are a sage policy's (None: SAGE_POLICY):
-    `_SageFullComponent` over the installed SGLang's class (built once per spec)."""
+def sage_full_component_class(spec: str | None = None, host_spec: str | None = None) -> type[Any]:
+    """SGLang's `FullComponent` whose device victims are sage policy `spec`'s (None:
+    SAGE_POLICY) and whose HiCache host victims are `host_spec`'s (None: SAGE_HICACHE_POLICY,
+    else the device spec): `_SageFullComponent` and `_SageHostTier` over the installed SGLang's
+    class (built once per pair)."""
     from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
 
-    class SageFullComponent(_SageFullComponent, FullComponent):  # type: ignore[misc]
+    class SageFullComponent(_SageFullComponent, _SageHostTier, FullComponent):  # type: ignore[misc]
         sage_spec = spec
+        sage_host_spec = host_spec
 
     return SageFullComponent
