@@ -70,6 +70,14 @@ class TierConfig:
     write_policy: str = "write_back"
     prefetch_blocks: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("host_blocks", "disk_blocks", "prefetch_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be 0 (off) or a positive number of blocks")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy={self.write_policy!r} must be one of {', '.join(WRITE_POLICIES)}")
+
     @property
     def enabled(self) -> bool:
         return self.host_blocks > 0 or self.disk_blocks > 0
@@ -201,6 +209,8 @@ class TierStore:
     def _refresh(self, entry: TierEntry) -> None:
         """Tell the entry's tier policy whether it may be chosen (the rules in the docstring)."""
         level = self._level(entry)
+        if entry.key not in level.policy:
+            return  # chosen and on its way down or out (`_evict_entry`): refreshed where it lands
         has_lower = level is not self.levels[-1]
         should = entry.holds == 0 and (entry.on_device or has_lower or not self._children.get(entry.key))
         level.set_evictable(entry, should)
