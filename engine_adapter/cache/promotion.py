@@ -22,7 +22,7 @@ from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.tier_level import TierEntry
 from engine_adapter.cache.tiers import TierConfig, TierStore
 
-__all__ = ["Prefetches", "promote_path"]
+__all__ = ["Prefetches", "load_below", "promote_path"]
 
 
 def promote_path(
@@ -45,6 +45,33 @@ def promote_path(
         added.append(parent)
     radix.touch(added, now)
     path.extend(added)
+
+
+def load_below(
+    radix: RadixCache,
+    store: TierStore,
+    pool: BlockAllocator,
+    eviction: EvictionStep,
+    path: list[CachedBlock],
+    entries: Sequence[TierEntry],
+    owner: int,
+    now: float,
+    reason: str,
+) -> int:
+    """Promote held `entries` under the locked `path` one block at a time, each into a free
+    device block or one its eviction frees; returns blocks evicted.
+
+    One at a time, because each promotion frees its host slot (write-back) before the next
+    eviction demotes into the host: evicting all the room first would demote into a full host
+    and drop as many host blocks as are being loaded (with both tiers full, one drop at most).
+    The caller checked that the device has the room (`EvictionStep.room_for`).
+    """
+    evicted = 0
+    for entry in entries:
+        if pool.num_free == 0:
+            evicted += eviction.evict(1, "alloc", pending=1)
+        promote_path(radix, store, path, [entry], pool.allocate(1), owner, now, reason)
+    return evicted
 
 
 class Prefetches:
@@ -107,9 +134,7 @@ class Prefetches:
             return 0
         store.hold(entries)
         radix.lock(path)
-        if deficit:
-            self._eviction.evict(deficit, "prefetch", pending=len(entries))
-        promote_path(radix, store, path, entries, self._pool.allocate(len(entries)), owner, now, "prefetch")
+        load_below(radix, store, self._pool, self._eviction, path, entries, owner, now, "prefetch")
         self.held[request_id] = path
         self.promoted[request_id] = len(entries)
         self.blocks_prefetched += len(entries)

@@ -24,7 +24,7 @@ from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
 from engine_adapter.cache.eviction import EvictionStep
-from engine_adapter.cache.promotion import promote_path
+from engine_adapter.cache.promotion import load_below
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
@@ -129,16 +129,20 @@ class RunningSequences:
             self._tiers.hold(below)  # the eviction below must not move what is being loaded
         self._radix.lock(path)
         self._radix.touch(path, now)
-        evicted = self._eviction.evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
-        fresh = self._pool.allocate(n_new)
-        if below:
+        evicted = 0
+        if below:  # loaded back one block at a time (`promotion.load_below`), then the rest
             assert self._tiers is not None
-            promote_path(
-                self._radix, self._tiers, path, below, fresh[: len(below)], sequence_id, now, "lookup"
+            pool, radix = self._pool, self._radix
+            evicted = load_below(
+                radix, self._tiers, pool, self._eviction, path, below, sequence_id, now, "lookup"
             )
+            n_new -= len(below)
+            deficit = max(n_new - pool.num_free, 0)
+        if deficit > 0:
+            evicted += self._eviction.evict(deficit, "alloc", pending=n_new)
         seq = SequenceState(
             request=request,
-            block_table=[b.block_id for b in path] + fresh[len(below) :],
+            block_table=[b.block_id for b in path] + self._pool.allocate(n_new),
             cached_path=path,
             keys=keys,
             salt=salt,
