@@ -17,6 +17,7 @@ from engine_adapter.cache.events import TIER_KEYS, EvictionEventLog
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.tier_moves import Tier, TierMove
 from engine_adapter.cache.tiers import TierConfig
+from engine_adapter.cache.tree import tree_snapshot
 
 BS = 2
 
@@ -208,3 +209,38 @@ def test_bad_tier_configs_are_clear_errors() -> None:
         make(host_blocks=0, disk_blocks=4)
     with pytest.raises(ValueError, match="prefetch"):
         make(host_blocks=4, prefetch_blocks=-1)
+
+
+def test_the_tree_marks_each_nodes_tier() -> None:
+    m, e = make(num_blocks=3, host_blocks=4, disk_blocks=4, write_policy="write_through")
+    for sid in range(1, 4):
+        serve(e, sid, prompt(sid))
+    assert m.events is not None
+    tree = tree_snapshot(m.radix, block_size=BS, evicted=m.events.tail(), tiers=m.tiers)
+    tiers = m.stats().tiers
+    assert tree["tiers"] == {
+        "device": len(m.radix),
+        "host": tiers[0].used_blocks,
+        "disk": tiers[1].used_blocks,
+    }
+    nodes = [node for node in tree["roots"] if not node.get("ghost")]
+    assert nodes and all(node["tier"] == "device" for node in nodes)
+    assert sum(node["host_copies"] for node in nodes) >= 1  # write-through copies
+    ghosts = [g for node in nodes for g in node.get("ghosts", [])]
+    ghosts += [g for g in tree["roots"] if g.get("ghost")]
+    assert ghosts and {g["tier"] for g in ghosts} <= {"host", "disk", None}
+    assert any(g["tier"] in ("host", "disk") for g in ghosts)
+
+
+def test_explain_says_which_tiers_policy_chose() -> None:
+    m, e = make(num_blocks=3, host_blocks=1)
+    m.explain = True
+    for sid in range(1, 4):
+        serve(e, sid, prompt(sid))
+    assert m.events is not None
+    evicts = [ev for ev in m.events.tail() if ev["event"] == "evict"]
+    assert evicts and all(ev["explain"]["tier"] == "device" for ev in evicts)
+    assert {ev["explain"]["then"] for ev in evicts} <= {"demote", "drop"}
+    drops = [ev for ev in m.events.tail() if ev["event"] == "drop" and ev["reason"] == "evict"]
+    assert drops and all(ev["explain"]["tier"] == "host" and ev["policy"] == "lru" for ev in drops)
+    assert all("rank" in ev["explain"]["values"] or ev["explain"]["values"] for ev in drops)

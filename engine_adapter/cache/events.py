@@ -275,10 +275,13 @@ class EvictionEventLog:
         policy: str | None,
         reason: str,
         ts: float | None = None,
+        explain: dict[str, Any] | None = None,
     ) -> None:
-        """One block's move between KV tiers: `event` is ``demote``, ``promote`` or ``drop``."""
+        """One block's move between KV tiers: `event` is ``demote``, ``promote`` or ``drop``;
+        `explain` (last, only with explanation on) says why the tier's policy chose it."""
         if event not in ("demote", "promote", "drop"):
             raise ValueError(f"unknown tier event {event!r}")
+        extra: dict[str, Any] = {} if explain is None else {"explain": explain}
         self._log.info(
             event,
             ts=time.time() if ts is None else ts,
@@ -290,6 +293,7 @@ class EvictionEventLog:
             to_slot=to_slot,
             policy=policy,
             reason=reason,
+            **extra,
         )
 
     def compress(

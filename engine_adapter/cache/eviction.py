@@ -85,8 +85,8 @@ class EvictionStep:
         self._reprefill = reprefill
         self.events = events
         self._clock = clock
-        self.explain = explain
         self.tiers = tiers
+        self.explain = explain
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
         self.latency = LatencyRecorder()
@@ -94,6 +94,17 @@ class EvictionStep:
         self.by_policy: dict[str, int] = {}
         self._utilization_sum = 0.0
         self._utilization_samples = 0
+
+    @property
+    def explain(self) -> bool:
+        """Whether events say why each victim went (the tiers' choices too)."""
+        return self._explain
+
+    @explain.setter
+    def explain(self, on: bool) -> None:
+        self._explain = on
+        if self.tiers is not None:
+            self.tiers.explain = on
 
     def room_for(self, path: Sequence[CachedBlock], n_new: int) -> int | None:
         """Blocks to evict before `n_new` can be allocated beside the locked `path` (0 or more),
@@ -157,6 +168,12 @@ class EvictionStep:
         policy_name = self._binding.name
         # demoted before the ids are freed: each copy-out move precedes any reuse of the block
         dropped = victims if self.tiers is None else self._demote(victims, policy_name)
+        if reasons is not None and self.tiers is not None:
+            gone = {id(b) for b in dropped}
+            for block, record in zip(victims, reasons, strict=True):
+                # which tier's policy chose, and where the block went (docs/architecture.md, "Tiers")
+                record["tier"] = "device"
+                record["then"] = "drop" if id(block) in gone else "demote"
         pool.free([b.block_id for b in victims])
         count = len(victims)
         self.eviction_calls += 1

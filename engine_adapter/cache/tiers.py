@@ -36,6 +36,7 @@ from typing import Any
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.explain import jsonable
 from engine_adapter.cache.records import SwapResult
 from engine_adapter.cache.stats import TierStats
 from engine_adapter.cache.tier_level import TierEntry, TierLevel
@@ -97,6 +98,10 @@ class TierStore:
         events: Where ``demote`` / ``promote`` / ``drop`` events go, or None.
         clock: Time source (the policies' access times and the events').
         on_drop: Told the keys of blocks that left every tier (the re-prefill tracker).
+
+    Attributes:
+        explain: A tier policy's ``demote`` / ``drop`` event says why it chose (its explanation,
+            as the device's ``evict`` events do; O(n) per choice). Set by the eviction step.
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class TierStore:
         self._clock = clock
         self._on_drop = on_drop
         self._moves: list[TierMove] = []
+        self.explain = False
         # parent key -> keys of its children that live only below the device (whatever tier
         # the parent is in): what keeps a last-tier entry from being dropped before them
         self._children: dict[Hashable, set[Hashable]] = {}
@@ -254,13 +260,17 @@ class TierStore:
         """A free slot in tier `index`, evicting one entry through its policy if needed."""
         level = self.levels[index]
         while level.num_free == 0:
+            why = None
+            if self.explain and self.events is not None:
+                upcoming = level.policy.explain_next(1)
+                why = {"tier": level.tier.value, "values": jsonable(upcoming[0][1])} if upcoming else None
             victims = level.policy.evict(1)
             if not victims:
                 return False
-            self._evict_entry(index, level.entries[victims[0]])
+            self._evict_entry(index, level.entries[victims[0]], why)
         return True
 
-    def _evict_entry(self, index: int, entry: TierEntry) -> None:
+    def _evict_entry(self, index: int, entry: TierEntry, why: dict[str, Any] | None = None) -> None:
         """The tier policy chose `entry` (already gone from the policy): move it down or drop it."""
         level = self.levels[index]
         if entry.on_device:
@@ -274,19 +284,23 @@ class TierStore:
             level.moved_out += 1
             lower.moved_in += 1
             lower.demotions += 1
-            self._event("demote", entry, moved.tier.value, moved.slot, level.binding.name, "evict")
+            self._event(
+                "demote", entry, moved.tier.value, moved.slot, level.binding.name, "evict", explain=why
+            )
             self._refresh(moved)
             return
-        self._drop(entry, level.binding.name, "evict")
+        self._drop(entry, level.binding.name, "evict", why)
 
-    def _drop(self, entry: TierEntry, policy: str | None, reason: str) -> None:
+    def _drop(
+        self, entry: TierEntry, policy: str | None, reason: str, why: dict[str, Any] | None = None
+    ) -> None:
         """`entry` leaves every tier; its below-device descendants go with it (``orphan``)."""
         level = self._level(entry)
         level.discard(entry)
         level.drops += 1
         if not entry.on_device:
             self._unlink(entry)
-        self._event("drop", entry, None, None, policy, reason)
+        self._event("drop", entry, None, None, policy, reason, explain=why)
         if self._on_drop is not None:
             self._on_drop([entry.key])
         self.drop_below(entry.key)
@@ -416,8 +430,10 @@ class TierStore:
         policy: str | None,
         reason: str,
         device_block: int | None = None,
+        explain: dict[str, Any] | None = None,
     ) -> None:
-        """A ``demote`` event comes from the device (`device_block`) or from `entry`'s tier."""
+        """A ``demote`` event comes from the device (`device_block`) or from `entry`'s tier;
+        `explain` says why the tier's policy chose it (with explanation on)."""
         if self.events is None:
             return
         from_device = device_block is not None
@@ -431,4 +447,5 @@ class TierStore:
             policy=policy,
             reason=reason,
             ts=self._clock(),
+            explain=explain,
         )

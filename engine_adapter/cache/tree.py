@@ -20,8 +20,13 @@ person wants to see:
   the shown node or ghost it would hang below (the answer's own, at the top), so a chain of 64
   evicted blocks draws as `depth` levels, not 64.
 
+With KV tiers (docs/architecture.md, "Tiers") every node says where its K/V lives: ``tier`` is
+``device`` for the tree's nodes (``host_copies`` counts the blocks of the chain with a
+write-through copy below) and, for a ghost, ``host`` or ``disk`` while its block is still
+resident below the device (null once dropped); ``tiers`` counts the blocks of each tier.
+
 O(n) in the cached blocks, under the cache lock; not for hot paths. Imports `block_keys`,
-`cached_block` and `radix_cache`.
+`cached_block`, `radix_cache` and `tiers`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.tiers import TierStore
 
 __all__ = ["MAX_DEPTH", "MAX_GHOSTS", "MAX_NODES", "tree_snapshot"]
 
@@ -87,6 +93,7 @@ def tree_snapshot(
     depth: int = 8,
     max_nodes: int = 200,
     evicted: Iterable[Mapping[str, Any]] = (),
+    tiers: TierStore | None = None,
 ) -> dict[str, Any]:
     """The tree, cut to `depth` levels of nodes and `max_nodes` nodes, with ghosts.
 
@@ -96,6 +103,7 @@ def tree_snapshot(
         depth: Node levels to show (1: the roots only).
         max_nodes: Nodes to show in all.
         evicted: Eviction events, oldest first (``event == "evict"`` ones are used).
+        tiers: The host/disk tiers, to mark where each node's K/V lives; None: no tiers.
 
     Raises:
         ValueError: `depth` or `max_nodes` outside [1, MAX_DEPTH] or [1, MAX_NODES].
@@ -111,7 +119,9 @@ def tree_snapshot(
     truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
     ghosts = _Ghosts(evicted, radix, by_block, levels)
     hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown)
+    below = _mark_tiers(by_block, ghosts, tiers)
     return {
+        "tiers": {"device": len(blocks), **below},
         "block_size": block_size,
         "cached_blocks": len(blocks),
         "shown_nodes": shown,
@@ -123,6 +133,26 @@ def tree_snapshot(
         "ghost_blocks": ghosts.shown,
         "hidden_ghosts": hidden_ghosts,
     }
+
+
+def _mark_tiers(
+    by_block: Mapping[str, dict[str, Any]], ghosts: _Ghosts, tiers: TierStore | None
+) -> dict[str, int]:
+    """Mark each shown node's and ghost's tier; returns the blocks of each tier below the device."""
+    where: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for level in tiers.levels if tiers is not None else ():
+        counts[level.tier.value] = len(level.entries)
+        for key in level.entries:
+            where[format_block_key(key)] = level.tier.value
+    for node in {id(n): n for n in by_block.values()}.values():
+        node["tier"] = "device"
+        node["host_copies"] = 0
+    for key, node in by_block.items():
+        node["host_copies"] += key in where
+    for key, ghost in ghosts.nodes.items():
+        ghost["tier"] = where.get(key)
+    return counts
 
 
 def _children_of(blocks: list[CachedBlock]) -> tuple[list[CachedBlock], dict[Hashable, list[CachedBlock]]]:
@@ -216,7 +246,7 @@ class _Ghosts:
                 latest.pop(event["block"], None)  # re-evicted: it moves to the newest end
                 latest[event["block"]] = event
         picked = [e for key, e in latest.items() if key not in cached][-MAX_GHOSTS:]
-        self._nodes = {e["block"]: _ghost_node(e) for e in picked}
+        self._nodes = self.nodes = {e["block"]: _ghost_node(e) for e in picked}
         self._recency = {e["block"]: i for i, e in enumerate(picked)}  # larger: evicted later
         self._parent: dict[str, str | None] = {}
         self._host: dict[str, dict[str, Any] | None] = {}
