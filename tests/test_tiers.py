@@ -244,3 +244,29 @@ def test_explain_says_which_tiers_policy_chose() -> None:
     drops = [ev for ev in m.events.tail() if ev["event"] == "drop" and ev["reason"] == "evict"]
     assert drops and all(ev["explain"]["tier"] == "host" and ev["policy"] == "lru" for ev in drops)
     assert all("rank" in ev["explain"]["values"] or ev["explain"]["values"] for ev in drops)
+
+
+def test_loading_back_into_full_tiers_drops_at_most_one_host_block() -> None:
+    """Both tiers full: each promotion frees its host slot before the next demotion needs one."""
+    m, e = make(num_blocks=4, host_blocks=4)
+    for sid in range(1, 5):
+        serve(e, sid, prompt(sid))
+    assert m.num_free_blocks == 1 and m.stats().tiers[0].used_blocks == 4  # host full
+    drops = m.stats().tiers[0].drops
+    # 3 blocks: 2 loaded back from host, 1 to compute; evicting the 2 missing first would drop 2
+    assert serve(e, 9, prompt(2)) == 2
+    assert m.stats().tiers[0].drops - drops <= 1
+
+
+def test_a_block_cached_again_on_the_device_keeps_its_copy_below_as_a_copy() -> None:
+    m, e = make(num_blocks=3, host_blocks=8)
+    serve(e, 1, prompt(1))
+    serve(e, 2, prompt(2))  # prompt 1 is on host now
+    tiers = m.tiers
+    assert tiers is not None
+    below = set(tiers.host.entries)
+    e.allocate(CacheRequest(3, prompt(1), match_prefix=False))  # computed again, not loaded
+    e.free(3, prompt(1))
+    m.check_invariants()
+    again = [key for key in below if key in m.radix]
+    assert again and all(m.tier_of(key) == (Tier.DEVICE, Tier.HOST) for key in again)
