@@ -78,7 +78,7 @@ complete -c sage -n '__fish_sage_at sage llm benchmark' -l socket -r -F -d 'Cont
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l name -s n -x -d 'Name of the engine (default: $SAGE_NAME, else \'default\'); picks its socket'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l max-output-tokens -x -d 'engine mode: cap on each request\'s output tokens'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l concurrency -x -d 'engine mode: client threads'
-complete -c sage -n '__fish_sage_at sage llm benchmark' -l time-scale -x -d 'engine mode: wall seconds per trace second (0: send as fast as possible)'
+complete -c sage -n '__fish_sage_at sage llm benchmark' -l time-scale -x -d 'engine mode: wall seconds per trace second (0: send as fast as possible); sim mode: virtual seconds per trace second (0: as recorded), e.g. 8 spreads arrivals 8x'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l engine-kind -x -a 'sage vllm' -d 'engine mode: sage (the engine on --socket) or vllm (a vLLM server at --engine-url)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l engine-url -x -d 'engine mode, --engine-kind vllm: the running vLLM OpenAI server, e.g. http://127.0.0.1:8000'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -s h -l help -d 'Show the help and exit'

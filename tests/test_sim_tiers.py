@@ -209,3 +209,16 @@ def test_bad_tier_options_are_one_line_errors(tmp_path: Path, args: list[str], f
         "--workload", "synthetic", "--requests", "20", "--eviction-policies", "lru", *args, cwd=tmp_path
     )
     assert_one_line_error(proc, *fragments)
+
+
+def test_time_scale_spreads_the_arrivals() -> None:
+    from engine_adapter.sim.benchmark import build_workload
+
+    as_recorded = build_workload(trace=shipped_trace("mooncake:conversation")[0], requests=50)
+    spread = build_workload(trace=shipped_trace("mooncake:conversation")[0], requests=50, time_scale=8.0)
+    start = as_recorded.requests[0].arrival_s
+    assert spread.requests[0].arrival_s == start
+    for a, b in zip(as_recorded.requests, spread.requests, strict=True):
+        assert b.arrival_s - start == pytest.approx(8.0 * (a.arrival_s - start))
+        assert b.block_hashes == a.block_hashes
+    assert spread.params["time_scale"] == 8.0

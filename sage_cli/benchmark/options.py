@@ -388,7 +388,10 @@ TimeScaleOpt = Annotated[
         "--time-scale",
         min=0.0,
         metavar="F",
-        help="engine mode: wall seconds per trace second (0: send as fast as possible).",
+        help=(
+            "engine mode: wall seconds per trace second (0: send as fast as possible);"
+            " sim mode: virtual seconds per trace second (0: as recorded), e.g. 8 spreads arrivals 8x."
+        ),
     ),
 ]
 EngineKindOpt = Annotated[

@@ -57,6 +57,7 @@ class BenchmarkOptions:
     host_write_policy: str = "write_back"
     host_link: str | None = None
     disk_link: str | None = None
+    time_scale: float = 0.0
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +93,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         host_write_policy=args.host_write_policy,
         host_link=args.host_link,
         disk_link=args.disk_link,
+        time_scale=args.time_scale,
     )
 
 
