@@ -13,6 +13,7 @@ from tier_oracle import SlotEngine
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.errors import CacheInvariantError
 from engine_adapter.cache.events import TIER_KEYS, EvictionEventLog
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.tier_moves import Tier, TierMove
@@ -270,3 +271,23 @@ def test_a_block_cached_again_on_the_device_keeps_its_copy_below_as_a_copy() -> 
     m.check_invariants()
     again = [key for key in below if key in m.radix]
     assert again and all(m.tier_of(key) == (Tier.DEVICE, Tier.HOST) for key in again)
+
+
+def test_the_tier_invariants_catch_a_broken_store() -> None:
+    m, e = make(num_blocks=3, host_blocks=8)
+    serve(e, 1, prompt(1))
+    serve(e, 2, prompt(2))
+    tiers = m.tiers
+    assert tiers is not None
+    entry = next(iter(tiers.host.entries.values()))
+    entry.parent_key, saved = ("nowhere",), entry.parent_key
+    with pytest.raises(CacheInvariantError, match="prefix-closed"):
+        m.check_invariants()
+    entry.parent_key = saved
+    entry.on_device = True
+    with pytest.raises(CacheInvariantError, match="the device tree disagrees"):
+        m.check_invariants()
+    entry.on_device = False
+    tiers.host.slots.free([entry.slot])
+    with pytest.raises(CacheInvariantError, match="host slots"):
+        m.check_invariants()
