@@ -154,6 +154,8 @@ def test_prefetch_promotes_ahead_and_admission_takes_over_its_lock() -> None:
     alloc = e.allocate(queued)
     assert alloc.num_cached_blocks == 2 and alloc.num_host_blocks == 0  # already on the device
     m.check_invariants()
+    stats = m.stats()
+    assert (stats.prefetched_blocks, stats.prefetch_hits) == (2, 2)
     assert m.cancel_prefetch(7) == 0  # admission ended the prefetch
 
 

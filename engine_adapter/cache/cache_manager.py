@@ -537,6 +537,7 @@ class CacheManager(QueueFront, TierFront):
                 running_sequences=len(self._running),
                 reserved_blocks=self.num_reserved_blocks,
                 tiers=() if self._tiers is None else self._tiers.stats(),
+                prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
             )
 
     def usage(self) -> dict[str, Any]:

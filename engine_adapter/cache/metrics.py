@@ -57,6 +57,7 @@ class CacheMetrics:
         running_sequences: int,
         reserved_blocks: int,
         tiers: tuple[TierStats, ...] = (),
+        prefetched: tuple[int, int] = (0, 0),
     ) -> CacheStats:
         """Every counter now, as a `CacheStats`."""
         p50, p99 = eviction.latency.quantiles(0.5, 0.99)
@@ -93,4 +94,6 @@ class CacheMetrics:
             running_sequences=running_sequences,
             reserved_blocks=reserved_blocks,
             tiers=tiers,
+            prefetched_blocks=prefetched[0],
+            prefetch_hits=prefetched[1],
         )

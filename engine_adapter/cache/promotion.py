@@ -159,6 +159,10 @@ class Prefetches:
         self._radix.unlock(path)
         return self.promoted.pop(request_id)
 
+    def counts(self) -> tuple[int, int]:
+        """(blocks prefetched, of those found on the device at admission), for the stats."""
+        return self.blocks_prefetched, self.prefetch_hits
+
     def paths(self) -> list[list[CachedBlock]]:
         """The held paths (for the invariants)."""
         return list(self.held.values())

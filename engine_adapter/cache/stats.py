@@ -82,6 +82,8 @@ class CacheStats:
         running_sequences: Sequences holding blocks now.
         reserved_blocks: Blocks held by pool reservations now (embedding batches' workspace).
         tiers: The host and disk tiers' figures, top down (empty without tiers).
+        prefetched_blocks: Blocks loaded back from host or disk ahead of time for queued requests.
+        prefetch_hits: Of those, blocks their request found on the device when it was admitted.
     """
 
     strategy: str
@@ -114,6 +116,8 @@ class CacheStats:
     running_sequences: int
     reserved_blocks: int = 0
     tiers: tuple[TierStats, ...] = ()
+    prefetched_blocks: int = 0
+    prefetch_hits: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""

@@ -206,10 +206,6 @@ class TierStore:
         moves, self._moves = self._moves, []
         return moves
 
-    @property
-    def num_pending_moves(self) -> int:
-        return len(self._moves)
-
     # ---- evictability -----------------------------------------------------------------------
 
     def _refresh(self, entry: TierEntry) -> None:
@@ -247,11 +243,6 @@ class TierStore:
         """Keep `entries` from eviction while a promotion or prefetch reads them."""
         for entry in entries:
             entry.holds += 1
-            self._refresh(entry)
-
-    def unhold(self, entries: Sequence[TierEntry]) -> None:
-        for entry in entries:
-            entry.holds -= 1
             self._refresh(entry)
 
     # ---- room, eviction and drops ----------------------------------------------------------
