@@ -76,8 +76,6 @@ class TierConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be 0 (off) or a positive number of blocks")
-        if self.write_policy not in WRITE_POLICIES:
-            raise ValueError(f"write_policy={self.write_policy!r} must be one of {', '.join(WRITE_POLICIES)}")
 
     @property
     def enabled(self) -> bool:
