@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +88,15 @@ def build_workload(
     tenants: int | None = None,
     seed: int = 0,
     duration: float | None = None,
+    time_scale: float = 0.0,
 ) -> Workload:
     """The request stream the options describe.
 
     A trace is streamed (all of it, or its first `requests` records); a generated workload has
     `requests` requests (1000 by default). With `duration`, only the requests that arrive within
-    that many seconds of the first one are kept (all of them then run to completion).
+    that many seconds of the first one are kept (all of them then run to completion). A positive
+    `time_scale` spreads the arrivals: each comes `time_scale` virtual seconds per second of the
+    trace after the first (a trace recorded on a fleet, replayed at a load one engine keeps up with).
 
     Raises:
         BenchmarkError: An unreadable or malformed trace, or a bad workload parameter.
@@ -123,6 +126,12 @@ def build_workload(
         built.params = {**built.params, "duration_limit_s": duration}
     if not built.requests:
         raise BenchmarkError("the workload has no requests")
+    if time_scale > 0 and time_scale != 1.0:
+        start = built.requests[0].arrival_s
+        built.requests = [
+            replace(r, arrival_s=start + (r.arrival_s - start) * time_scale) for r in built.requests
+        ]
+        built.params = {**built.params, "time_scale": time_scale}
     return built
 
 
@@ -370,6 +379,7 @@ class SimBenchmarkOptions:
         host_write_policy: ``write_back`` or ``write_through``.
         host_link, disk_link: Link presets of the cost model (`cost_model.LINKS`: ``pcie4``,
             ``pcie5``, ``nvme``); None keeps the cost model's.
+        time_scale: Virtual seconds per second of the workload's arrivals (0: as recorded).
     """
 
     policies: Sequence[str]
@@ -398,6 +408,7 @@ class SimBenchmarkOptions:
     host_write_policy: str = "write_back"
     host_link: str | None = None
     disk_link: str | None = None
+    time_scale: float = 0.0
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -428,6 +439,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         tenants=opts.tenants,
         seed=opts.seed,
         duration=opts.duration,
+        time_scale=opts.time_scale,
     )
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
