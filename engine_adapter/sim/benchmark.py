@@ -293,10 +293,10 @@ def _runs(
             if adaptive_batch:
                 rows.append({"policy": policy, "capacity": size, "adaptive": True})
             if tiers is not None:
+                prefetch = int(size * tiers.prefetch_ratio)
                 for host_policy in tiers.host_policies:
-                    rows.append(
-                        {"policy": policy, "capacity": size, "host_policy": host_policy, **tiers.blocks}
-                    )
+                    row = {"policy": policy, "capacity": size, "host_policy": host_policy, **tiers.blocks}
+                    rows.append({**row, "prefetch_blocks": prefetch})
         rows.append({"policy": REFERENCE_BELADY, "capacity": size})
         if tiers is not None:
             total = min(size + tiers.blocks["host_blocks"] + tiers.blocks["disk_blocks"], tiers.unique)
@@ -312,6 +312,7 @@ class _TierRows:
     host_policies: tuple[str, ...]
     blocks: dict[str, int]  # host_blocks, disk_blocks
     unique: int  # the workload's distinct blocks (Belady's total capacity stops there)
+    prefetch_ratio: float = 0.0  # of each row's device pool, for queued requests' prefetches
 
 
 def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | None:
@@ -331,6 +332,8 @@ def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | Non
     for name, ratio in (("--host-capacity-ratio", host), ("--disk-capacity-ratio", disk)):
         if ratio is not None and not 0.0 < ratio <= 1.0:
             raise BenchmarkError(f"{name} {ratio!r} is not in (0, 1]")
+    if not 0.0 <= opts.prefetch_ratio <= 1.0:
+        raise BenchmarkError(f"--prefetch-ratio {opts.prefetch_ratio!r} is not in [0, 1]")
     if opts.cache_model != "radix":
         raise BenchmarkError("KV tiers need --cache-model radix (the flat model has no tree to demote from)")
     if opts.host_write_policy not in WRITE_POLICIES:
@@ -340,7 +343,7 @@ def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | Non
     policies = tuple(opts.host_eviction_policies or ("lru",))
     unique = unique_blocks(workload.requests)
     blocks = {"host_blocks": max(1, int(unique * host)), "disk_blocks": int(unique * disk) if disk else 0}
-    return _TierRows(policies, blocks, unique)
+    return _TierRows(policies, blocks, unique, opts.prefetch_ratio)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +383,8 @@ class SimBenchmarkOptions:
         host_link, disk_link: Link presets of the cost model (`cost_model.LINKS`: ``pcie4``,
             ``pcie5``, ``nvme``); None keeps the cost model's.
         time_scale: Virtual seconds per second of the workload's arrivals (0: as recorded).
+        prefetch_ratio: With a host tier, each step loads ahead the host/disk-resident prefixes
+            of the head of the queue, within this fraction of the row's device pool (0: off).
     """
 
     policies: Sequence[str]
@@ -409,6 +414,7 @@ class SimBenchmarkOptions:
     host_link: str | None = None
     disk_link: str | None = None
     time_scale: float = 0.0
+    prefetch_ratio: float = 0.0
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -474,7 +480,11 @@ def _settings(
     """The JSON's ``settings``: what the sweep ran with."""
     tier_settings: dict[str, Any] | None = None
     if tiers is not None:
-        tier_settings = {"host_policies": list(tiers.host_policies), "write_policy": opts.host_write_policy}
+        tier_settings = {
+            "host_policies": list(tiers.host_policies),
+            "write_policy": opts.host_write_policy,
+            "prefetch_ratio": tiers.prefetch_ratio,
+        }
         tier_settings.update(tiers.blocks)
     return {
         "tiers": tier_settings,

@@ -154,6 +154,18 @@ class RadixModel:
         hits: int = alloc.num_cached_blocks
         return hits
 
+    def prefetch(self, seq: SimSequence) -> tuple[int, int]:
+        """Load a queued request's host/disk-resident prefix ahead of time (within the manager's
+        prefetch budget); returns the blocks loaded from host and from disk."""
+        tiers = self.manager.tiers
+        assert tiers is not None
+        before = [level.promotions for level in tiers.levels]
+        if not self.manager.prefetch(self._request(seq)):
+            return 0, 0
+        self.manager.take_moves()
+        after = [level.promotions - b for level, b in zip(tiers.levels, before, strict=True)]
+        return after[0], sum(after[1:])
+
     def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
         self.manager.protect_queued_prefix(self._request(seq))
@@ -171,6 +183,11 @@ class RadixModel:
     def free(self, seq: SimSequence) -> None:
         self._requests.pop(seq.sid, None)
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def prefetch_hits(self) -> int:
+        stats = self.manager.stats()
+        hits: int = stats.prefetch_hits
+        return hits
 
     def stats(self) -> tuple[float, float, int, float, float, int]:
         """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""

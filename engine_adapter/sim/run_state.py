@@ -29,6 +29,7 @@ class StepAdmission:
     cached_tokens: int = 0
     host_tokens: int = 0  # of `cached_tokens`, loaded back from the host tier in this step
     disk_tokens: int = 0
+    prefetch_s: float = 0.0  # loads for queued requests, overlapped with the step's compute
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class RunState:
     disk_hits: int = 0
     load_s: float = 0.0
     recompute_s: float = 0.0
+    prefetch_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -79,7 +81,8 @@ class SimResult:
     split by the tier they came from (`device_hit_ratio + host_hit_ratio + disk_hit_ratio` is
     `block_hits / block_lookups`); `load_s` is the step time spent loading blocks back (every
     admission, re-admissions too) and `recompute_s` what prefilling those blocks again would have
-    cost in the same steps instead.
+    cost in the same steps instead; `prefetch_hits` counts the device hits whose blocks were
+    loaded ahead of time while their request queued (`TierConfig.prefetch_blocks`).
     """
 
     policy: str
@@ -114,6 +117,7 @@ class SimResult:
     disk_hit_ratio: float = 0.0
     load_s: float = 0.0
     recompute_s: float = 0.0
+    prefetch_hits: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -103,6 +104,9 @@ __all__ = [
 CACHE_MODELS = ("radix", "flat")
 UNBOUNDED = "unbounded"
 """The reference row's policy name: a cache that never evicts."""
+
+_PREFETCH_AHEAD = 4
+"""Queued requests (from the head) a step prefetches for, with KV tiers and a prefetch budget."""
 
 
 def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
@@ -143,7 +147,8 @@ class Simulator:
             `compiled`); None picks the compiled core when it is built. Same rows either way.
         tiers: Radix model: host (and disk) tiers under the device pool of `capacity_blocks`
             (capacities in blocks; docs/architecture.md, "Tiers"); loads are priced by the cost
-            model's links. Ignored by ``"unbounded"``.
+            model's links; with a prefetch budget each step loads ahead for the head of the queue,
+            hidden behind its compute up to its length. Ignored by ``"unbounded"``.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -190,6 +195,7 @@ class Simulator:
         self.progress_every = max(1, progress_every)
         self.unbounded = policy == UNBOUNDED
         self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
+        self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
         if self.unbounded:
             capacity_blocks = max(1, unique_blocks(workload.requests))
@@ -273,6 +279,8 @@ class Simulator:
                 st.clock = st.requests[st.next_arrival].arrival_s
                 continue
             batch = self._admit(st)
+            if self.prefetch:
+                batch.prefetch_s = self._prefetch(st)
             preempted_now = self._grow_decoding(st, batch.admitted)
             if not batch.admitted and not st.decoding:
                 if preempted_now or (not st.running and not st.waiting):
@@ -437,17 +445,29 @@ class Simulator:
             )
             if batch.host_tokens or batch.disk_tokens:
                 duration += self._load_cost(st, batch)
+            duration = max(duration, batch.prefetch_s)
         else:
             k = steps_to_next(st.finishes, st.needs, st.running, step)
             if not st.waiting and st.next_arrival < len(st.requests):
                 arrival = st.requests[st.next_arrival].arrival_s
                 k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)
-            duration = decode_time(self.cost, st.decoding, st.context_sum, step, k)
+            duration = max(decode_time(self.cost, st.decoding, st.context_sum, step, k), batch.prefetch_s)
         st.clock += duration
         for seq in batch.admitted:
             self._start_decoding(st, seq, step)
         st.step = step + k
         return step + k - 1
+
+    def _prefetch(self, st: RunState) -> float:
+        """Prefetch for the head of the queue (a few requests, within the budget): the loads'
+        seconds, which the step's compute hides up to its own length."""
+        assert st.cache is not None
+        self._clock = st.clock
+        host = disk = 0
+        for seq in itertools.islice(st.waiting, _PREFETCH_AHEAD):
+            h, d = st.cache.prefetch(seq)
+            host, disk = host + h, disk + d
+        return self.cost.load_time(host * self.block_size, disk * self.block_size)
 
     def _load_cost(self, st: RunState, batch: StepAdmission) -> float:
         """The step's loads from the KV tiers (run before its forward), and what prefilling the
@@ -555,6 +575,7 @@ class Simulator:
             disk_hit_ratio=st.disk_hits / lookups,
             load_s=st.load_s,
             recompute_s=st.recompute_s,
+            prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
         )
 
 

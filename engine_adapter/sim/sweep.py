@@ -98,6 +98,7 @@ class RowSpec:
     host_policy: str | None = None
     host_blocks: int = 0
     disk_blocks: int = 0
+    prefetch_blocks: int = 0
 
     @property
     def label(self) -> str:
@@ -116,6 +117,7 @@ class RowSpec:
             disk_blocks=self.disk_blocks,
             host_policy=self.host_policy,
             write_policy=write_policy,
+            prefetch_blocks=self.prefetch_blocks,
         )
 
 

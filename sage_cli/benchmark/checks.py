@@ -291,9 +291,10 @@ def _tier_plan(args: BenchmarkArgs) -> TierPlan | None:
     link names are checked against the cost model's presets by the simulator)."""
     host, disk = args.host_capacity_ratio, args.disk_capacity_ratio
     if host is None:
-        if disk is not None or args.host_eviction_policies is not None:
+        if disk is not None or args.host_eviction_policies is not None or args.prefetch_ratio:
             raise CLIUsageError(
-                "--disk-capacity-ratio and --host-eviction-policies need --host-capacity-ratio"
+                "--disk-capacity-ratio, --host-eviction-policies and --prefetch-ratio"
+                " need --host-capacity-ratio"
             )
         return None
     if args.mode is Mode.engine:

@@ -263,6 +263,19 @@ HostWritePolicyOpt = Annotated[
         help="When blocks are copied to host: when evicted (write_back) or when cached (write_through).",
     ),
 ]
+PrefetchRatioOpt = Annotated[
+    float,
+    typer.Option(
+        "--prefetch-ratio",
+        min=0.0,
+        max=1.0,
+        metavar="FRACTION",
+        help=(
+            "with --host-capacity-ratio: load queued requests' host/disk-resident prefixes ahead of time,"
+            " within this fraction of the device pool (0: off)."
+        ),
+    ),
+]
 HostLinkOpt = Annotated[
     str | None,
     typer.Option(
@@ -443,6 +456,7 @@ class BenchmarkArgs:
     host_eviction_policies: HostPoliciesOpt = None
     disk_capacity_ratio: DiskCapacityRatioOpt = None
     host_write_policy: HostWritePolicyOpt = "write_back"
+    prefetch_ratio: PrefetchRatioOpt = 0.0
     host_link: HostLinkOpt = None
     disk_link: DiskLinkOpt = None
     duration: DurationOpt = None

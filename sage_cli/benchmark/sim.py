@@ -58,6 +58,7 @@ class BenchmarkOptions:
     host_link: str | None = None
     disk_link: str | None = None
     time_scale: float = 0.0
+    prefetch_ratio: float = 0.0
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +95,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         host_link=args.host_link,
         disk_link=args.disk_link,
         time_scale=args.time_scale,
+        prefetch_ratio=args.prefetch_ratio,
     )
 
 

@@ -47,6 +47,7 @@ _TIER_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("device_hit_ratio", "Device", "percent"),
     ("host_hit_ratio", "Host hit", "percent"),
     ("disk_hit_ratio", "Disk hit", "percent"),
+    ("prefetch_hits", "Prefetched", "int"),
     ("load_s", "Load s", "number"),
     ("recompute_s", "Recompute s", "number"),
     ("ttft_p50_s", "TTFT p50 s", "number"),
