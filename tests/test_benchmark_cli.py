@@ -45,6 +45,7 @@ ROW_KEYS = [
     "disk_hit_ratio",
     "load_s",
     "recompute_s",
+    "prefetch_hits",
 ]
 
 
