@@ -293,3 +293,22 @@ def test_the_tier_invariants_catch_a_broken_store() -> None:
     tiers.host.slots.free([entry.slot])
     with pytest.raises(CacheInvariantError, match="host slots"):
         m.check_invariants()
+
+
+def test_a_failed_load_shared_by_two_sequences_gives_the_second_fresh_blocks() -> None:
+    m, e = make(num_blocks=8, host_blocks=8)
+    for sid in range(1, 5):
+        serve(e, sid, prompt(sid))  # prompt 1 ends up on host
+    m.allocate(CacheRequest(10, prompt(1)))
+    m.allocate(CacheRequest(11, prompt(1)))  # hits the blocks just loaded for sequence 10
+    moves = m.take_moves()
+    loads = [mv for mv in moves if mv.dst_tier is Tier.DEVICE]
+    assert loads
+    kept = m.moves_failed(loads)  # the host copies were unreadable
+    assert set(kept) == {10, 11} and kept[10] == kept[11] == 2 - len(loads)
+    m.check_invariants()
+    first, second = m.block_table(10), m.block_table(11)
+    cut = kept[10]
+    assert first[:cut] == second[:cut]  # the blocks before the gap stay shared
+    assert not set(first[cut:]) & set(second[cut:])  # each recomputes the rest in its own blocks
+    assert all(mv.key not in m.radix and m.tier_of(mv.key) == () for mv in loads)  # a miss now
