@@ -8,7 +8,7 @@ CachedAttention's scheduler-aware prefetch), and holds the whole path locked unt
 admitted (its own lock then replaces the prefetch's) or leaves the queue (`cancel`); the
 promoted blocks then stay cached on the device like any other. Called under the cache manager's
 lock (docs/architecture.md, "Tiers"). Imports `block_allocator`, `cached_block`, `eviction`,
-`radix_cache` and `tiers`.
+`radix_cache`, `tier_level` and `tiers`.
 """
 
 from __future__ import annotations

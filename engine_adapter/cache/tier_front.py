@@ -5,7 +5,7 @@ A mixin of `CacheManager` (kept apart so that the front stays one screenful per 
 policy base keeps its handover in `sage_eviction.handover`. Every method takes the manager's
 lock. Without tiers (``TierConfig.host_blocks == 0``) each is a cheap no-op: `take_moves`
 returns [] (docs/architecture.md, "Tiers"; the contract with the engine in `tier_moves`).
-Imports `cached_block`, `eviction`, `handoff_lock`, `promotion`, `prompt_keys`,
+Imports `block_allocator`, `eviction`, `handoff_lock`, `promotion`, `prompt_keys`,
 `queue_protection`, `radix_cache`, `records`, `request`, `sequences`, `tier_failures`,
 `tier_moves` and `tiers`.
 """

@@ -112,7 +112,7 @@ class TierLevel:
     def discard(self, entry: TierEntry) -> None:
         """Forget `entry` and free its slot (it was moved elsewhere or dropped)."""
         del self.entries[entry.key]
-        if entry.key in self.policy:
+        if entry.key in self.policy:  # not when the policy chose it: `evict` already forgot it
             self.policy.remove(entry.key)
         self.slots.free([entry.slot])
 

@@ -23,7 +23,7 @@ An entry read by a promotion or prefetch in progress is held (not evictable). Wh
 leaves every tier while it has descendants below (the device dropped it because the host had no
 room, or a move failed), those descendants are dropped too (``orphan``): they are useless past
 the gap. Called under the cache manager's lock. Imports `block_keys`, `cached_block`, `events`,
-`records`, `stats`, `tier_level`, `tier_moves` and the policy library.
+`explain`, `records`, `stats`, `tier_level`, `tier_moves` and the policy library.
 """
 
 from __future__ import annotations
