@@ -215,8 +215,8 @@ def test_bad_tier_configs_are_clear_errors() -> None:
 
 
 def test_the_tree_marks_each_nodes_tier() -> None:
-    m, e = make(num_blocks=3, host_blocks=4, disk_blocks=4, write_policy="write_through")
-    for sid in range(1, 4):
+    m, e = make(num_blocks=3, host_blocks=2, disk_blocks=4, write_policy="write_through")
+    for sid in range(1, 5):
         serve(e, sid, prompt(sid))
     assert m.events is not None
     tree = tree_snapshot(m.radix, block_size=BS, evicted=m.events.tail(), tiers=m.tiers)
@@ -226,13 +226,24 @@ def test_the_tree_marks_each_nodes_tier() -> None:
         "host": tiers[0].used_blocks,
         "disk": tiers[1].used_blocks,
     }
-    nodes = [node for node in tree["roots"] if not node.get("ghost")]
-    assert nodes and all(node["tier"] == "device" for node in nodes)
-    assert sum(node["host_copies"] for node in nodes) >= 1  # write-through copies
-    ghosts = [g for node in nodes for g in node.get("ghosts", [])]
-    ghosts += [g for g in tree["roots"] if g.get("ghost")]
-    assert ghosts and {g["tier"] for g in ghosts} <= {"host", "disk", None}
-    assert any(g["tier"] in ("host", "disk") for g in ghosts)
+    nodes = [node for node in tree["roots"] if not node.get("ghost") and node["tier"] == "device"]
+    assert nodes and sum(node["host_copies"] for node in nodes) >= 1  # write-through copies
+
+    def walk(node: dict[str, object]) -> list[dict[str, object]]:
+        found = [node]
+        for key in ("below", "children"):
+            for child in node.get(key, []):  # type: ignore[attr-defined]
+                found += walk(child)
+        return found
+
+    shown = [n for root in tree["roots"] for n in walk(root) if n.get("tier") in ("host", "disk")]
+    resident = {k for level in m.tiers.levels for k, entry in level.entries.items() if not entry.on_device}  # type: ignore[union-attr]
+    assert sum(n["blocks"] for n in shown) + tree["hidden_below"] == len(resident) > 0  # type: ignore[misc]
+    # the host holds write-through copies of device blocks (marked on their device nodes); the
+    # blocks it demoted to disk are the ones resident only below
+    assert tree["below_nodes"] == len(shown) and {n["tier"] for n in shown} == {"disk"}
+    ghosts = [n for root in tree["roots"] for n in walk(root) if n.get("ghost")]
+    assert all(g["tier"] is None for g in ghosts)  # a ghost is a dropped block now
 
 
 def test_explain_says_which_tiers_policy_chose() -> None:

@@ -22,8 +22,11 @@ person wants to see:
 
 With KV tiers (docs/architecture.md, "Tiers") every node says where its K/V lives: ``tier`` is
 ``device`` for the tree's nodes (``host_copies`` counts the blocks of the chain with a
-write-through copy below) and, for a ghost, ``host`` or ``disk`` while its block is still
-resident below the device (null once dropped); ``tiers`` counts the blocks of each tier.
+write-through copy below); the blocks resident only below the device hang, as nodes of tier
+``host`` or ``disk`` (chains of one tier), in ``below`` of the device node holding their parent
+(at the top for a first block; under each other as ``children``), within the same bounds
+(``below_nodes`` shown, ``hidden_below`` blocks not); ghosts are then only the dropped blocks.
+``tiers`` counts the blocks of each tier.
 
 O(n) in the cached blocks, under the cache lock; not for hot paths. Imports `block_keys`,
 `cached_block`, `radix_cache` and `tiers`.
@@ -33,11 +36,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.tier_level import TierEntry
 from engine_adapter.cache.tiers import TierStore
 
 __all__ = ["MAX_DEPTH", "MAX_GHOSTS", "MAX_NODES", "tree_snapshot"]
@@ -117,11 +122,20 @@ def tree_snapshot(
     top, hidden_top, by_block, levels = _walk(roots, children, block_size, depth, max_nodes)
     shown = len(levels)
     truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
-    ghosts = _Ghosts(evicted, radix, by_block, levels)
-    hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown)
+    below_shown = hidden_below = 0
+    resident_below: set[str] = set()
+    if tiers is not None:
+        resident_below = {format_block_key(k) for level in tiers.levels for k in level.entries}
+        below_shown, hidden_below = _attach_below(
+            tiers, radix, by_block, levels, top, block_size, depth, max_nodes - shown
+        )
+    ghosts = _Ghosts(evicted, radix, by_block, levels, resident_below)
+    hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown - below_shown)
     below = _mark_tiers(by_block, ghosts, tiers)
     return {
         "tiers": {"device": len(blocks), **below},
+        "below_nodes": below_shown,
+        "hidden_below": hidden_below,
         "block_size": block_size,
         "cached_blocks": len(blocks),
         "shown_nodes": shown,
@@ -133,6 +147,72 @@ def tree_snapshot(
         "ghost_blocks": ghosts.shown,
         "hidden_ghosts": hidden_ghosts,
     }
+
+
+def _attach_below(
+    tiers: TierStore,
+    radix: RadixCache,
+    by_block: Mapping[str, dict[str, Any]],
+    levels: Mapping[int, int],
+    top: list[dict[str, Any]],
+    block_size: int,
+    depth: int,
+    budget: int,
+) -> tuple[int, int]:
+    """Hang the blocks resident only below the device (module docstring), breadth first within
+    `depth` levels and `budget` nodes; returns nodes shown and blocks hidden."""
+    below: dict[Hashable, list[TierEntry]] = {}
+    for tier_level in tiers.levels:
+        for entry in tier_level.entries.values():
+            if not entry.on_device:
+                below.setdefault(entry.parent_key, []).append(entry)
+    queue: deque[tuple[TierEntry, dict[str, Any] | None, int, int]] = deque()
+    hidden = 0
+    for parent_key, kids in below.items():
+        parent = None if parent_key is None else radix.get(parent_key)
+        host = None if parent is None else by_block.get(format_block_key(parent_key))
+        if parent_key is None or host is not None:
+            at = (1, 0) if host is None or parent is None else (levels[id(host)] + 1, parent.depth + 1)
+            queue.extend((kid, host, *at) for kid in kids)
+        elif parent is not None:  # under a device block not shown
+            hidden += sum(_below_size(kid, below) for kid in kids)
+    shown = 0
+    while queue:
+        first, host, level, block_depth = queue.popleft()
+        chain = [first]
+        while len(kids := below.get(chain[-1].key, [])) == 1 and kids[0].tier is first.tier:
+            chain.append(kids[0])
+        if level > depth or shown >= budget:
+            hidden += _below_size(first, below)
+            continue
+        end = block_depth + len(chain)
+        node = {
+            "id": format_block_key(first.key),
+            "last": format_block_key(chain[-1].key),
+            "tier": first.tier.value,
+            "tokens": [block_depth * block_size, end * block_size],
+            "blocks": len(chain),
+            "hits": first.meta.hits,
+            "children": [],
+        }
+        shown += 1
+        if host is None:
+            top.append(node)
+        else:
+            under = "below" if host.get("tier", "device") == "device" else "children"
+            host.setdefault(under, []).append(node)
+        queue.extend((kid, node, level + 1, end) for kid in below.get(chain[-1].key, []))
+    return shown, hidden
+
+
+def _below_size(first: TierEntry, below: Mapping[Hashable, list[TierEntry]]) -> int:
+    """Blocks of the below-device subtree from `first`."""
+    count, stack = 0, [first]
+    while stack:
+        entry = stack.pop()
+        count += 1
+        stack.extend(below.get(entry.key, []))
+    return count
 
 
 def _mark_tiers(
@@ -238,8 +318,10 @@ class _Ghosts:
         radix: RadixCache,
         by_block: dict[str, dict[str, Any]],
         levels: dict[int, int],
+        resident_below: AbstractSet[str] = frozenset(),
     ) -> None:
-        cached = {format_block_key(b.key) for b in radix.blocks()}
+        # a block still below the device is a `below` node, not a ghost
+        cached = {format_block_key(b.key) for b in radix.blocks()} | resident_below
         latest: dict[str, Mapping[str, Any]] = {}
         for event in evicted:
             if event.get("event") == "evict" and isinstance(event.get("block"), str):
