@@ -323,3 +323,14 @@ def test_a_failed_load_shared_by_two_sequences_gives_the_second_fresh_blocks() -
     assert first[:cut] == second[:cut]  # the blocks before the gap stay shared
     assert not set(first[cut:]) & set(second[cut:])  # each recomputes the rest in its own blocks
     assert all(mv.key not in m.radix and m.tier_of(mv.key) == () for mv in loads)  # a miss now
+
+
+def test_the_tree_bounds_the_nodes_below_the_device() -> None:
+    m, e = make(num_blocks=3, host_blocks=2, disk_blocks=4)
+    for sid in range(1, 6):
+        serve(e, sid, prompt(sid))
+    full = tree_snapshot(m.radix, block_size=BS, tiers=m.tiers)
+    assert full["below_nodes"] == 3 and full["hidden_below"] == 0
+    cut = tree_snapshot(m.radix, block_size=BS, tiers=m.tiers, max_nodes=2)
+    assert cut["shown_nodes"] + cut["below_nodes"] == 2
+    assert cut["hidden_below"] == 6 - 2 * cut["below_nodes"]  # each below node here is 2 blocks
