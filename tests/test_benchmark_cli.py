@@ -37,6 +37,15 @@ ROW_KEYS = [
     "lookups_per_s",
     "adaptive_batch",
     "batch_changes",
+    "host_policy",
+    "host_capacity_blocks",
+    "disk_capacity_blocks",
+    "device_hit_ratio",
+    "host_hit_ratio",
+    "disk_hit_ratio",
+    "load_s",
+    "recompute_s",
+    "prefetch_hits",
 ]
 
 

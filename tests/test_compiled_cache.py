@@ -464,6 +464,20 @@ def test_simulator_rows_agree_on_mooncake(mooncake_slice: Workload, policy: str,
     _rows_agree(mooncake_slice, policy, 0.05, model)
 
 
+@pytest.mark.parametrize(
+    "write_policy", ["write_back", pytest.param("write_through", marks=pytest.mark.slow)]
+)
+def test_simulator_rows_agree_with_kv_tiers(mooncake_slice: Workload, write_policy: str) -> None:
+    """The KV tiers call the radix index through its public methods: same rows on both cores."""
+    from engine_adapter.cache.tiers import TierConfig
+
+    unique = unique_blocks(mooncake_slice.requests)
+    tiers = TierConfig(
+        host_blocks=int(unique * 0.2), disk_blocks=int(unique * 0.05), write_policy=write_policy
+    )
+    _rows_agree(mooncake_slice, "lru", 0.05, "radix", tiers=tiers)
+
+
 @pytest.mark.parametrize("model", ["radix", pytest.param("flat", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("policy", _slow_but("lru", "belady")(["lru", "slru", "sieve", "reuse", "belady"]))
 def test_simulator_rows_agree_on_synthetic(policy: str, model: str) -> None:

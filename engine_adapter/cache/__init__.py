@@ -6,6 +6,9 @@ front down (docs/architecture.md, "Cache core"):
 
     cache_manager.py    CacheManager: the one front the scheduler, server and simulator drive;
                         one re-entrant lock over every part
+    queue_front.py      QueueFront: the manager's queue-protection methods (a mixin)
+    tier_front.py       TierFront: the manager's KV-tier methods (take_moves, moves_failed,
+                        prefetch, swap_host_policy, tier_of; a mixin)
     request.py          CacheRequest: what a request brings to the cache (built once per admission)
     admission.py        Admission: a request's lookup, its admission, its queue protection
     sequences.py        RunningSequences: each running sequence's block table, admission to release
@@ -35,6 +38,12 @@ front down (docs/architecture.md, "Cache core"):
     adaptive_batch.py   AdaptiveBatch: the running-batch limit from eviction pressure
     errors.py           the cache's exception tree
     sizes.py            byte sizes such as "2GiB"
+    tier_moves.py       Tier, TierMove: the block copies the core decides and the engine runs
+    tiers.py            TierStore, TierConfig: the host and disk tiers, demotion, promotion,
+                        the tree property across tiers (docs/architecture.md, "Tiers")
+    tier_level.py       TierLevel, TierEntry: one lower tier's slots, entries and policy
+    promotion.py        loading blocks back into the device tree; Prefetches
+    tier_failures.py    what a failed move does (a miss, never a wrong answer)
 
 Importing this package imports no submodule; import what you need.
 """

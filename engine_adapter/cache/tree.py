@@ -20,19 +20,30 @@ person wants to see:
   the shown node or ghost it would hang below (the answer's own, at the top), so a chain of 64
   evicted blocks draws as `depth` levels, not 64.
 
+With KV tiers (docs/architecture.md, "Tiers") every node says where its K/V lives: ``tier`` is
+``device`` for the tree's nodes (``host_copies`` counts the blocks of the chain with a
+write-through copy below); the blocks resident only below the device hang, as nodes of tier
+``host`` or ``disk`` (chains of one tier), in ``below`` of the device node holding their parent
+(at the top for a first block; under each other as ``children``), within the same bounds
+(``below_nodes`` shown, ``hidden_below`` blocks not); ghosts are then only the dropped blocks.
+``tiers`` counts the blocks of each tier.
+
 O(n) in the cached blocks, under the cache lock; not for hot paths. Imports `block_keys`,
-`cached_block` and `radix_cache`.
+`cached_block`, `radix_cache` and `tiers`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.tier_level import TierEntry
+from engine_adapter.cache.tiers import TierStore
 
 __all__ = ["MAX_DEPTH", "MAX_GHOSTS", "MAX_NODES", "tree_snapshot"]
 
@@ -87,6 +98,7 @@ def tree_snapshot(
     depth: int = 8,
     max_nodes: int = 200,
     evicted: Iterable[Mapping[str, Any]] = (),
+    tiers: TierStore | None = None,
 ) -> dict[str, Any]:
     """The tree, cut to `depth` levels of nodes and `max_nodes` nodes, with ghosts.
 
@@ -96,6 +108,7 @@ def tree_snapshot(
         depth: Node levels to show (1: the roots only).
         max_nodes: Nodes to show in all.
         evicted: Eviction events, oldest first (``event == "evict"`` ones are used).
+        tiers: The host/disk tiers, to mark where each node's K/V lives; None: no tiers.
 
     Raises:
         ValueError: `depth` or `max_nodes` outside [1, MAX_DEPTH] or [1, MAX_NODES].
@@ -109,9 +122,20 @@ def tree_snapshot(
     top, hidden_top, by_block, levels = _walk(roots, children, block_size, depth, max_nodes)
     shown = len(levels)
     truncated = hidden_top["nodes"] > 0 or any(_has_hidden(n) for n in top)
-    ghosts = _Ghosts(evicted, radix, by_block, levels)
-    hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown)
+    below_shown = hidden_below = 0
+    resident_below: set[str] = set()
+    if tiers is not None:
+        resident_below = {format_block_key(k) for level in tiers.levels for k in level.entries}
+        below_shown, hidden_below = _attach_below(
+            tiers, radix, by_block, levels, top, block_size, depth, max_nodes - shown
+        )
+    ghosts = _Ghosts(evicted, radix, by_block, levels, resident_below)
+    hidden_ghosts = ghosts.attach(top, depth, max_nodes - shown - below_shown)
+    below = _mark_tiers(by_block, ghosts, tiers)
     return {
+        "tiers": {"device": len(blocks), **below},
+        "below_nodes": below_shown,
+        "hidden_below": hidden_below,
         "block_size": block_size,
         "cached_blocks": len(blocks),
         "shown_nodes": shown,
@@ -123,6 +147,92 @@ def tree_snapshot(
         "ghost_blocks": ghosts.shown,
         "hidden_ghosts": hidden_ghosts,
     }
+
+
+def _attach_below(
+    tiers: TierStore,
+    radix: RadixCache,
+    by_block: Mapping[str, dict[str, Any]],
+    levels: Mapping[int, int],
+    top: list[dict[str, Any]],
+    block_size: int,
+    depth: int,
+    budget: int,
+) -> tuple[int, int]:
+    """Hang the blocks resident only below the device (module docstring), breadth first within
+    `depth` levels and `budget` nodes; returns nodes shown and blocks hidden."""
+    below: dict[Hashable, list[TierEntry]] = {}
+    for tier_level in tiers.levels:
+        for entry in tier_level.entries.values():
+            if not entry.on_device:
+                below.setdefault(entry.parent_key, []).append(entry)
+    queue: deque[tuple[TierEntry, dict[str, Any] | None, int, int]] = deque()
+    hidden = 0
+    for parent_key, kids in below.items():
+        parent = None if parent_key is None else radix.get(parent_key)
+        host = None if parent is None else by_block.get(format_block_key(parent_key))
+        if parent_key is None or host is not None:
+            at = (1, 0) if host is None or parent is None else (levels[id(host)] + 1, parent.depth + 1)
+            queue.extend((kid, host, *at) for kid in kids)
+        elif parent is not None:  # under a device block not shown
+            hidden += sum(_below_size(kid, below) for kid in kids)
+    shown = 0
+    while queue:
+        first, host, level, block_depth = queue.popleft()
+        chain = [first]
+        while len(kids := below.get(chain[-1].key, [])) == 1 and kids[0].tier is first.tier:
+            chain.append(kids[0])
+        if level > depth or shown >= budget:
+            hidden += _below_size(first, below)
+            continue
+        end = block_depth + len(chain)
+        node = {
+            "id": format_block_key(first.key),
+            "last": format_block_key(chain[-1].key),
+            "tier": first.tier.value,
+            "tokens": [block_depth * block_size, end * block_size],
+            "blocks": len(chain),
+            "hits": first.meta.hits,
+            "children": [],
+        }
+        shown += 1
+        if host is None:
+            top.append(node)
+        else:
+            under = "below" if host.get("tier", "device") == "device" else "children"
+            host.setdefault(under, []).append(node)
+        queue.extend((kid, node, level + 1, end) for kid in below.get(chain[-1].key, []))
+    return shown, hidden
+
+
+def _below_size(first: TierEntry, below: Mapping[Hashable, list[TierEntry]]) -> int:
+    """Blocks of the below-device subtree from `first`."""
+    count, stack = 0, [first]
+    while stack:
+        entry = stack.pop()
+        count += 1
+        stack.extend(below.get(entry.key, []))
+    return count
+
+
+def _mark_tiers(
+    by_block: Mapping[str, dict[str, Any]], ghosts: _Ghosts, tiers: TierStore | None
+) -> dict[str, int]:
+    """Mark each shown node's and ghost's tier; returns the blocks of each tier below the device."""
+    where: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for level in tiers.levels if tiers is not None else ():
+        counts[level.tier.value] = len(level.entries)
+        for key in level.entries:
+            where[format_block_key(key)] = level.tier.value
+    for node in {id(n): n for n in by_block.values()}.values():
+        node["tier"] = "device"
+        node["host_copies"] = 0
+    for key, node in by_block.items():
+        node["host_copies"] += key in where
+    for key, ghost in ghosts.nodes.items():
+        ghost["tier"] = where.get(key)
+    return counts
 
 
 def _children_of(blocks: list[CachedBlock]) -> tuple[list[CachedBlock], dict[Hashable, list[CachedBlock]]]:
@@ -208,15 +318,17 @@ class _Ghosts:
         radix: RadixCache,
         by_block: dict[str, dict[str, Any]],
         levels: dict[int, int],
+        resident_below: AbstractSet[str] = frozenset(),
     ) -> None:
-        cached = {format_block_key(b.key) for b in radix.blocks()}
+        # a block still below the device is a `below` node, not a ghost
+        cached = {format_block_key(b.key) for b in radix.blocks()} | resident_below
         latest: dict[str, Mapping[str, Any]] = {}
         for event in evicted:
             if event.get("event") == "evict" and isinstance(event.get("block"), str):
                 latest.pop(event["block"], None)  # re-evicted: it moves to the newest end
                 latest[event["block"]] = event
         picked = [e for key, e in latest.items() if key not in cached][-MAX_GHOSTS:]
-        self._nodes = {e["block"]: _ghost_node(e) for e in picked}
+        self._nodes = self.nodes = {e["block"]: _ghost_node(e) for e in picked}
         self._recency = {e["block"]: i for i, e in enumerate(picked)}  # larger: evicted later
         self._parent: dict[str, str | None] = {}
         self._host: dict[str, dict[str, Any] | None] = {}

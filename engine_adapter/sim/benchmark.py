@@ -11,6 +11,12 @@ its `capacity_blocks` is the workload's distinct blocks) and ``belady`` (offline
 ``unbounded`` is the ceiling of every row's hit rate). `throughput_impact` of a row is
 ``1 - throughput / throughput(unbounded)`` on the same workload (docs/architecture.md, "Metrics").
 
+With a host tier (`host_capacity_ratio`; docs/architecture.md, "Tiers"), each online policy at
+each device capacity also runs once per host policy (`host_eviction_policies`) with a host tier
+of that fraction of the distinct blocks under it (and a disk tier with `disk_capacity_ratio`),
+beside its device-only row; Belady then gets a second reference row over the total capacity
+(device + host + disk, no tiers), the bound of what any split of that memory can hit.
+
 Every row runs through `CacheManager` and the registered policy (not the simulator's lean LRU
 path), so `eviction_p50_us`/`eviction_p99_us` time the same kind of code in every row.
 
@@ -34,10 +40,11 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.cache.tiers import WRITE_POLICIES
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.saturation import saturation
 from engine_adapter.sim.simulator import UNBOUNDED, min_capacity
@@ -81,12 +88,15 @@ def build_workload(
     tenants: int | None = None,
     seed: int = 0,
     duration: float | None = None,
+    time_scale: float = 0.0,
 ) -> Workload:
     """The request stream the options describe.
 
     A trace is streamed (all of it, or its first `requests` records); a generated workload has
     `requests` requests (1000 by default). With `duration`, only the requests that arrive within
-    that many seconds of the first one are kept (all of them then run to completion).
+    that many seconds of the first one are kept (all of them then run to completion). A positive
+    `time_scale` spreads the arrivals: each comes `time_scale` virtual seconds per second of the
+    trace after the first (a trace recorded on a fleet, replayed at a load one engine keeps up with).
 
     Raises:
         BenchmarkError: An unreadable or malformed trace, or a bad workload parameter.
@@ -116,6 +126,12 @@ def build_workload(
         built.params = {**built.params, "duration_limit_s": duration}
     if not built.requests:
         raise BenchmarkError("the workload has no requests")
+    if time_scale > 0 and time_scale != 1.0:
+        start = built.requests[0].arrival_s
+        built.requests = [
+            replace(r, arrival_s=start + (r.arrival_s - start) * time_scale) for r in built.requests
+        ]
+        built.params = {**built.params, "time_scale": time_scale}
     return built
 
 
@@ -164,15 +180,21 @@ def capacities_for(
     return list(dict.fromkeys(capacities))
 
 
-def _cost_model(cost_model: dict[str, Any] | None, cost_model_path: str | Path | None) -> CostModel:
+def _cost_model(
+    cost_model: dict[str, Any] | None,
+    cost_model_path: str | Path | None,
+    host_link: str | None = None,
+    disk_link: str | None = None,
+) -> CostModel:
     try:
+        costs = CostModel()
         if cost_model is not None:
-            return CostModel.from_dict(cost_model, where=str(cost_model_path or "cost model"))
-        if cost_model_path is not None:
-            return CostModel.from_yaml(cost_model_path)
+            costs = CostModel.from_dict(cost_model, where=str(cost_model_path or "cost model"))
+        elif cost_model_path is not None:
+            costs = CostModel.from_yaml(cost_model_path)
+        return costs.with_links(host_link, disk_link)
     except CostModelError as exc:
         raise BenchmarkError(str(exc)) from None
-    return CostModel()
 
 
 class _SweepBar:
@@ -255,21 +277,73 @@ def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executo
         raise BenchmarkError(str(exc)) from None
 
 
-def _runs(policies: Sequence[str], capacities: list[int], adaptive_batch: bool) -> list[RowSpec]:
+def _runs(
+    policies: Sequence[str], capacities: list[int], adaptive_batch: bool, tiers: _TierRows | None = None
+) -> list[RowSpec]:
     """The rows in the order of the results: per capacity each online policy (and its
-    adaptive-batch twin) and Belady, then the unbounded reference (every row's throughput is
-    relative to it). Workers take rows in this order, so the cheapest row, unbounded (it never
-    evicts), comes last and fills a gap rather than leaving one at the end of the sweep."""
+    adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
+    capacity with tiers), then the unbounded reference (every row's throughput is relative to
+    it). Workers take rows in this order, so the cheapest row, unbounded (it never evicts), comes
+    last and fills a gap rather than leaving one at the end of the sweep."""
     online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
-    runs: list[tuple[str, int | None, bool]] = []
+    rows: list[dict[str, Any]] = []
     for size in capacities:
         for policy in online:
-            runs.append((policy, size, False))
+            rows.append({"policy": policy, "capacity": size})
             if adaptive_batch:
-                runs.append((policy, size, True))
-        runs.append((REFERENCE_BELADY, size, False))
-    runs.append((UNBOUNDED, None, False))
-    return [RowSpec(index, policy, size, adaptive) for index, (policy, size, adaptive) in enumerate(runs)]
+                rows.append({"policy": policy, "capacity": size, "adaptive": True})
+            if tiers is not None:
+                prefetch = int(size * tiers.prefetch_ratio)
+                for host_policy in tiers.host_policies:
+                    row = {"policy": policy, "capacity": size, "host_policy": host_policy, **tiers.blocks}
+                    rows.append({**row, "prefetch_blocks": prefetch})
+        rows.append({"policy": REFERENCE_BELADY, "capacity": size})
+        if tiers is not None:
+            total = min(size + tiers.blocks["host_blocks"] + tiers.blocks["disk_blocks"], tiers.unique)
+            rows.append({"policy": REFERENCE_BELADY, "capacity": total})
+    rows.append({"policy": UNBOUNDED, "capacity": None})
+    return [RowSpec(index, **row) for index, row in enumerate(rows)]
+
+
+@dataclass(frozen=True, slots=True)
+class _TierRows:
+    """What the tiered rows of a sweep share: the host policies and the tiers' sizes in blocks."""
+
+    host_policies: tuple[str, ...]
+    blocks: dict[str, int]  # host_blocks, disk_blocks
+    unique: int  # the workload's distinct blocks (Belady's total capacity stops there)
+    prefetch_ratio: float = 0.0  # of each row's device pool, for queued requests' prefetches
+
+
+def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | None:
+    """The tiered rows' settings from the options, or None without a host tier.
+
+    Raises:
+        BenchmarkError: A ratio outside (0, 1], a disk tier without a host tier, tiers with the
+            flat model, an unknown write policy or link, or no host policy.
+    """
+    host, disk = opts.host_capacity_ratio, opts.disk_capacity_ratio
+    if host is None:
+        if disk is not None or opts.host_eviction_policies:
+            raise BenchmarkError(
+                "--disk-capacity-ratio and --host-eviction-policies need --host-capacity-ratio"
+            )
+        return None
+    for name, ratio in (("--host-capacity-ratio", host), ("--disk-capacity-ratio", disk)):
+        if ratio is not None and not 0.0 < ratio <= 1.0:
+            raise BenchmarkError(f"{name} {ratio!r} is not in (0, 1]")
+    if not 0.0 <= opts.prefetch_ratio <= 1.0:
+        raise BenchmarkError(f"--prefetch-ratio {opts.prefetch_ratio!r} is not in [0, 1]")
+    if opts.cache_model != "radix":
+        raise BenchmarkError("KV tiers need --cache-model radix (the flat model has no tree to demote from)")
+    if opts.host_write_policy not in WRITE_POLICIES:
+        raise BenchmarkError(
+            f"write policy {opts.host_write_policy!r}; write policies: {', '.join(WRITE_POLICIES)}"
+        )
+    policies = tuple(opts.host_eviction_policies or ("lru",))
+    unique = unique_blocks(workload.requests)
+    blocks = {"host_blocks": max(1, int(unique * host)), "disk_blocks": int(unique * disk) if disk else 0}
+    return _TierRows(policies, blocks, unique, opts.prefetch_ratio)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +375,16 @@ class SimBenchmarkOptions:
         jobs: Worker processes for the rows (default: the usable cores; 1: this process).
         ray_address: Run the rows as Ray tasks there instead (``"local"``, ``"auto"``,
             ``"host:6379"``, ``"ray://host:10001"``; `engine_adapter.sim.sweep`).
+        host_capacity_ratio: A host KV tier of this fraction of the distinct blocks under each
+            online row (also run without); None: no tiers.
+        host_eviction_policies: The host tier's policies, a row each (default ``lru``).
+        disk_capacity_ratio: A disk tier of this fraction under the host tier (LRU).
+        host_write_policy: ``write_back`` or ``write_through``.
+        host_link, disk_link: Link presets of the cost model (`cost_model.LINKS`: ``pcie4``,
+            ``pcie5``, ``nvme``); None keeps the cost model's.
+        time_scale: Virtual seconds per second of the workload's arrivals (0: as recorded).
+        prefetch_ratio: With a host tier, each step loads ahead the host/disk-resident prefixes
+            of the head of the queue, within this fraction of the row's device pool (0: off).
     """
 
     policies: Sequence[str]
@@ -323,6 +407,14 @@ class SimBenchmarkOptions:
     adaptive_batch: bool = False
     jobs: int | None = None
     ray_address: str | None = None
+    host_capacity_ratio: float | None = None
+    host_eviction_policies: Sequence[str] | None = None
+    disk_capacity_ratio: float | None = None
+    host_write_policy: str = "write_back"
+    host_link: str | None = None
+    disk_link: str | None = None
+    time_scale: float = 0.0
+    prefetch_ratio: float = 0.0
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -344,7 +436,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     """
     opts = SimBenchmarkOptions(**options)
     _check_options(opts.mode, opts.cache_model, opts.plot, opts.adaptive_batch)
-    costs = _cost_model(opts.cost_model, opts.cost_model_path)
+    costs = _cost_model(opts.cost_model, opts.cost_model_path, opts.host_link, opts.disk_link)
     built = build_workload(
         trace=opts.trace,
         trace_format=opts.trace_format,
@@ -353,14 +445,15 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         tenants=opts.tenants,
         seed=opts.seed,
         duration=opts.duration,
+        time_scale=opts.time_scale,
     )
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
-    runs = _runs(opts.policies, capacities, opts.adaptive_batch)
+    tiers = _tier_rows(opts, built)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers)
     wall0 = time.perf_counter()
-    outcomes = _simulate_rows(
-        SweepContext(built, opts.cache_model, costs, opts.protect_queued), runs, executor
-    )
+    context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
+    outcomes = _simulate_rows(context, runs, executor)
     rows = [outcome.row for outcome in outcomes]
     run = {
         **executor.describe(len(runs)),
@@ -370,7 +463,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     _set_throughput_impact(rows)
     result = {
         "workload": built.describe(),
-        "settings": _settings(opts, capacities, costs),
+        "settings": _settings(opts, capacities, costs, tiers),
         "results": rows,
         "saturation": saturation(rows, built, costs, UNBOUNDED),
         "run": run,
@@ -381,9 +474,20 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     return result
 
 
-def _settings(opts: SimBenchmarkOptions, capacities: list[int], costs: CostModel) -> dict[str, Any]:
+def _settings(
+    opts: SimBenchmarkOptions, capacities: list[int], costs: CostModel, tiers: _TierRows | None
+) -> dict[str, Any]:
     """The JSON's ``settings``: what the sweep ran with."""
+    tier_settings: dict[str, Any] | None = None
+    if tiers is not None:
+        tier_settings = {
+            "host_policies": list(tiers.host_policies),
+            "write_policy": opts.host_write_policy,
+            "prefetch_ratio": tiers.prefetch_ratio,
+        }
+        tier_settings.update(tiers.blocks)
     return {
+        "tiers": tier_settings,
         "mode": opts.mode,
         "cache_model": opts.cache_model,
         "policies": list(opts.policies),

@@ -2,7 +2,9 @@
 
 - `RadixModel`: the real `CacheManager` (the engine's cache) over a bare block allocator: a hit
   stops at a request's first missing block, only leaves are evicted, running sequences hold
-  blocks and can be preempted. `RadixBelady` gives the radix model Belady's decisions.
+  blocks and can be preempted; with KV tiers, evictions demote and hits below the device load
+  back (`loaded`), the moves themselves discarded (the cost model prices them). `RadixBelady`
+  gives the radix model Belady's decisions.
 - `FlatModel`: independent blocks, `sage_eviction.flat.FlatCache` with forced admission, the
   model libCacheSim simulates.
 """
@@ -127,6 +129,7 @@ class RadixModel:
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
         self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
+        self.loaded = (0, 0)  # the last allocation's blocks loaded back from host and from disk
 
     def _request(self, seq: SimSequence) -> CacheRequest:
         """`seq`'s `CacheRequest`, built once while its tokens stay the same: the head of the queue
@@ -145,8 +148,23 @@ class RadixModel:
         except NoEvictableBlocksError:
             return None
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+        if self.manager.tiers is not None:
+            self.manager.take_moves()  # nothing copies bytes here: the cost model prices the loads
+            self.loaded = (alloc.num_host_blocks, alloc.num_disk_blocks)
         hits: int = alloc.num_cached_blocks
         return hits
+
+    def prefetch(self, seq: SimSequence) -> tuple[int, int]:
+        """Load a queued request's host/disk-resident prefix ahead of time (within the manager's
+        prefetch budget); returns the blocks loaded from host and from disk."""
+        tiers = self.manager.tiers
+        assert tiers is not None
+        before = [level.promotions for level in tiers.levels]
+        if not self.manager.prefetch(self._request(seq)):
+            return 0, 0
+        self.manager.take_moves()
+        after = [level.promotions - b for level, b in zip(tiers.levels, before, strict=True)]
+        return after[0], sum(after[1:])
 
     def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
@@ -165,6 +183,11 @@ class RadixModel:
     def free(self, seq: SimSequence) -> None:
         self._requests.pop(seq.sid, None)
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def prefetch_hits(self) -> int:
+        stats = self.manager.stats()
+        hits: int = stats.prefetch_hits
+        return hits
 
     def stats(self) -> tuple[float, float, int, float, float, int]:
         """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""

@@ -13,6 +13,10 @@ handful of timings of the real engine (`calibrate`):
         + decode_per_seq_s           * batch
         + decode_per_context_token_s * context_tokens
 
+    load_time(host_tokens, disk_tokens)
+        = host_link_latency_s + kv_bytes_per_token * host_tokens / host_link_bytes_per_s
+        + disk_link_latency_s + kv_bytes_per_token * disk_tokens / disk_link_bytes_per_s
+
 `tokens` are the prompt tokens computed in the step (summed over the `batch` sequences),
 `cached_tokens` the prefix tokens served from the cache that they attend to, and
 `context_tokens` the KV tokens a decode step reads (summed over the batch). The attention term
@@ -26,6 +30,15 @@ measured: ~14 GFLOP per prompt token at ~170 TFLOP/s (55 % of peak) gives 8e-5 s
 ~0.5 MFLOP per attention pair at ~150 TFLOP/s gives 3.5e-9 s; a decode step reads 13.5 GB of
 weights at ~1.5 TB/s (~9 ms, plus launch overhead: 10 ms) and 0.5 MB of KV per context token
 (3.2e-7 s per token). Calibrate against the engine before reading absolute times.
+
+The KV tiers' links (docs/architecture.md, "Tiers"): `load_time` is what a step pays, before
+its forward, to load the blocks its admissions found in the host or disk tier (each term only
+when that tier loads something: one transfer's latency, then the bytes at the link's
+bandwidth). Demotions copy the other way (device to host) on the other direction of the
+full-duplex link, overlapped with compute, and are not charged. `LINKS` holds the defaults:
+PCIe 4.0 x16 (~25 GB/s effective, the A100's host link), PCIe 5.0 x16 (~50 GB/s, H100 class)
+and an NVMe drive (~5 GB/s reads, ~100 us per read); `with_links("pcie5", "nvme")` sets them.
+`kv_bytes_per_token` is the 7B model's 0.5 MiB (32 layers x K and V x 4096 x 2 bytes).
 
 Bad values raise `CostModelError` (a `ValueError`) naming the key.
 """
@@ -44,6 +57,7 @@ import yaml
 from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
 
 __all__ = [
+    "LINKS",
     "CostModel",
     "CostModelError",
     "calibrate",
@@ -53,6 +67,21 @@ __all__ = [
 class CostModelError(ValueError):
     """A cost model that cannot be built: a bad file, an unknown key, a bad value, too few samples."""
 
+
+LINKS: dict[str, tuple[float, float]] = {
+    "pcie4": (25e9, 10e-6),  # PCIe 4.0 x16: 32 GB/s raw, ~25 GB/s by DMA; ~10 us per transfer
+    "pcie5": (50e9, 10e-6),  # PCIe 5.0 x16: 64 GB/s raw, ~50 GB/s by DMA
+    "nvme": (5e9, 100e-6),  # one PCIe 4.0 NVMe drive: ~5-7 GB/s sequential reads, ~100 us per read
+}
+"""Link presets: name -> (bytes per second, seconds of latency per transfer)."""
+
+_LINK_FIELDS = (
+    "kv_bytes_per_token",
+    "host_link_bytes_per_s",
+    "host_link_latency_s",
+    "disk_link_bytes_per_s",
+    "disk_link_latency_s",
+)
 
 _COEFFICIENTS = (
     "prefill_base_s",
@@ -76,6 +105,9 @@ class CostModel:
         decode_base_s: Fixed cost of a decode step (weights read, launches).
         decode_per_seq_s: Cost per sequence in the decode batch.
         decode_per_context_token_s: Cost per KV token read by the decode step.
+        kv_bytes_per_token: K/V bytes of one token (all layers), what a tier load moves.
+        host_link_bytes_per_s, host_link_latency_s: The host tier's link (default PCIe 4).
+        disk_link_bytes_per_s, disk_link_latency_s: The disk tier's link (default NVMe).
     """
 
     name: str = "llama-7b-fp16 on A100-80GB (estimated from FLOPs and bandwidth, not measured)"
@@ -85,11 +117,20 @@ class CostModel:
     decode_base_s: float = 0.010
     decode_per_seq_s: float = 5.0e-5
     decode_per_context_token_s: float = 3.2e-7
+    kv_bytes_per_token: float = 524288.0
+    host_link_bytes_per_s: float = LINKS["pcie4"][0]
+    host_link_latency_s: float = LINKS["pcie4"][1]
+    disk_link_bytes_per_s: float = LINKS["nvme"][0]
+    disk_link_latency_s: float = LINKS["nvme"][1]
 
     def __post_init__(self) -> None:
         if type(self.name) is not str:
             raise CostModelError(f"name must be a string, got {self.name!r}")
-        for key in _COEFFICIENTS:
+        for key in ("host_link_bytes_per_s", "disk_link_bytes_per_s"):
+            value = getattr(self, key)
+            if type(value) in (int, float) and value == 0:
+                raise CostModelError(f"{key} must be a positive number of bytes per second, got {value!r}")
+        for key in _COEFFICIENTS + _LINK_FIELDS:
             value = getattr(self, key)
             if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
                 raise CostModelError(f"{key} must be a finite number >= 0 (seconds), got {value!r}")
@@ -119,6 +160,35 @@ class CostModel:
             + self.decode_per_seq_s * batch
             + self.decode_per_context_token_s * context_tokens
         )
+
+    def load_time(self, host_tokens: int, disk_tokens: int = 0) -> float:
+        """Seconds to load `host_tokens` tokens' K/V from the host tier and `disk_tokens` from
+        the disk tier into the device pool (one transfer per tier that loads anything)."""
+        seconds = 0.0
+        if host_tokens > 0:
+            seconds += (
+                self.host_link_latency_s + self.kv_bytes_per_token * host_tokens / self.host_link_bytes_per_s
+            )
+        if disk_tokens > 0:
+            seconds += (
+                self.disk_link_latency_s + self.kv_bytes_per_token * disk_tokens / self.disk_link_bytes_per_s
+            )
+        return seconds
+
+    def with_links(self, host: str | None = None, disk: str | None = None) -> CostModel:
+        """This model with the host and/or disk link set from `LINKS` (``pcie4``, ``pcie5``, ``nvme``).
+
+        Raises:
+            CostModelError: An unknown link name.
+        """
+        updates: dict[str, Any] = {}
+        for tier, name in (("host", host), ("disk", disk)):
+            if name is None:
+                continue
+            if name not in LINKS:
+                raise CostModelError(f"unknown {tier} link {name!r}; links: {', '.join(LINKS)}")
+            updates[f"{tier}_link_bytes_per_s"], updates[f"{tier}_link_latency_s"] = LINKS[name]
+        return replace(self, **updates) if updates else self
 
     def step_time(
         self,

@@ -73,18 +73,19 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.decode_steps import decode_time, steps_to_next, steps_until
-from engine_adapter.sim.run_state import RunState, StepAdmission
+from engine_adapter.sim.run_state import RunState, SimResult, StepAdmission
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import get_policy_class
@@ -104,39 +105,8 @@ CACHE_MODELS = ("radix", "flat")
 UNBOUNDED = "unbounded"
 """The reference row's policy name: a cache that never evicts."""
 
-
-@dataclass(slots=True)
-class SimResult:
-    """One benchmark row: a policy at a capacity on a workload (keys as `run_benchmark` writes them)."""
-
-    policy: str
-    capacity_blocks: int
-    cache_model: str
-    requests: int
-    block_lookups: int
-    block_hits: int
-    hit_rate: float
-    re_prefill_rate: float
-    fairness_score: float
-    memory_utilization: float
-    evictions: int
-    eviction_p50_us: float
-    eviction_p99_us: float
-    ttft_p50_s: float
-    ttft_p99_s: float
-    tpot_p50_s: float
-    tpot_p99_s: float
-    throughput_tok_s: float
-    throughput_impact: float
-    preemptions: int
-    wall_s: float
-    lookups_per_s: float
-    adaptive_batch: bool = False
-    batch_changes: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The row as a JSON-able dict."""
-        return asdict(self)
+_PREFETCH_AHEAD = 4
+"""Queued requests (from the head) a step prefetches for, with KV tiers and a prefetch budget."""
 
 
 def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
@@ -175,6 +145,10 @@ class Simulator:
             rate as in the engine (`engine_adapter.cache.adaptive_batch`); radix model only.
         compiled: Radix model: the cache's hot paths compiled or in pure Python (`CacheManager`'s
             `compiled`); None picks the compiled core when it is built. Same rows either way.
+        tiers: Radix model: host (and disk) tiers under the device pool of `capacity_blocks`
+            (capacities in blocks; docs/architecture.md, "Tiers"); loads are priced by the cost
+            model's links; with a prefetch budget each step loads ahead for the head of the queue,
+            hidden behind its compute up to its length. Ignored by ``"unbounded"``.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -196,6 +170,7 @@ class Simulator:
         protect_queued: float = 0.0,
         adaptive_batch: bool = False,
         compiled: bool | None = None,
+        tiers: TierConfig | None = None,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -210,10 +185,8 @@ class Simulator:
         self.cache_model = cache_model
         self.cost = cost_model if cost_model is not None else CostModel()
         self.max_running = max_running
-        if adaptive_batch and cache_model != "radix":
-            raise ValueError(
-                "adaptive batch needs the radix cache model (the flat one keeps no running blocks)"
-            )
+        if (adaptive_batch or (tiers is not None and tiers.enabled)) and cache_model != "radix":
+            raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
         self.adaptive_batch = adaptive_batch
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
@@ -221,6 +194,8 @@ class Simulator:
         self.progress = progress
         self.progress_every = max(1, progress_every)
         self.unbounded = policy == UNBOUNDED
+        self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
+        self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
         if self.unbounded:
             capacity_blocks = max(1, unique_blocks(workload.requests))
@@ -260,6 +235,7 @@ class Simulator:
             clock=self._now,
             protect_queued=0.0 if self.unbounded else self.protect_queued,
             compiled=self.compiled,
+            tiers=self.tiers,
         )
         belady = None
         if manager.policy.offline:
@@ -303,6 +279,8 @@ class Simulator:
                 st.clock = st.requests[st.next_arrival].arrival_s
                 continue
             batch = self._admit(st)
+            if self.prefetch:
+                batch.prefetch_s = self._prefetch(st)
             preempted_now = self._grow_decoding(st, batch.admitted)
             if not batch.admitted and not st.decoding:
                 if preempted_now or (not st.running and not st.waiting):
@@ -369,6 +347,12 @@ class Simulator:
                     break
                 hit_blocks = hit
                 served = min(hit_blocks * bs, r.input_len)
+                host, disk = st.cache.loaded
+                batch.host_tokens += host * bs
+                batch.disk_tokens += disk * bs
+                if seq.epoch == 0:
+                    st.host_hits += host
+                    st.disk_hits += disk
             else:
                 assert st.flat is not None
                 hit_blocks, served = st.flat.lookup(seq.keys, r.input_len, bs)
@@ -459,17 +443,45 @@ class Simulator:
                 decode_batch=st.decoding,
                 context_tokens=st.context_sum + st.decoding * step,
             )
+            if batch.host_tokens or batch.disk_tokens:
+                duration += self._load_cost(st, batch)
+            duration = max(duration, batch.prefetch_s)
         else:
             k = steps_to_next(st.finishes, st.needs, st.running, step)
             if not st.waiting and st.next_arrival < len(st.requests):
                 arrival = st.requests[st.next_arrival].arrival_s
                 k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)
-            duration = decode_time(self.cost, st.decoding, st.context_sum, step, k)
+            duration = max(decode_time(self.cost, st.decoding, st.context_sum, step, k), batch.prefetch_s)
         st.clock += duration
         for seq in batch.admitted:
             self._start_decoding(st, seq, step)
         st.step = step + k
         return step + k - 1
+
+    def _prefetch(self, st: RunState) -> float:
+        """Prefetch for the head of the queue (a few requests, within the budget): the loads'
+        seconds, which the step's compute hides up to its own length."""
+        assert st.cache is not None
+        self._clock = st.clock
+        host = disk = 0
+        for seq in itertools.islice(st.waiting, _PREFETCH_AHEAD):
+            h, d = st.cache.prefetch(seq)
+            host, disk = host + h, disk + d
+        return self.cost.load_time(host * self.block_size, disk * self.block_size)
+
+    def _load_cost(self, st: RunState, batch: StepAdmission) -> float:
+        """The step's loads from the KV tiers (run before its forward), and what prefilling the
+        same blocks again would have cost instead (`recompute_s`)."""
+        cost = self.cost
+        load = cost.load_time(batch.host_tokens, batch.disk_tokens)
+        loaded = batch.host_tokens + batch.disk_tokens
+        n = batch.prefill_batch
+        tokens, cached = batch.prefill_tokens, batch.cached_tokens
+        st.recompute_s += cost.prefill_time(tokens + loaded, n, cached - loaded) - cost.prefill_time(
+            tokens, n, cached
+        )
+        st.load_s += load
+        return load
 
     def _start_decoding(self, st: RunState, seq: SimSequence, step: int) -> None:
         """An admitted sequence got its first token at this step: schedule its finish and, in the
@@ -528,6 +540,8 @@ class Simulator:
             p50, p99 = q50 * 1e6, q99 * 1e6
             preemptions = 0
         rates = [hits / looked for hits, looked in st.group_hits.values() if looked]
+        lookups = st.block_lookups or 1
+        tiers = self.tiers
         return SimResult(
             policy=self.policy_name,
             capacity_blocks=self.capacity,
@@ -553,6 +567,15 @@ class Simulator:
             lookups_per_s=st.block_lookups / wall if wall > 0 else 0.0,
             adaptive_batch=self.adaptive is not None,
             batch_changes=0 if self.adaptive is None else self.adaptive.shrinks + self.adaptive.grows,
+            host_policy=None if tiers is None else tiers.host_policy,
+            host_capacity_blocks=0 if tiers is None else tiers.host_blocks,
+            disk_capacity_blocks=0 if tiers is None else tiers.disk_blocks,
+            device_hit_ratio=(st.block_hits - st.host_hits - st.disk_hits) / lookups,
+            host_hit_ratio=st.host_hits / lookups,
+            disk_hit_ratio=st.disk_hits / lookups,
+            load_s=st.load_s,
+            recompute_s=st.recompute_s,
+            prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
         )
 
 

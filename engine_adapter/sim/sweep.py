@@ -44,6 +44,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.workloads import Workload
@@ -82,21 +83,42 @@ class SweepContext:
     cache_model: str
     cost_model: CostModel
     protect_queued: float = 0.0
+    write_policy: str = "write_back"  # of the rows with KV tiers
 
 
 @dataclass(frozen=True, slots=True)
 class RowSpec:
-    """One row of a sweep: a policy (or ``"unbounded"``) at a capacity (None: the workload's)."""
+    """One row of a sweep: a policy (or ``"unbounded"``) at a capacity (None: the workload's), with
+    a host tier of `host_blocks` under `host_policy` (and a disk tier) or none."""
 
     index: int
     policy: str
     capacity: int | None
     adaptive: bool = False
+    host_policy: str | None = None
+    host_blocks: int = 0
+    disk_blocks: int = 0
+    prefetch_blocks: int = 0
 
     @property
     def label(self) -> str:
         label = f"{self.policy} @ {self.capacity if self.capacity is not None else 'unbounded'}"
+        if self.host_policy is not None:
+            label += f" + host {self.host_policy} @ {self.host_blocks}"
+            label += f" + disk @ {self.disk_blocks}" if self.disk_blocks else ""
         return label + (" (adaptive batch)" if self.adaptive else "")
+
+    def tiers(self, write_policy: str) -> TierConfig | None:
+        """The row's KV tiers, or None."""
+        if self.host_policy is None or not self.host_blocks:
+            return None
+        return TierConfig(
+            host_blocks=self.host_blocks,
+            disk_blocks=self.disk_blocks,
+            host_policy=self.host_policy,
+            write_policy=write_policy,
+            prefetch_blocks=self.prefetch_blocks,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +211,7 @@ def run_row(
         progress_every=max(1, min(1000, n_requests // 20 or 1)),
         protect_queued=context.protect_queued,
         adaptive_batch=spec.adaptive,
+        tiers=spec.tiers(context.write_policy),
     )
     row = simulator.run().to_dict()
     return RowOutcome(spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s))

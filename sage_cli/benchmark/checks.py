@@ -3,8 +3,9 @@
 `check_plan` checks, in a fixed order (the first bad option is the one reported), the workload
 (``--trace``: a file, or a trace shipped with sage by name, ``mooncake:conversation``; or a
 generated ``--workload``), the cache sizes, the duration, the files to write,
-the cost model, ``--protect-queued`` and where the simulator's rows run; it returns a
-`BenchmarkPlan`. Policy names are checked against the light `sage_eviction` registry.
+the cost model, ``--protect-queued``, the KV tiers (``--host-capacity-ratio`` and its
+companions) and where the simulator's rows run; it returns a `BenchmarkPlan`. Policy names
+are checked against the light `sage_eviction` registry.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sage_cli.errors import CLIUsageError
 
 __all__ = [
     "BenchmarkPlan",
+    "TierPlan",
     "WorkloadSource",
     "check_plan",
     "parse_capacities",
@@ -53,14 +55,26 @@ class WorkloadSource:
 
 
 @dataclass(frozen=True, slots=True)
+class TierPlan:
+    """The simulator's KV tiers: the host tier's size (a fraction of the distinct blocks) and
+    policies, and the disk tier's size (None: no disk tier)."""
+
+    host_capacity_ratio: float
+    host_eviction_policies: list[str]
+    disk_capacity_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class BenchmarkPlan:
-    """What the options ask for, checked: the policies, the workload, the cache sizes, the costs."""
+    """What the options ask for, checked: the policies, the workload, the cache sizes, the costs,
+    the KV tiers."""
 
     policies: list[str]
     source: WorkloadSource
     capacity_blocks: list[int] | None
     capacity_ratios: list[float] | None
     cost_model: dict[str, Any] | None
+    tiers: TierPlan | None = None
 
 
 def parse_policies(text: str, mode: str = "sim") -> list[str]:
@@ -157,8 +171,9 @@ def check_plan(args: BenchmarkArgs, policies: list[str]) -> BenchmarkPlan:
     _check_targets(args)
     costs = _load_cost_model(args.cost_model) if args.cost_model is not None else None
     _check_protect_queued(args)
+    tiers = _tier_plan(args)
     _check_executor(args)
-    return BenchmarkPlan(policies, source, blocks, ratios, costs)
+    return BenchmarkPlan(policies, source, blocks, ratios, costs, tiers)
 
 
 def _workload_source(args: BenchmarkArgs) -> WorkloadSource:
@@ -269,6 +284,38 @@ def _check_protect_queued(args: BenchmarkArgs) -> None:
         )
     if args.protect_queued > 0 and args.cache_model is not CacheModel.radix:
         raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
+
+
+def _tier_plan(args: BenchmarkArgs) -> TierPlan | None:
+    """``--host-capacity-ratio`` and its companions: the simulator's radix model's KV tiers (the
+    link names are checked against the cost model's presets by the simulator)."""
+    host, disk = args.host_capacity_ratio, args.disk_capacity_ratio
+    if host is None:
+        if disk is not None or args.host_eviction_policies is not None or args.prefetch_ratio:
+            raise CLIUsageError(
+                "--disk-capacity-ratio, --host-eviction-policies and --prefetch-ratio"
+                " need --host-capacity-ratio"
+            )
+        return None
+    if args.mode is Mode.engine:
+        raise CLIUsageError(
+            "--host-capacity-ratio applies to the simulator; start the engine with --host-kv-cache instead"
+        )
+    if args.cache_model is not CacheModel.radix:
+        raise CLIUsageError("--host-capacity-ratio needs --cache-model radix (the flat model has no tree)")
+    for flag, ratio in (("--host-capacity-ratio", host), ("--disk-capacity-ratio", disk)):
+        if ratio is not None and not 0.0 < ratio <= 1.0:
+            raise CLIUsageError(f"{flag} {ratio:g}: give a ratio in (0, 1]")
+    if args.host_write_policy not in ("write_back", "write_through"):
+        raise CLIUsageError(
+            f"--host-write-policy {args.host_write_policy!r}: give write_back or write_through"
+        )
+    text = args.host_eviction_policies if args.host_eviction_policies is not None else "lru"
+    try:
+        host_policies = parse_policies(text, mode="engine")  # online policies only
+    except CLIUsageError as exc:
+        raise CLIUsageError(f"--host-eviction-policies: {exc}") from None
+    return TierPlan(host, host_policies, disk)
 
 
 def _check_executor(args: BenchmarkArgs) -> None:

@@ -225,6 +225,75 @@ CacheModelOpt = Annotated[
         help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
     ),
 ]
+HostCapacityRatioOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--host-capacity-ratio",
+        metavar="R",
+        show_default=False,
+        help=(
+            "radix model: a host KV tier of this fraction of the distinct blocks under each cache size"
+            " (evicted blocks are demoted there and loaded back on a hit); each policy also runs without it."
+        ),
+    ),
+]
+HostPoliciesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host-eviction-policies",
+        metavar="P[,P...]",
+        show_default=False,
+        help="The host tier's policies, a row each (default: lru).",
+    ),
+]
+DiskCapacityRatioOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--disk-capacity-ratio",
+        metavar="R",
+        show_default=False,
+        help="A disk KV tier (LRU) of this fraction of the distinct blocks under the host tier.",
+    ),
+]
+HostWritePolicyOpt = Annotated[
+    str,
+    typer.Option(
+        "--host-write-policy",
+        metavar="write_back|write_through",
+        help="When blocks are copied to host: when evicted (write_back) or when cached (write_through).",
+    ),
+]
+PrefetchRatioOpt = Annotated[
+    float,
+    typer.Option(
+        "--prefetch-ratio",
+        min=0.0,
+        max=1.0,
+        metavar="FRACTION",
+        help=(
+            "with --host-capacity-ratio: load queued requests' host/disk-resident prefixes ahead of time,"
+            " within this fraction of the device pool (0: off)."
+        ),
+    ),
+]
+HostLinkOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host-link",
+        metavar="pcie4|pcie5",
+        show_default=False,
+        help="The host tier's link in the cost model (default: the cost model's, PCIe 4).",
+    ),
+]
+DiskLinkOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--disk-link",
+        metavar="nvme",
+        show_default=False,
+        help="The disk tier's link in the cost model (default: the cost model's, NVMe).",
+    ),
+]
 ProtectQueuedOpt = Annotated[
     float,
     typer.Option(
@@ -332,7 +401,10 @@ TimeScaleOpt = Annotated[
         "--time-scale",
         min=0.0,
         metavar="F",
-        help="engine mode: wall seconds per trace second (0: send as fast as possible).",
+        help=(
+            "engine mode: wall seconds per trace second (0: send as fast as possible);"
+            " sim mode: virtual seconds per trace second (0: as recorded), e.g. 8 spreads arrivals 8x."
+        ),
     ),
 ]
 EngineKindOpt = Annotated[
@@ -380,6 +452,13 @@ class BenchmarkArgs:
     capacity_ratio: CapacityRatioOpt = None
     cache_model: CacheModelOpt = CacheModel.radix
     protect_queued: ProtectQueuedOpt = 0.0
+    host_capacity_ratio: HostCapacityRatioOpt = None
+    host_eviction_policies: HostPoliciesOpt = None
+    disk_capacity_ratio: DiskCapacityRatioOpt = None
+    host_write_policy: HostWritePolicyOpt = "write_back"
+    prefetch_ratio: PrefetchRatioOpt = 0.0
+    host_link: HostLinkOpt = None
+    disk_link: DiskLinkOpt = None
     duration: DurationOpt = None
     output: OutputOpt = None
     plot: PlotOpt = None

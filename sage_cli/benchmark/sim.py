@@ -51,6 +51,14 @@ class BenchmarkOptions:
     adaptive_batch: bool = False
     jobs: int | None = None
     ray_address: str | None = None
+    host_capacity_ratio: float | None = None
+    host_eviction_policies: list[str] | None = None
+    disk_capacity_ratio: float | None = None
+    host_write_policy: str = "write_back"
+    host_link: str | None = None
+    disk_link: str | None = None
+    time_scale: float = 0.0
+    prefetch_ratio: float = 0.0
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +88,14 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         adaptive_batch=args.adaptive_batch,
         jobs=args.jobs,
         ray_address=args.ray_address,
+        host_capacity_ratio=None if plan.tiers is None else plan.tiers.host_capacity_ratio,
+        host_eviction_policies=None if plan.tiers is None else plan.tiers.host_eviction_policies,
+        disk_capacity_ratio=None if plan.tiers is None else plan.tiers.disk_capacity_ratio,
+        host_write_policy=args.host_write_policy,
+        host_link=args.host_link,
+        disk_link=args.disk_link,
+        time_scale=args.time_scale,
+        prefetch_ratio=args.prefetch_ratio,
     )
 
 

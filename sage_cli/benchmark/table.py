@@ -37,6 +37,23 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("throughput_impact", "Tput loss", "percent"),
 )
 
+# With KV tiers (--host-capacity-ratio): the hits by tier and what loading cost against recomputing.
+_TIER_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("host_policy", "Host", "text"),
+    ("host_capacity_blocks", "Host blocks", "int"),
+    ("block_hit_ratio", "Block hit", "percent"),
+    ("device_hit_ratio", "Device", "percent"),
+    ("host_hit_ratio", "Host hit", "percent"),
+    ("disk_hit_ratio", "Disk hit", "percent"),
+    ("prefetch_hits", "Prefetched", "int"),
+    ("load_s", "Load s", "number"),
+    ("recompute_s", "Recompute s", "number"),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
+    ("throughput_tok_s", "Tok/s", "number"),
+)
+
 # With --adaptive-batch: each policy without and with it, on the figures the batch limit moves.
 _ADAPTIVE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("policy", "Policy", "text"),
@@ -91,9 +108,12 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     rows = result.get("results", result.get("rows"))
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return "No results."
+    rows = [_with_block_hit_ratio(row) for row in rows]
     present = {key for row in rows for key in row}
     adaptive = any(row.get("adaptive_batch") for row in rows)
-    columns = [c for c in (_ADAPTIVE_COLUMNS if adaptive else _COLUMNS) if c[0] in present]
+    tiered = any(row.get("host_policy") for row in rows)
+    chosen = _TIER_COLUMNS if tiered else _ADAPTIVE_COLUMNS if adaptive else _COLUMNS
+    columns = [c for c in chosen if c[0] in present]
     if not columns:  # rows of another shape: show them as they are
         keys = list(dict.fromkeys(key for row in rows for key in row))
         columns = [(key, key, "number") for key in keys]
@@ -120,6 +140,14 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     if not warnings:
         return table
     return Group(table, *(Text(f"warning: {w}", style="bold yellow") for w in warnings))
+
+
+def _with_block_hit_ratio(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with ``block_hit_ratio`` (block hits / block lookups) when it has both counts."""
+    hits, lookups = row.get("block_hits"), row.get("block_lookups")
+    if isinstance(hits, int) and isinstance(lookups, int) and lookups > 0:
+        return {**row, "block_hit_ratio": hits / lookups}
+    return row
 
 
 def save_and_show(result: dict[str, Any], output: Path | None, json_out: bool) -> None:
