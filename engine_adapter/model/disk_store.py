@@ -74,7 +74,7 @@ class DiskKVStore:
 
     Args:
         directory: The folder (created when missing).
-        num_blocks: Slots of the store (`blocks_for_size` from ``--disk-kv-size``).
+        num_blocks: Slots of the store (``--disk-kv-size`` over the pool's bytes per block).
         num_layers, num_kv_heads, head_dim, block_size, dtype: The device pool's block shape.
 
     Raises:
@@ -128,18 +128,6 @@ class DiskKVStore:
             block_size=pool.block_size,
             dtype=pool.dtype,
         )
-
-    @staticmethod
-    def blocks_for_size(size: int, bytes_per_block: int) -> int:
-        """Slots of a store of `size` bytes of payload (each file adds a header of < 300 bytes).
-
-        Raises:
-            ValueError: `size` holds no block.
-        """
-        blocks = size // bytes_per_block
-        if blocks < 1:
-            raise ValueError(f"disk KV size {size} bytes holds no block of {bytes_per_block} bytes")
-        return blocks
 
     def _open_directory(self) -> None:
         try:
@@ -249,8 +237,6 @@ class DiskKVStore:
 
     def _read_one(self, slot: int, key: object, out: torch.Tensor) -> bool:
         path = self.path_of(slot, key)
-        if self._slot_files[slot] != path.name:
-            return False  # the slot holds another block, or its write failed
         expected = self._header(key)
         try:
             with open(path, "rb") as f:
