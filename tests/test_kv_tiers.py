@@ -143,6 +143,21 @@ def test_a_damaged_disk_file_is_a_failed_move_and_writes_nothing(damage: object,
     load = TierMove(K, 1, D, 3, 42)
     assert execute_moves([load], pool, None, disk) == [load]
     assert same(block(pool, 3), zeroed)
+    # The store itself hands back zeros for a failed block, never the bytes it read.
+    k, v, ok = disk.read_blocks([1], [42])
+    assert ok == [False] and not any(t.any() for t in k + v)
+
+
+def test_a_truncated_file_whose_lost_tail_was_zeros_is_a_failed_read(tmp_path: Path) -> None:
+    # The checksum alone would pass it: the unread bytes of the buffer are zeros too.
+    pool = filled_pool(4)
+    pool.v_cache[-1][0, -1, -1, -1] = 0.0
+    disk = DiskKVStore.like(pool, tmp_path, 2)
+    assert execute_moves([TierMove(D, 0, K, 1, 42)], pool, None, disk) == []
+    path = disk.path_of(1, 42)
+    path.write_bytes(path.read_bytes()[:-4])
+    load = TierMove(K, 1, D, 3, 42)
+    assert execute_moves([load], pool, None, disk) == [load]
 
 
 def test_an_intact_file_loads(tmp_path: Path) -> None:
