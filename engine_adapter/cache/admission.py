@@ -3,7 +3,9 @@ then looked up (`lookup`: what is cached and whether it would fit), admitted (`a
 locked, fresh blocks for the rest, the lookup counted) or protected while it waits in the queue
 (`protect`). Once admitted, a sequence is addressed by its id (`sequences.RunningSequences`).
 Called under the cache manager's lock. Imports `block_allocator`, `cached_block`, `errors`,
-`metrics`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`, `request` and `sequences`.
+`metrics`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`, `request`, `sequences`,
+`tier_moves` and `tiers`: with KV tiers, a lookup that runs past the device tree into host or
+disk entries promotes them (docs/architecture.md, "Tiers").
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.records import Allocation, LookupResult
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.sequences import RunningSequences
+from engine_adapter.cache.tier_level import TierEntry
+from engine_adapter.cache.tier_moves import Tier
+from engine_adapter.cache.tiers import TierStore
 
 __all__ = ["Admission"]
 
@@ -34,6 +39,7 @@ class Admission:
         protection: The waiting requests' protections.
         running: Where admitted requests run.
         metrics: Counts each admitted lookup.
+        tiers: The host/disk tiers a lookup continues into, or None.
     """
 
     def __init__(
@@ -44,6 +50,7 @@ class Admission:
         protection: QueueProtection,
         running: RunningSequences,
         metrics: CacheMetrics,
+        tiers: TierStore | None = None,
     ) -> None:
         self._pool = pool
         self._radix = radix
@@ -51,10 +58,15 @@ class Admission:
         self._protection = protection
         self._running = running
         self._metrics = metrics
+        self._tiers = tiers
+
+    def matchable_keys(self, keys: list[Hashable], num_tokens: int, request: CacheRequest) -> list[Hashable]:
+        """The keys a request may hit (all but a last block it must recompute)."""
+        return keys[: self._keys.matchable(num_tokens, request.recompute_last_token)]
 
     def _match(self, keys: list[Hashable], num_tokens: int, request: CacheRequest) -> list[CachedBlock]:
         """The cached path a request may hit: its longest cached prefix within `matchable`."""
-        return self._radix.match(keys[: self._keys.matchable(num_tokens, request.recompute_last_token)])
+        return self._radix.match(self.matchable_keys(keys, num_tokens, request))
 
     def lookup(self, request: CacheRequest) -> LookupResult:
         """How much of the prompt is cached and whether `allocate` would fit; changes nothing."""
@@ -91,10 +103,17 @@ class Admission:
                 f"sequence {sequence_id} needs {n_blocks} blocks ({n_tokens} tokens of block_size {bs}) "
                 f"but the pool has {pool_blocks}"
             )
-        path = self._match(keys, n_tokens, request) if request.match_prefix else []
-        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks)
+        path: list[CachedBlock] = []
+        below: list[TierEntry] = []
+        if request.match_prefix:
+            matchable = self.matchable_keys(keys, n_tokens, request)
+            path = self._radix.match(matchable)
+            if self._tiers is not None:
+                below = self._tiers.match(matchable, len(path))
+        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below)
         n_cached_tokens = len(path) * bs
         self._metrics.record_lookup(request.tenant, keys, len(path), n_cached_tokens, n_tokens)
+        n_host = sum(1 for e in below if e.tier is Tier.HOST)
         return Allocation(
             sequence_id=sequence_id,
             block_table=list(seq.block_table),
@@ -102,6 +121,8 @@ class Admission:
             num_cached_tokens=n_cached_tokens,
             num_new_blocks=n_blocks - len(path),
             num_evicted_blocks=evicted,
+            num_host_blocks=n_host,
+            num_disk_blocks=len(below) - n_host,
         )
 
     def protect(self, request: CacheRequest) -> int:

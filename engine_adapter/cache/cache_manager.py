@@ -18,6 +18,7 @@ The request lifecycle::
     manager.evict_to_threshold()                        # background eviction to the watermark
     manager.swap_policy("arc")                          # hot swap, nothing lost
     manager.stats()                                     # GET /v1/eviction/stats
+    manager.take_moves()                                # with KV tiers: copies for the engine
 
 Block ids are the pool's; ``alloc.block_table[i]`` holds tokens ``[i*block_size, (i+1)*block_size)``.
 
@@ -38,7 +39,6 @@ from typing import Any
 
 from engine_adapter.cache.admission import Admission
 from engine_adapter.cache.block_allocator import BlockAllocator
-from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.handoff_lock import HandoffLock
@@ -46,7 +46,9 @@ from engine_adapter.cache.invariants import check_manager_invariants
 from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.pins import Pins
 from engine_adapter.cache.policy_binding import PolicyBinding
+from engine_adapter.cache.promotion import Prefetches
 from engine_adapter.cache.prompt_keys import PromptKeys
+from engine_adapter.cache.queue_front import QueueFront
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache, new_radix_cache
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
@@ -54,14 +56,17 @@ from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.reservations import Reservations
 from engine_adapter.cache.sequences import RunningSequences
 from engine_adapter.cache.stats import CacheStats
+from engine_adapter.cache.tier_front import TierFront
+from engine_adapter.cache.tiers import TierConfig, TierStore
 from engine_adapter.cache.usage import pool_usage
 from sage_eviction import EvictionCandidate, EvictionPolicy
 
 __all__ = ["CacheManager"]
 
 
-class CacheManager:
-    """Pool + radix prefix cache + policy, with the allocation API the scheduler uses.
+class CacheManager(QueueFront, TierFront):
+    """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
+    `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
     Args:
         allocator: The free list of block ids (`PagedKVPool.allocator` in the engine).
@@ -82,6 +87,8 @@ class CacheManager:
             `engine_adapter.cache.explain`). May be switched at any time.
         compiled: The radix cache's hot paths in C (`engine_adapter.cache._core`) or in
             pure Python; None: compiled when built and not `SAGE_PURE_PYTHON`. Same results.
+        tiers: Host and disk tiers under the pool (`TierConfig`, capacities in blocks); None or
+            ``host_blocks=0``: none, an evicted block is dropped.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -105,13 +112,12 @@ class CacheManager:
         protect_queued: float = 0.0,
         explain: bool = False,
         compiled: bool | None = None,
+        tiers: TierConfig | None = None,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
         if block_size != allocator.block_size:
-            raise ValueError(
-                f"block_size={block_size} differs from the pool's block_size={allocator.block_size}"
-            )
+            raise ValueError(f"block_size={block_size} differs from the pool's {allocator.block_size}")
         self.allocator = allocator
         self.block_size = block_size
         self.num_blocks = allocator.num_blocks
@@ -132,6 +138,7 @@ class CacheManager:
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         metrics = self._metrics = CacheMetrics()  # lookups and preemptions; evictions count in the step
+        store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         eviction = self._eviction = EvictionStep(
             self.radix,
             allocator,
@@ -142,11 +149,13 @@ class CacheManager:
             clock,
             explain=explain,
             threshold=eviction_threshold,
+            tiers=store,
         )
         self._reservations = Reservations(allocator, eviction)
         self._pins = Pins(self.radix, keys)
-        self._running = RunningSequences(allocator, self.radix, keys, eviction, protection, clock)
-        self._admission = Admission(allocator, self.radix, keys, protection, self._running, metrics)
+        self._running = RunningSequences(allocator, self.radix, keys, eviction, protection, clock, store)
+        self._admission = Admission(allocator, self.radix, keys, protection, self._running, metrics, store)
+        self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -241,7 +250,12 @@ class CacheManager:
             NoEvictableBlocksError: Not enough free or reclaimable blocks now; nothing changed.
         """
         with self.lock:
-            return self._admission.allocate(request)
+            alloc = self._admission.allocate(request)
+            if self._prefetches is not None:
+                self._prefetches.admitted(
+                    request.sequence_id, self._running.get(request.sequence_id).cached_path
+                )
+            return alloc
 
     def extend(self, sequence_id: int, num_blocks: int = 1) -> list[int] | None:
         """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short.
@@ -362,47 +376,6 @@ class CacheManager:
         with self.lock:
             return self._running.compact(sequence_id, num_tokens)
 
-    # ---- queue-aware protection ----------------------------------------------------------
-
-    @property
-    def max_protected(self) -> int:
-        """Distinct blocks the waiting requests' protections may hold (0: protection off)."""
-        return self._protection.max_protected
-
-    @property
-    def protections_yielded(self) -> int:
-        """Protections dropped so that an allocation could proceed."""
-        return self._protection.yielded
-
-    @property
-    def num_protected_blocks(self) -> int:
-        """Distinct blocks protected for waiting requests now."""
-        return self._protection.num_blocks
-
-    def protect_queued_prefix(self, request: CacheRequest) -> int:
-        """Protect from eviction the cached prefix a waiting request will hit, until it is
-        allocated (`allocate` with the same `sequence_id`) or leaves the queue (`release_queued`).
-
-        All protections stay within `protect_queued` of the pool (a prefix is protected from its
-        head as far as it fits) and yield, newest first, to an allocation or a decode block that
-        could not be had otherwise (`queue_protection`). Protecting is no hit. A no-op when
-        `protect_queued` is 0.
-
-        Returns:
-            Blocks it protects.
-        """
-        with self.lock:
-            return self._admission.protect(request)
-
-    def release_queued(self, request_id: Hashable) -> int:
-        """End a waiting request's protection (it left the queue); returns blocks it protected."""
-        with self.lock:
-            return self._protection.release(request_id)
-
-    def protected_paths(self) -> list[list[CachedBlock]]:
-        """The locked paths of the waiting requests' protections (for the invariants)."""
-        return self._protection.paths()
-
     # ---- pins ---------------------------------------------------------------------------
 
     def pin(
@@ -475,6 +448,8 @@ class CacheManager:
         with self.lock:
             self._metrics.reprefill.forget()
             removed = self.radix.reclaim_all()
+            if self._tiers is not None:
+                self._tiers.clear()
             if removed:
                 self.allocator.free([b.block_id for b in removed])
             return len(removed)
@@ -561,6 +536,7 @@ class CacheManager:
                 self._eviction,
                 running_sequences=len(self._running),
                 reserved_blocks=self.num_reserved_blocks,
+                tiers=() if self._tiers is None else self._tiers.stats(),
             )
 
     def usage(self) -> dict[str, Any]:
@@ -588,4 +564,6 @@ class CacheManager:
                 self._running.states(),
                 self._reservations.snapshot(),
                 self._protection,
+                self._tiers,
+                [] if self._prefetches is None else self._prefetches.paths(),
             )

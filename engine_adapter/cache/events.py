@@ -19,11 +19,19 @@ Event shapes::
     {"event": "freed", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
     {"event": "compress", "ts", "run", "sequence_id", "policy", "reason", "tokens_before",
      "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"}
+    {"event": "demote" | "promote" | "drop", "ts", "run", "block", "tier", "slot", "to_tier",
+     "to_slot", "policy", "reason"}
 
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
 "pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption);
 `fallback` is null, or why an attention-scored policy kept the newest tokens instead.
+
+``demote`` / ``promote`` / ``drop`` are the KV tiers' moves (docs/architecture.md, "Tiers"): a
+block going down from `tier` (``device``, ``host``) to `to_tier`, loaded back from `tier`
+(``host``, ``disk``) into device block `to_slot`, or leaving the last tier that held it (`to_tier`
+null); `policy` is the policy of the tier that chose it (null when no policy chose: a promotion,
+a failed move), `reason` why (``evict``, ``lookup``, ``prefetch``, ``orphan``, ``failed``).
 
 Imports `engine_adapter.paths` (the log folder) and structlog; nothing else of the cache.
 """
@@ -50,6 +58,7 @@ __all__ = [
     "COMPRESS_KEYS",
     "EVICT_KEYS",
     "FREED_KEYS",
+    "TIER_KEYS",
     "EventSubscriber",
     "EvictionEventLog",
     "default_log_path",
@@ -73,6 +82,7 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "priority",
 )
 FREED_KEYS = ("event", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
+TIER_KEYS = ("event", "ts", "run", "block", "tier", "slot", "to_tier", "to_slot", "policy", "reason")
 COMPRESS_KEYS = (
     "event",
     "ts",
@@ -251,6 +261,35 @@ class EvictionEventLog:
             blocks_freed=blocks_freed,
             total_freed=total_freed,
             duration_us=duration_us,
+        )
+
+    def tier(
+        self,
+        event: str,
+        *,
+        block: str,
+        tier: str,
+        slot: int,
+        to_tier: str | None,
+        to_slot: int | None,
+        policy: str | None,
+        reason: str,
+        ts: float | None = None,
+    ) -> None:
+        """One block's move between KV tiers: `event` is ``demote``, ``promote`` or ``drop``."""
+        if event not in ("demote", "promote", "drop"):
+            raise ValueError(f"unknown tier event {event!r}")
+        self._log.info(
+            event,
+            ts=time.time() if ts is None else ts,
+            run=self.run_id,
+            block=block,
+            tier=tier,
+            slot=slot,
+            to_tier=to_tier,
+            to_slot=to_slot,
+            policy=policy,
+            reason=reason,
         )
 
     def compress(

@@ -9,9 +9,11 @@ the radix index for up to `n` victims in policy order (with their explanations w
 is on), gives their ids back to the pool, keeps the counters that feed `CacheStats` (blocks by
 reason and by policy, calls, the policy's decision time, memory utilization at each eviction),
 tells the re-prefill tracker which blocks went, and writes one ``evict`` event per victim and
-one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics"). Called under
-the cache manager's lock. Imports `block_allocator`, `block_keys`, `cached_block`, `errors`,
-`events`, `policy_binding`, `queue_protection`, `radix_cache` and the policy library's metrics.
+one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics"). With KV tiers
+(`tiers`), each victim is demoted to host before its id is freed, and only what is dropped
+counts for re-prefill ("Tiers"). Called under the cache manager's lock. Imports
+`block_allocator`, `block_keys`, `cached_block`, `errors`, `events`, `policy_binding`,
+`queue_protection`, `radix_cache`, `tiers` and the policy library's metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.tiers import TierStore
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
 __all__ = ["EvictionStep"]
@@ -46,6 +49,7 @@ class EvictionStep:
         clock: The events' time source.
         explain: Each eviction event says why its victim went (O(n) per victim).
         threshold: When set, `evict_to_threshold` evicts down to this fraction of the pool in use.
+        tiers: The host/disk tiers victims are demoted to, or None (victims are dropped).
 
     Attributes:
         explain: May be switched at any time.
@@ -69,6 +73,7 @@ class EvictionStep:
         *,
         explain: bool = False,
         threshold: float | None = None,
+        tiers: TierStore | None = None,
     ) -> None:
         if threshold is not None and not 0.0 <= threshold <= 1.0:
             raise ValueError(f"eviction_threshold={threshold!r} must be within [0, 1]")
@@ -81,6 +86,7 @@ class EvictionStep:
         self.events = events
         self._clock = clock
         self.explain = explain
+        self.tiers = tiers
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
         self.latency = LatencyRecorder()
@@ -148,9 +154,11 @@ class EvictionStep:
         if not victims:
             return 0
         pool = self._pool
+        policy_name = self._binding.name
+        # demoted before the ids are freed: each copy-out move precedes any reuse of the block
+        dropped = victims if self.tiers is None else self._demote(victims, policy_name)
         pool.free([b.block_id for b in victims])
         count = len(victims)
-        policy_name = self._binding.name
         self.eviction_calls += 1
         self.total_evictions += count
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count
@@ -159,10 +167,22 @@ class EvictionStep:
         num_blocks = pool.num_blocks
         self._utilization_sum += min(pool.num_used + pending, num_blocks) / num_blocks
         self._utilization_samples += 1
-        self._reprefill.on_evicts([b.key for b in victims])
+        self._reprefill.on_evicts([b.key for b in dropped])
         if self.events is not None:
             self._write_events(victims, policy_name, reason, decision, reasons)
         return count
+
+    def _demote(self, victims: list[CachedBlock], policy_name: str) -> list[CachedBlock]:
+        """Demote each victim to the tiers; returns those that found no room (dropped, with
+        their descendants below)."""
+        tiers = self.tiers
+        assert tiers is not None  # checked by the caller
+        dropped: list[CachedBlock] = []
+        for block in victims:
+            if not tiers.demote(block, policy_name):
+                dropped.append(block)
+                tiers.drop_below(block.key)
+        return dropped
 
     def _write_events(
         self,

@@ -5,7 +5,11 @@ and the policy agree (`RadixCache.check`); every running sequence's cached path 
 live blocks matching its block table; reservations own their blocks alone; ref counts equal the
 sequences and the waiting requests' protections holding each block, and the protections stay
 within their budget; no block is both free and in use, and none is leaked
-(docs/architecture.md, "Cache core").
+(docs/architecture.md, "Cache core"). With KV tiers (`check_tier_invariants`): every tier's
+slots back exactly one entry each and the capacities hold; each entry's tier policy holds it,
+evictable exactly as the rules say; a key lives in at most one tier below the device, and such a
+copy says whether the device tree holds it too; the union of the tiers is prefix-closed; and
+prefetches' locks count as references.
 
 The cache manager passes its parts (`CacheManager.check_invariants`); this module imports the
 parts' types, never the manager.
@@ -16,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.errors import CacheInvariantError
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.records import SequenceState
+from engine_adapter.cache.tiers import TierStore
 
-__all__ = ["check_manager_invariants"]
+__all__ = ["check_manager_invariants", "check_tier_invariants"]
 
 
 def check_manager_invariants(
@@ -30,6 +36,8 @@ def check_manager_invariants(
     sequences: Iterable[SequenceState],
     reservations: Mapping[int, list[int]],
     protection: QueueProtection,
+    tiers: TierStore | None = None,
+    prefetched: Iterable[list[CachedBlock]] = (),
 ) -> None:
     """Raise `CacheInvariantError` naming the first invariant the parts break; call under the
     manager's lock.
@@ -40,6 +48,8 @@ def check_manager_invariants(
         sequences: The running sequences.
         reservations: Each reservation's block ids.
         protection: The waiting requests' protections.
+        tiers: The host/disk tiers, or None.
+        prefetched: The locked paths of queued requests' prefetches.
     """
     free_set = _check_free_list(pool)
     radix.check()
@@ -59,6 +69,13 @@ def check_manager_invariants(
                 )
             owner[block_id] = f"reservation {owner_id}"
     _check_protections(protection, radix, refs)
+    for path in prefetched:  # a prefetch holds a reference on its whole root path
+        for block in path:
+            if radix.get(block.key) is not block:
+                raise CacheInvariantError(f"a prefetch holds {block!r}, which is not cached")
+            refs[id(block)] = refs.get(id(block), 0) + 1
+    if tiers is not None:
+        check_tier_invariants(tiers, radix)
     for block in radix.blocks():
         if block.ref_count != refs.get(id(block), 0):
             raise CacheInvariantError(
@@ -137,3 +154,51 @@ def _check_protections(protection: QueueProtection, radix: RadixCache, refs: dic
         raise CacheInvariantError(
             f"{len(protected)} protected blocks exceed max_protected={protection.max_protected}"
         )
+
+
+def check_tier_invariants(tiers: TierStore, radix: RadixCache) -> None:
+    """The host/disk tiers against themselves and the device tree (docstring above)."""
+    seen: dict[Hashable, str] = {}
+    children: dict[Hashable, set[Hashable]] = {}
+    last = tiers.levels[-1]
+    for level in tiers.levels:
+        name = level.tier.value
+        if len(level.entries) > level.capacity:
+            raise CacheInvariantError(f"{name} holds {len(level.entries)} blocks over its {level.capacity}")
+        slots = [e.slot for e in level.entries.values()]
+        if len(set(slots)) != len(slots):
+            raise CacheInvariantError(f"a {name} slot backs two blocks")
+        free = set(level.slots.free_block_ids())
+        if free.intersection(slots) or len(free) + len(slots) != level.capacity:
+            raise CacheInvariantError(
+                f"{name} slots: {len(slots)} used and {len(free)} free of {level.capacity}"
+            )
+        if len(level.policy) != len(level.entries):
+            raise CacheInvariantError(
+                f"{name} policy holds {len(level.policy)}, the tier {len(level.entries)}"
+            )
+        for key, entry in level.entries.items():
+            if key in seen:
+                raise CacheInvariantError(f"block {key!r} is in {seen[key]} and {name}")
+            seen[key] = name
+            if entry.key != key or entry.tier is not level.tier or entry.holds < 0:
+                raise CacheInvariantError(f"{entry!r} is filed as {key!r} in {name}")
+            if entry.on_device != (key in radix):
+                raise CacheInvariantError(
+                    f"{entry!r} says on_device={entry.on_device}, the device tree disagrees"
+                )
+            if not entry.on_device:
+                children.setdefault(entry.parent_key, set()).add(key)
+    for key, entry in ((k, e) for lv in tiers.levels for k, e in lv.entries.items()):
+        parent = entry.parent_key
+        if not entry.on_device and parent is not None and parent not in radix and parent not in seen:
+            raise CacheInvariantError(f"{entry!r}'s parent is in no tier (the tiers are not prefix-closed)")
+        level = tiers.levels[0] if entry.tier is tiers.levels[0].tier else tiers.levels[-1]
+        should = entry.holds == 0 and (entry.on_device or level is not last or not children.get(key))
+        if level.policy.is_evictable(key) != should:
+            raise CacheInvariantError(
+                f"{entry!r} is evictable={not should} in its policy, should be {should}"
+            )
+    for key, kids in children.items():
+        if tiers.children_of(key) != kids:
+            raise CacheInvariantError(f"the tiers count {tiers.children_of(key)} below {key!r}, not {kids}")

@@ -17,7 +17,7 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.radix_cache import RadixCache
-from engine_adapter.cache.stats import CacheStats
+from engine_adapter.cache.stats import CacheStats, TierStats
 from sage_eviction.metrics import HitCounter, ReprefillTracker
 
 __all__ = ["CacheMetrics"]
@@ -56,6 +56,7 @@ class CacheMetrics:
         *,
         running_sequences: int,
         reserved_blocks: int,
+        tiers: tuple[TierStats, ...] = (),
     ) -> CacheStats:
         """Every counter now, as a `CacheStats`."""
         p50, p99 = eviction.latency.quantiles(0.5, 0.99)
@@ -91,4 +92,5 @@ class CacheMetrics:
             re_prefill_blocks=self.reprefill.re_prefilled,
             running_sequences=running_sequences,
             reserved_blocks=reserved_blocks,
+            tiers=tiers,
         )

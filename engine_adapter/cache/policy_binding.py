@@ -67,8 +67,30 @@ class PolicyBinding:
             UnknownPolicyError, PolicyParamError: As `resolve_policy`; nothing changed.
             CacheInvariantError: The new policy does not hold the same entries; the old one stays.
         """
+        result, new, copied = self.swap_policy(radix.policy, len(radix), spec, **params)
+        if copied:
+            # The new policy copied the metas: point the blocks at its records.
+            for block in radix.blocks():
+                block.meta = new.meta(block.key)
+        radix.set_policy(new)
+        return result
+
+    def swap_policy(
+        self, old: EvictionPolicy, num_entries: int, spec: str, **params: Any
+    ) -> tuple[SwapResult, EvictionPolicy, bool]:
+        """Build the new policy of a hot swap from `old`'s entries (which must number
+        `num_entries`) and make its spec the active one; the caller installs it (the radix index
+        for the device, `TierLevel` for a lower tier).
+
+        Returns:
+            The swap's record, the new policy, and whether it copied the entries' metas (the
+            holders of the old records must then point at the new policy's).
+
+        Raises:
+            UnknownPolicyError, PolicyParamError: As `resolve_policy`; nothing changed.
+            CacheInvariantError: The new policy does not hold the same entries; nothing changed.
+        """
         resolved = resolve_policy(spec, self.capacity, **params)
-        old = radix.policy
         # Building millions of entries would trigger many cyclic-GC passes over the whole
         # heap (about half the swap time at 1e6 blocks); nothing here makes cycles to collect.
         gc_was_enabled = gc.isenabled()
@@ -83,17 +105,13 @@ class PolicyBinding:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        if len(new) != len(radix) or new.num_evictable != old.num_evictable:
+        if len(new) != num_entries or new.num_evictable != old.num_evictable:
             raise CacheInvariantError(
                 f"swap to {resolved.cls.name!r} holds {len(new)} entries "
-                f"({new.num_evictable} evictable); the cache has {len(radix)} "
+                f"({new.num_evictable} evictable); the cache has {num_entries} "
                 f"({old.num_evictable} evictable); kept {old.name!r}"
             )
-        if keys and new.meta(keys[0]) is not metas[0]:
-            # The new policy copied the metas: point the blocks at its records.
-            for block in radix.blocks():
-                block.meta = new.meta(block.key)
-        radix.set_policy(new)
+        copied = bool(keys) and new.meta(keys[0]) is not metas[0]
         result = SwapResult(
             old_name=self.name,
             old_params=dict(self.params),
@@ -109,4 +127,4 @@ class PolicyBinding:
         self.params = resolved.params
         self.swaps += 1
         self.last_swap_time_s = result.swap_time_s
-        return result
+        return result, new, copied

@@ -89,6 +89,14 @@ class QueueProtection:
         self._unprotect(path)
         return len(path)
 
+    def release_touching(self, blocks: set[int]) -> int:
+        """End every protection whose path holds a block of `blocks` (``id()`` of each; blocks a
+        failed tier move made useless); returns protections ended."""
+        ended = [rid for rid, path in self._paths.items() if any(id(b) in blocks for b in path)]
+        for request_id in ended:
+            self._unprotect(self._paths.pop(request_id))
+        return len(ended)
+
     def _unprotect(self, path: list[CachedBlock]) -> None:
         self._radix.unlock(path)
         refs = self._refs

@@ -25,8 +25,11 @@ class Allocation:
         block_table: Its pool block ids in token order (a copy).
         num_cached_blocks: Leading blocks served from the prefix cache (already computed).
         num_cached_tokens: ``num_cached_blocks * block_size``: the prefill starts here.
-        num_new_blocks: Blocks freshly allocated.
+        num_new_blocks: Blocks freshly allocated for tokens to compute.
         num_evicted_blocks: Blocks evicted to make room.
+        num_host_blocks: Of the cached blocks, those loaded back from the host tier (into fresh
+            blocks; the moves are in `CacheManager.take_moves`, to run before the prefill).
+        num_disk_blocks: Of the cached blocks, those loaded back from the disk tier.
     """
 
     sequence_id: int
@@ -35,6 +38,8 @@ class Allocation:
     num_cached_tokens: int
     num_new_blocks: int
     num_evicted_blocks: int
+    num_host_blocks: int = 0
+    num_disk_blocks: int = 0
 
 
 @dataclass(slots=True)

@@ -7,9 +7,11 @@ blocks in the radix index (locked while it runs, unlocked when it stops), releas
 (`compaction`), and its picture as a preemption candidate. The blocks' policy records are
 derived from its request in `block_meta`. As vLLM v1's `SingleTypeKVCacheManager` keeps
 ``req_to_blocks`` under the `KVCacheManager`, this sits under the cache manager's front and is
-only called under its lock. Imports `block_allocator`, `block_meta`, `cached_block`,
-`compaction`, `errors`, `eviction`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`,
-`request` and the policy library's candidate record.
+only called under its lock. With KV tiers, admission promotes the host/disk run of the hit
+(`promotion`) and newly cached blocks are reported to the tiers (write-through copies them).
+Imports `block_allocator`, `block_meta`, `cached_block`, `compaction`, `errors`, `eviction`,
+`promotion`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`, `request`, `tiers`
+and the policy library's candidate record.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
 from engine_adapter.cache.eviction import EvictionStep
+from engine_adapter.cache.promotion import promote_path
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.records import SequenceState
 from engine_adapter.cache.request import CacheRequest
+from engine_adapter.cache.tier_level import TierEntry
+from engine_adapter.cache.tiers import TierStore
 from sage_eviction import EvictionCandidate
 
 __all__ = ["RunningSequences"]
@@ -42,6 +47,7 @@ class RunningSequences:
         eviction: Evicts what an allocation lacks (and computes the deficit).
         protection: Waiting requests' protections (an admitted request's ends).
         clock: Time source.
+        tiers: The host/disk tiers, or None.
     """
 
     def __init__(
@@ -52,8 +58,10 @@ class RunningSequences:
         eviction: EvictionStep,
         protection: QueueProtection,
         clock: Callable[[], float],
+        tiers: TierStore | None = None,
     ) -> None:
         self._pool = pool
+        self._tiers = tiers
         self._radix = radix
         self._keys = keys
         self._eviction = eviction
@@ -96,9 +104,11 @@ class RunningSequences:
         salt: str | None,
         n_tokens: int,
         n_blocks: int,
+        below: Sequence[TierEntry] = (),
     ) -> tuple[SequenceState, int]:
         """Run `request` on the cached `path` it hits plus fresh blocks for the rest of its
-        `n_blocks`, evicting exactly the deficit; its queue protection ends.
+        `n_blocks`, evicting exactly the deficit; its queue protection ends. The tier entries
+        `below` that continue the hit are promoted into the first fresh blocks and join `path`.
 
         Returns:
             Its state and the blocks evicted for it.
@@ -112,13 +122,23 @@ class RunningSequences:
         self._protection.release(sequence_id)  # it leaves the queue; its protected head is in `path`
         now = self._clock()
         # how long the prefix this request extends had been idle: a feature of its new blocks
-        prefix_idle = max(now - path[-1].meta.last_access, 0.0) if path else None
+        last = below[-1].meta if below else path[-1].meta if path else None
+        prefix_idle = max(now - last.last_access, 0.0) if last is not None else None
+        if below:
+            assert self._tiers is not None  # only a tiered cache finds entries below
+            self._tiers.hold(below)  # the eviction below must not move what is being loaded
         self._radix.lock(path)
         self._radix.touch(path, now)
         evicted = self._eviction.evict(deficit, "alloc", pending=n_new) if deficit > 0 else 0
+        fresh = self._pool.allocate(n_new)
+        if below:
+            assert self._tiers is not None
+            promote_path(
+                self._radix, self._tiers, path, below, fresh[: len(below)], sequence_id, now, "lookup"
+            )
         seq = SequenceState(
             request=request,
-            block_table=[b.block_id for b in path] + self._pool.allocate(n_new),
+            block_table=[b.block_id for b in path] + fresh[len(below) :],
             cached_path=path,
             keys=keys,
             salt=salt,
@@ -196,7 +216,10 @@ class RunningSequences:
         seq = self.get(sequence_id)
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens)
         fields = self._meta_fields(seq)
-        return self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        added = self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        if added and self._tiers is not None:
+            self._tiers.cached_on_device(seq.cached_path[-added:])
+        return added
 
     def release(
         self,
@@ -211,7 +234,12 @@ class RunningSequences:
         seq = self.get(sequence_id)
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
         fields = self._meta_fields(seq)
-        added, to_free = self._radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        radix = self._radix
+        fresh_keys = [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers else []
+        added, to_free = radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        if added and self._tiers is not None:
+            new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None]
+            self._tiers.cached_on_device(new_blocks)
         del self._states[sequence_id]
         if to_free:
             self._pool.free(to_free)

@@ -12,7 +12,38 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CacheStats"]
+__all__ = ["CacheStats", "TierStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """One lower KV tier's figures (host or disk; docs/architecture.md, "Tiers").
+
+    Attributes:
+        tier: ``host`` or ``disk``.
+        policy: The registry name of the tier's eviction policy.
+        capacity_blocks: Its slots.
+        used_blocks: Slots holding a block now.
+        hits: Blocks a lookup or prefetch found here (and promoted to the device pool).
+        demotions: Blocks that came down into this tier (evicted from the tier above).
+        promotions: Blocks copied from here into the device pool.
+        drops: Blocks that left this tier and every tier (gone; a later lookup misses).
+        blocks_moved_in: Block copies written into this tier (demotions and write-through).
+        blocks_moved_out: Block copies read out of it (promotions and demotions below it).
+        policy_swaps: Hot swaps of its policy.
+    """
+
+    tier: str
+    policy: str
+    capacity_blocks: int
+    used_blocks: int
+    hits: int
+    demotions: int
+    promotions: int
+    drops: int
+    blocks_moved_in: int
+    blocks_moved_out: int
+    policy_swaps: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +81,7 @@ class CacheStats:
         re_prefill_blocks: Evicted blocks that came back.
         running_sequences: Sequences holding blocks now.
         reserved_blocks: Blocks held by pool reservations now (embedding batches' workspace).
+        tiers: The host and disk tiers' figures, top down (empty without tiers).
     """
 
     strategy: str
@@ -81,10 +113,13 @@ class CacheStats:
     re_prefill_blocks: int
     running_sequences: int
     reserved_blocks: int = 0
+    tiers: tuple[TierStats, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
-        return {
+        out = {
             f.name: dict(value) if isinstance(value := getattr(self, f.name), dict) else value
             for f in dataclasses.fields(self)
         }
+        out["tiers"] = [dataclasses.asdict(t) for t in self.tiers]
+        return out
