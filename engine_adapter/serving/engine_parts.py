@@ -19,6 +19,7 @@ from typing import Any
 
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
 from engine_adapter.model.decoder import Decoder, ForwardBatch
@@ -188,8 +189,20 @@ def pool_blocks(config: EngineConfig, decoder: Any, device: str, kv_dtype: Any =
     return DEFAULT_NUM_BLOCKS
 
 
-def cache_manager(config: EngineConfig, pool: PagedKVPool, events: EvictionEventLog) -> CacheManager:
-    """The cache manager over the pool's allocator, with the config's policy and limits."""
+def cache_manager(
+    config: EngineConfig, pool: PagedKVPool, events: EvictionEventLog, tiers: KVTiers | None = None
+) -> CacheManager:
+    """The cache manager over the pool's allocator, with the config's policy and limits, and the
+    host/disk tiers' capacities and policies when `tiers` has them."""
+    tier_config = None
+    if tiers is not None and tiers.host_blocks:
+        tier_config = TierConfig(
+            host_blocks=tiers.host_blocks,
+            disk_blocks=tiers.disk_blocks,
+            host_policy=config.host_eviction_policy,
+            host_policy_params=dict(config.host_policy_params),
+            write_policy=config.host_write_policy,
+        )
     return CacheManager(
         pool.allocator,
         policy=config.eviction_policy,
@@ -199,6 +212,7 @@ def cache_manager(config: EngineConfig, pool: PagedKVPool, events: EvictionEvent
         event_log=events,
         protect_queued=config.protect_queued,
         explain=config.explain_evictions,
+        tiers=tier_config,
     )
 
 
