@@ -54,11 +54,14 @@ def test_greedy_outputs_with_a_host_tier_equal_an_unbounded_pool(reference_outpu
         second = _run_all(engine, PROMPTS)
         engine.cache.check_invariants()
         host = _tier(engine, "host")
+        copies = engine.info()["tier_copies"]
     finally:
         engine.shutdown()
     assert first == reference_outputs
     assert second == reference_outputs
     assert host.demotions > 0 and host.hits > 0 and host.promotions > 0
+    # every copy the core counted, the executor ran (no disk: each is into or out of host)
+    assert copies["moves"] == host.blocks_moved_in + host.blocks_moved_out and copies["failed"] == 0
 
 
 def test_lost_disk_files_are_misses_not_wrong_answers(

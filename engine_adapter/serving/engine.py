@@ -219,6 +219,9 @@ class Engine(EngineControl):
         self.loop.steps += 1
         self.loop.forward_s += stats.forward_s
         self.loop.bookkeeping_s += stats.bookkeeping_s
+        self.loop.tier_moves += stats.tier_moves
+        self.loop.tier_failed_moves += stats.tier_failed
+        self.loop.tier_copy_s += stats.tier_copy_s
         if stats.preempted:
             self.metrics.on_preemption(stats.preempted)
         if self.cache.eviction_threshold is not None:
