@@ -9,6 +9,9 @@
                       -> (Decoder, tokenizer, config)
     kv_pool.py        PagedKVPool: one K and one V tensor per layer, indexed by the block ids of
                       the cache core's BlockAllocator (pool.allocator)
+    host_pool.py      HostKVPool: the host tier's K/V (--host-kv-cache), pinned beside CUDA
+    disk_store.py     DiskKVStore: the disk tier (--disk-kv-cache), a checksummed file per block
+    tier_copy.py      execute_moves: the cache core's TierMoves, batched per pair of tiers
     decoder.py        Decoder.forward(ForwardBatch, PagedKVPool) -> ForwardOutput;
                       Decoder.compile_step (torch.compile of the layers' dense math)
     graphs.py         enable_cuda_graphs: pure decode steps padded to buckets and replayed from

@@ -57,6 +57,9 @@ class LoopStats:
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0
     re_prefills_counted: int = 0  # the cache's re-prefilled blocks already in the metrics
+    tier_moves: int = 0  # blocks copied between the pool and its host/disk tiers
+    tier_failed_moves: int = 0  # of which failed (an unreadable disk file): misses
+    tier_copy_s: float = 0.0  # time in those copies (part of bookkeeping_s)
     error: str | None = None  # the last step that failed, as "Type: message"
 
     @property
@@ -115,6 +118,11 @@ class EngineControl:
                 },
                 "steps": self.loop.steps,
                 "bookkeeping_share": self.loop.bookkeeping_share,
+                "tier_copies": {
+                    "moves": self.loop.tier_moves,
+                    "failed": self.loop.tier_failed_moves,
+                    "seconds": self.loop.tier_copy_s,
+                },
                 "loop_error": self.loop.error,
                 "threads": threads,
             }

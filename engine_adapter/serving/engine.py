@@ -24,11 +24,13 @@ controller and the policy library.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -37,9 +39,11 @@ import structlog
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.tier_moves import TierMove
 from engine_adapter.colocation import Decision
 from engine_adapter.model.chat_template import ChatMessage
 from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.model.tier_copy import execute_moves
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
 from engine_adapter.serving.colocation import Deferred, EngineColocation
 from engine_adapter.serving.config import EngineConfig, colocation_switches
@@ -82,10 +86,11 @@ class Engine(EngineControl):
         self.thread_settings = parts.threads
         self.decoder, self.tokenizer, self.model_config = parts.decoder, parts.tokenizer, parts.model_config
         self.pool = parts.pool
+        self.tiers = parts.tiers
         self.events = EvictionEventLog(
             config.eviction_log_path if config.log_evictions else None, ring_size=10_000
         )
-        self.cache = cache_manager(config, self.pool, self.events)
+        self.cache = cache_manager(config, self.pool, self.events, self.tiers)
         self.metrics = EngineMetrics(policy=self.cache.policy_name)
         self.events.subscribe(self._on_event)
         self.token_manager = token_manager(config, self.cache, self.pool, self.events)
@@ -131,6 +136,16 @@ class Engine(EngineControl):
             hooks=self.hooks,
             token_eviction=self.token_manager,
             adaptive=AdaptiveBatch(config.max_num_seqs) if config.adaptive_batch else None,
+            tier_copier=self._tier_copier(),
+        )
+
+    def _tier_copier(self) -> Callable[[list[TierMove]], list[TierMove]] | None:
+        """What runs the cache core's tier moves on the pool, host pool and disk store (on the
+        engine thread, in the step); None without tiers."""
+        if self.tiers.host is None:
+            return None
+        return functools.partial(
+            execute_moves, device_pool=self.pool, host_pool=self.tiers.host, disk_store=self.tiers.disk
         )
 
     def _colocation(self, config: EngineConfig) -> EngineColocation | None:
@@ -204,6 +219,9 @@ class Engine(EngineControl):
         self.loop.steps += 1
         self.loop.forward_s += stats.forward_s
         self.loop.bookkeeping_s += stats.bookkeeping_s
+        self.loop.tier_moves += stats.tier_moves
+        self.loop.tier_failed_moves += stats.tier_failed
+        self.loop.tier_copy_s += stats.tier_copy_s
         if stats.preempted:
             self.metrics.on_preemption(stats.preempted)
         if self.cache.eviction_threshold is not None:

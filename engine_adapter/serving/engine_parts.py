@@ -19,15 +19,18 @@ from typing import Any
 
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
 from engine_adapter.model.decoder import Decoder, ForwardBatch
+from engine_adapter.model.disk_store import DiskKVStore
 from engine_adapter.model.graphs import enable_cuda_graphs
+from engine_adapter.model.host_pool import HostKVPool
 from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
 from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.colocation import ColocationGates
-from engine_adapter.serving.config import EngineConfig, colocation_params, colocation_switches
+from engine_adapter.serving.config import ConfigError, EngineConfig, colocation_params, colocation_switches
 from engine_adapter.serving.engine_thread import ThreadSettings, apply_threads, check_threads
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.token_eviction.pressure import (
@@ -42,9 +45,11 @@ from engine_adapter.token_eviction.registry import make_token_policy
 
 __all__ = [
     "DEFAULT_NUM_BLOCKS",
+    "KVTiers",
     "ModelParts",
     "cache_manager",
     "colocation_gates",
+    "kv_tiers",
     "load_parts",
     "model_and_pool",
     "pool_blocks",
@@ -58,6 +63,25 @@ DEFAULT_NUM_BLOCKS = 2048
 
 
 @dataclass(frozen=True, slots=True)
+class KVTiers:
+    """The KV tiers under the device pool (issue 30; ``--host-kv-cache``, ``--disk-kv-cache``):
+    None where a tier is off. The cache core is told their capacities in blocks."""
+
+    host: HostKVPool | None = None
+    disk: DiskKVStore | None = None
+
+    @property
+    def host_blocks(self) -> int:
+        """Slots of the host tier; 0: off."""
+        return 0 if self.host is None else self.host.num_blocks
+
+    @property
+    def disk_blocks(self) -> int:
+        """Slots of the disk tier; 0: off."""
+        return 0 if self.disk is None else self.disk.num_blocks
+
+
+@dataclass(frozen=True, slots=True)
 class ModelParts:
     """What the engine thread loads before the engine is built around it."""
 
@@ -66,15 +90,52 @@ class ModelParts:
     tokenizer: Tokenizer
     model_config: ModelConfig
     pool: PagedKVPool
+    tiers: KVTiers
 
 
 def load_parts(config: EngineConfig) -> ModelParts:
-    """The engine thread's first job: its torch threads, the model, the KV pool and a warm-up,
-    in that order (the thread count must be set before the first parallel region)."""
+    """The engine thread's first job: its torch threads, the model, the KV pool and its tiers and
+    a warm-up, in that order (the thread count must be set before the first parallel region; the
+    tiers' tensors and CUDA stream belong to the thread that copies into them)."""
     threads = apply_threads(config.threads)
     decoder, tokenizer, model_config, pool = model_and_pool(config)
+    tiers = kv_tiers(config, pool)
     warm_up(decoder, config.block_size)
-    return ModelParts(check_threads(threads), decoder, tokenizer, model_config, pool)
+    return ModelParts(check_threads(threads), decoder, tokenizer, model_config, pool, tiers)
+
+
+def kv_tiers(config: EngineConfig, pool: PagedKVPool) -> KVTiers:
+    """The host pool and the disk store the config asks for, sized in blocks of `pool`.
+
+    Raises:
+        ConfigError: A tier's size holds no block, or the disk tier's folder is not usable.
+    """
+    if config.host_kv_cache is None:
+        return KVTiers()
+    host = HostKVPool.like(pool, _tier_blocks(config.host_kv_cache, pool, "host_kv_cache"))
+    if not config.disk_kv_cache or config.disk_kv_size is None:
+        return KVTiers(host)
+    blocks = _tier_blocks(config.disk_kv_size, pool, "disk_kv_size")
+    try:
+        disk = DiskKVStore.like(pool, config.disk_kv_cache, blocks)
+    except ValueError as exc:
+        raise ConfigError(f"disk_kv_cache: {exc}") from None
+    return KVTiers(host, disk)
+
+
+def _tier_blocks(size: int, pool: PagedKVPool, key: str) -> int:
+    """Blocks of `pool` in `size` bytes."""
+    try:
+        return PagedKVPool.blocks_for_memory(
+            size,
+            num_layers=pool.num_layers,
+            num_kv_heads=pool.num_kv_heads,
+            head_dim=pool.head_dim,
+            block_size=pool.block_size,
+            dtype=pool.dtype,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def warm_up(decoder: Decoder, block_size: int) -> None:
@@ -132,8 +193,20 @@ def pool_blocks(config: EngineConfig, decoder: Any, device: str, kv_dtype: Any =
     return DEFAULT_NUM_BLOCKS
 
 
-def cache_manager(config: EngineConfig, pool: PagedKVPool, events: EvictionEventLog) -> CacheManager:
-    """The cache manager over the pool's allocator, with the config's policy and limits."""
+def cache_manager(
+    config: EngineConfig, pool: PagedKVPool, events: EvictionEventLog, tiers: KVTiers | None = None
+) -> CacheManager:
+    """The cache manager over the pool's allocator, with the config's policy and limits, and the
+    host/disk tiers' capacities and policies when `tiers` has them."""
+    tier_config = None
+    if tiers is not None and tiers.host_blocks:
+        tier_config = TierConfig(
+            host_blocks=tiers.host_blocks,
+            disk_blocks=tiers.disk_blocks,
+            host_policy=config.host_eviction_policy,
+            host_policy_params=dict(config.host_policy_params),
+            write_policy=config.host_write_policy,
+        )
     return CacheManager(
         pool.allocator,
         policy=config.eviction_policy,
@@ -143,6 +216,7 @@ def cache_manager(config: EngineConfig, pool: PagedKVPool, events: EvictionEvent
         event_log=events,
         protect_queued=config.protect_queued,
         explain=config.explain_evictions,
+        tiers=tier_config,
     )
 
 

@@ -47,6 +47,7 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
 from engine_adapter.cache.records import Allocation
 from engine_adapter.cache.request import CacheRequest
+from engine_adapter.cache.tier_moves import TierMove
 from engine_adapter.model.decoder import AttentionObserver, Decoder, ForwardBatch
 from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.model.penalties import apply_penalties
@@ -120,6 +121,7 @@ class Scheduler:
         hooks: SchedulerHooks | None = None,
         token_eviction: TokenCacheManager | None = None,
         adaptive: AdaptiveBatch | None = None,
+        tier_copier: Callable[[list[TierMove]], list[TierMove]] | None = None,
     ) -> None:
         self.cache = cache
         self.decoder = decoder
@@ -130,6 +132,8 @@ class Scheduler:
         self.hooks: SchedulerHooks = hooks if hooks is not None else NoHooks()
         self.token_eviction = token_eviction
         self.adaptive = adaptive
+        # Copies the cache core's tier moves (engine_adapter.model.tier_copy); returns the failed.
+        self.tier_copier = tier_copier
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._next_seq_id = 0
@@ -208,6 +212,10 @@ class Scheduler:
         self._expire_waiting()
         stats.admitted = self._admit()
         batch_seqs, chunks, stats.preempted = self._schedule()
+        # Admission's promotions and the reservations' demotions, before the forward reads the
+        # promoted blocks and overwrites the demoted ones (a failed promotion moves its sequence's
+        # computed prefix back: the chunk then starts earlier, the forward reads num_computed).
+        self._run_tier_moves(stats)
         # a step decodes when an LLM row computes one token; prefill chunks are no TPOT to protect
         decoding = any(n == 1 for n in chunks)
         emb_texts, emb_chunks = self.embeddings.schedule(decoding)
@@ -232,6 +240,24 @@ class Scheduler:
         stats.cache_s = self.cache_s + self.compression.cache_s + self.embeddings.cache_s
         self._adapt_batch_limit()
         return stats
+
+    def _run_tier_moves(self, stats: StepStats) -> None:
+        """Copy the blocks the cache core moved between the pool and its host/disk tiers, in its
+        order (engine_adapter.cache.tier_moves); a failed copy is a miss: each sequence whose
+        cached prefix it cut recomputes from the cut."""
+        if self.tier_copier is None:
+            return
+        t = time.perf_counter()
+        moves = self.cache.take_moves()
+        failed = self.tier_copier(moves) if moves else []
+        kept = self.cache.moves_failed(failed) if failed else {}
+        for seq in self.running:
+            if seq.seq_id in kept:
+                seq.num_computed = min(seq.num_computed, kept[seq.seq_id] * self.cache.block_size)
+                seq.block_table = self.cache.block_table(seq.seq_id)
+        stats.tier_moves += len(moves)
+        stats.tier_failed += len(failed)
+        stats.tier_copy_s += time.perf_counter() - t
 
     def _forward_batch(
         self, seqs: list[Sequence], chunks: list[int], texts: list[EmbeddingText], text_chunks: list[int]

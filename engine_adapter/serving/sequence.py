@@ -140,3 +140,6 @@ class StepStats:
     forward_s: float = 0.0
     bookkeeping_s: float = 0.0  # everything but the forward: scheduling, sampling, detokenizing
     cache_s: float = 0.0  # of which in the cache manager and the policy
+    tier_moves: int = 0  # blocks copied between the pool and its host/disk tiers
+    tier_failed: int = 0  # of which failed (an unreadable disk file): misses
+    tier_copy_s: float = 0.0  # of the bookkeeping, in those copies

@@ -105,6 +105,73 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         min=1,
     ),
     ConfigFlag(
+        key="host_kv_cache",
+        param="host_kv_cache",
+        decls=("--host-kv-cache",),
+        kind="text",
+        help=(
+            "Size of a host-memory KV tier under the pool, e.g. 8GiB: blocks the pool evicts are "
+            "demoted there and loaded back on a hit (default: off)."
+        ),
+        metavar="SIZE",
+    ),
+    ConfigFlag(
+        key="host_eviction_policy",
+        param="host_eviction_policy",
+        decls=("--host-eviction-policy",),
+        kind="text",
+        help="Eviction policy of the host tier (see 'sage llm eviction policies'). (default: lru)",
+        metavar="NAME",
+    ),
+    ConfigFlag(
+        key="host_policy_params",
+        param="host_policy_param",
+        decls=("--host-policy-param",),
+        kind="items",
+        help="A param of the host tier's eviction policy; repeat for more.",
+        metavar="K=V",
+    ),
+    ConfigFlag(
+        key="host_write_policy",
+        param="host_write_policy",
+        decls=("--host-write-policy",),
+        kind="text",
+        help=(
+            "When a block reaches the host tier: write_back (when the pool evicts it) or write_through "
+            "(when it is committed, so an eviction copies nothing). (default: write_back)"
+        ),
+        metavar="MODE",
+    ),
+    ConfigFlag(
+        key="disk_kv_cache",
+        param="disk_kv_cache",
+        decls=("--disk-kv-cache",),
+        kind="dir",
+        help=(
+            "Folder of a disk KV tier under the host tier: one checksummed file per block (needs "
+            "--host-kv-cache and --disk-kv-size)."
+        ),
+        metavar="DIR",
+    ),
+    ConfigFlag(
+        key="disk_kv_size",
+        param="disk_kv_size",
+        decls=("--disk-kv-size",),
+        kind="text",
+        help="Size of the disk KV tier, e.g. 100GiB (with --disk-kv-cache).",
+        metavar="SIZE",
+    ),
+    ConfigFlag(
+        key="prefetch",
+        param="prefetch",
+        decls=("--prefetch/--no-prefetch",),
+        kind="switch",
+        help=(
+            "Load a queued request's host- or disk-resident prefix back while it waits (the cache core "
+            "and the simulator do; the engine's scheduler does not ask for it yet). (default: yes)"
+        ),
+    ),
+    ConfigFlag(
         key="device",
         param="device",
         decls=("--device",),

@@ -35,6 +35,7 @@ from engine_adapter.serving.config.values import (
     DTYPES,
     PACKED_WEIGHTS,
     QUANTIZATIONS,
+    WRITE_POLICIES,
     ConfigError,
     Parser,
     float_in,
@@ -123,6 +124,37 @@ class EngineConfig:
     """KV cache size as a fraction of device memory, in (0, 1]."""
     block_size: int = 16
     """Tokens per KV block."""
+    host_kv_cache: int | None = None
+    """Size of a host-memory KV tier under the pool, e.g. 8GiB: blocks the pool evicts are demoted
+    there and loaded back on a hit (default: off).
+
+    Converted to blocks with the pool's bytes per block (the device pool's dtype and shape);
+    pinned memory and a copy stream beside a CUDA pool (engine_adapter.model.host_pool).
+    """
+    host_eviction_policy: str = "lru"
+    """Eviction policy of the host tier (see 'sage llm eviction policies')."""
+    host_policy_params: dict[str, Any] = field(default_factory=dict)
+    """A param of the host tier's eviction policy; repeat for more."""
+    host_write_policy: str = "write_back"
+    """When a block reaches the host tier: write_back (when the pool evicts it) or write_through
+    (when it is committed, so an eviction copies nothing)."""
+    disk_kv_cache: str = ""
+    """Folder of a disk KV tier under the host tier: one checksummed file per block (needs
+    --host-kv-cache and --disk-kv-size).
+
+    The engine removes the block files a previous engine left there (engine_adapter.model.disk_store).
+    """
+    disk_kv_size: int | None = None
+    """Size of the disk KV tier, e.g. 100GiB (with --disk-kv-cache)."""
+    prefetch: bool = True
+    """Load a queued request's host- or disk-resident prefix back while it waits (the cache core
+    and the simulator do; the engine's scheduler does not ask for it yet).
+
+    Wired into the scheduler (a prefetch per queued request and step, cancelled when it leaves),
+    a 24-block pool with six concurrent requests stopped making progress, likely because a
+    prefetch locks the device part of the path it finds beside what it promotes, outside its
+    budget.
+    """
     device: str = "auto"
     """auto (cuda when present), cpu, cuda or cuda:N."""
     dtype: str = "auto"
@@ -290,6 +322,7 @@ class EngineConfig:
                 f"{MAX_SOCKET_PATH}: pass a shorter --socket or set a shorter SAGE_HOME"
             )
         self._check_tcp()
+        self._check_tiers()
         try:
             colocation_params(self.colocation_params)
             colocation_switches(self.colocation_params)
@@ -308,6 +341,17 @@ class EngineConfig:
             raise ConfigError(
                 "refusing to listen on TCP without an API key: give --api-key (or $SAGE_API_KEY), "
                 "or say --insecure-no-api-key"
+            )
+
+    def _check_tiers(self) -> None:
+        """The disk tier needs its folder, its size and the host tier it sits under."""
+        if self.disk_kv_size is not None and not self.disk_kv_cache:
+            raise ConfigError("disk_kv_size needs disk_kv_cache: give the disk tier's folder too")
+        if self.disk_kv_cache and self.disk_kv_size is None:
+            raise ConfigError("disk_kv_cache needs disk_kv_size: give the disk tier's size too")
+        if self.disk_kv_cache and self.host_kv_cache is None:
+            raise ConfigError(
+                "disk_kv_cache needs host_kv_cache: the disk tier holds what the host tier demotes"
             )
 
     @property
@@ -380,10 +424,15 @@ class EngineConfig:
             sage_eviction.OfflinePolicyError: An offline policy (it needs the future: simulation
                 only); lists the online ones.
         """
-        from sage_eviction import resolve_policy
+        from sage_eviction import PolicyConfigError, resolve_policy
 
         # The cache resolves the spec the same way with the pool's size, known only at start.
         resolve_policy(self.eviction_policy, self.num_blocks or 1, online=True, **self.policy_params)
+        # The host tier's policy, whether the tier is on or not: a name given is a name meant.
+        try:
+            resolve_policy(self.host_eviction_policy, 1, online=True, **self.host_policy_params)
+        except PolicyConfigError as exc:
+            raise type(exc)(f"host tier: {exc}") from None
 
 
 # How each key's values are read, from strings (flags, the environment) and YAML types alike.
@@ -399,6 +448,13 @@ PARSERS: dict[str, Parser] = {
     "kv_cache_memory": parse_size,
     "gpu_memory_utilization": float_in(0.0, 1.0, low_open=True),
     "block_size": int_at_least(1),
+    "host_kv_cache": parse_size,
+    "host_eviction_policy": parse_policy,
+    "host_policy_params": parse_params,
+    "host_write_policy": one_of(WRITE_POLICIES, "host write policy"),
+    "disk_kv_cache": parse_path,
+    "disk_kv_size": parse_size,
+    "prefetch": parse_bool,
     "device": parse_device,
     "dtype": one_of(DTYPES, "dtype"),
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),

@@ -7,8 +7,9 @@ Precedence, first wins::
 
 Two groups are chosen as a whole, from the highest source that sets any of their keys: the pool
 size (``num_blocks`` | ``kv_cache_memory`` | ``gpu_memory_utilization``, at most one per source;
-none means the engine sizes the pool itself), and the policy (``policy_params`` of sources below
-the one that picked ``eviction_policy`` are dropped: they were meant for another policy). When
+none means the engine sizes the pool itself), and each policy (``policy_params`` of sources below
+the one that picked ``eviction_policy`` are dropped: they were meant for another policy; the same
+for ``host_policy_params`` and ``host_eviction_policy``). When
 only ``socket`` is set, ``name`` is the socket's stem.
 
 Imports: the standard library, `engine_adapter.paths`, `engine_adapter.safe_yaml` (when a file is
@@ -36,6 +37,8 @@ from engine_adapter.serving.config.values import ConfigError
 __all__ = ["CONFIG_ENV", "load_env", "load_yaml", "resolve_config"]
 
 CONFIG_ENV = "SAGE_CONFIG"
+# Each policy key and the key of its params: params go with the policy they were given for.
+POLICY_PARAMS = {"eviction_policy": "policy_params", "host_eviction_policy": "host_policy_params"}
 
 
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -99,7 +102,7 @@ def resolve_config(
     ]  # first wins
     merged: dict[str, Any] = {}
     for key in config_keys():
-        if key in SIZING_KEYS or key == "policy_params":
+        if key in SIZING_KEYS or key in POLICY_PARAMS.values():
             continue
         for layer in layers:
             if key in layer:
@@ -111,12 +114,14 @@ def resolve_config(
         if sizing:
             merged.update(sizing)
             break
-    # Policy params: from the source that picked the policy and the ones above it.
-    picked = next((i for i, layer in enumerate(layers) if "eviction_policy" in layer), len(layers))
-    params: dict[str, Any] = {}
-    for layer in reversed(layers[: picked + 1]):
-        params.update(layer.get("policy_params", {}))
-    merged["policy_params"] = params
+    # Policy params: from the source that picked the policy and the ones above it (the device
+    # pool's and the host tier's alike).
+    for policy_key, params_key in POLICY_PARAMS.items():
+        picked = next((i for i, layer in enumerate(layers) if policy_key in layer), len(layers))
+        params: dict[str, Any] = {}
+        for layer in reversed(layers[: picked + 1]):
+            params.update(layer.get(params_key, {}))
+        merged[params_key] = params
     if "socket" in merged and "name" not in merged:
         stem = Path(merged["socket"]).stem
         merged["name"] = stem if is_engine_name(stem) else DEFAULT_NAME

@@ -104,6 +104,8 @@ def parse_token_policy(value: Any, where: str) -> str:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")
 PACKED_WEIGHTS = ("auto", "on", "off")
+# When a block reaches the host KV tier (SGLang HiCache's names): on eviction, or on commit.
+WRITE_POLICIES = ("write_back", "write_through")
 
 
 def one_of(choices: tuple[str, ...], what: str) -> Parser:
