@@ -306,17 +306,19 @@ class Decoder(nn.Module):
         self.rotary = RotaryEmbedding(config)
         self.compiled: str | None = None  # set by compile_step
         self.quantization = "none"  # set by engine_adapter.model.quant.quantize_decoder
-        self.packed_weights = False  # set by engine_adapter.model.packed.pack_decoder
+        # "no", or how many dense linears took the packed kernel ("N of M linears"): set by
+        # engine_adapter.model.packed.pack_decoder, which packs only the shapes where it wins
+        self.packed_weights = "no"
         self.graphs: StepRunner | None = None  # set by graphs.enable_cuda_graphs
 
     def precision(self, pool: PagedKVPool) -> dict[str, str | None]:
         """How this model runs with `pool`, for the engine's info: dtype, KV dtype, quantization,
-        packed weights (yes/no), compile (None when not compiled)."""
+        packed weights ("no" or "N of M linears"), compile (None when not compiled)."""
         return {
             "dtype": str(self.dtype).removeprefix("torch."),
             "kv_dtype": str(pool.dtype).removeprefix("torch."),
             "quantization": self.quantization,
-            "packed_weights": "yes" if self.packed_weights else "no",
+            "packed_weights": self.packed_weights,
             "compile": self.compiled,
         }
 

@@ -148,11 +148,12 @@ def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], in
     if why_not is not None:
         raise ValueError(why_not)
     by_shape: dict[tuple[int, int, bool], int | None] = {}
-    packed = 0
+    packed = dense = 0
     with torch.no_grad():
         for name, module in list(decoder.named_modules()):
             if type(module) is not nn.Linear:  # quantized layers keep their own kernels
                 continue
+            dense += 1
             shape = (module.out_features, module.in_features, module.bias is not None)
             if shape not in by_shape:
                 by_shape[shape] = min_rows(module)
@@ -163,5 +164,5 @@ def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], in
             parent = decoder.get_submodule(parent_name) if parent_name else decoder
             setattr(parent, attr, PackedLinear(module, rows))
             packed += 1
-    decoder.packed_weights = packed > 0
+    decoder.packed_weights = f"{packed} of {dense} linears" if dense else "no"
     return packed
