@@ -74,7 +74,6 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "host_write_policy": ("write_through", "write_through", {}),
     "disk_kv_cache": ("/tmp/sage-t/kv", "/tmp/sage-t/kv", {"host_kv_cache": "1GiB", "disk_kv_size": "2GiB"}),
     "disk_kv_size": ("2GiB", 2 * 2**30, {"host_kv_cache": "1GiB", "disk_kv_cache": "/tmp/sage-t/kv"}),
-    "prefetch": ("yes", True, {}),
     "device": ("CPU", "cpu", {}),
     "dtype": ("BFloat16", "bfloat16", {}),
     "kv_dtype": ("float16", "float16", {}),

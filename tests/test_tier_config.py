@@ -24,11 +24,7 @@ def sage_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_tiers_are_off_by_default() -> None:
     config = EngineConfig()
     assert (config.host_kv_cache, config.disk_kv_cache, config.disk_kv_size) == (None, "", None)
-    assert (config.host_eviction_policy, config.host_write_policy, config.prefetch) == (
-        "lru",
-        "write_back",
-        True,
-    )
+    assert (config.host_eviction_policy, config.host_write_policy) == ("lru", "write_back")
     pool = PagedKVPool(num_layers=1, num_kv_heads=1, head_dim=4, block_size=4, num_blocks=2, device="cpu")
     tiers = kv_tiers(config, pool)
     assert (tiers.host, tiers.disk, tiers.host_blocks, tiers.disk_blocks) == (None, None, 0, 0)

@@ -162,16 +162,6 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="SIZE",
     ),
     ConfigFlag(
-        key="prefetch",
-        param="prefetch",
-        decls=("--prefetch/--no-prefetch",),
-        kind="switch",
-        help=(
-            "Load a queued request's host- or disk-resident prefix back while it waits (the cache core "
-            "and the simulator do; the engine's scheduler does not ask for it yet). (default: yes)"
-        ),
-    ),
-    ConfigFlag(
         key="device",
         param="device",
         decls=("--device",),

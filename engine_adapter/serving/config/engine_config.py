@@ -146,15 +146,6 @@ class EngineConfig:
     """
     disk_kv_size: int | None = None
     """Size of the disk KV tier, e.g. 100GiB (with --disk-kv-cache)."""
-    prefetch: bool = True
-    """Load a queued request's host- or disk-resident prefix back while it waits (the cache core
-    and the simulator do; the engine's scheduler does not ask for it yet).
-
-    Wired into the scheduler (a prefetch per queued request and step, cancelled when it leaves),
-    a 24-block pool with six concurrent requests stopped making progress, likely because a
-    prefetch locks the device part of the path it finds beside what it promotes, outside its
-    budget.
-    """
     device: str = "auto"
     """auto (cuda when present), cpu, cuda or cuda:N."""
     dtype: str = "auto"
@@ -454,7 +445,6 @@ PARSERS: dict[str, Parser] = {
     "host_write_policy": one_of(WRITE_POLICIES, "host write policy"),
     "disk_kv_cache": parse_path,
     "disk_kv_size": parse_size,
-    "prefetch": parse_bool,
     "device": parse_device,
     "dtype": one_of(DTYPES, "dtype"),
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),
