@@ -179,3 +179,41 @@ def test_a_fresh_engine_has_a_series_for_every_dashboard_metric_with_known_label
         text = app_client(engine).get("/metrics").text
     present = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     assert drawn <= present, f"no series on a fresh engine: {sorted(drawn - present)}"
+
+
+def _tier(tier: str, **counts: int) -> dict[str, object]:
+    fields = ("used_blocks", "capacity_blocks", "hits", "demotions", "promotions", "drops")
+    fields += ("blocks_moved_in", "blocks_moved_out")
+    return {"tier": tier, "policy": "lru", "policy_swaps": 0, **{f: counts.get(f, 0) for f in fields}}
+
+
+def test_kv_tier_figures_are_gauges_and_counters_advanced_by_what_grew() -> None:
+    m = EngineMetrics()
+    m.set_tiers([_tier("host", used_blocks=5, capacity_blocks=64, demotions=7, blocks_moved_in=7)])
+    m.set_tiers(
+        [
+            _tier("host", used_blocks=3, capacity_blocks=64, demotions=9, hits=2, blocks_moved_in=9),
+            _tier("disk", capacity_blocks=256, demotions=1),
+        ]
+    )
+    m.set_tiers([_tier("host", used_blocks=3, capacity_blocks=64, demotions=9, hits=2, blocks_moved_in=9)])
+    m.on_tier_copies(0.002, failed=0)
+    m.on_tier_copies(0.3, failed=2)
+    s = _samples(m)
+    assert s[("sage:kv_tier_used_blocks", (("tier", "host"),))] == 3
+    assert s[("sage:kv_tier_capacity_blocks", (("tier", "disk"),))] == 256
+    counted = {
+        (labels[1][1], labels[0][1]): value
+        for (name, labels), value in s.items()
+        if name == "sage:kv_tier_blocks_total"
+    }
+    # cumulative counts reported three times are counted once each
+    assert counted == {
+        ("host", "demotions"): 9,
+        ("host", "moved_in"): 9,
+        ("host", "hits"): 2,
+        ("disk", "demotions"): 1,
+    }
+    assert s[("sage:kv_tier_copy_duration_seconds_count", ())] == 2
+    assert s[("sage:kv_tier_copy_duration_seconds_bucket", (("le", "0.005"),))] == 1
+    assert s[("sage:kv_tier_failed_moves_total", ())] == 2

@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_fixtures import started_engine
+from engine_fixtures import app_client, started_engine
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine_adapter.cache.stats import TierStats
 from engine_adapter.cache.tier_moves import Tier, TierMove
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.engine import Engine
+from sage_cli.eviction.render import render_stats
 
 pytestmark = pytest.mark.slow  # sage-tiny engines, several rounds of requests
 
@@ -55,6 +57,9 @@ def test_greedy_outputs_with_a_host_tier_equal_an_unbounded_pool(reference_outpu
         engine.cache.check_invariants()
         host = _tier(engine, "host")
         copies = engine.info()["tier_copies"]
+        client = app_client(engine)
+        metrics = client.get("/metrics").text
+        shown = render_stats(client.get("/v1/eviction/stats").json())
     finally:
         engine.shutdown()
     assert first == reference_outputs
@@ -62,6 +67,20 @@ def test_greedy_outputs_with_a_host_tier_equal_an_unbounded_pool(reference_outpu
     assert host.demotions > 0 and host.hits > 0 and host.promotions > 0
     # every copy the core counted, the executor ran (no disk: each is into or out of host)
     assert copies["moves"] == host.blocks_moved_in + host.blocks_moved_out and copies["failed"] == 0
+    # what a user looks at says the same: /metrics and `sage llm eviction stats`
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics)
+        for s in f.samples
+    }
+    for event, count in (("demotions", host.demotions), ("hits", host.hits), ("promotions", host.promotions)):
+        assert samples[("sage:kv_tier_blocks_total", (("event", event), ("tier", "host")))] == count
+    assert samples[("sage:kv_tier_capacity_blocks", (("tier", "host"),))] == host.capacity_blocks
+    assert samples[("sage:kv_tier_copy_duration_seconds_count", ())] > 0
+    assert (
+        f"  Host Tier (lru): {host.used_blocks} / {host.capacity_blocks} blocks, {host.hits} hits, "
+        f"{host.demotions} demotions, {host.promotions} promotions, {host.drops} drops"
+    ) in shown.splitlines()
 
 
 def test_lost_disk_files_are_misses_not_wrong_answers(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import structlog
@@ -261,6 +261,8 @@ class EngineControl:
         self.metrics.set_usage(cache.allocator.num_used / cache.num_blocks if cache.num_blocks else 0.0)
         self.metrics.set_queue(len(self.scheduler.running), len(self.scheduler.waiting))
         self.metrics.set_reserved(cache.num_reserved_blocks)
+        if cache.tiers is not None:
+            self.metrics.set_tiers([asdict(t) for t in cache.tiers.stats()])
         reprefills = cache.re_prefill_blocks
         if reprefills > self.loop.re_prefills_counted:
             self.metrics.on_re_prefill(reprefills - self.loop.re_prefills_counted)

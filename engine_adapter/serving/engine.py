@@ -222,6 +222,8 @@ class Engine(EngineControl):
         self.loop.tier_moves += stats.tier_moves
         self.loop.tier_failed_moves += stats.tier_failed
         self.loop.tier_copy_s += stats.tier_copy_s
+        if stats.tier_moves:
+            self.metrics.on_tier_copies(stats.tier_copy_s, stats.tier_failed)
         if stats.preempted:
             self.metrics.on_preemption(stats.preempted)
         if self.cache.eviction_threshold is not None:

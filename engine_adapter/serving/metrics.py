@@ -33,6 +33,8 @@ Methods the engine calls:
   (Algorithm 2) and each admission decision (Algorithm 1) by request kind.
 - ``on_attention_fallback(policy)``: a token-level compression by an attention-scored policy
   found no attention and kept the newest tokens.
+- ``set_tiers(tiers)`` and ``on_tier_copies(seconds, failed)``: the host/disk tiers' figures
+  after each step, and each step's tier copies (issue 30).
 - ``set_pool_breakdown(usage, tenant_hit_rates)``: at each scrape, blocks by tenant and by
   priority class, and each tenant's hit rate with Jain's index over them (O(n): only when
   ``/metrics`` is read).
@@ -50,7 +52,9 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:embedding_requests_total{status}``, ``sage:embedding_latency_seconds``,
 ``sage:embedding_tokens_total``, ``sage:reserved_blocks``, ``sage:quota_blocks{class}`` (``llm``,
 ``embedding``; only with colocation on), ``sage:admission_decisions_total{kind, decision}`` and
-``sage:token_attention_fallbacks_total{policy}``. The
+``sage:token_attention_fallbacks_total{policy}``; with KV tiers ``sage:kv_tier_used_blocks{tier}``,
+``sage:kv_tier_capacity_blocks{tier}``, ``sage:kv_tier_blocks_total{tier, event}``,
+``sage:kv_tier_copy_duration_seconds`` and ``sage:kv_tier_failed_moves_total``. The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -60,7 +64,7 @@ Imports: prometheus_client, the adaptive batch's record and the library's fairne
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +87,8 @@ EVICTION_DURATION_BUCKETS = (
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
 )  # fmt: skip
 # vLLM's buckets for the same two histograms.
+# A step's tier copies: tens of microseconds for a block to host, up to seconds from a cold disk.
+TIER_COPY_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
@@ -222,6 +228,32 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "Colocation admission decisions, by request kind (llm, embedding) and decision.",
         ("kind", "decision"),
     ),
+    # KV tiers under the pool (issue 30), from the cache's TierStats after each step.
+    "kv_tier_used_blocks": MetricFamily(
+        Gauge, "sage:kv_tier_used_blocks", "Blocks held in a lower KV tier now, by tier.", ("tier",)
+    ),
+    "kv_tier_capacity_blocks": MetricFamily(
+        Gauge, "sage:kv_tier_capacity_blocks", "Capacity of a lower KV tier in blocks, by tier.", ("tier",)
+    ),
+    "kv_tier_blocks": MetricFamily(
+        Counter,
+        "sage:kv_tier_blocks_total",
+        "Blocks by tier and event: hits (found there and loaded back), demotions (came down into "
+        "it), promotions (copied up to the pool), drops (left every tier), moved_in and moved_out "
+        "(block copies written and read).",
+        ("tier", "event"),
+    ),
+    "kv_tier_copy_duration": MetricFamily(
+        Histogram,
+        "sage:kv_tier_copy_duration_seconds",
+        "Time a step spent copying blocks between the pool and its tiers (steps with copies only).",
+        buckets=TIER_COPY_BUCKETS,
+    ),
+    "kv_tier_failed_moves": MetricFamily(
+        Counter,
+        "sage:kv_tier_failed_moves_total",
+        "Tier copies whose source could not be read (a disk file missing or corrupt): a miss.",
+    ),
     # Token-level eviction (spec 002).
     "token_attention_fallbacks": MetricFamily(
         Counter,
@@ -231,6 +263,17 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         ("policy",),
     ),
 }
+
+
+# `sage:kv_tier_blocks_total`'s events and the `TierStats` field each counts.
+_TIER_EVENTS = (
+    ("hits", "hits"),
+    ("demotions", "demotions"),
+    ("promotions", "promotions"),
+    ("drops", "drops"),
+    ("moved_in", "blocks_moved_in"),
+    ("moved_out", "blocks_moved_out"),
+)
 
 
 class EngineMetrics:
@@ -271,6 +314,11 @@ class EngineMetrics:
     quota_blocks: Gauge
     admission_decisions: Counter
     token_attention_fallbacks: Counter
+    kv_tier_used_blocks: Gauge
+    kv_tier_capacity_blocks: Gauge
+    kv_tier_blocks: Counter
+    kv_tier_copy_duration: Histogram
+    kv_tier_failed_moves: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -278,6 +326,7 @@ class EngineMetrics:
             setattr(self, attribute, family.register(self.registry))
         self._lock = threading.Lock()  # guards _policies and the policy_info flip
         self._policies: set[str] = set()
+        self._tier_counted: dict[tuple[str, str], int] = {}  # (tier, event) -> already counted
         if policy is not None:
             self.set_active_policy(policy)
 
@@ -310,6 +359,25 @@ class EngineMetrics:
     def on_preemption(self, count: int = 1) -> None:
         """`count` running sequences were preempted."""
         self.preemptions.inc(count)
+
+    def set_tiers(self, tiers: Sequence[Mapping[str, Any]]) -> None:
+        """The lower tiers' figures now (`TierStats` as dicts): gauges set, counters advanced by
+        what grew since the last call (the cache's counts are cumulative)."""
+        for tier in tiers:
+            name = str(tier["tier"])
+            self.kv_tier_used_blocks.labels(tier=name).set(tier["used_blocks"])
+            self.kv_tier_capacity_blocks.labels(tier=name).set(tier["capacity_blocks"])
+            for event, field in _TIER_EVENTS:
+                now, before = int(tier[field]), self._tier_counted.get((name, event), 0)
+                if now > before:
+                    self.kv_tier_blocks.labels(tier=name, event=event).inc(now - before)
+                    self._tier_counted[(name, event)] = now
+
+    def on_tier_copies(self, seconds: float, failed: int) -> None:
+        """A step copied blocks between the tiers for `seconds`; `failed` copies could not read."""
+        self.kv_tier_copy_duration.observe(seconds)
+        if failed:
+            self.kv_tier_failed_moves.inc(failed)
 
     def on_re_prefill(self, n: int) -> None:
         """`n` evicted blocks were requested again (and recomputed)."""

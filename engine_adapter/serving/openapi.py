@@ -506,7 +506,29 @@ def _eviction_schemas() -> dict[str, Schema]:
                 "preemptions": INT,
                 "policy_swaps": INT,
             },
-            {"token_eviction": _ref("TokenEviction"), "reserved_blocks": INT, "colocation": MAP},
+            {
+                "token_eviction": _ref("TokenEviction"),
+                "reserved_blocks": INT,
+                "colocation": MAP,
+                "tiers": {"type": "array", "items": _ref("TierStats")},
+                "prefetched_blocks": INT,
+                "prefetch_hits": INT,
+            },
+        ),
+        "TierStats": _obj(
+            {
+                "tier": STR,
+                "policy": STR,
+                "capacity_blocks": INT,
+                "used_blocks": INT,
+                "hits": INT,
+                "demotions": INT,
+                "promotions": INT,
+                "drops": INT,
+                "blocks_moved_in": INT,
+                "blocks_moved_out": INT,
+                "policy_swaps": INT,
+            }
         ),
         "TokenEviction": _obj(
             {

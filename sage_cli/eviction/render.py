@@ -52,6 +52,26 @@ def _strategy(stats: dict[str, Any]) -> str:
     return str(strategy)
 
 
+def _tier_lines(tiers: list[Any], stats: dict[str, Any]) -> list[str]:
+    """One line per KV tier under the pool (host, disk): use, policy and what moved."""
+    lines = []
+    for tier in tiers:
+        if not isinstance(tier, dict):
+            continue
+        lines.append(
+            f"  {str(tier.get('tier', '?')).capitalize()} Tier ({tier.get('policy', '?')}): "
+            f"{_count(tier.get('used_blocks'))} / {_count(tier.get('capacity_blocks'))} blocks, "
+            f"{_count(tier.get('hits'))} hits, {_count(tier.get('demotions'))} demotions, "
+            f"{_count(tier.get('promotions'))} promotions, {_count(tier.get('drops'))} drops"
+        )
+    if stats.get("prefetched_blocks"):
+        lines.append(
+            f"  Prefetched: {_count(stats.get('prefetched_blocks'))} blocks, "
+            f"{_count(stats.get('prefetch_hits'))} used"
+        )
+    return lines
+
+
 def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
     """The module spec's statistics block, plus hit rate and memory utilization.
 
@@ -100,6 +120,9 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
             counts = stats.get(key)
             if isinstance(counts, dict) and counts:
                 lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    tiers = stats.get("tiers")
+    if isinstance(tiers, list) and tiers:
+        lines += _tier_lines(tiers, stats)
     token = stats.get("token_eviction")
     if isinstance(token, dict):
         lines += _token_lines(token)
