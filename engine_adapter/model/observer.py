@@ -39,6 +39,8 @@ class AttentionObserver:
             ``layer * kv_heads + head``) once a compaction kept different ones; None when
             positions are not tracked or the observer missed some tokens.
         rotary: The decoder's rotary embedding (``cos_sin(positions, dtype)``), or None.
+        queries_from: RoPE position of the first token this observer saw (its first query).
+        next_position: RoPE position of the next token: every token seen has one below it.
     """
 
     window: int = 0
@@ -50,20 +52,27 @@ class AttentionObserver:
     track_positions: bool = False
     positions: torch.Tensor | None = None
     rotary: Any = None
+    queries_from: int | None = None
+    next_position: int = 0
 
     def note_positions(self, positions: torch.Tensor, start: int) -> None:
         """The new tokens at cache indices ``start..`` have RoPE `positions` ``[n]`` (called once
-        per forward, before the layers run). A gap (tokens never seen) forgets them all."""
-        if not self.track_positions:
+        per forward, before the layers run). The first call may start past a cached prefix: an
+        observer is made when its sequence is admitted, before any compaction, so the prefix
+        holds positions ``0..start-1``. A later gap (tokens never seen) forgets them all."""
+        if not self.track_positions or positions.numel() == 0:
             return
+        new = positions.to(torch.long)
         old = self.positions
-        if start == 0:
-            self.positions = positions.to(torch.long)[None].clone()
+        if self.queries_from is None:  # the first tokens this observer sees
+            prefix = torch.arange(start, device=new.device, dtype=torch.long)
+            self.positions = torch.cat((prefix, new))[None]
+            self.queries_from = int(new[0])
         elif old is not None and old.shape[1] == start:
-            new = positions.to(device=old.device, dtype=torch.long)[None].expand(old.shape[0], -1)
-            self.positions = torch.cat((old, new), dim=1)
+            self.positions = torch.cat((old, new.to(old.device)[None].expand(old.shape[0], -1)), dim=1)
         else:
             self.positions = None
+        self.next_position = int(new[-1]) + 1
 
     def positions_of(self, layer: int, kv_heads: int, length: int) -> torch.Tensor | None:
         """RoPE positions ``[kv_heads, length]`` of layer `layer`'s keys, or None when unknown."""

@@ -132,6 +132,8 @@ class SequenceKV:
                 track_positions=obs.track_positions,
                 positions=None if obs.positions is None else obs.positions.clone(),
                 rotary=obs.rotary,
+                queries_from=obs.queries_from,
+                next_position=obs.next_position,
             )
             copy.observer.queries = {k: t.clone() for k, t in obs.queries.items()}
             copy.observer.attention_sum = {k: t.clone() for k, t in obs.attention_sum.items()}

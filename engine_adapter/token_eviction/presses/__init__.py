@@ -19,8 +19,9 @@
 
 Each file holds its policy class and its score function (tensors in, ``[kv_heads, L]`` out,
 kvpress 0.5.5's semantics; tests/test_token_eviction_kvpress.py and
-tests/test_token_presses_kvpress.py check the kept indices are exactly kvpress's). The names are registered in `engine_adapter.token_eviction.registry`;
-importing this package imports none of its modules (they import torch).
+tests/test_token_presses_kvpress.py check the kept indices are exactly kvpress's). The names
+are registered in `engine_adapter.token_eviction.registry`; importing this package imports
+none of its modules (they import torch).
 """
 
 from __future__ import annotations

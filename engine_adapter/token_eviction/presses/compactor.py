@@ -11,7 +11,8 @@ default blending is the compression ratio: the one asked for (`evict`'s `ratio`)
 ``1 - target / length``.
 
 Needs every token's query (the observer keeps them all: `observation_window`) and the keys'
-positions; a sequence already compacted has neither, and keeps its newest tokens instead.
+positions. On a sequence compacted before, the chunks run over the tokens still in the cache,
+each key met by its own token's queries (kvpress compresses only once, after prefill).
 
 Imports torch, `presses.base`, `presses.leverage`, `presses.rope` and `SequenceKV`.
 """
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, recency_scores
 from engine_adapter.token_eviction.presses.leverage import leverage_scores, sketch_generator, z_scored
-from engine_adapter.token_eviction.presses.rope import all_queries, pre_rope_keys, rope_missing
+from engine_adapter.token_eviction.presses.rope import pre_rope_keys, queries_at_keys, rope_missing
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = ["ALL_QUERIES", "CompactorPolicy", "non_causal_chunked_attention"]
@@ -137,7 +138,7 @@ class CompactorPolicy(TokenEvictionPolicy):
             lev = z_scored(
                 leverage_scores(pre_rope_keys(cache, layer)[:, middle], self.sketch_dimension, generator)
             )
-            queries = all_queries(cache, layer)
+            queries = queries_at_keys(cache, layer)
             assert queries is not None
             keys, values = cache.keys(layer)[:, middle], cache.values(layer)[:, middle]
             scores = blending * lev + _attention_scores(queries[:, middle], keys, values, self.chunk_size)

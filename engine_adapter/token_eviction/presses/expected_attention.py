@@ -9,8 +9,9 @@ after the sequence and applied to both; a key's expected attention is the softma
 The sinks are always kept.
 
 The queries are the observer's (it keeps every token's: `observation_window`), their rotation
-undone with the tracked positions (`presses.rope`); the future rotations come from the
-decoder's rotary embedding. A sequence already compacted keeps its newest tokens instead.
+undone with their positions (`presses.rope`); the future rotations come from the decoder's
+rotary embedding. Compressed again later (memory pressure), the statistics are those of every
+query seen so far, the prompt's and the generated tokens' (kvpress compresses only once).
 
 Imports torch, `presses.base`, `presses.compactor` (its window), `presses.rope` and `SequenceKV`.
 """
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, recency_scores
 from engine_adapter.token_eviction.presses.compactor import ALL_QUERIES
-from engine_adapter.token_eviction.presses.rope import all_queries, key_positions, rope_missing, unrotate
+from engine_adapter.token_eviction.presses.rope import observed_queries, rope_missing, unrotate
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = ["ExpectedAttentionPolicy", "average_rotation", "expected_attention_scores"]
@@ -110,18 +111,20 @@ class ExpectedAttentionPolicy(TokenEvictionPolicy):
 
     def _statistics(self, cache: SequenceKV, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The rotated mean and covariance of the layer's pre-RoPE queries past the sinks."""
-        queries, positions, obs = all_queries(cache, layer), key_positions(cache, layer), cache.observer
-        assert queries is not None and positions is not None and obs is not None
-        pos = positions[0, self.n_sink :]
+        seen, obs = observed_queries(cache, layer), cache.observer
+        assert seen is not None and obs is not None
+        queries, first = seen
+        skip = max(0, self.n_sink - first)  # the sinks' queries, when the observer saw them
+        pos = torch.arange(first + skip, first + queries.shape[1], device=queries.device)
         cos, sin = obs.rotary.cos_sin(pos, queries.dtype)
-        q = unrotate(queries[:, self.n_sink :], cos[None], sin[None])  # [heads, n, D]
+        q = unrotate(queries[:, skip:], cos[None], sin[None])  # [heads, n, D]
         mean = q.mean(dim=1, keepdim=True)
         cov = None
         if self.use_covariance:
             centred = q - mean
             cov = torch.einsum("nsi,nsj->nij", centred, centred) / q.shape[1]
         rotation = average_rotation(
-            obs.rotary, int(positions.max()) + 1, self.n_future_positions, q.shape[-1], q.dtype, q.device
+            obs.rotary, obs.next_position, self.n_future_positions, q.shape[-1], q.dtype, q.device
         )
         mean = torch.matmul(mean.squeeze(1), rotation.T)
         if cov is not None:

@@ -23,9 +23,10 @@ import torch
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = [
-    "all_queries",
     "key_positions",
+    "observed_queries",
     "pre_rope_keys",
+    "queries_at_keys",
     "rope_missing",
     "rotate_half",
     "unrotate",
@@ -61,14 +62,35 @@ def pre_rope_keys(cache: SequenceKV, layer: int) -> torch.Tensor:
     return unrotate(keys, cos.view(shape), sin.view(shape))
 
 
-def all_queries(cache: SequenceKV, layer: int) -> torch.Tensor | None:
-    """The rotated queries of every token in the cache ``[heads, L, D]``, when the observer kept
-    one per key (a sequence not compacted since it started), else None."""
+def observed_queries(cache: SequenceKV, layer: int) -> tuple[torch.Tensor, int] | None:
+    """Every query the observer saw at layer `layer` ``[heads, n, D]`` (rotated) and the RoPE
+    position of the first (the others follow one by one), when it kept them all; else None."""
     obs = cache.observer
     q = None if obs is None else obs.queries.get(layer)
-    if q is None or q.shape[1] != cache.length:
+    if obs is None or q is None or obs.queries_from is None:
         return None
-    return q
+    if q.shape[1] != obs.next_position - obs.queries_from:
+        return None
+    return q, obs.queries_from
+
+
+def queries_at_keys(cache: SequenceKV, layer: int) -> torch.Tensor | None:
+    """The rotated query of each key's own token ``[heads, L, D]`` (a key of KV head h gives
+    its query heads its token's queries), when the observer saw them all; else None. On a
+    sequence never compacted these are simply its queries in order."""
+    seen, positions = observed_queries(cache, layer), key_positions(cache, layer)
+    if seen is None or positions is None:
+        return None
+    q, first = seen
+    index = positions - first
+    if int(index.min()) < 0:
+        return None
+    if positions.shape[1] == q.shape[1] and bool(
+        (index == torch.arange(q.shape[1], device=index.device)).all()
+    ):
+        return q
+    index = index.repeat_interleave(q.shape[0] // index.shape[0], dim=0).to(q.device)
+    return q.gather(1, index[..., None].expand(-1, -1, q.shape[-1]))
 
 
 def rope_missing(cache: SequenceKV, *, queries: bool) -> str | None:
@@ -80,6 +102,6 @@ def rope_missing(cache: SequenceKV, *, queries: bool) -> str | None:
     for layer in range(cache.num_layers):
         if key_positions(cache, layer) is None:
             return f"the RoPE positions of the {cache.length} keys were not tracked (layer {layer})"
-        if queries and all_queries(cache, layer) is None:
-            return f"the observed queries do not match the {cache.length} keys one to one (layer {layer})"
+        if queries and queries_at_keys(cache, layer) is None:
+            return f"the observer did not keep the query of every token (layer {layer})"
     return None
