@@ -3,6 +3,8 @@ guards of head-varying compaction, without a model beyond sage-tiny."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -107,3 +109,26 @@ def test_positions_follow_tokens_and_forget_a_gap() -> None:
     assert obs.positions.tolist() == [list(range(9))]
     obs.note_positions(torch.tensor([20]), start=12)  # tokens it never saw: positions unknown
     assert obs.positions is None
+
+
+@pytest.mark.parametrize(
+    "spec", ["adakv:knorm", "adakv:snapkv,observation_window=16", "pyramid:knorm,window_size=8"]
+)
+def test_head_varying_budgets_hold_fewer_bytes_as_the_ratio_grows(tiny_kv: object, spec: str) -> None:
+    """The padded pool gives blocks back: the K/V bytes a compressed sequence holds fall with
+    the ratio (kvpress's AdaKV masks keep every byte). Never up; pyramid's widest (first) layer
+    is capped at the prompt less its window at low ratios, so 0.25 and 0.5 may hold the same."""
+    decoder = tiny_kv
+    ids = torch.randint(3, 250, (160,), generator=torch.Generator().manual_seed(4)).tolist()
+    policy = token_policy_from_spec(spec)
+    held = []
+    for ratio in (0.0, 0.25, 0.5, 0.75, 0.9):
+        pool = decoder.make_pool(num_blocks=64, block_size=4)  # type: ignore[attr-defined]
+        kv, _ = prefill(decoder, pool, ids, policy)  # type: ignore[arg-type]
+        if ratio:
+            policy.evict(kv, int(len(ids) * (1 - ratio)), ratio=ratio)
+        held.append(kv.memory_usage_bytes())
+        assert pool.allocator.num_free == 64 - kv.num_blocks()  # the rest went back to the pool
+    assert all(a >= b for a, b in itertools.pairwise(held)), held
+    assert held[1] < held[0] or spec.startswith("pyramid"), held
+    assert held[-1] * 2 < held[0], held
