@@ -277,7 +277,10 @@ def run_kvpress(
                 t0 = time.perf_counter()
                 copy = _kvpress_compress(model, press, cache, inputs)
                 compress_s = time.perf_counter() - t0
-                answer = _kvpress_answer(model, copy, sample, len(ids), tokenizer.eos_token_ids)
+                stepwise = type(press).__name__ == "PyramidKVPress"
+                answer = _kvpress_answer(
+                    model, copy, sample, len(ids), tokenizer.eos_token_ids, stepwise=stepwise
+                )
             kv_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in copy.layers)
             rows[(spec, ratio)] = Row(sample.value in tokenizer.decode(answer), compress_s, kv_bytes)
             for layer in layers:
@@ -285,12 +288,19 @@ def run_kvpress(
     return rows
 
 
-def _kvpress_answer(model: Any, cache: Any, sample: Sample, position: int, eos: frozenset[int]) -> list[int]:
+def _kvpress_answer(
+    model: Any, cache: Any, sample: Sample, position: int, eos: frozenset[int], *, stepwise: bool
+) -> list[int]:
+    """The question on top of the compressed cache, then greedy decoding. `stepwise`: the
+    question one token at a time (PyramidKV's layers hold different lengths, and transformers
+    sizes a multi-token step's causal mask by one layer's)."""
     q = sample.question_ids
-    step = model(
-        torch.tensor([q]), past_key_values=cache, position_ids=torch.arange(position, position + len(q))[None]
-    )
-    logits, position = step.logits[0, -1], position + len(q)
+    chunks = [[t] for t in q] if stepwise else [q]
+    for chunk in chunks:
+        pos = torch.arange(position, position + len(chunk))[None]
+        step = model(torch.tensor([chunk]), past_key_values=cache, position_ids=pos)
+        position += len(chunk)
+    logits = step.logits[0, -1]
     answer: list[int] = []
     while len(answer) < MAX_NEW:
         token = int(torch.argmax(logits))
