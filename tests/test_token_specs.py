@@ -111,8 +111,14 @@ def test_positions_follow_tokens_and_forget_a_gap() -> None:
     assert obs.positions is None
 
 
+# Five prefills each (seconds): one in the quick loop, the others in the full run.
 @pytest.mark.parametrize(
-    "spec", ["adakv:knorm", "adakv:snapkv,observation_window=16", "pyramid:knorm,window_size=8"]
+    "spec",
+    [
+        "adakv:knorm",
+        pytest.param("adakv:snapkv,observation_window=16", marks=pytest.mark.slow),
+        pytest.param("pyramid:knorm,window_size=8", marks=pytest.mark.slow),
+    ],
 )
 def test_head_varying_budgets_hold_fewer_bytes_as_the_ratio_grows(tiny_kv: object, spec: str) -> None:
     """The padded pool gives blocks back: the K/V bytes a compressed sequence holds fall with
