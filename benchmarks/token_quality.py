@@ -1,29 +1,33 @@
 """Token-level eviction on the real model: needle-in-a-haystack accuracy, memory and cost.
 
-RULER niah_single style, seeded: varied filler sentences, one needle "One of the special magic
-numbers for KEY is: VALUE." (a 5-7 digit value) at a depth of 10-90 %, the question after the
-context, in SmolLM2-135M-Instruct's chat template, the answer primed with "The special magic
-number for KEY mentioned in the provided text is". A row is correct when its greedy answer
-(12 tokens) contains the value.
+RULER-style tasks, seeded: varied digit-free filler sentences and a needle "One of the special
+magic numbers for KEY is: VALUE." (a 5-7 digit value) at a depth of 10-90 %; `multikey` adds
+3-4 other key-number lines of the same form spread through the filler (RULER's
+niah_multikey). The question comes after the context, in SmolLM2-135M-Instruct's chat template,
+the answer primed with "The special magic number for KEY mentioned in the provided text is".
+A row is correct when its greedy answer (12 tokens) contains the value.
 
-Two modes: query-agnostic (the context is compressed, then the question is prefilled on top,
-as kvpress's pipeline does) and query-aware (the whole prompt with the question is compressed).
-One prefill per sample and mode serves every (policy, ratio) row: each row compresses a copy of
-the prefilled cache (`SequenceKV.clone`).
+Query-agnostic, as kvpress's pipeline: the context is compressed, then the question is
+prefilled on top. One prefill per sample serves every (policy, ratio) row: each row compresses
+a copy of the prefilled cache (`SequenceKV.clone`). Every policy is a spec
+(``--policies``, e.g. ``knorm,adakv:snapkv,pyramid:snapkv``).
 
-Reference rows (``--kvpress``, needs the ``kvpress`` and ``hf`` extras): transformers runs the
-same prompt ids once per sample and mode, the inputs of every attention layer are kept, and
-each press's own ``compress`` is applied to a copy of each layer's cache, which is what its
-forward hook does during prefill (compression after a layer's attention does not change what
-later layers see). Then the question (query-agnostic) and greedy decoding continue at the
-original positions. kvpress's H2O (ObservedAttentionPress) needs eager attention's full T x T
-weights of every layer and is left out of the reference rows.
+Reference rows (``--kvpress``, needs the ``kvpress`` and ``hf`` extras): kvpress's press of the
+same name beside each sage press in the same run. transformers runs the same context ids once
+per sample, the inputs of every attention layer are kept, and each press's own ``compress`` is
+applied to a copy of each layer's cache, which is what its forward hook does during prefill
+(compression after a layer's attention does not change what later layers see); the sketches
+of leverage and compactor are drawn after ``torch.manual_seed(0)``, what sage's seed 0 draws.
+Then the question and greedy decoding continue at the original positions (AdaKV's masks on the
+attention modules). kvpress's H2O (ObservedAttentionPress) needs eager attention's full T x T
+weights and has no reference row; nor do sage's wrappers over presses kvpress does not pair.
 
-Also printed: blocks of the compressed sequence vs the uncompressed one (from the pool) and the
-compression time against the prefill time, per policy.
+Per cell also: the compression time as a share of the prefill's, and the K/V bytes the sequence
+held at the end (sage: its blocks in the pool; kvpress: its cache tensors, which AdaKV's masks
+never shrink).
 
-    python benchmarks/token_quality.py --lengths 1024,2048 --samples 3 --kvpress
-    python benchmarks/token_quality.py --lengths 4096 --samples 1 --ratios 0.5 --modes agnostic
+    python benchmarks/token_quality.py --lengths 1024 --samples 4 --ratios 0.5,0.75,0.9 --kvpress
+    python benchmarks/token_quality.py --tasks multikey --policies knorm,compactor --samples 8
     python benchmarks/token_quality.py --pressure       # only the engine under memory pressure
 
 ``--pressure``: two generations (~500-token prompts, 200 tokens each) at once in the engine on a
@@ -56,7 +60,7 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.token_eviction.generate import append_tokens
 from engine_adapter.token_eviction.presses.base import kept_for_ratio
-from engine_adapter.token_eviction.registry import make_token_policy
+from engine_adapter.token_eviction.registry import token_policy_from_spec
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 FILLER = [
@@ -82,8 +86,20 @@ FILLER = [
     "Letters from abroad took three weeks to arrive in those days.",
 ]
 KEYS = ["amber", "falcon", "harbor", "juniper", "lantern", "meadow", "orbit", "quartz", "saffron", "tundra"]
-POLICIES = ("sliding", "snapkv", "h2o", "tova")
-PRESSES = {"sliding": "StreamingLLMPress", "snapkv": "SnapKVPress", "tova": "TOVAPress"}
+POLICIES = (
+    "sliding,snapkv,tova,knorm,keydiff,leverage,compactor,expected_attention,"
+    "adakv:snapkv,adakv:expected_attention,pyramid:snapkv"
+)
+PRESS_CLASSES = {
+    "sliding": "StreamingLLMPress",
+    "snapkv": "SnapKVPress",
+    "tova": "TOVAPress",
+    "knorm": "KnormPress",
+    "keydiff": "KeyDiffPress",
+    "leverage": "LeverageScorePress",
+    "compactor": "CompactorPress",
+    "expected_attention": "ExpectedAttentionPress",
+}
 MAX_NEW = 12
 
 
@@ -95,18 +111,27 @@ class Sample:
     depth: float
 
 
-def make_sample(tokenizer: Tokenizer, template: str, length: int, rng: random.Random) -> Sample:
-    """A haystack of about `length` tokens with one needle at a random depth."""
-    key, value = rng.choice(KEYS), str(rng.randint(10_000, 9_999_999))
+def _needle(key: str, value: str) -> str:
+    return f"One of the special magic numbers for {key} is: {value}."
+
+
+def make_sample(tokenizer: Tokenizer, template: str, length: int, rng: random.Random, task: str) -> Sample:
+    """A haystack of about `length` tokens with one needle at a random depth; `multikey`: and
+    3-4 other key-number lines of the same form spread through it (RULER's niah_multikey)."""
+    keys = rng.sample(KEYS, 5)
+    key, value = keys[0], str(rng.randint(10_000, 9_999_999))
     depth = rng.uniform(0.1, 0.9)
-    needle = f"One of the special magic numbers for {key} is: {value}."
     sentences: list[str] = []
     tokens = 0
     while tokens < length - 80:
         sentence = rng.choice(FILLER)
         sentences.append(sentence)
         tokens += len(tokenizer.encode(" " + sentence, add_special_tokens=False))
-    sentences.insert(int(len(sentences) * depth), needle)
+    if task == "multikey":
+        for other in keys[1 : 1 + rng.choice((3, 4))]:
+            at = int(len(sentences) * rng.uniform(0.05, 0.95))
+            sentences.insert(at, _needle(other, str(rng.randint(10_000, 9_999_999))))
+    sentences.insert(int(len(sentences) * depth), _needle(key, value))
     question = f"What is the special magic number for {key} mentioned in the provided text?"
     haystack = " ".join(sentences)
     text = render_chat(template, [ChatMessage("user", f"{haystack}\n\n{question}")])
@@ -120,13 +145,26 @@ def make_sample(tokenizer: Tokenizer, template: str, length: int, rng: random.Ra
     )
 
 
+@dataclass(slots=True)
+class Row:
+    """One (policy, ratio) run of one sample: answer, compress time and KV bytes held."""
+
+    correct: bool
+    compress_s: float
+    kv_bytes: int  # the most the sequence's K/V held after compression (question and answer in)
+
+
 # ---- ours ---------------------------------------------------------------------------------------
 
 
-def _prefill(decoder: Decoder, pool: PagedKVPool, ids: list[int]) -> tuple[SequenceKV, torch.Tensor, float]:
-    """One prefill observing what every policy needs (SnapKV's 64 queries, H2O's sums)."""
+def _prefill(
+    decoder: Decoder, pool: PagedKVPool, ids: list[int], accumulate: bool
+) -> tuple[SequenceKV, torch.Tensor, float]:
+    """One prefill observing what every policy needs: every query (compactor and expected
+    attention; SnapKV's 64 and TOVA's 1 are among them), the keys' positions (pre-RoPE presses)
+    and, when H2O runs, the attention sums."""
     table = pool.allocator.allocate(-(-len(ids) // pool.block_size))
-    observer = AttentionObserver(window=64, accumulate=True)
+    observer = AttentionObserver(window=1 << 30, accumulate=accumulate, track_positions=True)
     t0 = time.perf_counter()
     out = decoder(ForwardBatch([ids], [0], [table], observers=[observer]), pool)
     return SequenceKV(pool, table, len(ids), observer=observer), out.logits[0], time.perf_counter() - t0
@@ -146,50 +184,75 @@ def _greedy(
 
 
 def run_ours(
-    decoder: Decoder,
-    tokenizer: Tokenizer,
-    sample: Sample,
-    mode: str,
-    ratios: list[float],
-    cost: dict[str, list[float]],
-) -> dict[tuple[str, float], tuple[bool, int, int]]:
-    """(policy, ratio) -> (correct, blocks before, blocks after)."""
-    ids = sample.context_ids if mode == "agnostic" else sample.context_ids + sample.question_ids
-    total = len(sample.context_ids) + len(sample.question_ids) + MAX_NEW + 1
+    decoder: Decoder, tokenizer: Tokenizer, sample: Sample, policies: list[str], ratios: list[float]
+) -> tuple[dict[tuple[str, float], Row], float]:
+    """Query-agnostic: (policy, ratio) -> Row, and the prefill time. One prefill serves every
+    row: each compresses a copy of the prefilled context (`SequenceKV.clone`)."""
+    ids = sample.context_ids
+    total = len(ids) + len(sample.question_ids) + MAX_NEW + 1
     pool = decoder.make_pool(num_blocks=2 * (-(-total // 16)) + 8, block_size=16)
-    base, logits, prefill_s = _prefill(decoder, pool, ids)
-    cost["prefill"].append(prefill_s)
-    rows: dict[tuple[str, float], tuple[bool, int, int]] = {}
-    for policy_name in ("none", *POLICIES):
-        for ratio in [0.0] if policy_name == "none" else ratios:
+    base, _logits, prefill_s = _prefill(decoder, pool, ids, accumulate="h2o" in policies)
+    rows: dict[tuple[str, float], Row] = {}
+    for spec in ("none", *policies):
+        for ratio in [0.0] if spec == "none" else ratios:
             kv = base.clone()
-            blocks_before = kv.num_blocks()
-            policy = make_token_policy(policy_name, window=10**6)
+            policy = token_policy_from_spec(spec, window=10**6)
             t0 = time.perf_counter()
             if ratio > 0:
-                policy.evict(kv, kept_for_ratio(kv.length, ratio))
-            cost[policy_name].append(time.perf_counter() - t0)
-            blocks_after = kv.num_blocks()
-            step_logits = (
-                append_tokens(decoder, pool, kv, sample.question_ids) if mode == "agnostic" else logits
-            )
-            answer = tokenizer.decode(_greedy(decoder, pool, kv, step_logits, tokenizer.eos_token_ids))
-            rows[(policy_name, ratio)] = (sample.value in answer, blocks_before, blocks_after)
+                policy.evict(kv, kept_for_ratio(kv.length, ratio), ratio=ratio)
+            compress_s = time.perf_counter() - t0
+            logits = append_tokens(decoder, pool, kv, sample.question_ids)
+            answer = tokenizer.decode(_greedy(decoder, pool, kv, logits, tokenizer.eos_token_ids))
+            kv_bytes = kv.num_blocks() * pool.bytes_per_block
+            rows[(spec, ratio)] = Row(sample.value in answer, compress_s, kv_bytes)
             pool.allocator.free(kv.block_table)
     pool.allocator.free(base.block_table)
-    return rows
+    return rows, prefill_s
 
 
 # ---- kvpress's presses on transformers -----------------------------------------------------------
 
 
-def run_kvpress(
-    model: Any, sample: Sample, mode: str, ratios: list[float], eos: frozenset[int]
-) -> dict[tuple[str, float], bool]:
+def kvpress_press(spec: str, ratio: float) -> Any | None:
+    """kvpress's press of the same name (and defaults) as a sage spec, or None where it has
+    none (h2o needs eager attention's T x T weights; sage's wrappers over other presses)."""
     import kvpress
+
+    name, _, inner = spec.partition(":")
+    if name == "pyramid":
+        return kvpress.PyramidKVPress(compression_ratio=ratio) if inner in ("", "snapkv") else None
+    if name == "adakv":
+        press = kvpress_press(inner or "snapkv", ratio)
+        return None if press is None else kvpress.AdaKVPress(press)
+    cls = PRESS_CLASSES.get(name)
+    return None if cls is None or inner else getattr(kvpress, cls)(compression_ratio=ratio)
+
+
+def _kvpress_compress(model: Any, press: Any, cache: Any, inputs: dict[int, Any]) -> Any:
+    """A compressed copy of `cache`: each layer's press.compress on that layer's prefill inputs,
+    which is what its forward hook does during prefill (a layer's compression does not change
+    what later layers see). AdaKV leaves its masks on the attention modules."""
     import transformers
 
-    ids = sample.context_ids if mode == "agnostic" else sample.context_ids + sample.question_ids
+    copy = transformers.DynamicCache(config=model.config)
+    torch.manual_seed(0)  # the sketches of leverage and compactor: sage's seed 0 draws the same
+    for i, layer in enumerate(model.model.layers):
+        hidden, position = inputs[i]
+        layer.self_attn.rotary_emb = model.model.rotary_emb  # as BasePress.__call__ sets it
+        keys, values = cache.layers[i].keys, cache.layers[i].values
+        k, v = press.compress(layer.self_attn, hidden, keys, values, None, {"position_embeddings": position})
+        copy.update(k, v, i)
+    return copy
+
+
+def run_kvpress(
+    model: Any, sample: Sample, policies: list[str], ratios: list[float], tokenizer: Tokenizer
+) -> dict[tuple[str, float], Row]:
+    """Query-agnostic: the context prefilled once, compressed per (press, ratio), then the
+    question and greedy decoding at the original positions."""
+    import transformers
+
+    ids = sample.context_ids
     inputs: dict[int, tuple[torch.Tensor, Any]] = {}
 
     def keep_inputs(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
@@ -200,60 +263,68 @@ def run_kvpress(
     cache = transformers.DynamicCache(config=model.config)
     try:
         with torch.no_grad():
-            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
     finally:
         for hook in hooks:
             hook.remove()
-    rows: dict[tuple[str, float], bool] = {}
-    for name, press_name in PRESSES.items():
+    rows: dict[tuple[str, float], Row] = {}
+    for spec in policies:
         for ratio in ratios:
-            press = getattr(kvpress, press_name)(compression_ratio=ratio)
-            copy = transformers.DynamicCache(config=model.config)
+            press = kvpress_press(spec, ratio)
+            if press is None:
+                continue
             with torch.no_grad():
-                for i, layer in enumerate(layers):
-                    hidden, position = inputs[i]
-                    keys, values = cache.layers[i].keys, cache.layers[i].values
-                    k, v = press.compress(
-                        layer.self_attn, hidden, keys, values, None, {"position_embeddings": position}
-                    )
-                    copy.update(k, v, i)
-                position_ = len(ids)
-                logits = out.logits[0, -1]
-                if mode == "agnostic":
-                    q = sample.question_ids
-                    pos = torch.arange(position_, position_ + len(q))
-                    step = model(torch.tensor([q]), past_key_values=copy, position_ids=pos[None])
-                    logits, position_ = step.logits[0, -1], position_ + len(q)
-                answer: list[int] = []
-                while len(answer) < MAX_NEW:
-                    token = int(torch.argmax(logits))
-                    if token in eos:
-                        break
-                    answer.append(token)
-                    pos = torch.tensor([position_])
-                    step = model(
-                        torch.tensor([[token]]),
-                        past_key_values=copy,
-                        position_ids=pos[None],
-                    )
-                    logits, position_ = step.logits[0, -1], position_ + 1
-            rows[(name, ratio)] = answer  # type: ignore[assignment]
+                t0 = time.perf_counter()
+                copy = _kvpress_compress(model, press, cache, inputs)
+                compress_s = time.perf_counter() - t0
+                stepwise = type(press).__name__ == "PyramidKVPress"
+                answer = _kvpress_answer(
+                    model, copy, sample, len(ids), tokenizer.eos_token_ids, stepwise=stepwise
+                )
+            kv_bytes = sum(layer.keys.nbytes + layer.values.nbytes for layer in copy.layers)
+            rows[(spec, ratio)] = Row(sample.value in tokenizer.decode(answer), compress_s, kv_bytes)
+            for layer in layers:
+                layer.self_attn.masked_key_indices = None
     return rows
 
 
-def pressure_demo(tokenizer: Tokenizer, template: str) -> None:
+def _kvpress_answer(
+    model: Any, cache: Any, sample: Sample, position: int, eos: frozenset[int], *, stepwise: bool
+) -> list[int]:
+    """The question on top of the compressed cache, then greedy decoding. `stepwise`: the
+    question one token at a time (PyramidKV's layers hold different lengths, and transformers
+    sizes a multi-token step's causal mask by one layer's)."""
+    q = sample.question_ids
+    chunks = [[t] for t in q] if stepwise else [q]
+    for chunk in chunks:
+        pos = torch.arange(position, position + len(chunk))[None]
+        step = model(torch.tensor([chunk]), past_key_values=cache, position_ids=pos)
+        position += len(chunk)
+    logits = step.logits[0, -1]
+    answer: list[int] = []
+    while len(answer) < MAX_NEW:
+        token = int(torch.argmax(logits))
+        if token in eos:
+            break
+        answer.append(token)
+        step = model(torch.tensor([[token]]), past_key_values=cache, position_ids=torch.tensor([[position]]))
+        logits, position = step.logits[0, -1], position + 1
+    return answer
+
+
+def pressure_demo(tokenizer: Tokenizer, template: str, policies: list[str]) -> None:
     """The engine on a pool too small for two generations: preempted, or compressed instead."""
     from engine_adapter.model.sampling import SamplingParams
     from engine_adapter.serving.config import EngineConfig
     from engine_adapter.serving.engine import Engine
 
     rng = random.Random(1)
-    prompts = [make_sample(tokenizer, template, 500, rng) for _ in range(2)]
+    prompts = [make_sample(tokenizer, template, 500, rng, "single") for _ in range(2)]
     ids = [p.context_ids + p.question_ids for p in prompts]
     need = sum(len(i) + 200 for i in ids)
     blocks = (need * 3 // 4) // 16
     print(f"\nPressure: 2 x ({[len(i) for i in ids]} prompt + 200) tokens on {blocks} blocks of 16")
-    for policy in ("none", *POLICIES):
+    for policy in ("none", *policies):
         engine = Engine(
             EngineConfig(
                 model="smollm2-135m", device="cpu", num_blocks=blocks, block_size=16,
@@ -268,7 +339,7 @@ def pressure_demo(tokenizer: Tokenizer, template: str) -> None:
             token = engine.token_eviction()
             freed = token["bytes_freed_total"] / 2**20
             print(
-                f"  {policy:8s} finished {[r.finish_reason for r in results]}, "
+                f"  {policy:20s} finished {[r.finish_reason for r in results]}, "
                 f"{[r.completion_tokens for r in results]} tokens, "
                 f"preemptions {engine.eviction_stats().preemptions}, compressions {token['compressions']} "
                 f"({token['tokens_evicted_total']} tokens, {freed:.1f} MiB freed), "
@@ -279,99 +350,138 @@ def pressure_demo(tokenizer: Tokenizer, template: str) -> None:
             engine.shutdown()
 
 
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--lengths", default="1024,2048", help="context lengths in tokens (about)")
-    parser.add_argument("--ratios", default="0.25,0.5,0.75,0.9")
-    parser.add_argument("--samples", type=int, default=3, help="samples per length")
-    parser.add_argument("--modes", default="agnostic,aware")
+    parser.add_argument("--ratios", default="0.5,0.75,0.9,0.95")
+    parser.add_argument("--samples", type=int, default=3, help="samples per task and length")
+    parser.add_argument("--tasks", default="single,multikey", help="single (one needle), multikey")
+    parser.add_argument("--policies", default=POLICIES, help="sage policy specs, comma-separated; ';' also")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--kvpress", action="store_true", help="also kvpress's presses (reference rows)")
+    parser.add_argument("--kvpress", action="store_true", help="also kvpress's presses of the same names")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--pressure", action="store_true", help="only the engine-under-pressure part")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     ratios = [float(x) for x in args.ratios.split(",")]
-    modes = args.modes.split(",")
+    tasks = args.tasks.split(",")
+    policies = _split_specs(args.policies)
+    for spec in policies:
+        token_policy_from_spec(spec)  # a bad spec fails now, not after the first prefill
     decoder, tokenizer, _cfg = load_model("smollm2-135m", device="cpu")
     template = tokenizer.chat_template
     assert template is not None
-    reference = None
-    if args.kvpress:
-        import transformers
-
-        from engine_adapter.model.builtin import smollm2_gguf_path
-
-        path = smollm2_gguf_path()
-        assert path is not None
-        reference = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        ).eval()
+    reference = _reference() if args.kvpress else None
     print(machine_line(), flush=True)
     if args.pressure:
-        pressure_demo(tokenizer, template)
+        pressure_demo(tokenizer, template, policies)
         return
-    correct: dict[tuple[int, str, str, str, float], int] = defaultdict(int)
-    blocks: dict[tuple[int, float], tuple[int, int]] = {}
-    cost: dict[int, dict[str, list[float]]] = {n: defaultdict(list) for n in lengths}
+    rows: dict[tuple[str, int, str, str, float], list[Row]] = defaultdict(list)
+    prefill: dict[tuple[str, int], list[float]] = defaultdict(list)
     real_len: dict[int, list[int]] = defaultdict(list)
     rng = random.Random(args.seed)
     t_start = time.time()
-    for length in lengths:
-        for _ in range(args.samples):
-            sample = make_sample(tokenizer, template, length, rng)
-            real_len[length].append(len(sample.context_ids) + len(sample.question_ids))
-            for mode in modes:
-                ours = run_ours(decoder, tokenizer, sample, mode, ratios, cost[length])
-                for (policy, ratio), (ok, before, after) in ours.items():
-                    correct[(length, mode, "sage", policy, ratio)] += ok
-                    if mode == "agnostic" and policy == "snapkv":
-                        blocks[(length, ratio)] = (before, after)
+    for task in tasks:
+        for length in lengths:
+            for _ in range(args.samples):
+                sample = make_sample(tokenizer, template, length, rng, task)
+                real_len[length].append(len(sample.context_ids) + len(sample.question_ids))
+                ours, prefill_s = run_ours(decoder, tokenizer, sample, policies, ratios)
+                prefill[(task, length)].append(prefill_s)
+                for (spec, ratio), row in ours.items():
+                    rows[(task, length, "sage", spec, ratio)].append(row)
                 if reference is not None:
-                    ref = run_kvpress(reference, sample, mode, ratios, tokenizer.eos_token_ids)
-                    for (policy, ratio), answer in ref.items():
-                        ok = sample.value in tokenizer.decode(answer)  # type: ignore[arg-type]
-                        correct[(length, mode, "kvpress", policy, ratio)] += ok
-            print(f"  length {length}: sample done ({time.time() - t_start:.0f}s)", flush=True)
-    report: dict[str, Any] = {"samples": args.samples, "rows": []}
-    print(f"\nNeedle accuracy (correct of {args.samples} per cell; seed {args.seed})")
-    header = "| length | mode | impl | policy | " + " | ".join(f"{r:g}" for r in ratios) + " |"
-    print(header)
-    print("|" + " --- |" * (header.count("|") - 1))
-    for length in lengths:
-        mean_len = sum(real_len[length]) // max(1, len(real_len[length]))
-        for mode in modes:
-            base = correct[(length, mode, "sage", "none", 0.0)]
-            print(f"| {mean_len} | {mode} | sage | none (uncompressed) | {base} |" + " |" * (len(ratios) - 1))
-            for impl in ("sage", "kvpress") if reference is not None else ("sage",):
-                for policy in POLICIES:
-                    if impl == "kvpress" and policy not in PRESSES:
-                        continue
-                    cells = [correct[(length, mode, impl, policy, r)] for r in ratios]
-                    name = PRESSES[policy] if impl == "kvpress" else policy
-                    print(f"| {mean_len} | {mode} | {impl} | {name} | " + " | ".join(map(str, cells)) + " |")
-                    row = {"length": mean_len, "mode": mode, "impl": impl, "policy": policy}
-                    row["correct"] = dict(zip(map(str, ratios), cells, strict=True))
-                    report["rows"].append(row)
-    print("\nMemory: blocks of 16 tokens of the compressed sequence (from the pool), query-agnostic context")
-    for (length, ratio), (before, after) in sorted(blocks.items()):
-        print(f"  ~{length} tokens, ratio {ratio:g}: {before} -> {after} blocks ({after / before:.3f})")
-    print("\nCost: compression time / prefill time (median over samples and modes)")
-    for length in lengths:
-        prefill = sorted(cost[length]["prefill"])[len(cost[length]["prefill"]) // 2]
-        parts = []
-        for policy in POLICIES:
-            times = sorted(cost[length][policy])
-            parts.append(f"{policy} {times[len(times) // 2] / prefill * 100:.2f} %")
-        print(f"  ~{length} tokens: prefill {prefill:.1f}s; " + ", ".join(parts))
-        report.setdefault("cost", {})[length] = {"prefill_s": prefill}
+                    for (spec, ratio), row in run_kvpress(
+                        reference, sample, policies, ratios, tokenizer
+                    ).items():
+                        rows[(task, length, "kvpress", spec, ratio)].append(row)
+                print(f"  {task} ~{length}: sample done ({time.time() - t_start:.0f}s)", flush=True)
+    report = _print_tables(rows, prefill, real_len, tasks, lengths, policies, ratios, args.samples)
     print(f"\nwall time {time.time() - t_start:.0f}s")
     if args.json:
         print(json.dumps(report))
+
+
+def _split_specs(text: str) -> list[str]:
+    """Specs separated by commas, where a comma followed by ``k=v`` belongs to the spec before
+    (``adakv:snapkv,alpha_safeguard=0.1,knorm`` is two specs); ';' always separates."""
+    specs: list[str] = []
+    for part in (p.strip() for chunk in text.split(";") for p in chunk.split(",")):
+        if not part:
+            continue
+        if "=" in part and specs and ":" in specs[-1]:
+            specs[-1] += "," + part
+        else:
+            specs.append(part)
+    return specs
+
+
+def _reference() -> Any:
+    import transformers
+
+    from engine_adapter.model.builtin import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    assert path is not None
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+
+
+def _print_tables(
+    rows: dict[tuple[str, int, str, str, float], list[Row]],
+    prefill: dict[tuple[str, int], list[float]],
+    real_len: dict[int, list[int]],
+    tasks: list[str],
+    lengths: list[int],
+    policies: list[str],
+    ratios: list[float],
+    samples: int,
+) -> dict[str, Any]:
+    report: dict[str, Any] = {"samples": samples, "rows": []}
+    print(f"\nQuery-agnostic needle accuracy (correct of {samples} per cell), compress time (median, "
+          "% of the prefill) and K/V MiB the sequence held at the end (median), per ratio")  # fmt: skip
+    header = "| task | length | impl | policy | " + " | ".join(f"{r:g}" for r in ratios)
+    header += " | compress % | KV MiB |"
+    print(header)
+    print("|" + " --- |" * (header.count("|") - 1))
+    for task in tasks:
+        for length in lengths:
+            mean_len = sum(real_len[length]) // max(1, len(real_len[length]))
+            pre = _median(prefill[(task, length)])
+            base = rows[(task, length, "sage", "none", 0.0)]
+            mib = _median([r.kv_bytes / 2**20 for r in base])
+            print(f"| {task} | {mean_len} | sage | none (uncompressed) | {sum(r.correct for r in base)}"
+                  + " |" * len(ratios) + f" prefill {pre:.2f} s | {mib:.1f} |")  # fmt: skip
+            for spec in policies:
+                for impl in ("sage", "kvpress"):
+                    cells = [rows.get((task, length, impl, spec, r), []) for r in ratios]
+                    if not any(cells):
+                        continue
+                    correct = [str(sum(r.correct for r in c)) if c else "-" for c in cells]
+                    pct = "/".join(
+                        f"{_median([r.compress_s for r in c]) / pre * 100:.1f}" for c in cells if c
+                    )
+                    kv = "/".join(f"{_median([r.kv_bytes / 2**20 for r in c]):.1f}" for c in cells if c)
+                    print(
+                        f"| {task} | {mean_len} | {impl} | {spec} | "
+                        + " | ".join(correct)
+                        + f" | {pct} | {kv} |"
+                    )
+                    report["rows"].append(
+                        {"task": task, "length": mean_len, "impl": impl, "policy": spec,
+                         "correct": dict(zip(map(str, ratios), correct, strict=True)),
+                         "compress_pct_of_prefill": pct, "kv_mib": kv}
+                    )  # fmt: skip
+    return report
 
 
 if __name__ == "__main__":

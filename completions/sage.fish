@@ -137,7 +137,7 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l no-adaptive-batch 
 complete -c sage -n '__fish_sage_at sage llm engine start' -l colocation -x -d 'LLM + embedding colocation (spec 004): dynamic (admission control, SLO-driven quotas, SLO-aware preemption) or static:F (a fixed LLM share F of the pool); off: none'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l colocation-param -x -d 'A colocation constant (safety_ratio, max_change_rate, quota_interval_s, ...; system=spec for the spec\'s algorithms as written); repeat for more'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l embedding-chunk-tokens -x -d 'Tokens of embedding work per engine step, beside the LLM\'s decodes'
-complete -c sage -n '__fish_sage_at sage llm engine start' -l token-eviction -x -d 'Token-level policy compressing running sequences under memory pressure: none, sliding, snapkv, h2o, tova'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l token-eviction -x -d 'Token-level policy compressing running sequences under memory pressure: none, sliding, snapkv, h2o, tova, knorm, keydiff, leverage, compactor, expected_attention, or a budget wrapper over one (adakv:snapkv, pyramid:snapkv); params as NAME:k=v,k=v'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l eviction-window -x -d 'Tokens the sliding token policy keeps after its sinks'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l memory-threshold -x -d 'Compress sequences when less than this is available (pool or device memory)'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l seed -x -d 'Seed of sampling for requests that give none'

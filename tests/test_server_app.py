@@ -438,6 +438,11 @@ def test_shutdown_answers_draining_then_refuses_new_requests() -> None:
 def test_kv_compression_per_request_and_its_errors(client: TestClient) -> None:
     body = _complete(client, SHARED * 2, kv_compression={"policy": "snapkv", "ratio": 0.5})
     assert body["choices"][0]["finish_reason"] in ("length", "stop")
+    spec = {"policy": "adakv:knorm,alpha_safeguard=0.5", "ratio": 0.5}  # head-varying, by spec
+    assert _complete(client, SHARED * 2, kv_compression=spec)["choices"][0]["finish_reason"] in (
+        "length",
+        "stop",
+    )
     chat = client.post(
         "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
@@ -450,6 +455,10 @@ def test_kv_compression_per_request_and_its_errors(client: TestClient) -> None:
         ({"policy": "snapkv", "ratio": True}, "[0, 1)"),
         ({"policy": "snapkv"}, '"policy": NAME, "ratio": R'),
         ("snapkv", '"policy": NAME, "ratio": R'),
+        # a spec's params are checked on arrival: a 400, not a failed engine step
+        ({"policy": "adakv:snapkv,no_such=1", "ratio": 0.5}, "no param 'no_such'"),
+        ({"policy": "knorm:3", "ratio": 0.5}, "'3' is not k=v"),
+        ({"policy": "leverage:sketch_dimension=0", "ratio": 0.5}, "sketch_dimension must be >= 1"),
     ):
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "kv_compression": bad})
         _assert_error(r, 400, "invalid_value", "kv_compression", needle)
@@ -463,5 +472,9 @@ def test_token_policy_hot_swap(client: TestClient) -> None:
     assert r.status_code == 200 and r.json()["old"] == "none" and r.json()["new"] == "h2o"
     assert client.get("/v1/eviction/token").json()["policy"] == "h2o"
     _assert_error(client.put("/v1/eviction/token", json={"policy": "lru"}), 400, "invalid_policy", "tova")
+    r = client.put("/v1/eviction/token", json={"policy": "pyramid:snapkv,beta=10"})
+    assert r.status_code == 200 and r.json()["new"] == "pyramid" and r.json()["params"]["beta"] == 10
+    bad = client.put("/v1/eviction/token", json={"policy": "pyramid:snapkv,beta=0"})
+    _assert_error(bad, 400, "invalid_policy", "beta")
     _assert_error(client.put("/v1/eviction/token", json={"policy": 3}), 400, "invalid_value", "policy")
     assert client.put("/v1/eviction/token", json={"policy": "none"}).status_code == 200

@@ -81,8 +81,12 @@ def test_builds_by_name_with_its_defaults_and_knows_its_name(name: str) -> None:
     assert type(policy) is token_policy_class(name)
     assert repr(policy).startswith(type(policy).__name__)
     assert type(policy).__doc__, f"{name}: the class says what it keeps"
-    # params() are constructor params: building from them gives the same policy
-    assert set(policy.params()) <= set(token_policy_params(type(policy)))
+    # params() are constructor params (a budget wrapper's: its own and its press's): building
+    # from them gives the same policy
+    known = set(token_policy_params(type(policy)))
+    if policy.wraps_press:
+        known |= set(token_policy_params(token_policy_class(policy.default_press)))
+    assert set(policy.params()) <= known
     assert make_token_policy(name, **policy.params()).params() == policy.params()
 
 
@@ -102,19 +106,35 @@ def test_keeps_the_count_asked_sorted_with_its_protected_tokens(
         assert policy.evict(kv, n_keep) == 0 and kv.length == PROMPT_LEN
         assert set(protected) <= set(range(PROMPT_LEN))
         return
-    keep = policy.keep_indices(kv, n_keep)
+    policy.ratio = ratio  # as `evict(..., ratio=ratio)` sets it
+    keep, counts = policy.select(kv, n_keep)
+    policy.ratio = None
     layers, kv_heads = decoder.config.num_hidden_layers, decoder.config.num_key_value_heads
-    assert keep.shape == (layers, kv_heads, n_keep)
-    assert bool((keep.diff(dim=-1) > 0).all()), "kept indices are strictly ascending"
+    width = keep.shape[-1]
+    if counts is None:  # the same budget everywhere: exactly the count asked
+        assert keep.shape == (layers, kv_heads, n_keep)
+        counts = torch.full((layers, kv_heads), n_keep)
+    else:  # head-varying budgets (adakv, pyramid): the count asked on average, give or take
+        # pyramid's rounding of each layer's budget (kvpress's rule)
+        assert keep.shape[:2] == (layers, kv_heads) and int(counts.max()) == width
+        assert abs(float(counts.float().mean()) - n_keep) <= 1.0
+    rows = [keep[la, h, : counts[la, h]] for la in range(layers) for h in range(kv_heads)]
+    assert all(bool((row.diff() > 0).all()) for row in rows), "kept indices are strictly ascending"
     assert int(keep.min()) >= 0 and int(keep.max()) < PROMPT_LEN
-    for row in keep.reshape(-1, n_keep).tolist():
-        assert set(protected) <= set(row), f"{name} dropped a token it always keeps"
-    before = [kv.keys(layer) for layer in range(layers)]
-    assert policy.evict(kv, n_keep) == PROMPT_LEN - n_keep
-    assert kv.length == n_keep
-    for layer, keys in enumerate(before):
-        want = keys.gather(1, keep[layer][..., None].expand(-1, -1, keys.shape[-1]))
-        assert torch.equal(kv.keys(layer), want), f"{name}: the pool holds other K/V than the kept ones"
+    for row in rows:
+        assert set(protected) <= set(row.tolist()), f"{name} dropped a token it always keeps"
+    before = [(kv.keys(layer), kv.values(layer)) for layer in range(layers)]
+    assert policy.evict(kv, n_keep, ratio=ratio) == PROMPT_LEN - width
+    assert kv.length == width
+    for layer, (keys, values) in enumerate(before):
+        for h in range(kv_heads):
+            n, kept = int(counts[layer, h]), keep[layer, h, : counts[layer, h]]
+            got_k, got_v = kv.keys(layer)[h, :n], kv.values(layer)[h, :n]
+            assert torch.equal(got_k, keys[h, kept]) and torch.equal(got_v, values[h, kept]), (
+                f"{name}: the pool holds other K/V than the kept ones"
+            )
+            if kv.key_mask is not None:
+                assert kv.key_mask[layer, h].tolist() == [j < n for j in range(width)]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -126,7 +146,10 @@ def test_memory_pressure_target_is_at_most_the_managers(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_refuses_an_unknown_param_and_lists_its_params(name: str) -> None:
-    params = token_policy_params(token_policy_class(name))
+    cls = token_policy_class(name)
+    params = token_policy_params(cls)
+    if cls.wraps_press:  # the error names the press and lists the wrapper's params after it
+        params["press"] = cls.default_press
     listing = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "none"
     with pytest.raises(TokenPolicyParamError, match="no param 'no_such_param'") as caught:
         make_token_policy(name, no_such_param=1)
@@ -262,7 +285,7 @@ def test_an_entry_point_plugin_is_listed_built_and_checked(plugin_distribution: 
         make_token_policy(PLUGIN_NAME, n_frist=3)
     assert KVCompression(PLUGIN_NAME, 0.5).policy == PLUGIN_NAME
     assert resolve_config({"token_eviction": PLUGIN_NAME}, environ={}).token_eviction == PLUGIN_NAME
-    with pytest.raises(ConfigError, match=f"h2o, tova, {PLUGIN_NAME}"):
+    with pytest.raises(ConfigError, match=f"adakv, pyramid, {PLUGIN_NAME}"):
         resolve_config({"token_eviction": "lru"}, environ={})
 
 

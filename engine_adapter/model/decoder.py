@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_adapter.model.config import ModelConfig
+from engine_adapter.model.key_masks import padding_masks
 from engine_adapter.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
 from engine_adapter.model.observer import AttentionObserver
 
@@ -56,6 +57,9 @@ class ForwardBatch:
         pool_hidden: Per sequence, whether to return the sum of its new tokens' last hidden
             states (after the final norm) in `ForwardOutput.hidden_sums`: an embedding request's
             chunk rides in the same forward as the LLM's decodes (None: no sequence).
+        key_masks: Per sequence, ``[layers, kv_heads, M]`` bool or None: False where cache index
+            ``j < M`` of that layer and KV head is padding left by a head-varying compaction,
+            which no query may attend to (None: no sequence has padding).
     """
 
     token_ids: list[list[int]]
@@ -65,6 +69,7 @@ class ForwardBatch:
     position_offsets: list[int] | None = None
     observers: list[AttentionObserver | None] | None = None
     pool_hidden: list[bool] | None = None
+    key_masks: list[torch.Tensor | None] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -157,7 +162,10 @@ class Attention(nn.Module):
         for b, observer, first, n_new, start in step.observed:
             observer.observe(layer, q[first : first + n_new], k_ctx[b, :, : start + n_new], start)
         q_pad = q[step.q_index].transpose(1, 2)  # [B, heads, Tq, D]
-        out = F.scaled_dot_product_attention(q_pad, k_ctx, v_ctx, attn_mask=step.mask, enable_gqa=True)
+        mask = step.mask
+        if step.key_masks is not None:  # padding of head-varying compactions, this layer's
+            mask = step.key_masks[layer] if mask is None else mask & step.key_masks[layer]
+        out = F.scaled_dot_product_attention(q_pad, k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
         batch, _, tq, _ = out.shape
         out = out.transpose(1, 2).reshape(batch * tq, -1)
         if step.q_unpad is not None:
@@ -282,6 +290,7 @@ class _StepIndex:
     mask: torch.Tensor | None = None  # [B, 1, Tq, L] bool, or None when every query sees every key
     # (batch row, observer, first flat row, new tokens, start) of each observed sequence
     observed: list[tuple[int, AttentionObserver, int, int, int]] = field(default_factory=list)
+    key_masks: torch.Tensor | None = None  # [layers, B, heads, 1, L] bool: keys not padding
 
 
 class Decoder(nn.Module):
@@ -386,7 +395,8 @@ class Decoder(nn.Module):
         with torch.inference_mode():
             self._check_pool(pool)
             self._check_batch(batch, pool.block_size)
-            if self.graphs is not None and self.graphs.fits(batch, pool):
+            masked = batch.key_masks is not None and any(m is not None for m in batch.key_masks)
+            if self.graphs is not None and not masked and self.graphs.fits(batch, pool):
                 return self.graphs.run(batch)
             step = self._index(batch, pool.block_size)
             if self.compiled is not None and self.compiled.endswith("reduce-overhead"):
@@ -500,11 +510,16 @@ class Decoder(nn.Module):
         )
         if not step.fresh_single:
             _add_padded_attention(step, kv_slots, starts, lengths, device)
+            if batch.key_masks is not None and any(m is not None for m in batch.key_masks):
+                step.key_masks = padding_masks(batch.key_masks, kv_slots.shape[1], self.config).to(device)
         if batch.observers is not None:
             first = 0
             for b, (observer, n) in enumerate(zip(batch.observers, lengths, strict=True)):
                 if observer is not None:
                     step.observed.append((b, observer, first, n, starts[b]))
+                    if observer.track_positions:
+                        observer.rotary = self.rotary
+                        observer.note_positions(positions[first : first + n], starts[b])
                 first += n
         return step
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,11 +25,22 @@ class AttentionObserver:
     - ``accumulate``: per layer and query head, the attention each key received summed over
       every query that saw it, and how many queries saw it (H2O's accumulated attention),
       computed in query chunks of `chunk` rows.
+    - ``track_positions``: the RoPE position of every key in cache order and the decoder's
+      `rotary` (set by the decoder), so that a press can undo the rotation of keys and queries
+      exactly (leverage, compactor, expected attention score pre-RoPE vectors) and rotate to
+      future positions. Compaction gathers the positions with the keys, per layer and KV head.
 
     Attributes:
         queries: layer -> ``[heads, <= window, head_dim]``, oldest first.
         attention_sum: layer -> ``[heads, L]`` float32, L the keys in the pool.
         seen: layer -> ``[heads, L]`` float32: queries that attended to each key.
+        positions: ``[P, L]`` int64 RoPE positions of the keys in cache order: P = 1 while
+            every layer and head holds the same tokens, ``layers * kv_heads`` (row
+            ``layer * kv_heads + head``) once a compaction kept different ones; None when
+            positions are not tracked or the observer missed some tokens.
+        rotary: The decoder's rotary embedding (``cos_sin(positions, dtype)``), or None.
+        queries_from: RoPE position of the first token this observer saw (its first query).
+        next_position: RoPE position of the next token: every token seen has one below it.
     """
 
     window: int = 0
@@ -37,6 +49,48 @@ class AttentionObserver:
     queries: dict[int, torch.Tensor] = field(default_factory=dict)
     attention_sum: dict[int, torch.Tensor] = field(default_factory=dict)
     seen: dict[int, torch.Tensor] = field(default_factory=dict)
+    track_positions: bool = False
+    positions: torch.Tensor | None = None
+    rotary: Any = None
+    queries_from: int | None = None
+    next_position: int = 0
+
+    def note_positions(self, positions: torch.Tensor, start: int) -> None:
+        """The new tokens at cache indices ``start..`` have RoPE `positions` ``[n]`` (called once
+        per forward, before the layers run). The first call may start past a cached prefix: an
+        observer is made when its sequence is admitted, before any compaction, so the prefix
+        holds positions ``0..start-1``. A later gap (tokens never seen) forgets them all."""
+        if not self.track_positions or positions.numel() == 0:
+            return
+        new = positions.to(torch.long)
+        old = self.positions
+        if self.queries_from is None:  # the first tokens this observer sees
+            prefix = torch.arange(start, device=new.device, dtype=torch.long)
+            self.positions = torch.cat((prefix, new))[None]
+            self.queries_from = int(new[0])
+        elif old is not None and old.shape[1] == start:
+            self.positions = torch.cat((old, new.to(old.device)[None].expand(old.shape[0], -1)), dim=1)
+        else:
+            self.positions = None
+        self.next_position = int(new[-1]) + 1
+
+    def positions_of(self, layer: int, kv_heads: int, length: int) -> torch.Tensor | None:
+        """RoPE positions ``[kv_heads, length]`` of layer `layer`'s keys, or None when unknown."""
+        pos = self.positions
+        if pos is None or pos.shape[1] != length:
+            return None
+        if pos.shape[0] == 1:
+            return pos.expand(kv_heads, -1)
+        return pos[layer * kv_heads : (layer + 1) * kv_heads]
+
+    def compact_positions(self, keep: torch.Tensor) -> None:
+        """Keep the positions of cache indices `keep` ``[layers, kv_heads, n]``."""
+        pos = self.positions
+        if pos is None:
+            return
+        layers, kv_heads, n = keep.shape
+        rows = pos.expand(layers * kv_heads, -1) if pos.shape[0] == 1 else pos
+        self.positions = rows.gather(1, keep.reshape(layers * kv_heads, n).to(rows.device))
 
     def observe(self, layer: int, q: torch.Tensor, keys: torch.Tensor, start: int) -> None:
         """Record `q` ``[n, heads, D]`` (the new queries, cache indices ``start..start+n-1``)

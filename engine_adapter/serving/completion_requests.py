@@ -95,8 +95,12 @@ def _kv_compression(value: Any) -> Any:
         return None
     if not isinstance(value, dict) or set(value) != {"policy", "ratio"}:
         raise bad_value("kv_compression", f'must be {{"policy": NAME, "ratio": R}}, got {value!r:.80}')
+    from engine_adapter.token_eviction.registry import token_policy_from_spec
+
     try:
-        return KVCompression(value["policy"], value["ratio"])
+        compression = KVCompression(value["policy"], value["ratio"])
+        token_policy_from_spec(compression.policy)  # its params, checked now: a 400, not a failed step
+        return compression
     except ValueError as exc:
         raise bad_value("kv_compression", str(exc).removeprefix("kv_compression.")) from None
 

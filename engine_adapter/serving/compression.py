@@ -32,12 +32,17 @@ from engine_adapter.model.kv_pool import PagedKVPool
 from engine_adapter.serving.sequence import Sequence, SequenceStatus
 from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, kept_for_ratio
 from engine_adapter.token_eviction.pressure import TokenCacheManager
-from engine_adapter.token_eviction.registry import make_token_policy
+from engine_adapter.token_eviction.registry import token_policy_from_spec
 from engine_adapter.token_eviction.sequence_kv import CompactionRefused, SequenceKV
 
 __all__ = ["SequenceCompressor"]
 
 log = structlog.get_logger("sage.scheduler")
+
+
+def _adopt(seq: Sequence, kv: SequenceKV) -> None:
+    """`seq` takes what a compaction of its `SequenceKV` left: blocks, offset, padding mask."""
+    seq.block_table, seq.evicted_tokens, seq.key_mask = kv.block_table, kv.position_offset, kv.key_mask
 
 
 class SequenceCompressor:
@@ -68,7 +73,7 @@ class SequenceCompressor:
         policy = self._named_policies.get(name)
         if policy is None:
             window = self.manager.window if self.manager is not None else 1024
-            policy = self._named_policies[name] = make_token_policy(name, window=window)
+            policy = self._named_policies[name] = token_policy_from_spec(name, window=window)
         return policy
 
     def policy_for(self, seq: Sequence) -> TokenEvictionPolicy | None:
@@ -90,6 +95,7 @@ class SequenceCompressor:
     def reset(self, seq: Sequence) -> None:
         """`seq` was preempted: its recompute starts uncompressed."""
         seq.evicted_tokens = 0
+        seq.key_mask = None
         seq.observer = None
         seq.prompt_compressed = False
         self.forget(seq.seq_id)
@@ -118,6 +124,7 @@ class SequenceCompressor:
             position_offset=seq.evicted_tokens,
             observer=seq.observer,
             reallocate=reallocate,
+            key_mask=seq.key_mask,
         )
 
     def _manager(self) -> TokenCacheManager:
@@ -152,7 +159,7 @@ class SequenceCompressor:
             )
         finally:
             for seq, kv in candidates:
-                seq.block_table, seq.evicted_tokens = kv.block_table, kv.position_offset
+                _adopt(seq, kv)
             self.cache_s += time.perf_counter() - t
         return result.evicted
 
@@ -190,10 +197,11 @@ class SequenceCompressor:
                     kept_for_ratio(kv.length, request.ratio),
                     policy=self._named_policy(request.policy),
                     reason="prefill",
+                    ratio=request.ratio,
                 )
             except CompactionRefused as exc:
                 log.warning("kv_compression skipped", request_id=seq.request_id, reason=str(exc))
-            seq.block_table, seq.evicted_tokens = kv.block_table, kv.position_offset
+            _adopt(seq, kv)
             self.cache_s += time.perf_counter() - t
         if self.manager is not None:
             self._pressure(self._decoding(running, set()), force=False)

@@ -39,7 +39,7 @@ from engine_adapter.serving.errors import RequestError
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
 from engine_adapter.token_eviction.pressure import TokenCacheManager
-from engine_adapter.token_eviction.registry import make_token_policy
+from engine_adapter.token_eviction.registry import token_policy_from_spec
 from sage_eviction import describe_policies, get_policy_class
 from sage_eviction.native import core_implementation
 from sage_eviction.registry import parse_policy_spec
@@ -199,7 +199,7 @@ class EngineControl:
         """
         manager = self.token_manager
         try:
-            policy = make_token_policy(name, window=manager.window)
+            policy = token_policy_from_spec(name, window=manager.window)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         with self.cache.lock:

@@ -41,7 +41,7 @@ from engine_adapter.token_eviction.pressure import (
     SystemMonitor,
     TokenCacheManager,
 )
-from engine_adapter.token_eviction.registry import make_token_policy
+from engine_adapter.token_eviction.registry import token_policy_from_spec
 
 __all__ = [
     "DEFAULT_NUM_BLOCKS",
@@ -233,7 +233,7 @@ def token_manager(
     elif pool.device.type == "cpu":
         monitors.append(ProcMeminfoMonitor())
     return TokenCacheManager(
-        make_token_policy(config.token_eviction, window=config.eviction_window),
+        token_policy_from_spec(config.token_eviction, window=config.eviction_window),
         LeastMonitor(*monitors),
         config.memory_threshold * 1024 * 1024,
         config.token_target_ratio,

@@ -124,7 +124,10 @@ def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Sche
         "kv_compression": _nullable(
             _obj(
                 {
-                    "policy": {"enum": [n for n in token_policy_names() if n != "none"]},
+                    # A name, or a spec with params ("adakv:snapkv"), which the engine checks.
+                    "policy": {
+                        "anyOf": [{"enum": [n for n in token_policy_names() if n != "none"]}, _text()]
+                    },
                     "ratio": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
                 },
                 extra=False,
@@ -238,7 +241,7 @@ def _token_and_log_paths() -> dict[str, Schema]:
                     _obj({"old": STR, "new": STR, "params": MAP, "swap_time_s": NUM}),
                     "Swapped",
                 ),
-                body=_obj({"policy": {"enum": token_policy_names()}}, extra=False),
+                body=_obj({"policy": {"anyOf": [{"enum": token_policy_names()}, _text()]}}, extra=False),
                 example={"policy": "sliding"},
             ),
         },

@@ -265,6 +265,7 @@ class Scheduler:
         """The step's one forward: each sequence's chunk, then the embedding chunks."""
         observers: list[AttentionObserver | None] = [seq.observer for seq in seqs]
         offsets = [seq.evicted_tokens for seq in seqs]
+        key_masks = [seq.key_mask for seq in seqs]
         token_ids = [
             seq.all_ids[seq.num_computed : seq.num_computed + n] for seq, n in zip(seqs, chunks, strict=True)
         ]
@@ -277,6 +278,7 @@ class Scheduler:
             tables.append(text.block_table)
             offsets.append(0)
             observers.append(None)
+            key_masks.append(None)
         return ForwardBatch(
             token_ids=token_ids,
             start_positions=starts,
@@ -284,6 +286,7 @@ class Scheduler:
             position_offsets=offsets if any(offsets) else None,
             observers=observers if any(o is not None for o in observers) else None,
             pool_hidden=[False] * len(seqs) + [True] * len(texts) if texts else None,
+            key_masks=key_masks if any(m is not None for m in key_masks) else None,
         )
 
     def _adapt_batch_limit(self) -> None:

@@ -104,6 +104,7 @@ class Sequence:
     kv_compression: KVCompression | None = None  # compress the prompt once after prefill
     evicted_tokens: int = 0  # tokens token-level eviction removed from its cache (RoPE offset)
     observer: AttentionObserver | None = None  # what its attention exposes to its token policy
+    key_mask: torch.Tensor | None = None  # padding of a head-varying compaction (SequenceKV.key_mask)
     prompt_compressed: bool = False
     # SLOs (spec 004), in milliseconds; None: no SLO given and colocation off.
     slo_ttft_ms: float | None = None

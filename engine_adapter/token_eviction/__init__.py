@@ -7,7 +7,9 @@ runs short or a request asks for it, so a long generation survives on a small po
     registry.py    TOKEN_POLICIES (name -> ``module:Class``), the entry-point group
                    ``sage.token_policies``, token_policy_names, make_token_policy, the errors
     presses/       one policy per file over presses/base.py (TokenEvictionPolicy, kept_for_ratio,
-                   top_kept): none, sliding, snapkv, h2o, tova, each with its score function
+                   top_kept): none, sliding, snapkv, h2o, tova, knorm, keydiff, leverage,
+                   compactor, expected_attention, each with its score function, and the
+                   budget wrappers adakv and pyramid
     sequence_kv.py SequenceKV: the spec's KVCache view of one sequence in the pool (compaction)
     pressure.py    SystemMonitor (/proc/meminfo, CUDA, the pool) and TokenCacheManager.maybe_evict
     generate.py    one sequence prefilled, compressed once and decoded (kvpress tests, benchmark)
@@ -21,7 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_adapter.token_eviction.registry import UnknownTokenPolicyError, token_policy_names
+from engine_adapter.token_eviction.registry import (
+    UnknownTokenPolicyError,
+    parse_token_spec,
+    token_policy_names,
+)
 
 __all__ = [
     "DEFAULT_EVICTION_WINDOW",
@@ -45,7 +51,8 @@ class KVCompression:
     """A request's ``kv_compression``: compress its prompt once after prefill.
 
     Attributes:
-        policy: A token policy other than ``none``.
+        policy: A token policy other than ``none``: its name, or a spec with params
+            (``adakv:snapkv``, ``knorm``, ``compactor:chunk_size=128``; `parse_token_spec`).
         ratio: Fraction of the prompt's tokens removed, in ``[0, 1)`` (kvpress's
             ``compression_ratio``: 0.5 keeps half).
     """
@@ -55,7 +62,11 @@ class KVCompression:
 
     def __post_init__(self) -> None:
         names = [n for n in token_policy_names() if n != "none"]  # `none` compresses nothing
-        if self.policy not in names:
+        try:
+            name = parse_token_spec(self.policy)[0] if isinstance(self.policy, str) else None
+        except UnknownTokenPolicyError:
+            name = None
+        if name not in names:
             listing = ", ".join(names)
             raise UnknownTokenPolicyError(f"kv_compression.policy {self.policy!r} is not one of {listing}")
         if (

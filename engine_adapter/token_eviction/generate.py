@@ -57,6 +57,7 @@ def append_tokens(decoder: Decoder, pool: PagedKVPool, kv: SequenceKV, ids: list
         [kv.block_table],
         position_offsets=[kv.position_offset],
         observers=[kv.observer],
+        key_masks=None if kv.key_mask is None else [kv.key_mask],
     )
     logits: torch.Tensor = decoder(batch, pool).logits[0]
     kv.length += len(ids)
@@ -81,7 +82,8 @@ def generate_compressed(
     t1 = time.perf_counter()
     blocks_before = kv.num_blocks()
     kept = kept_for_ratio(len(context_ids), compression_ratio) if compression_ratio > 0 else len(context_ids)
-    policy.evict(kv, kept)
+    if kept < len(context_ids):
+        policy.evict(kv, kept, ratio=compression_ratio)
     t2 = time.perf_counter()
     blocks_after = kv.num_blocks()
     try:

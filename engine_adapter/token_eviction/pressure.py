@@ -226,13 +226,15 @@ class TokenCacheManager:
         *,
         policy: TokenEvictionPolicy | None = None,
         reason: str,
+        ratio: float | None = None,
     ) -> int:
-        """Compress one sequence to `target_len` tokens, counting it; returns tokens removed."""
+        """Compress one sequence to `target_len` tokens, counting it; returns tokens removed.
+        `ratio`: the compression ratio a request asked for (the presses that weigh by it)."""
         policy = policy or self.policy
         before, blocks_before = cache.length, cache.num_blocks()
         fallback = policy.attention_missing(cache)  # read before the compaction changes it
         t0 = time.perf_counter()
-        removed = policy.evict(cache, target_len)
+        removed = policy.evict(cache, target_len, ratio=ratio)
         seconds = time.perf_counter() - t0
         if removed <= 0:
             return 0

@@ -35,6 +35,8 @@ __all__ = [
     "TokenPolicyParamError",
     "UnknownTokenPolicyError",
     "make_token_policy",
+    "parse_token_spec",
+    "token_policy_from_spec",
     "token_policy_class",
     "token_policy_names",
     "token_policy_params",
@@ -49,6 +51,13 @@ TOKEN_POLICIES: dict[str, str] = {
     "snapkv": f"{_PRESSES}.snapkv:SnapKVPolicy",
     "h2o": f"{_PRESSES}.h2o:H2OPolicy",
     "tova": f"{_PRESSES}.tova:TOVAPolicy",
+    "knorm": f"{_PRESSES}.knorm:KnormPolicy",
+    "keydiff": f"{_PRESSES}.keydiff:KeyDiffPolicy",
+    "leverage": f"{_PRESSES}.leverage:LeveragePolicy",
+    "compactor": f"{_PRESSES}.compactor:CompactorPolicy",
+    "expected_attention": f"{_PRESSES}.expected_attention:ExpectedAttentionPolicy",
+    "adakv": f"{_PRESSES}.adakv:AdaKVPolicy",
+    "pyramid": f"{_PRESSES}.pyramid:PyramidPolicy",
 }
 """The built-in token policies (``--token-eviction``), in the order error messages list them."""
 
@@ -120,7 +129,10 @@ def token_policy_params(cls: type[TokenEvictionPolicy]) -> dict[str, Any]:
 
 
 def _listing(cls: type[TokenEvictionPolicy]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in token_policy_params(cls).items()) or "none"
+    params = token_policy_params(cls)
+    if cls.wraps_press:
+        params["press"] = cls.default_press
+    return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "none"
 
 
 def _takes_any_keyword(cls: type[TokenEvictionPolicy]) -> bool:
@@ -168,6 +180,93 @@ def _constructor_kwargs(
     return {cls.window_param: window, **params}
 
 
+def parse_token_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name:k=v,k=v`` as the name and its raw params (torch-free; the block
+    policies' spec form). A budget wrapper's first item may name its press alone:
+    ``adakv:snapkv`` is ``adakv:press=snapkv``.
+
+    Raises:
+        TokenPolicyParamError: An item that is not ``k=v`` (but a wrapper's leading press).
+        UnknownTokenPolicyError: No token policy has the name.
+    """
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip().lower()
+    _import_path(name)
+    params: dict[str, str] = {}
+    for i, item in enumerate(filter(None, (p.strip() for p in rest.split(",")))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            if i == 0 and name in _WRAPPERS:
+                key, value = "press", item
+            else:
+                raise TokenPolicyParamError(f"token policy spec {spec!r}: {item!r} is not k=v")
+        params[key.strip()] = value.strip()
+    return name, params
+
+
+_WRAPPERS = frozenset({"adakv", "pyramid"})
+"""The budget wrappers: their ``press`` param names the press whose scores they share out."""
+
+
+def _from_text(value: Any, default: Any) -> Any:
+    """A spec's text value as the type of the param's default (others stay text)."""
+    if not isinstance(value, str) or default is None or isinstance(default, str):
+        return value
+    if isinstance(default, bool):
+        lowered = value.lower()
+        return {"true": True, "1": True, "false": False, "0": False}.get(lowered, value)
+    for kind in (int, float) if isinstance(default, int) else (float,):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value
+
+
+def token_policy_from_spec(spec: str, *, window: int | None = None) -> TokenEvictionPolicy:
+    """The token policy a spec (`parse_token_spec`) names, built and checked (imports torch)."""
+    name, raw = parse_token_spec(spec)
+    cls = token_policy_class(name)
+    defaults = token_policy_params(cls)
+    if cls.wraps_press:  # the params the wrapper does not take are its press's
+        defaults = {
+            **token_policy_params(token_policy_class(raw.get("press", cls.default_press))),
+            **defaults,
+        }
+    params = {k: _from_text(v, defaults.get(k)) for k, v in raw.items()}
+    return make_token_policy(name, window=window, **params)
+
+
+def _make_wrapper(
+    name: str, cls: type[TokenEvictionPolicy], window: int | None, params: dict[str, Any]
+) -> TokenEvictionPolicy:
+    """A budget wrapper: its own params to it, the others to the press it wraps."""
+    params = dict(params)
+    press = params.pop("press", cls.default_press)
+    if not isinstance(press, str) or not press:
+        raise TokenPolicyParamError(
+            f"token eviction policy {name!r}: press={press!r} is not a press name; params: {_listing(cls)}"
+        )
+    own_names = set(token_policy_params(cls)) - {"press"}
+    own = {k: v for k, v in params.items() if k in own_names}
+    try:
+        inner = make_token_policy(
+            press, window=window, **{k: v for k, v in params.items() if k not in own_names}
+        )
+    except TokenPolicyParamError as exc:
+        raise TokenPolicyParamError(
+            f"token eviction policy {name!r} over {exc}; {name}'s params: {_listing(cls)}"
+        ) from exc
+    kwargs = _constructor_kwargs(name, cls, None, own)
+    try:
+        wrapper: TokenEvictionPolicy = cls(press=inner, **kwargs)  # type: ignore[call-arg]
+        return wrapper
+    except (TypeError, ValueError) as exc:
+        raise TokenPolicyParamError(
+            f"token eviction policy {name!r}: {exc}; params: {_listing(cls)}"
+        ) from exc
+
+
 def make_token_policy(name: str, *, window: int | None = None, **params: Any) -> TokenEvictionPolicy:
     """The token policy registered as `name`, built with its params.
 
@@ -184,6 +283,8 @@ def make_token_policy(name: str, *, window: int | None = None, **params: Any) ->
             refused; the message lists the params with their defaults.
     """
     cls = token_policy_class(name)
+    if cls.wraps_press:
+        return _make_wrapper(name, cls, window, params)
     kwargs = _constructor_kwargs(name, cls, window, params)
     try:
         return cls(**kwargs)

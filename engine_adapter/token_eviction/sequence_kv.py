@@ -48,6 +48,9 @@ class SequenceKV:
             accumulated attention), or None.
         reallocate: Releases the old blocks and returns the new table for ``n`` tokens; by
             default straight on the pool's allocator (tests, the benchmark).
+        key_mask: ``[layers, kv_heads, M]`` bool, False where cache index ``j < M`` of a head
+            is padding that attention must skip (a head-varying compaction); indices past M
+            are all real. None: no padding.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class SequenceKV:
         position_offset: int = 0,
         observer: AttentionObserver | None = None,
         reallocate: Reallocate | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> None:
         if length < 0 or -(-length // pool.block_size) > len(block_table):
             raise ValueError(f"block table of {len(block_table)} blocks cannot hold {length} tokens")
@@ -68,6 +72,7 @@ class SequenceKV:
         self.position_offset = position_offset
         self.observer = observer
         self._reallocate = reallocate
+        self.key_mask = key_mask
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -92,6 +97,11 @@ class SequenceKV:
         k, _v = self.pool.gather(layer, self.block_table, self.length)
         return k.transpose(0, 1)
 
+    def values(self, layer: int) -> torch.Tensor:
+        """Values of the sequence in cache order, ``[kv_heads, length, head_dim]``."""
+        _k, v = self.pool.gather(layer, self.block_table, self.length)
+        return v.transpose(0, 1)
+
     def _slots(self) -> torch.Tensor:
         return PagedKVPool.slot_mapping(
             self.block_table, 0, self.length, self.pool.block_size, device=self.pool.device
@@ -101,7 +111,13 @@ class SequenceKV:
         """A copy in fresh blocks of the pool's allocator, with a copy of the observer: one
         prefill serves several compressions (the quality benchmark compresses copies)."""
         table = self.pool.allocator.allocate(self.num_blocks())
-        copy = SequenceKV(self.pool, table, self.length, position_offset=self.position_offset)
+        copy = SequenceKV(
+            self.pool,
+            table,
+            self.length,
+            position_offset=self.position_offset,
+            key_mask=None if self.key_mask is None else self.key_mask.clone(),
+        )
         src, dst = self._slots(), copy._slots()
         for layer in range(self.num_layers):
             k = self.pool.k_cache[layer].view(-1, self.num_kv_heads, self.pool.head_dim)
@@ -109,7 +125,16 @@ class SequenceKV:
             self.pool.write(layer, dst, k.index_select(0, src), v.index_select(0, src))
         obs = self.observer
         if obs is not None:
-            copy.observer = AttentionObserver(window=obs.window, accumulate=obs.accumulate, chunk=obs.chunk)
+            copy.observer = AttentionObserver(
+                window=obs.window,
+                accumulate=obs.accumulate,
+                chunk=obs.chunk,
+                track_positions=obs.track_positions,
+                positions=None if obs.positions is None else obs.positions.clone(),
+                rotary=obs.rotary,
+                queries_from=obs.queries_from,
+                next_position=obs.next_position,
+            )
             copy.observer.queries = {k: t.clone() for k, t in obs.queries.items()}
             copy.observer.attention_sum = {k: t.clone() for k, t in obs.attention_sum.items()}
             copy.observer.seen = {k: t.clone() for k, t in obs.seen.items()}
@@ -125,23 +150,31 @@ class SequenceKV:
         shape = (self.num_layers, self.num_kv_heads, self.length - count)
         return self.compact(keep[None, None, :].expand(shape))
 
-    def compact(self, keep: torch.Tensor) -> int:
+    def compact(self, keep: torch.Tensor, counts: torch.Tensor | None = None) -> int:
         """Keep, per layer and KV head, the cache indices `keep` ``[layers, kv_heads, n]``
-        (ascending along the last axis); returns how many tokens each head dropped.
+        (ascending along the last axis); returns how many cache indices the sequence gave up.
 
-        The kept K/V are gathered first and the old blocks released only then, so compaction
-        needs no free block beyond the ones it frees (a full pool can still compact).
+        With `counts` ``[layers, kv_heads]`` (head-varying budgets), row ``(l, h)`` keeps only
+        its first ``counts[l, h]`` indices; the rest of the row is padding, which `key_mask`
+        then hides from attention (docs/architecture.md, "Head-varying budgets"). The kept K/V
+        are gathered first and the old blocks released only then, so compaction needs no free
+        block beyond the ones it frees (a full pool can still compact).
         """
         layers, heads, n = keep.shape
         if (layers, heads) != (self.num_layers, self.num_kv_heads):
             raise ValueError(f"keep has shape {tuple(keep.shape)}: [layers, kv_heads, n] expected")
         if n > self.length or n < 1:
             raise ValueError(f"cannot keep {n} of {self.length} tokens")
-        if n == self.length:
-            return 0
         keep = keep.to(device=self.pool.device, dtype=torch.long)
-        if keep.min() < 0 or keep.max() >= self.length or bool((keep[..., 1:] <= keep[..., :-1]).any()):
+        real = self._real_entries(keep, counts)
+        if n == self.length and real is None:
+            return 0
+        rising = keep[..., 1:] > keep[..., :-1]
+        if real is not None:
+            rising = rising | ~real[..., 1:]  # padding repeats its row's last index
+        if keep.min() < 0 or keep.max() >= self.length or not bool(rising.all()):
             raise ValueError("kept cache indices must be distinct, ascending and inside the sequence")
+        self.key_mask = self._kept_mask(keep, real)
         old_slots = self._slots()
         head_index = torch.arange(heads, device=self.pool.device)[None, :]
         gathered: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -161,6 +194,28 @@ class SequenceKV:
         self._compact_observer(keep, old_length)
         return removed
 
+    def _real_entries(self, keep: torch.Tensor, counts: torch.Tensor | None) -> torch.Tensor | None:
+        """``[layers, kv_heads, n]`` True where `keep` holds a kept index, not padding."""
+        n = keep.shape[-1]
+        if counts is None:
+            return None
+        counts = counts.to(device=keep.device, dtype=torch.long)
+        if counts.shape != keep.shape[:2] or int(counts.min()) < 1 or int(counts.max()) > n:
+            raise ValueError(f"counts must be [layers, kv_heads] in 1..{n}")
+        if bool((counts == n).all()):
+            return None
+        return torch.arange(n, device=keep.device) < counts[..., None]
+
+    def _kept_mask(self, keep: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor | None:
+        """The key mask after keeping `keep`: an index that was padding stays padding."""
+        old = self.key_mask
+        if old is not None:
+            full = torch.ones((*keep.shape[:2], self.length), dtype=torch.bool, device=keep.device)
+            full[..., : old.shape[-1]] = old.to(keep.device)
+            carried = full.gather(2, keep)
+            real = carried if real is None else real & carried
+        return real
+
     def _new_table(self, n: int) -> list[int]:
         if self._reallocate is not None:
             return self._reallocate(n)
@@ -173,6 +228,7 @@ class SequenceKV:
         obs = self.observer
         if obs is None:
             return
+        obs.compact_positions(keep)
         for table in (obs.attention_sum, obs.seen):
             for layer, values in list(table.items()):
                 if values.shape[1] != old_length:  # observed only part of the keys: start over

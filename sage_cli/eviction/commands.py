@@ -190,7 +190,11 @@ def set_policy(
 def set_token_policy(
     policy: Annotated[
         str,
-        typer.Argument(metavar="NAME", help="Token-level policy: none, sliding, snapkv, h2o, tova."),
+        typer.Argument(
+            metavar="SPEC",
+            help="Token-level policy: a name (none, sliding, snapkv, h2o, tova, knorm, keydiff, leverage, "
+            "compactor, expected_attention, adakv, pyramid) or NAME:k=v,k=v (adakv:snapkv).",
+        ),
     ],
     socket: SocketOpt = None,
     name: NameOpt = None,

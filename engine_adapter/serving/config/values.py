@@ -88,15 +88,28 @@ def parse_policy(value: Any, where: str) -> str:
 
 
 def parse_token_policy(value: Any, where: str) -> str:
-    """A token-level policy of `engine_adapter.token_eviction`."""
-    from engine_adapter.token_eviction.registry import token_policy_names
+    """A token-level policy of `engine_adapter.token_eviction`: a name, or ``name:k=v,...``
+    (``adakv:snapkv``). A name is checked without torch; a spec with params is built once here
+    (importing torch) so that a bad param fails the config, not the engine's start."""
+    from engine_adapter.token_eviction.registry import (
+        TokenPolicyParamError,
+        UnknownTokenPolicyError,
+        parse_token_spec,
+        token_policy_from_spec,
+        token_policy_names,
+    )
 
-    name = parse_text(value, where).lower()
-    if name not in token_policy_names():
+    spec = parse_text(value, where).lower()
+    try:
+        if parse_token_spec(spec)[1]:
+            token_policy_from_spec(spec)
+    except UnknownTokenPolicyError:
         raise ConfigError(
             f"{where}: token eviction policy {shorten(value)} is not one of {', '.join(token_policy_names())}"
-        )
-    return name
+        ) from None
+    except TokenPolicyParamError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return spec
 
 
 # The model's choices (engine_adapter.model.precision holds the same; a test keeps them equal):

@@ -28,6 +28,7 @@ __all__ = [
     "QueryScoredPolicy",
     "TokenEvictionPolicy",
     "kept_for_ratio",
+    "ragged_keep",
     "recency_scores",
     "top_kept",
     "window_attention",
@@ -46,10 +47,26 @@ def top_kept(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
     return scores.topk(n_keep, dim=-1).indices.sort(dim=-1).values
 
 
-def recency_scores(kv_heads: int, length: int) -> torch.Tensor:
-    """``[kv_heads, L]`` scores that keep the newest tokens: what a policy falls back to when its
-    observer saw nothing (a sequence admitted before the policy was swapped in)."""
-    return torch.arange(length, dtype=torch.float32).repeat(kv_heads, 1)
+def ragged_keep(rows: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per layer and KV head kept indices of different counts as one padded ``[layers,
+    kv_heads, M]`` tensor (each row ascending, padded by repeating its last index) and the counts
+    ``[layers, kv_heads]``."""
+    counts = torch.tensor([[len(r) for r in layer] for layer in rows], dtype=torch.long)
+    width = int(counts.max())
+    padded = [
+        [torch.cat([r.sort().values, r.sort().values[-1:].expand(width - len(r))]) for r in layer]
+        for layer in rows
+    ]
+    return torch.stack([torch.stack(layer) for layer in padded]), counts
+
+
+def recency_scores(kv_heads: int, length: int, sinks: int = 0) -> torch.Tensor:
+    """``[kv_heads, L]`` scores that keep the newest tokens (and the `sinks` first ones): what a
+    policy falls back to when its observer saw nothing (a sequence admitted before the policy
+    was swapped in)."""
+    scores = torch.arange(length, dtype=torch.float32).repeat(kv_heads, 1)
+    scores[:, : min(sinks, length)] = length
+    return scores
 
 
 def window_attention(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -80,13 +97,21 @@ class TokenEvictionPolicy(ABC):
     Attributes:
         observation_window: Newest queries per layer the observer keeps for the policy (0: none).
         accumulate_attention: Whether the observer sums the attention each key received.
+        track_positions: Whether the observer tracks the keys' RoPE positions (the presses
+            that undo the rotation, `presses.rope`).
+        wraps_press: A budget wrapper (adakv, pyramid): its ``press`` param is another
+            policy, which the registry builds from a name (`default_press` when none is given).
         window_param: The constructor param that takes the engine's ``--eviction-window``
             (`make_token_policy`'s `window`), or None when the policy has no such window.
     """
 
     observation_window: int = 0
     accumulate_attention: bool = False
+    track_positions: bool = False
     window_param: str | None = None
+    wraps_press: bool = False
+    default_press = "snapkv"  # a wrapper's press when its spec names none
+    ratio: float | None = None  # set by `evict` for the duration of one compression
 
     @abstractmethod
     def name(self) -> str:
@@ -123,22 +148,47 @@ class TokenEvictionPolicy(ABC):
 
     def make_observer(self) -> AttentionObserver | None:
         """What the attention must collect for this policy, per sequence (None: nothing)."""
-        if self.observation_window <= 0 and not self.accumulate_attention:
+        if self.observation_window <= 0 and not self.accumulate_attention and not self.track_positions:
             return None
-        return AttentionObserver(window=self.observation_window, accumulate=self.accumulate_attention)
+        return AttentionObserver(
+            window=self.observation_window,
+            accumulate=self.accumulate_attention,
+            track_positions=self.track_positions,
+        )
 
-    def evict(self, cache: SequenceKV, target_len: int) -> int:
-        """Compact `cache` to `target_len` tokens per layer and KV head; returns tokens removed."""
+    def evict(self, cache: SequenceKV, target_len: int, *, ratio: float | None = None) -> int:
+        """Compact `cache` to `target_len` tokens per layer and KV head (on average, for the
+        budget wrappers); returns the cache indices the sequence gave up. `ratio`: the
+        compression ratio asked for, which some presses weigh by (None: ``1 - target / L``)."""
         if target_len >= cache.length:
             return 0
-        target_len = max(1, target_len)
-        return cache.compact(self.keep_indices(cache, target_len))
+        self.ratio = ratio
+        try:
+            keep, counts = self.select(cache, max(1, target_len))
+        finally:
+            self.ratio = None
+        return cache.compact(keep, counts)
+
+    def compression_ratio(self, length: int, target_len: int) -> float:
+        """The ratio of the compression under way: the one `evict` was given, else
+        ``1 - target / length`` (kvpress's compression_ratio truncates to the kept count, so
+        the ratio itself is the more exact input where a press weighs by it)."""
+        return self.ratio if self.ratio is not None else 1 - target_len / length
+
+    def select(self, cache: SequenceKV, target_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What to keep: ``(keep, counts)``, `keep` ``[layers, kv_heads, M]`` ascending per row,
+        `counts` ``[layers, kv_heads]`` how many of each row are kept (the rest is padding,
+        `ragged_keep`), or None when every row keeps all M (the same budget everywhere)."""
+        return self.keep_indices(cache, target_len), None
 
     def keep_indices(self, cache: SequenceKV, target_len: int) -> torch.Tensor:
         """Cache indices to keep, ``[layers, kv_heads, target_len]``, ascending."""
-        return torch.stack(
-            [top_kept(self.scores(cache, layer, target_len), target_len) for layer in range(cache.num_layers)]
-        )
+        return torch.stack([top_kept(scores, target_len) for scores in self.layer_scores(cache, target_len)])
+
+    def layer_scores(self, cache: SequenceKV, target_len: int) -> list[torch.Tensor]:
+        """Every layer's ``[kv_heads, L]`` scores, in layer order (the budget wrappers, `adakv`
+        and `pyramid`, share them out over heads or layers)."""
+        return [self.scores(cache, layer, target_len) for layer in range(cache.num_layers)]
 
     def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
         """``[kv_heads, L]`` scores of layer `layer` (higher kept)."""

@@ -23,5 +23,5 @@ class NoEvictionPolicy(TokenEvictionPolicy):
     def should_evict(self, cache: SequenceKV, mem_available: int) -> bool:
         return False
 
-    def evict(self, cache: SequenceKV, target_len: int) -> int:
+    def evict(self, cache: SequenceKV, target_len: int, *, ratio: float | None = None) -> int:
         return 0
