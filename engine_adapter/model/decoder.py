@@ -315,9 +315,7 @@ class Decoder(nn.Module):
         self.rotary = RotaryEmbedding(config)
         self.compiled: str | None = None  # set by compile_step
         self.quantization = "none"  # set by engine_adapter.model.quant.quantize_decoder
-        # "no", or how many dense linears took the packed kernel ("N of M linears"): set by
-        # engine_adapter.model.packed.pack_decoder, which packs only the shapes where it wins
-        self.packed_weights = "no"
+        self.packed_weights = "no"  # or "N of M linears": set by model.packed.pack_decoder
         self.graphs: StepRunner | None = None  # set by graphs.enable_cuda_graphs
 
     def precision(self, pool: PagedKVPool) -> dict[str, str | None]:

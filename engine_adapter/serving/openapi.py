@@ -11,12 +11,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine_adapter.serving.openapi_schemas import (
+    cache_schemas,
+    engine_schemas,
+    eviction_schemas,
+    tier_and_token_schemas,
+)
+from engine_adapter.serving.openapi_types import BOOL, INT, MAP, NUM, STR, Schema
+from engine_adapter.serving.openapi_types import nullable as _nullable
+from engine_adapter.serving.openapi_types import obj as _obj
+from engine_adapter.serving.openapi_types import ref as _ref
 from engine_adapter.token_eviction.registry import token_policy_names
 from sage_eviction import available_policies
 
 __all__ = ["openapi_document"]
 
-Schema = dict[str, Any]
 
 _ERROR_STATUSES = {
     "400": "A malformed or invalid request; the message names the field.",
@@ -27,35 +36,6 @@ _ERROR_STATUSES = {
     "429": "With colocation on: admission control rejected the request (the message says why).",
     "503": "The engine is shutting down, or too many connections are open.",
 }
-
-
-def _obj(
-    required: dict[str, Schema], optional: dict[str, Schema] | None = None, *, extra: bool = True
-) -> Schema:
-    """An object schema with `required` properties (and `optional` ones)."""
-    schema: Schema = {
-        "type": "object",
-        "properties": {**required, **(optional or {})},
-        "required": sorted(required),
-    }
-    if not extra:
-        schema["additionalProperties"] = False
-    return schema
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-INT: Schema = {"type": "integer"}
-NUM: Schema = {"type": "number"}
-STR: Schema = {"type": "string"}
-BOOL: Schema = {"type": "boolean"}
-MAP: Schema = {"type": "object"}
-
-
-def _nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _json(schema: Schema, description: str) -> Schema:
@@ -450,153 +430,14 @@ def _paths() -> dict[str, Schema]:
     }
 
 
-def _engine_schemas() -> dict[str, Schema]:
-    policy_ref = _obj({"name": STR, "params": MAP})
-    return {
-        "Error": _obj({"error": _obj({"type": STR, "message": STR})}),
-        "PolicyRef": policy_ref,
-        "Policy": _obj({"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"paper": STR}),
-        "Engine": _obj(
-            {
-                "name": STR,
-                "model": _nullable(STR),
-                "pid": INT,
-                "device": STR,
-                "policy": policy_ref,
-                "num_blocks": INT,
-                "block_size": INT,
-                "requests": _obj({"running": INT, "waiting": INT, "finished": INT}),
-            },
-            {
-                "started_at": NUM,
-                "uptime_s": NUM,
-                "socket": _nullable(STR),
-                "loop_error": _nullable(STR),
-                "implementation": STR,
-                "dtype": STR,
-                "kv_dtype": STR,
-                "quantization": STR,
-                "packed_weights": STR,
-                "compile": _nullable(STR),
-                "threads": _obj(
-                    {
-                        "threads": INT,
-                        "cores": INT,
-                        "omp_num_threads": _nullable(STR),
-                        "torch_threads": INT,
-                        "warnings": {"type": "array", "items": STR},
-                    }
-                ),
-            },
-        ),
-    }
-
-
-def _eviction_schemas() -> dict[str, Schema]:
-    return {
-        "EvictionStats": _obj(
-            {
-                "policy": STR,
-                "total_evictions": INT,
-                "hit_rate": NUM,
-                "re_prefill_rate": NUM,
-                "memory_utilization": NUM,
-                "total_blocks": INT,
-                "used_blocks": INT,
-                "free_blocks": INT,
-                "evictions_by_reason": MAP,
-                "evictions_by_policy": MAP,
-                "preemptions": INT,
-                "policy_swaps": INT,
-            },
-            {
-                "token_eviction": _ref("TokenEviction"),
-                "reserved_blocks": INT,
-                "colocation": MAP,
-                "tiers": {"type": "array", "items": _ref("TierStats")},
-                "prefetched_blocks": INT,
-                "prefetch_hits": INT,
-            },
-        ),
-        "TierStats": _obj(
-            {
-                "tier": STR,
-                "policy": STR,
-                "capacity_blocks": INT,
-                "used_blocks": INT,
-                "hits": INT,
-                "demotions": INT,
-                "promotions": INT,
-                "drops": INT,
-                "blocks_moved_in": INT,
-                "blocks_moved_out": INT,
-                "policy_swaps": INT,
-            }
-        ),
-        "TokenEviction": _obj(
-            {
-                "policy": STR,
-                "params": MAP,
-                "eviction_window": INT,
-                "memory_threshold_bytes": INT,
-                "target_ratio": NUM,
-                "available_bytes": INT,
-                "compressions": INT,
-                "tokens_evicted": MAP,
-                "bytes_freed": MAP,
-                "tokens_evicted_total": INT,
-                "bytes_freed_total": INT,
-                "by_reason": MAP,
-                "compress_s": NUM,
-                "attention_fallbacks": MAP,
-                "attention_fallbacks_total": INT,
-            }
-        ),
-    }
-
-
-def _cache_schemas() -> dict[str, Schema]:
-    return {
-        "CacheTree": _obj(
-            {
-                "policy": STR,
-                "num_blocks": INT,
-                "block_size": INT,
-                "cached_blocks": INT,
-                "shown_nodes": INT,
-                "depth": INT,
-                "max_nodes": INT,
-                "truncated": BOOL,
-                "hidden": _obj({"nodes": INT, "blocks": INT}),
-                "roots": {"type": "array", "items": MAP},
-                "ghost_blocks": INT,
-            }
-        ),
-        "CacheUsage": _obj(
-            {
-                "policy": STR,
-                "num_blocks": INT,
-                "used_blocks": INT,
-                "free_blocks": INT,
-                "cached_blocks": INT,
-                "evictable_blocks": INT,
-                "pinned_blocks": INT,
-                "reserved_blocks": INT,
-                "by_tenant": MAP,
-                "by_class": MAP,
-                "running": INT,
-                "waiting": INT,
-                "max_running_batch": INT,
-                "adaptive_batch": BOOL,
-                "explain_evictions": BOOL,
-            }
-        ),
-    }
-
-
 def _components() -> Schema:
     return {
-        "schemas": {**_engine_schemas(), **_eviction_schemas(), **_cache_schemas()},
+        "schemas": {
+            **engine_schemas(),
+            **eviction_schemas(),
+            **tier_and_token_schemas(),
+            **cache_schemas(),
+        },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
     }
 
