@@ -5,7 +5,7 @@ that take a while anyway (a subprocess of the CLI, a model load, a long hypothes
 measured here and listed in tests/slow_measured.txt; tests/conftest.py marks every listed test
 `slow`, so the quick loop skips it and the full run (CI's, `pytest` with no `-m`) still runs it.
 
-    python scripts/quick_loop.py                  # measure, add the tests over 0.2 s to the list
+    python scripts/quick_loop.py                  # measure, add the tests over 0.1 s to the list
     python scripts/quick_loop.py --reset          # measure every test not marked slow in code, rewrite
     python scripts/quick_loop.py --threshold 0.3
 """
@@ -61,7 +61,7 @@ def measure(reset: bool) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threshold", type=float, default=0.2, help="seconds (default 0.2)")
+    parser.add_argument("--threshold", type=float, default=0.1, help="seconds (default 0.1)")
     parser.add_argument("--reset", action="store_true", help="measure every test again and rewrite")
     args = parser.parse_args()
     listed = {} if args.reset else read_listed()

@@ -111,7 +111,7 @@ def _fail_a_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
             report.longrepr = f"skipped under SAGE_REQUIRE_ALL=1, where nothing may be missing: {reason}"
 
 
-# Tests not marked slow in code that took a while when scripts/quick_loop.py measured the quick
+# Tests not marked slow in code that took over 0.1 s when scripts/quick_loop.py measured the quick
 # loop: marked slow here (before `-m` deselects), so `pytest -m "not slow"` stays under a minute
 # on 2 cores while the full run still runs them. SAGE_QUICK_LIST=off ignores the list (to measure).
 MEASURED_SLOW = Path(__file__).with_name("slow_measured.txt")

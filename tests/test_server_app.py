@@ -250,6 +250,7 @@ def test_bad_policy_param_and_offline_policy_are_400(client: TestClient) -> None
 
 def test_metrics_parse_and_count_what_the_engine_did(client: TestClient) -> None:
     _complete(client, SHARED + "for the metrics")
+    _complete(client, SHARED + "for the metrics, again")  # hits the shared prefix, whatever ran before
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
