@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
+from engine_adapter.model.kv_pool import PagedKVPool, check_positive_ints, resolve_dtype
 
 __all__ = ["DiskKVStore", "key_digest"]
 
@@ -92,15 +92,13 @@ class DiskKVStore:
         block_size: int,
         dtype: torch.dtype | str = torch.float32,
     ) -> None:
-        for name, value in (
-            ("num_blocks", num_blocks),
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("block_size", block_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+        check_positive_ints(
+            num_blocks=num_blocks,
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+        )
         self.directory = Path(directory)
         self.num_blocks = num_blocks
         self.dtype = resolve_dtype(dtype)

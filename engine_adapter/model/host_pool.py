@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
+from engine_adapter.model.kv_pool import PagedKVPool, check_positive_ints, resolve_dtype
 
 __all__ = ["HostKVPool"]
 
@@ -58,15 +58,13 @@ class HostKVPool:
         dtype: torch.dtype | str = torch.float32,
         pin: bool = False,
     ) -> None:
-        for name, value in (
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("block_size", block_size),
-            ("num_blocks", num_blocks),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+        check_positive_ints(
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+        )
         if pin and not torch.cuda.is_available():
             raise ValueError("a pinned host pool needs CUDA: pin=True is for a CUDA device pool")
         self.num_layers = num_layers

@@ -20,7 +20,7 @@ import torch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.sizes import parse_bytes
 
-__all__ = ["PagedKVPool", "resolve_device", "resolve_dtype"]
+__all__ = ["PagedKVPool", "check_positive_ints", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -75,6 +75,13 @@ def _mem_available_bytes() -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
+def check_positive_ints(**values: int) -> None:
+    """Raise ValueError naming the first of `values` that is not a positive int (a bool is not)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+
+
 class PagedKVPool:
     """Fixed-size K/V block storage for every layer, with the `BlockAllocator` of its block ids.
 
@@ -105,15 +112,13 @@ class PagedKVPool:
         dtype: torch.dtype = torch.float32,
         device: str = "auto",
     ) -> None:
-        for name, value in (
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("block_size", block_size),
-            ("num_blocks", num_blocks),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+        check_positive_ints(
+            num_layers=num_layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+        )
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
