@@ -66,7 +66,7 @@ SHORTER: dict[str, list[str]] = {
     r"^python benchmarks/peers\.py": ["--peers", "none", "--concurrency", "1", "--min-requests", "1",
                                        "--max-tokens", "4"],
     r"^python benchmarks/token_quality\.py": ["--lengths", "128", "--samples", "1", "--ratios", "0.5",
-                                              "--modes", "agnostic"],
+                                              "--tasks", "single", "--policies", "knorm"],
 }  # fmt: skip
 
 
