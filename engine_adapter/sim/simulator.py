@@ -191,8 +191,7 @@ class Simulator:
         self.adaptive_batch = adaptive_batch
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
-        # The next arrival anywhere in a fleet, beyond this replica's own (`advance`); None alone.
-        self.horizon: float | None = None
+        self.horizon: float | None = None  # a fleet's next arrival (`advance`); None alone
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)

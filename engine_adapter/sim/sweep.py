@@ -99,10 +99,14 @@ class RowSpec:
     host_blocks: int = 0
     disk_blocks: int = 0
     prefetch_blocks: int = 0
+    router: str | None = None  # a fleet row: `replicas` replicas of `capacity` behind this router
+    replicas: int = 0
 
     @property
     def label(self) -> str:
         label = f"{self.policy} @ {self.capacity if self.capacity is not None else 'unbounded'}"
+        if self.router is not None:
+            label = f"{self.router} x {self.replicas}: {label}"
         if self.host_policy is not None:
             label += f" + host {self.host_policy} @ {self.host_blocks}"
             label += f" + disk @ {self.disk_blocks}" if self.disk_blocks else ""
@@ -201,6 +205,24 @@ def run_row(
         ValueError: A policy or capacity the simulator cannot run with.
     """
     n_requests = len(context.workload.requests)
+    every = max(1, min(1000, n_requests // 20 or 1))
+    if spec.router is not None:
+        from engine_adapter.sim.fleet.run import simulate_fleet
+
+        fleet = simulate_fleet(
+            context.workload,
+            spec.replicas,
+            spec.router,
+            spec.policy,
+            spec.capacity,
+            progress=progress,
+            progress_every=every,
+            cost_model=context.cost_model,
+            protect_queued=context.protect_queued,
+        )
+        return RowOutcome(
+            spec.index, fleet.result.to_dict(), core_implementation(), ttft_quantiles(fleet.ttft_s)
+        )
     simulator = Simulator(
         context.workload,
         spec.policy,
@@ -208,7 +230,7 @@ def run_row(
         cache_model=context.cache_model,
         cost_model=context.cost_model,
         progress=progress,
-        progress_every=max(1, min(1000, n_requests // 20 or 1)),
+        progress_every=every,
         protect_queued=context.protect_queued,
         adaptive_batch=spec.adaptive,
         tiers=spec.tiers(context.write_policy),

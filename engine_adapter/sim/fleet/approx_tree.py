@@ -98,7 +98,11 @@ class ApproxTree:
                 parent = node.parent
                 if not node.tenants and not node.children and parent is not None:
                     del parent.children[node.key]
-                if parent is not None and parent is not self.root and tenant in parent.tenants:
-                    if not any(tenant in c.tenants for c in parent.children.values()):
-                        order += 1
-                        heapq.heappush(heap, (parent.tenants[tenant], order, parent))
+                if (
+                    parent is not None
+                    and parent is not self.root
+                    and tenant in parent.tenants
+                    and not any(tenant in c.tenants for c in parent.children.values())
+                ):  # the parent is now one of the tenant's leaves
+                    order += 1
+                    heapq.heappush(heap, (parent.tenants[tenant], order, parent))

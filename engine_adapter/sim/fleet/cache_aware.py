@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine_adapter.sim.fleet.approx_tree import ApproxTree
 from engine_adapter.sim.fleet.router import Param, Router
@@ -38,7 +38,7 @@ __all__ = ["CacheAware"]
 class CacheAware(Router):
     name = "cache_aware"
     models = "sgl-router (sglang-router, smg) cache_aware; vllm-router cache_aware"
-    PARAMS = {
+    PARAMS: ClassVar[dict[str, Param]] = {
         "cache_threshold": Param(float, 0.5, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         "balance_abs_threshold": Param(int, 32, lambda v: v >= 0, ">= 0"),
         "balance_rel_threshold": Param(float, 1.1, lambda v: v >= 1.0, ">= 1"),
@@ -67,6 +67,8 @@ class CacheAware(Router):
         else:
             matched, tenant = self.tree.prefix_match(keys, now)
             rate = matched / len(keys) if keys else 0.0
-            chosen = tenant if tenant is not None and rate > p["cache_threshold"] else self.tree.smallest_tenant()
+            chosen = (
+                tenant if tenant is not None and rate > p["cache_threshold"] else self.tree.smallest_tenant()
+            )
         self.tree.insert(keys, chosen, now)
         return chosen

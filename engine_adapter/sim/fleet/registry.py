@@ -48,7 +48,9 @@ def parse_router(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             value = param.kind(raw.strip())
         except ValueError:
-            raise RouterError(f"router {cls.name!r}: {key}={raw.strip()!r} is not {param.kind.__name__}") from None
+            raise RouterError(
+                f"router {cls.name!r}: {key}={raw.strip()!r} is not {param.kind.__name__}"
+            ) from None
         if not param.check(value):
             raise RouterError(f"router {cls.name!r}: {key}={value!r} must be {param.accepts}")
         params[key] = value

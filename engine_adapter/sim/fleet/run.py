@@ -15,6 +15,7 @@ finish); evictions and preemptions summed; how many requests the router sent to 
 
 from __future__ import annotations
 
+import copy
 import gc
 import heapq
 import math
@@ -23,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.fleet.registry import parse_router
 from engine_adapter.sim.fleet.replica import Replica
 from engine_adapter.sim.fleet.router import Router, RouterError
@@ -112,7 +112,9 @@ def simulate_fleet(
     collecting = gc.isenabled()
     gc.disable()  # as `Simulator.run`: no cycles in the records, full collections cost a lot
     try:
-        return _replay(workload, replicas, name, params, policy, capacity_blocks, progress, progress_every, options)
+        return _replay(
+            workload, replicas, name, params, policy, capacity_blocks, progress, progress_every, options
+        )
     finally:
         if collecting:
             gc.enable()
@@ -141,7 +143,9 @@ def _replay(
     wall0 = time.perf_counter()
     requests = workload.requests
     first = requests[0].arrival_s if requests else 0.0
-    fleet = [Replica(i, Simulator(workload, policy, capacity, **options), first) for i in range(n)]
+    template = Simulator(workload, policy, capacity, **options)  # checks the options once
+    # A shallow copy shares the settings; each replica's run state and cache are its own (`start_run`).
+    fleet = [Replica(i, copy.copy(template), first) for i in range(n)]
     chooser: Router = ROUTERS[name](fleet, **params)
     assignment: list[int] = []
     every = max(1, progress_every)
