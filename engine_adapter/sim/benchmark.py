@@ -448,6 +448,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     opts = SimBenchmarkOptions(**options)
     _check_options(opts.mode, opts.cache_model, opts.plot, opts.adaptive_batch)
     costs = _cost_model(opts.cost_model, opts.cost_model_path, opts.host_link, opts.disk_link)
+    fleet = _fleet(opts)
     built = build_workload(
         trace=opts.trace,
         trace_format=opts.trace_format,
@@ -461,7 +462,6 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    fleet = _fleet(opts)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet)
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)

@@ -29,11 +29,14 @@ from engine_adapter.sim.fleet.replica import Replica
 from engine_adapter.sim.fleet.router import Router, RouterError
 from engine_adapter.sim.run_state import SimResult
 from engine_adapter.sim.simulator import Simulator
-from engine_adapter.sim.workloads import Workload
+from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_eviction import PolicyConfigError, get_policy_class
 from sage_eviction.metrics import percentile
 
-__all__ = ["FleetResult", "FleetRun", "simulate_fleet"]
+__all__ = ["FleetResult", "FleetRun", "Observer", "simulate_fleet"]
+
+Observer = Callable[[SimRequest, float, list[Replica], int], None]
+"""Sees each routing decision: the request, its arrival, the replicas, the chosen index."""
 
 
 @dataclass(slots=True)
@@ -85,6 +88,7 @@ def simulate_fleet(
     *,
     progress: Callable[[int], None] | None = None,
     progress_every: int = 1000,
+    observer: Observer | None = None,
     **options: Any,
 ) -> FleetRun:
     """Replay `workload` over `replicas` engines behind `router` (a ``name:k=v`` spec).
@@ -96,6 +100,8 @@ def simulate_fleet(
         policy: Each replica's eviction policy (an online one).
         capacity_blocks: Each replica's cache in blocks.
         progress: Called with the requests routed so far, every `progress_every`.
+        observer: Called at each decision, before the request joins its replica, with the
+            request, the time, the replicas and the chosen index (the tests check routers so).
         **options: `Simulator` keyword options of each replica (``cost_model``,
             ``max_running``, ``max_prefill_tokens``, ``protect_queued``, ``compiled``).
 
@@ -112,9 +118,8 @@ def simulate_fleet(
     collecting = gc.isenabled()
     gc.disable()  # as `Simulator.run`: no cycles in the records, full collections cost a lot
     try:
-        return _replay(
-            workload, replicas, name, params, policy, capacity_blocks, progress, progress_every, options
-        )
+        hooks = (progress, progress_every, observer)
+        return _replay(workload, replicas, (name, params), policy, capacity_blocks, hooks, options)
     finally:
         if collecting:
             gc.enable()
@@ -130,16 +135,16 @@ def _check_policy(policy: str) -> None:
 def _replay(
     workload: Workload,
     n: int,
-    name: str,
-    params: dict[str, Any],
+    spec: tuple[str, dict[str, Any]],
     policy: str,
     capacity: int | None,
-    progress: Callable[[int], None] | None,
-    progress_every: int,
+    hooks: tuple[Callable[[int], None] | None, int, Observer | None],
     options: dict[str, Any],
 ) -> FleetRun:
     from engine_adapter.sim.fleet.registry import ROUTERS
 
+    name, params = spec
+    progress, progress_every, observer = hooks
     wall0 = time.perf_counter()
     requests = workload.requests
     first = requests[0].arrival_s if requests else 0.0
@@ -156,6 +161,8 @@ def _replay(
         index = chooser.route(request, now)
         if not 0 <= index < n:
             raise RouterError(f"router {name!r} chose replica {index} of {n}")
+        if observer is not None:
+            observer(request, now, fleet, index)
         fleet[index].submit(request, chooser.expected_uncached(request, index))
         assignment.append(index)
         if progress is not None and done % every == 0:
