@@ -3,6 +3,7 @@ decide as their docstrings say, golden figures on the shipped conversation trace
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -33,8 +34,16 @@ def _capacity(w: Workload) -> int:
     return max(min_capacity(w), unique_blocks(w.requests) // 10)
 
 
+@pytest.mark.parametrize("spread", [1.0, 20.0])
 @pytest.mark.parametrize("router", sorted(ROUTERS))
-def test_one_replica_behind_any_router_is_the_plain_run(workload: Workload, router: str) -> None:
+def test_one_replica_behind_any_router_is_the_plain_run(
+    workload: Workload, router: str, spread: float
+) -> None:
+    # Spread 20x, the engine idles and decodes with an empty queue between arrivals: the stretch
+    # of decode steps must stop at the next arrival anywhere in the fleet (`Simulator.horizon`).
+    workload = replace(
+        workload, requests=[replace(r, arrival_s=r.arrival_s * spread) for r in workload.requests]
+    )
     capacity = _capacity(workload)
     plain = Simulator(workload, "lru", capacity).run().to_dict()
     run = simulate_fleet(workload, 1, router, "lru", capacity)

@@ -135,7 +135,7 @@ def results_table(result: dict[str, Any]) -> RenderableType:
         keys = list(dict.fromkeys(key for row in rows for key in row))
         columns = [(key, key, "number") for key in keys]
     table = Table(
-        title="Eviction policy benchmark",
+        title="Fleet routing benchmark" if fleet else "Eviction policy benchmark",
         title_justify="left",
         caption=run_caption(result.get("run")),
         caption_justify="left",
