@@ -54,6 +54,7 @@ def test_precise_never_picks_a_shorter_cached_prefix_at_equal_load(
         for other in range(len(fleet)):
             if loads[other] == loads[index]:
                 assert cached[other] <= cached[index]
+        assert cached[index] == max(cached)  # and at any load: the score is the prefix alone
 
     simulate_fleet(w, replicas, "precise", "lru", capacity, observer=observe)
 

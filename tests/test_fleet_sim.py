@@ -14,6 +14,7 @@ from engine_adapter.sim.fleet.cache_aware import CacheAware
 from engine_adapter.sim.fleet.least_load import LeastLoad
 from engine_adapter.sim.fleet.registry import ROUTERS, parse_router, split_router_specs
 from engine_adapter.sim.fleet.replica import Replica
+from engine_adapter.sim.fleet.round_robin import RoundRobin
 from engine_adapter.sim.fleet.router import RouterError
 from engine_adapter.sim.fleet.run import simulate_fleet
 from engine_adapter.sim.shipped_traces import shipped_trace
@@ -209,3 +210,20 @@ def test_golden_figures_on_the_conversation_trace(conversation: tuple[Workload, 
 def test_golden_figures_order_the_routers_as_the_issue_expects() -> None:
     hit: dict[str, Any] = {name: g[0] / g[1] for name, g in GOLDEN.items()}
     assert hit["precise"] > hit["cache_aware"] > hit["round_robin"]
+
+
+class _OutOfRange(RoundRobin):
+    """A router with a bug: it names a replica the fleet does not have."""
+
+    name = "out_of_range"
+
+    def route(self, request: SimRequest, now: float) -> int:
+        return len(self.replicas)
+
+
+def test_a_router_naming_a_missing_replica_is_an_error(
+    workload: Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(ROUTERS, _OutOfRange.name, _OutOfRange)
+    with pytest.raises(RouterError, match="router 'out_of_range' chose replica 2 of 2"):
+        simulate_fleet(workload, 2, "out_of_range", "lru", _capacity(workload))
