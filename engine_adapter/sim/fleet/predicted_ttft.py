@@ -31,15 +31,25 @@ __all__ = ["PredictedTTFT", "expected_ttft"]
 
 
 def expected_ttft(replica: Replica, request: SimRequest, cached_blocks: int, now: float) -> float:
-    """Seconds until `request`'s first token on `replica` if it were routed there `now`."""
-    cost = replica.cost
-    block_size = replica.simulator.block_size
-    cached = min(cached_blocks * block_size, request.input_len)
-    work = replica.queued_prefill_tokens + request.input_len - cached
-    steps = max(1, -(-work // replica.simulator.max_prefill_tokens))
-    busy = max(0.0, replica.clock - now)
-    prefill = cost.prefill_time(work, replica.queued_requests + 1, cached)
-    return busy + prefill + steps * cost.decode_step_time(replica.decoding, replica.context_tokens)
+    """Seconds until `request`'s first token on `replica` if it were routed there `now`.
+
+    Reads the run state directly rather than through `Replica`'s properties (the same figures):
+    this runs once per replica per request, the fleet's hottest loop at 64 replicas.
+    """
+    sim = replica.simulator
+    st = replica.state
+    cost = sim.cost
+    cached = min(cached_blocks * sim.block_size, request.input_len)
+    queued_work = replica.routed_uncached - (st.tokens_looked_up - st.tokens_hit)
+    work = (queued_work if queued_work > 0 else 0) + request.input_len - cached
+    steps = -(-work // sim.max_prefill_tokens) or 1
+    busy = st.clock - now if st.clock > now else 0.0
+    queued = len(st.waiting) + len(st.requests) - st.next_arrival
+    prefill = cost.prefill_time(work, queued + 1, cached)
+    decoding = st.decoding
+    if not decoding:
+        return busy + prefill
+    return busy + prefill + steps * cost.decode_step_time(decoding, st.context_sum + decoding * st.step)
 
 
 class PredictedTTFT(Router):
