@@ -9,7 +9,8 @@ order of `rows` whichever executor ran them, so the benchmark's JSON does not de
   crosses to each worker once, not once per row: a forked worker inherits it, a spawned one
   unpickles it in its initializer, a Ray worker fetches it from the object store on its first
   row of the sweep and keeps it for the next ones.
-- `RowSpec`: one row (its index, policy, capacity, adaptive batch or not).
+- `RowSpec`: one row (its index, policy, capacity, adaptive batch or not; for a fleet row, its
+  router and replicas: `run_row` then replays it with `engine_adapter.sim.fleet.run`).
 - `RowOutcome`: the row's dict, which implementation of the core computed it
   (`sage_eviction.native.core_implementation()` in the process that ran it: a Ray node may
   differ from this machine), and its TTFT distribution as 101 quantiles (`--plot` draws the
