@@ -35,6 +35,7 @@ missing matplotlib for `plot`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -475,7 +476,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     _set_throughput_impact(rows)
     result = {
         "workload": built.describe(),
-        "settings": _settings(opts, capacities, costs, tiers),
+        "settings": _settings(opts, capacities, costs, tiers, fleet),
         "results": rows,
         # Its message reads against the unbounded row, which a fleet sweep has not.
         "saturation": saturation(rows, built, costs, UNBOUNDED) if fleet is None else {"warnings": []},
@@ -488,7 +489,11 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
 
 
 def _settings(
-    opts: SimBenchmarkOptions, capacities: list[int], costs: CostModel, tiers: _TierRows | None
+    opts: SimBenchmarkOptions,
+    capacities: list[int],
+    costs: CostModel,
+    tiers: _TierRows | None,
+    fleet: tuple[list[int], list[str]] | None = None,
 ) -> dict[str, Any]:
     """The JSON's ``settings``: what the sweep ran with."""
     tier_settings: dict[str, Any] | None = None
@@ -508,9 +513,7 @@ def _settings(
         "cost_model": costs.to_dict(),
         "protect_queued": opts.protect_queued,
         "adaptive_batch": opts.adaptive_batch,
-        "fleet": None
-        if not opts.replicas
-        else {"replicas": list(opts.replicas), "routers": list(opts.routers or ())},
+        "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
     }
 
 
@@ -559,14 +562,8 @@ def _fleet_runs(
     policies: Sequence[str], capacities: list[int], replicas: list[int], routers: list[str]
 ) -> list[RowSpec]:
     """Replicas x capacities x policies x routers; no reference rows (one engine's bounds)."""
-    rows = [
-        RowSpec(0, policy, size, router=router, replicas=n)
-        for n in replicas
-        for size in capacities
-        for policy in policies
-        for router in routers
-    ]
-    return [replace(row, index=index) for index, row in enumerate(rows)]
+    grid = itertools.product(replicas, capacities, policies, routers)
+    return [RowSpec(i, p, size, router=r, replicas=n) for i, (n, size, p, r) in enumerate(grid)]
 
 
 def _executor(opts: SimBenchmarkOptions) -> Executor:
