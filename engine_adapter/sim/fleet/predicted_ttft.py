@@ -33,8 +33,9 @@ __all__ = ["PredictedTTFT", "expected_ttft"]
 def expected_ttft(replica: Replica, request: SimRequest, cached_blocks: int, now: float) -> float:
     """Seconds until `request`'s first token on `replica` if it were routed there `now`.
 
-    Reads the run state directly rather than through `Replica`'s properties (the same figures):
-    this runs once per replica per request, the fleet's hottest loop at 64 replicas.
+    Reads the run state's fields in place (no properties, no helpers): it runs once per replica
+    per request, the fleet's hottest loop at 64 replicas. The queued prefill work is what the
+    requests routed there were expected to miss, less what the admitted ones really missed.
     """
     sim = replica.simulator
     st = replica.state

@@ -1,9 +1,9 @@
 """`Replica`: one engine of a fleet, a `Simulator` driven arrival by arrival on the fleet's clock.
 
 What the routers read of a replica is here, computed without side effects on its cache: its
-outstanding requests and tokens, its queued prefill work, its decode batch, and the longest
-prefix of a request's blocks its radix cache holds now (`RadixCache.match`, which touches
-nothing: a router asking is no hit).
+outstanding requests and tokens, and the longest prefix of a request's blocks its radix cache
+holds now (`RadixCache.match`, which touches nothing: a router asking is no hit).
+`predicted_ttft` reads the run state (`state`) itself: its queue, batch and clock.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 
-from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.run_state import RunState, SimResult
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.workloads import SimRequest
@@ -27,7 +26,8 @@ class Replica:
         simulator: The replica's engine (its own cache, policy, capacity).
         state: The run's state (`RunState`); `state.requests` are the requests routed to it.
         routed_tokens: Prompt and output tokens of the requests routed to it.
-        routed_uncached: The uncached prompt tokens expected of them when they were routed.
+        routed_uncached: The uncached prompt tokens expected of them when they were routed (less
+            what the admitted ones really missed, the prefill work still queued here).
     """
 
     __slots__ = ("_match", "index", "routed_tokens", "routed_uncached", "simulator", "state")
@@ -68,15 +68,6 @@ class Replica:
     # ------------------------------------------------------------------ what routers read
 
     @property
-    def cost(self) -> CostModel:
-        return self.simulator.cost
-
-    @property
-    def clock(self) -> float:
-        """The end of the step it runs (or its last one): busy until then."""
-        return self.state.clock
-
-    @property
     def outstanding_requests(self) -> int:
         """Requests routed here and not finished (a router's in-flight count of the worker)."""
         return len(self.state.requests) - self.state.finished
@@ -85,29 +76,6 @@ class Replica:
     def outstanding_tokens(self) -> int:
         """Prompt and output tokens of the requests routed here and not finished."""
         return self.routed_tokens - self.state.total_tokens
-
-    @property
-    def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to prefill of the requests routed here and not yet admitted, as
-        expected when they were routed (admitted ones count what they really missed)."""
-        st = self.state
-        return max(0, self.routed_uncached - (st.tokens_looked_up - st.tokens_hit))
-
-    @property
-    def queued_requests(self) -> int:
-        """Requests routed here not yet admitted (arrived or not)."""
-        st = self.state
-        return len(st.waiting) + len(st.requests) - st.next_arrival
-
-    @property
-    def decoding(self) -> int:
-        return self.state.decoding
-
-    @property
-    def context_tokens(self) -> int:
-        """KV tokens the decode batch reads at the next step."""
-        st = self.state
-        return st.context_sum + st.decoding * st.step
 
     def cached_prefix_blocks(self, keys: Sequence[Hashable]) -> int:
         """Leading blocks of `keys` cached on this replica now; changes nothing."""
