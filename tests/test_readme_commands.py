@@ -57,6 +57,7 @@ SHORTER: dict[str, list[str]] = {
     r"--trace mooncake:conversation .*--eviction-policies arc,fifo": ["--requests", "1500"],
     r"--trace mooncake:conversation .*--cache-model flat": ["--requests", "1500"],
     r"--trace azure:code": ["--requests", "1500"],
+    r"--trace mooncake:conversation --replicas 8": ["--requests", "800", "--jobs", "1"],
     r"--trace mooncake:synthetic --requests 2000": ["--requests", "1000"],  # 0.02 still holds the largest
     r"--workload synthetic --requests (2000|4000)": ["--requests", "400"],
     r"--workload spec\b": ["--requests", "300"],

@@ -25,6 +25,8 @@ The benchmark (`sage llm benchmark --mode sim`):
     sweep.py           the rows in this process, in worker processes or on Ray
     saturation.py      which rows measure a queue rather than the cache, and the warning
     plot.py            ``--plot``: hit rate against the capacity ratio, TTFT CDFs
+    fleet/             ``--replicas N --router R``: the workload over N engines behind a router
+                       on one clock (docs/fleet.md; its own docstring lists its files)
 
     colocation/        the colocation study: LLM requests and embedding batches on one pool,
                        on the same cache manager and policies (its own docstring lists its files)

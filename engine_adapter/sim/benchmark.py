@@ -35,6 +35,7 @@ missing matplotlib for `plot`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -278,13 +279,20 @@ def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executo
 
 
 def _runs(
-    policies: Sequence[str], capacities: list[int], adaptive_batch: bool, tiers: _TierRows | None = None
+    policies: Sequence[str],
+    capacities: list[int],
+    adaptive_batch: bool,
+    tiers: _TierRows | None = None,
+    fleet: tuple[list[int], list[str]] | None = None,
 ) -> list[RowSpec]:
     """The rows in the order of the results: per capacity each online policy (and its
     adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
     capacity with tiers), then the unbounded reference (every row's throughput is relative to
     it). Workers take rows in this order, so the cheapest row, unbounded (it never evicts), comes
-    last and fills a gap rather than leaving one at the end of the sweep."""
+    last and fills a gap rather than leaving one at the end of the sweep. A fleet's rows:
+    `_fleet_runs`."""
+    if fleet is not None:
+        return _fleet_runs(policies, capacities, *fleet)
     online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
     rows: list[dict[str, Any]] = []
     for size in capacities:
@@ -385,6 +393,8 @@ class SimBenchmarkOptions:
         time_scale: Virtual seconds per second of the workload's arrivals (0: as recorded).
         prefetch_ratio: With a host tier, each step loads ahead the host/disk-resident prefixes
             of the head of the queue, within this fraction of the row's device pool (0: off).
+        replicas: Fleet sizes, rows of that many replicas of the capacity (`engine_adapter.sim.fleet`).
+        routers: The fleet's router specs (``name:k=v``; default ``round_robin``).
     """
 
     policies: Sequence[str]
@@ -415,6 +425,8 @@ class SimBenchmarkOptions:
     disk_link: str | None = None
     time_scale: float = 0.0
     prefetch_ratio: float = 0.0
+    replicas: Sequence[int] | None = None
+    routers: Sequence[str] | None = None
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -437,6 +449,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     opts = SimBenchmarkOptions(**options)
     _check_options(opts.mode, opts.cache_model, opts.plot, opts.adaptive_batch)
     costs = _cost_model(opts.cost_model, opts.cost_model_path, opts.host_link, opts.disk_link)
+    fleet = _fleet(opts)
     built = build_workload(
         trace=opts.trace,
         trace_format=opts.trace_format,
@@ -450,7 +463,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet)
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)
@@ -463,9 +476,10 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     _set_throughput_impact(rows)
     result = {
         "workload": built.describe(),
-        "settings": _settings(opts, capacities, costs, tiers),
+        "settings": _settings(opts, capacities, costs, tiers, fleet),
         "results": rows,
-        "saturation": saturation(rows, built, costs, UNBOUNDED),
+        # Its message reads against the unbounded row, which a fleet sweep has not.
+        "saturation": saturation(rows, built, costs, UNBOUNDED) if fleet is None else {"warnings": []},
         "run": run,
     }
     _write_output(result, opts.output)
@@ -475,7 +489,11 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
 
 
 def _settings(
-    opts: SimBenchmarkOptions, capacities: list[int], costs: CostModel, tiers: _TierRows | None
+    opts: SimBenchmarkOptions,
+    capacities: list[int],
+    costs: CostModel,
+    tiers: _TierRows | None,
+    fleet: tuple[list[int], list[str]] | None = None,
 ) -> dict[str, Any]:
     """The JSON's ``settings``: what the sweep ran with."""
     tier_settings: dict[str, Any] | None = None
@@ -495,6 +513,7 @@ def _settings(
         "cost_model": costs.to_dict(),
         "protect_queued": opts.protect_queued,
         "adaptive_batch": opts.adaptive_batch,
+        "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
     }
 
 
@@ -515,6 +534,38 @@ def _plot(result: dict[str, Any], ttft_quantiles: list[tuple[float, ...]], path:
         raise BenchmarkError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
+def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
+    """The fleet sizes and router specs, checked, or None for one engine per row. A fleet runs
+    online policies in the radix model, without tiers or the adaptive batch (else BenchmarkError)."""
+    from engine_adapter.sim.fleet.registry import split_router_specs
+    from engine_adapter.sim.fleet.router import RouterError
+
+    if not opts.replicas:
+        if opts.routers:
+            raise BenchmarkError("--router needs --replicas N (the fleet's size)")
+        return None
+    for n in opts.replicas:
+        if type(n) is not int or n < 1:
+            raise BenchmarkError(f"--replicas {n!r}: a fleet needs at least one replica")
+    try:
+        routers = split_router_specs(",".join(opts.routers or ("round_robin",)))
+    except RouterError as exc:
+        raise BenchmarkError(str(exc)) from None
+    if opts.cache_model != "radix" or opts.host_capacity_ratio is not None or opts.adaptive_batch:
+        raise BenchmarkError("--replicas runs the radix cache model, without KV tiers or --adaptive-batch")
+    if offline := [p for p in opts.policies if p.split(":", 1)[0] in (REFERENCE_BELADY, UNBOUNDED)]:
+        raise BenchmarkError(f"--replicas runs online policies, not {', '.join(offline)}")
+    return list(dict.fromkeys(opts.replicas)), routers
+
+
+def _fleet_runs(
+    policies: Sequence[str], capacities: list[int], replicas: list[int], routers: list[str]
+) -> list[RowSpec]:
+    """Replicas x capacities x policies x routers; no reference rows (one engine's bounds)."""
+    grid = itertools.product(replicas, capacities, policies, routers)
+    return [RowSpec(i, p, size, router=r, replicas=n) for i, (n, size, p, r) in enumerate(grid)]
+
+
 def _executor(opts: SimBenchmarkOptions) -> Executor:
     """The executor of the rows, once `protect_queued` is checked against the cache model."""
     if not 0.0 <= opts.protect_queued <= 1.0:
@@ -528,7 +579,9 @@ def _executor(opts: SimBenchmarkOptions) -> Executor:
 
 
 def _set_throughput_impact(rows: list[dict[str, Any]]) -> None:
-    """Each row's `throughput_impact` against the unbounded row (the last)."""
+    """Each row's `throughput_impact` against the unbounded row (the last; a fleet has none)."""
+    if rows[-1]["policy"] != UNBOUNDED:
+        return
     reference = rows[-1]["throughput_tok_s"]
     for row in rows:
         impact = 1.0 - row["throughput_tok_s"] / reference if reference > 0 else 0.0

@@ -74,6 +74,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -190,6 +191,7 @@ class Simulator:
         self.adaptive_batch = adaptive_batch
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
+        self.horizon: float | None = None  # a fleet's next arrival (`advance`); None alone
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -253,12 +255,9 @@ class Simulator:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> SimResult:
-        """Simulate the whole workload; returns the row.
-
-        The cyclic garbage collector is paused during the run: the simulator's records hold no
-        reference cycles, and full collections over a few hundred thousand cached blocks would
-        otherwise take a good part of the time.
-        """
+        """Simulate the whole workload; returns the row. The cyclic garbage collector is paused:
+        the records hold no cycles, and full collections over a few hundred thousand cached
+        blocks would otherwise take a good part of the time."""
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -269,12 +268,24 @@ class Simulator:
 
     def _run(self) -> SimResult:
         wall0 = time.perf_counter()
-        st = self._start_run()
-        n_requests = len(st.requests)
-        while True:
+        st = self.start_run()
+        self.advance(st, math.inf)
+        if self.progress is not None and st.finished % self.progress_every:
+            self.progress(st.finished)
+        self._clock = st.clock
+        return self.row(st, time.perf_counter() - wall0)
+
+    def advance(self, st: RunState, until: float) -> None:
+        """Run the steps that start before `until` (all of them with ``math.inf``).
+
+        A fleet (`engine_adapter.sim.fleet`) drives each replica so, to each arrival in turn on a
+        shared clock, routes the request, appends it to one replica's `st.requests`, and goes on;
+        `horizon` (the fleet's next arrival) bounds decode-only stretches as an own arrival does,
+        so that one replica behind any router runs exactly the plain run."""
+        while st.clock < until:
             self._arrive(st)
             if not st.running and not st.waiting:
-                if st.next_arrival >= n_requests:
+                if st.next_arrival >= len(st.requests):
                     break
                 st.clock = st.requests[st.next_arrival].arrival_s
                 continue
@@ -294,16 +305,13 @@ class Simulator:
             if self.adaptive is not None and st.cache is not None:
                 manager = st.cache.manager
                 self.adaptive.observe(manager.total_evictions, manager.re_prefill_blocks, st.step - before)
-        if self.progress is not None and st.finished % self.progress_every:
-            self.progress(st.finished)
-        self._clock = st.clock
-        return self._result(st, time.perf_counter() - wall0)
 
     # ------------------------------------------------------------------ the steps of a run
 
-    def _start_run(self) -> RunState:
-        """The cache model and the empty queues; every request's blocks as one lookup sequence."""
-        requests = self.workload.requests
+    def start_run(self, requests: list[SimRequest] | None = None) -> RunState:
+        """The cache model and the empty queues; every request's blocks as one lookup sequence
+        (`requests`: a fleet replica's, appended as they are routed; no future for Belady)."""
+        requests = self.workload.requests if requests is None else requests
         lookups: list[Hashable] = []
         ends: list[int] = []
         for r in requests:
@@ -368,12 +376,8 @@ class Simulator:
 
     @staticmethod
     def _count_lookup(st: RunState, seq: SimSequence, hit_blocks: int, served: int) -> None:
-        """Count a request's first admission in the hit rate and its group's hits.
-
-        Only the first admission counts: the first admissions of every row are the requests in
-        arrival order, so every row is scored on the same lookup sequence (module docstring,
-        "Reference rows").
-        """
+        """Count a request's first admission (only that: every row then scores the same lookup
+        sequence, module docstring, "Reference rows") in the hit rate and its group's hits."""
         r = seq.request
         st.block_lookups += len(seq.keys)
         st.block_hits += hit_blocks
@@ -448,9 +452,14 @@ class Simulator:
             duration = max(duration, batch.prefetch_s)
         else:
             k = steps_to_next(st.finishes, st.needs, st.running, step)
-            if not st.waiting and st.next_arrival < len(st.requests):
-                arrival = st.requests[st.next_arrival].arrival_s
-                k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)
+            if not st.waiting:
+                arrival = (
+                    st.requests[st.next_arrival].arrival_s
+                    if st.next_arrival < len(st.requests)
+                    else self.horizon
+                )
+                if arrival is not None:
+                    k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)
             duration = max(decode_time(self.cost, st.decoding, st.context_sum, step, k), batch.prefetch_s)
         st.clock += duration
         for seq in batch.admitted:
@@ -523,7 +532,7 @@ class Simulator:
             if self.progress is not None and st.finished % self.progress_every == 0:
                 self.progress(st.finished)
 
-    def _result(self, st: RunState, wall: float) -> SimResult:
+    def row(self, st: RunState, wall: float) -> SimResult:
         """The run's figures (docs/architecture.md, "Metrics")."""
         st.ttfts.sort()
         self.ttft_s = st.ttfts

@@ -9,7 +9,8 @@ order of `rows` whichever executor ran them, so the benchmark's JSON does not de
   crosses to each worker once, not once per row: a forked worker inherits it, a spawned one
   unpickles it in its initializer, a Ray worker fetches it from the object store on its first
   row of the sweep and keeps it for the next ones.
-- `RowSpec`: one row (its index, policy, capacity, adaptive batch or not).
+- `RowSpec`: one row (its index, policy, capacity, adaptive batch or not; for a fleet row, its
+  router and replicas: `run_row` then replays it with `engine_adapter.sim.fleet.run`).
 - `RowOutcome`: the row's dict, which implementation of the core computed it
   (`sage_eviction.native.core_implementation()` in the process that ran it: a Ray node may
   differ from this machine), and its TTFT distribution as 101 quantiles (`--plot` draws the
@@ -99,10 +100,14 @@ class RowSpec:
     host_blocks: int = 0
     disk_blocks: int = 0
     prefetch_blocks: int = 0
+    router: str | None = None  # a fleet row: `replicas` replicas of `capacity` behind this router
+    replicas: int = 0
 
     @property
     def label(self) -> str:
         label = f"{self.policy} @ {self.capacity if self.capacity is not None else 'unbounded'}"
+        if self.router is not None:
+            label = f"{self.router} x {self.replicas}: {label}"
         if self.host_policy is not None:
             label += f" + host {self.host_policy} @ {self.host_blocks}"
             label += f" + disk @ {self.disk_blocks}" if self.disk_blocks else ""
@@ -201,6 +206,24 @@ def run_row(
         ValueError: A policy or capacity the simulator cannot run with.
     """
     n_requests = len(context.workload.requests)
+    every = max(1, min(1000, n_requests // 20 or 1))
+    if spec.router is not None:
+        from engine_adapter.sim.fleet.run import simulate_fleet
+
+        fleet = simulate_fleet(
+            context.workload,
+            spec.replicas,
+            spec.router,
+            spec.policy,
+            spec.capacity,
+            progress=progress,
+            progress_every=every,
+            cost_model=context.cost_model,
+            protect_queued=context.protect_queued,
+        )
+        return RowOutcome(
+            spec.index, fleet.result.to_dict(), core_implementation(), ttft_quantiles(fleet.ttft_s)
+        )
     simulator = Simulator(
         context.workload,
         spec.policy,
@@ -208,7 +231,7 @@ def run_row(
         cache_model=context.cache_model,
         cost_model=context.cost_model,
         progress=progress,
-        progress_every=max(1, min(1000, n_requests // 20 or 1)),
+        progress_every=every,
         protect_queued=context.protect_queued,
         adaptive_batch=spec.adaptive,
         tiers=spec.tiers(context.write_policy),

@@ -13,6 +13,7 @@ from typing import Any
 from sage_cli.benchmark.checks import check_plan, parse_policies
 from sage_cli.benchmark.colocation import check_grid
 from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode, Workload
+from sage_cli.errors import CLIUsageError
 from sage_cli.options import record_parameters, with_parameters
 
 __all__ = ["benchmark", "run"]
@@ -35,6 +36,9 @@ def run(args: BenchmarkArgs) -> None:
     Raises:
         CLIUsageError: The first option that cannot be used.
     """
+    fleet = args.replicas is not None or args.router is not None
+    if fleet and (args.workload is Workload.colocation or args.mode is not Mode.sim or args.engine_url):
+        raise CLIUsageError("--replicas and --router run the fleet simulator (--mode sim, no colocation)")
     if args.workload is Workload.colocation:
         _run_colocation(args)
         return

@@ -379,6 +379,26 @@ RayOpt = Annotated[
         "running here), HOST:6379 or ray://HOST:10001. Needs the ray extra: pip install 'sage-kv[ray]'.",
     ),
 ]
+ReplicasOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--replicas",
+        metavar="N[,N...]",
+        show_default=False,
+        help="sim mode: replay the workload over a fleet of N engines (each with the cache size and "
+        "policy of the row) behind --router; rows over replicas x policies x routers (docs/fleet.md).",
+    ),
+]
+RouterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--router",
+        metavar="NAME[,NAME...]",
+        show_default=False,
+        help="with --replicas: round_robin (default), least_load, cache_aware, precise, predicted_ttft; "
+        "params as name:k=v,k=v (e.g. cache_aware:cache_threshold=0.3).",
+    ),
+]
 ResultsJsonOpt = Annotated[bool, typer.Option("--json", help="Print the results as JSON.")]
 
 # -- engine mode -----------------------------------------------------------------------------------
@@ -466,6 +486,8 @@ class BenchmarkArgs:
     adaptive_batch: AdaptiveBatchOpt = False
     jobs: JobsOpt = None
     ray_address: RayOpt = None
+    replicas: ReplicasOpt = None
+    router: RouterOpt = None
     json_out: ResultsJsonOpt = False
     socket: SocketOpt = None
     name: NameOpt = None

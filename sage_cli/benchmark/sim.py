@@ -21,7 +21,7 @@ from typing import Any
 from sage_cli.benchmark.checks import BenchmarkPlan
 from sage_cli.benchmark.options import BenchmarkArgs
 from sage_cli.benchmark.table import results_table
-from sage_cli.errors import CLIError
+from sage_cli.errors import CLIError, CLIUsageError
 from sage_cli.output import Output
 
 __all__ = ["BenchmarkOptions", "run_in_simulator"]
@@ -59,6 +59,8 @@ class BenchmarkOptions:
     disk_link: str | None = None
     time_scale: float = 0.0
     prefetch_ratio: float = 0.0
+    replicas: list[int] | None = None
+    routers: list[str] | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +98,35 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         disk_link=args.disk_link,
         time_scale=args.time_scale,
         prefetch_ratio=args.prefetch_ratio,
+        replicas=_replicas(args.replicas),
+        routers=_routers(args.router),
     )
+
+
+def _replicas(text: str | None) -> list[int] | None:
+    """``--replicas N[,N...]``: fleet sizes as numbers (the simulator checks each is at least 1)."""
+    if text is None:
+        return None
+    sizes: list[int] = []
+    for item in text.split(","):
+        try:
+            sizes.append(int(item.strip()))
+        except ValueError:
+            raise CLIUsageError(f"--replicas: {item.strip()!r} is not a number of replicas") from None
+    return sizes
+
+
+def _routers(text: str | None) -> list[str] | None:
+    """``--router NAME[,NAME...]``: router specs, checked against the fleet's routers."""
+    if text is None:
+        return None
+    from engine_adapter.sim.fleet.registry import split_router_specs
+    from engine_adapter.sim.fleet.router import RouterError
+
+    try:
+        return split_router_specs(text)
+    except RouterError as exc:
+        raise CLIUsageError(str(exc)) from None
 
 
 def run_in_simulator(args: BenchmarkArgs, plan: BenchmarkPlan) -> None:

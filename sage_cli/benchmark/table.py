@@ -68,6 +68,20 @@ _ADAPTIVE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("batch_changes", "Batch changes", "int"),
 )
 
+# With --replicas: the fleet rows, routers side by side.
+_FLEET_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("router", "Router", "text"),
+    ("replicas", "Replicas", "int"),
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks each", "int"),
+    ("block_hit_ratio", "Block hit", "percent"),
+    ("load_spread", "Load max/mean", "ratio"),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
+    ("ttft_p99_s", "TTFT p99 s", "number"),
+    ("throughput_tok_s", "Tok/s", "number"),
+    ("preemptions", "Preempted", "int"),
+)
+
 
 def run_caption(run: Any) -> str | None:
     """How the simulator's rows ran, under the table: the implementation of the core (compiled or
@@ -112,13 +126,16 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     present = {key for row in rows for key in row}
     adaptive = any(row.get("adaptive_batch") for row in rows)
     tiered = any(row.get("host_policy") for row in rows)
-    chosen = _TIER_COLUMNS if tiered else _ADAPTIVE_COLUMNS if adaptive else _COLUMNS
+    fleet = any(row.get("router") for row in rows)
+    chosen = (
+        _FLEET_COLUMNS if fleet else _TIER_COLUMNS if tiered else _ADAPTIVE_COLUMNS if adaptive else _COLUMNS
+    )
     columns = [c for c in chosen if c[0] in present]
     if not columns:  # rows of another shape: show them as they are
         keys = list(dict.fromkeys(key for row in rows for key in row))
         columns = [(key, key, "number") for key in keys]
     table = Table(
-        title="Eviction policy benchmark",
+        title="Fleet routing benchmark" if fleet else "Eviction policy benchmark",
         title_justify="left",
         caption=run_caption(result.get("run")),
         caption_justify="left",
@@ -130,7 +147,7 @@ def results_table(result: dict[str, Any]) -> RenderableType:
         widest_word = max(len(word) for word in title.split())
         table.add_column(
             title,
-            justify="left" if key == "policy" else "right",
+            justify="left" if key in ("policy", "router") else "right",
             min_width=widest_word,
             no_wrap=key == "policy",
         )
