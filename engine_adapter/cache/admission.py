@@ -14,6 +14,7 @@ from collections.abc import Hashable
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
 from engine_adapter.cache.errors import RequestTooLargeError, SequenceExistsError
 from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.prompt_keys import PromptKeys
@@ -51,7 +52,9 @@ class Admission:
         running: RunningSequences,
         metrics: CacheMetrics,
         tiers: TierStore | None = None,
+        compressed: CompressedPrefixes | None = None,
     ) -> None:
+        self._compressed = compressed
         self._pool = pool
         self._radix = radix
         self._keys = keys
@@ -105,24 +108,31 @@ class Admission:
             )
         path: list[CachedBlock] = []
         below: list[TierEntry] = []
+        entry: CompressedPrefix | None = None
         if request.match_prefix:
             matchable = self.matchable_keys(keys, n_tokens, request)
             path = self._radix.match(matchable)
             if self._tiers is not None:
                 below = self._tiers.match(matchable, len(path))
-        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below)
-        n_cached_tokens = len(path) * bs
-        self._metrics.record_lookup(request.tenant, keys, len(path), n_cached_tokens, n_tokens)
+            if self._compressed is not None:
+                entry = self._compressed.match(matchable, len(path))
+        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below, entry)
+        n_entry = 0 if entry is None else len(entry.keys)
+        n_cached_tokens = (len(path) + n_entry) * bs
+        self._metrics.record_lookup(request.tenant, keys, len(path) + n_entry, n_cached_tokens, n_tokens)
         n_host = sum(1 for e in below if e.tier is Tier.HOST)
         return Allocation(
             sequence_id=sequence_id,
             block_table=list(seq.block_table),
-            num_cached_blocks=len(path),
+            num_cached_blocks=len(path) + (0 if entry is None else len(entry.blocks)),
             num_cached_tokens=n_cached_tokens,
-            num_new_blocks=n_blocks - len(path),
+            num_new_blocks=n_blocks - len(path) - n_entry,
             num_evicted_blocks=evicted,
             num_host_blocks=n_host,
             num_disk_blocks=len(below) - n_host,
+            num_compressed_blocks=0 if entry is None else len(entry.blocks),
+            num_compressed_tokens=n_entry * bs,
+            compressed_kept=0 if entry is None else entry.kept,
         )
 
     def protect(self, request: CacheRequest) -> int:

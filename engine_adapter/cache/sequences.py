@@ -22,6 +22,7 @@ from engine_adapter.cache import compaction
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
 from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.promotion import load_below
@@ -59,7 +60,9 @@ class RunningSequences:
         protection: QueueProtection,
         clock: Callable[[], float],
         tiers: TierStore | None = None,
+        compressed: CompressedPrefixes | None = None,
     ) -> None:
+        self._compressed = compressed
         self._pool = pool
         self._tiers = tiers
         self._radix = radix
@@ -105,10 +108,13 @@ class RunningSequences:
         n_tokens: int,
         n_blocks: int,
         below: Sequence[TierEntry] = (),
+        entry: CompressedPrefix | None = None,
     ) -> tuple[SequenceState, int]:
         """Run `request` on the cached `path` it hits plus fresh blocks for the rest of its
         `n_blocks`, evicting exactly the deficit; its queue protection ends. The tier entries
         `below` that continue the hit are promoted into the first fresh blocks and join `path`.
+        A compressed prefix `entry` that continues `path` is locked and read after it (the
+        sequence is then `compressed`: its cache holds fewer tokens than it stands for).
 
         Returns:
             Its state and the blocks evicted for it.
@@ -118,7 +124,17 @@ class RunningSequences:
         """
         sequence_id = request.sequence_id
         n_new = n_blocks - len(path)
-        deficit = self._eviction.deficit(sequence_id, path, n_new)
+        if entry is not None:
+            assert self._compressed is not None  # only a compressing cache finds entries
+            n_new -= len(entry.keys)
+            self._compressed.lock(entry)  # not counted as reclaimable for its own admission
+            try:
+                deficit = self._eviction.deficit(sequence_id, path, n_new)
+            except BaseException:
+                self._compressed.unlock(entry)
+                raise
+        else:
+            deficit = self._eviction.deficit(sequence_id, path, n_new)
         self._protection.release(sequence_id)  # it leaves the queue; its protected head is in `path`
         now = self._clock()
         # how long the prefix this request extends had been idle: a feature of its new blocks
@@ -140,20 +156,28 @@ class RunningSequences:
             deficit = max(n_new - pool.num_free, 0)
         if deficit > 0:
             evicted += self._eviction.evict(deficit, "alloc", pending=n_new)
+        held = [] if entry is None else entry.blocks
+        # a compressed hit's cache is shorter than its prompt by the blocks compression freed
+        shrink = 0 if entry is None else (len(entry.keys) - len(held)) * self._keys.block_size
         seq = SequenceState(
             request=request,
-            block_table=[b.block_id for b in path] + self._pool.allocate(n_new),
+            block_table=[b.block_id for b in path] + held + self._pool.allocate(n_new),
             cached_path=path,
             keys=keys,
             salt=salt,
             num_prompt_tokens=n_tokens,
-            num_tokens=n_tokens,
+            num_tokens=n_tokens - shrink,
             num_prompt_blocks=n_blocks,
             prefix_idle=prefix_idle,
             created_at=now,
             last_access=now,
+            compressed=entry is not None,
+            compressed_prefix=entry,
         )
         self._states[sequence_id] = seq
+        if entry is not None:
+            assert self._compressed is not None
+            self._compressed.count_hit(entry)
         return seq, evicted
 
     def extend(self, sequence_id: int, num_blocks: int) -> list[int] | None:
@@ -240,7 +264,12 @@ class RunningSequences:
         fields = self._meta_fields(seq)
         radix = self._radix
         fresh_keys = [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers else []
-        added, to_free = radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        table = seq.block_table
+        if seq.compressed_prefix is not None:  # its blocks stay the entry's
+            assert self._compressed is not None
+            self._compressed.unlock(seq.compressed_prefix)
+            table = table[: len(seq.cached_path)] + seq.private_blocks
+        added, to_free = radix.release(seq.cached_path, keys, table, sequence_id, fields)
         if added and self._tiers is not None:
             new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None]
             self._tiers.cached_on_device(new_blocks)
@@ -258,14 +287,21 @@ class RunningSequences:
     def compact(self, sequence_id: int, num_tokens: int) -> list[int] | None:
         """Give the sequence a fresh table for `num_tokens` (`compaction.compact`); None when
         even eviction cannot give the blocks (nothing changed)."""
-        return compaction.compact(
-            self.get(sequence_id),
+        seq = self.get(sequence_id)
+        if seq.compressed_prefix is not None:  # the copy reads its blocks; they stay the entry's
+            assert self._compressed is not None
+            self._compressed.unlock(seq.compressed_prefix)
+        table = compaction.compact(
+            seq,
             num_tokens,
             block_size=self._keys.block_size,
             pool=self._pool,
             radix=self._radix,
             eviction=self._eviction,
         )
+        if table is None and seq.compressed_prefix is not None:
+            self._compressed.lock(seq.compressed_prefix)  # type: ignore[union-attr]  # nothing changed
+        return table
 
     # ---- preemption -------------------------------------------------------------------------
 
