@@ -108,16 +108,16 @@ class Admission:
             )
         path: list[CachedBlock] = []
         below: list[TierEntry] = []
-        entry: CompressedPrefix | None = None
+        hit: tuple[CompressedPrefix, int] | None = None
         if request.match_prefix:
             matchable = self.matchable_keys(keys, n_tokens, request)
             path = self._radix.match(matchable)
             if self._tiers is not None:
                 below = self._tiers.match(matchable, len(path))
             if self._compressed is not None:
-                entry = self._compressed.match(matchable, len(path))
-        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below, entry)
-        n_entry = 0 if entry is None else len(entry.keys)
+                hit = self._compressed.match(matchable, len(path))
+        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below, hit)
+        entry, n_entry = hit if hit is not None else (None, 0)
         n_cached_tokens = (len(path) + n_entry) * bs
         self._metrics.record_lookup(request.tenant, keys, len(path) + n_entry, n_cached_tokens, n_tokens)
         n_host = sum(1 for e in below if e.tier is Tier.HOST)
@@ -133,6 +133,7 @@ class Admission:
             num_compressed_blocks=0 if entry is None else len(entry.blocks),
             num_compressed_tokens=n_entry * bs,
             compressed_kept=0 if entry is None else entry.kept,
+            compressed_key=None if entry is None else entry.key,
         )
 
     def protect(self, request: CacheRequest) -> int:

@@ -40,7 +40,7 @@ from typing import Any
 from engine_adapter.cache.admission import Admission
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.compress_front import CompressFront
-from engine_adapter.cache.compressed import CompressedPrefixes, CompressSpec, parse_compress_spec
+from engine_adapter.cache.compressed import CompressedPrefixes, CompressSpec
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.handoff_lock import HandoffLock
@@ -144,28 +144,18 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         metrics = self._metrics = CacheMetrics()  # lookups and preemptions; evictions count in the step
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
-        if isinstance(compress_on_evict, str):
-            compress_on_evict = parse_compress_spec(compress_on_evict)
-        squeeze = self._compressed = (
-            None if compress_on_evict is None else CompressedPrefixes(compress_on_evict, block_size, allocator, clock)
-        )
+        squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
+        self._compressed = squeeze
         eviction = self._eviction = EvictionStep(
-            self.radix,
-            allocator,
-            self._binding,
-            protection,
-            metrics.reprefill,
-            self.events,
-            clock,
-            explain=explain,
-            threshold=eviction_threshold,
-            tiers=store,
-            compressed=squeeze,
-        )
+            self.radix, allocator, self._binding, protection, metrics.reprefill, self.events, clock,
+            explain=explain, threshold=eviction_threshold, tiers=store, compressed=squeeze,
+        )  # fmt: skip
         self._reservations = Reservations(allocator, eviction)
         self._pins = Pins(self.radix, keys)
-        self._running = RunningSequences(allocator, self.radix, keys, eviction, protection, clock, store, squeeze)
-        self._admission = Admission(allocator, self.radix, keys, protection, self._running, metrics, store, squeeze)
+        running = self._running = RunningSequences(
+            allocator, self.radix, keys, eviction, protection, clock, store, squeeze
+        )  # fmt: skip
+        self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
 
     # ---- properties ---------------------------------------------------------------------
@@ -208,7 +198,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
     def num_available_blocks(self) -> int:
         """Free blocks plus cached blocks that eviction could reclaim now (queued requests'
         protections yield to an allocation, so their blocks count)."""
-        return self.allocator.num_free + self._protection.reclaimable_for(()) + self._eviction.compressed_reclaimable()
+        reclaimable = self._protection.reclaimable_for(()) + self._eviction.compressed_reclaimable()
+        return self.allocator.num_free + reclaimable
 
     @property
     def num_cached_blocks(self) -> int:

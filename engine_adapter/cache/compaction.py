@@ -62,7 +62,7 @@ def compact(
         eviction.evict(deficit, "alloc", pending=needed)
     seq.block_table = pool.allocate(needed)
     seq.cached_path = []
-    seq.compressed_prefix = None  # the caller unlocked it
+    seq.compressed_prefix = None  # the caller unlocks it
     seq.keys = []
     seq.compressed = True
     seq.num_tokens = num_tokens

@@ -13,11 +13,14 @@ tree block it hangs under leaves (an orphan, useless past the gap).
 
 The copy is the engine's (torch has one owner): each compression appends a `CompressMove` that
 the engine runs before the forward pass of the step that decided it, as it runs tier moves. A
-request whose prompt continues its cached tree path with an entry's keys hits the whole entry
-(never part of it: a kept token may come from any of its blocks); its cache then holds the
-entry's blocks read-only, shared with other hits, and the sequence is `compressed` (never
-committed to the prefix cache). Called under the cache manager's lock; imports `block_allocator`
-and `cached_block` only (docs/architecture.md, "Compress on evict").
+request whose prompt continues its cached tree path with the first keys of an entry (at least
+as many as the entry holds blocks) hits it; its cache then holds all of the entry's blocks
+read-only, shared with other hits, and the engine masks the kept tokens past the matched keys
+(a kept token may come from any block of the chain) and the padding after the kept count. The
+sequence is `compressed`: never committed to the prefix cache. An entry that leaves while a
+sequence reads it (its anchor left, or the same chain was compressed again) goes stale: out of
+the index, its blocks freed when its last reader stops. Called under the cache manager's lock;
+imports `block_allocator` and `cached_block` only (docs/architecture.md, "Compress on evict").
 """
 
 from __future__ import annotations
@@ -98,10 +101,16 @@ class CompressedPrefix:
         hits: Admissions that hit it.
     """
 
-    __slots__ = ("anchor", "blocks", "hits", "keys", "kept", "last_access", "ref_count", "start")
+    __slots__ = ("anchor", "blocks", "hits", "kept", "keys", "last_access", "ref_count", "start")
 
     def __init__(
-        self, keys: tuple[Hashable, ...], anchor: Hashable | None, blocks: list[int], kept: int, start: int, now: float
+        self,
+        keys: tuple[Hashable, ...],
+        anchor: Hashable | None,
+        blocks: list[int],
+        kept: int,
+        start: int,
+        now: float,
     ) -> None:
         self.keys = keys
         self.anchor = anchor
@@ -144,6 +153,7 @@ class CompressedPrefixes:
         self._pool = pool
         self._clock = clock
         self._entries: dict[Hashable, CompressedPrefix] = {}
+        self._stale: dict[int, CompressedPrefix] = {}  # id -> dropped while read
         self._under: dict[Hashable | None, set[Hashable]] = {}  # anchor -> entry keys
         self._moves: list[CompressMove] = []
         self.compressions = 0
@@ -154,17 +164,35 @@ class CompressedPrefixes:
         self.hits = 0
         self.hit_tokens = 0
 
+    @classmethod
+    def from_spec(
+        cls,
+        spec: CompressSpec | str | None,
+        block_size: int,
+        pool: BlockAllocator,
+        clock: Callable[[], float],
+    ) -> CompressedPrefixes | None:
+        """Compression for `spec` (``PRESS:RATIO`` or parsed), or None when it is None (off)."""
+        if spec is None:
+            return None
+        parsed = parse_compress_spec(spec) if isinstance(spec, str) else spec
+        return cls(parsed, block_size, pool, clock)
+
     def __len__(self) -> int:
         return len(self._entries)
 
     def entries(self) -> list[CompressedPrefix]:
-        """Every entry (checks, stats, the engine's pruning)."""
+        """Every entry a prompt can hit (stats, the engine's pruning)."""
         return list(self._entries.values())
+
+    def stale(self) -> list[CompressedPrefix]:
+        """Entries dropped while sequences read them: their blocks go when the last stops."""
+        return list(self._stale.values())
 
     @property
     def num_blocks(self) -> int:
-        """Pool blocks the entries hold."""
-        return sum(len(e.blocks) for e in self._entries.values())
+        """Pool blocks the entries hold, stale ones included."""
+        return sum(len(e.blocks) for e in (*self._entries.values(), *self._stale.values()))
 
     @property
     def num_reclaimable(self) -> int:
@@ -204,6 +232,7 @@ class CompressedPrefixes:
             head.depth * bs,
             max(b.meta.last_access for b in chain),
         )
+        assert entry.key not in self._entries  # the caller ran `drop_named` first
         self._entries[entry.key] = entry
         self._under.setdefault(entry.anchor, set()).add(entry.key)
         self._moves.append(CompressMove(tuple(ids), tuple(ids[:m]), entry.start, entry.kept, entry.key))
@@ -221,38 +250,54 @@ class CompressedPrefixes:
 
     # ---- hits ------------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[Hashable], start: int) -> CompressedPrefix | None:
-        """The entry that `keys[start:]` continues with, whole, or None."""
+    def match(self, keys: Sequence[Hashable], start: int) -> tuple[CompressedPrefix, int] | None:
+        """The entry that `keys[start:]` continues with and how many of its keys match, or None
+        when none does by at least as many keys as it holds blocks (a shorter hit would hold
+        more cache slots than it saves)."""
         if start >= len(keys):
             return None
         entry = self._entries.get(keys[start])
-        if entry is None or tuple(keys[start : start + len(entry.keys)]) != entry.keys:
+        if entry is None:
             return None
-        return entry
+        n = 0
+        for mine, theirs in zip(entry.keys, keys[start:], strict=False):
+            if mine != theirs:
+                break
+            n += 1
+        return (entry, n) if n >= len(entry.blocks) else None
 
     def lock(self, entry: CompressedPrefix) -> None:
         """A sequence reads `entry`'s blocks until `unlock`."""
         entry.ref_count += 1
 
-    def count_hit(self, entry: CompressedPrefix) -> None:
-        """A sequence was admitted on `entry`."""
+    def count_hit(self, entry: CompressedPrefix, num_tokens: int) -> None:
+        """A sequence was admitted on `entry`, serving `num_tokens` of its prompt from it."""
         entry.hits += 1
         entry.last_access = self._clock()
         self.hits += 1
-        self.hit_tokens += len(entry.keys) * self.block_size
+        self.hit_tokens += num_tokens
 
     def unlock(self, entry: CompressedPrefix) -> None:
+        """A sequence stopped reading `entry` (a stale entry's blocks go with its last reader)."""
         if entry.ref_count <= 0:
             raise ValueError(f"compressed prefix {entry.key!r} is not locked")
         entry.ref_count -= 1
+        if entry.ref_count == 0 and self._stale.pop(id(entry), None) is not None:
+            self._free(entry)
 
     # ---- drops -----------------------------------------------------------------------------
 
     def drop_under(self, anchor: Hashable) -> list[CompressedPrefix]:
-        """Drop the unreferenced entries hanging under the tree block `anchor`, which is leaving
-        the tree (an entry a sequence reads stays until it is dropped in turn)."""
+        """Drop the entries hanging under the tree block `anchor`, which is leaving the tree;
+        returns those whose blocks were freed (the others are read: stale until they stop)."""
         entries = [self._entries[k] for k in list(self._under.get(anchor, ()))]
-        return [self._drop(e) for e in entries if e.ref_count == 0]
+        return [e for e in entries if self._drop(e)]
+
+    def drop_named(self, key: Hashable) -> list[CompressedPrefix]:
+        """Drop the entry named `key` (its chain was cached again and is being compressed
+        again); returns it when its blocks were freed."""
+        entry = self._entries.get(key)
+        return [entry] if entry is not None and self._drop(entry) else []
 
     def drop_lru(self, n: int) -> list[CompressedPrefix]:
         """Drop unreferenced entries, least recently used first, until `n` blocks are freed or
@@ -263,7 +308,8 @@ class CompressedPrefixes:
             if freed >= n:
                 break
             if entry.ref_count == 0:
-                dropped.append(self._drop(entry))
+                self._drop(entry)
+                dropped.append(entry)
                 freed += len(entry.blocks)
         return dropped
 
@@ -271,16 +317,24 @@ class CompressedPrefixes:
         """Drop every unreferenced entry (a prefix-cache reset); returns blocks freed."""
         return sum(len(e.blocks) for e in self.drop_lru(self.num_blocks))
 
-    def _drop(self, entry: CompressedPrefix) -> CompressedPrefix:
+    def _drop(self, entry: CompressedPrefix) -> bool:
+        """Take `entry` out of the index; free its blocks now (True) or, while it is read, when
+        its last reader stops (False)."""
         del self._entries[entry.key]
         under = self._under[entry.anchor]
         under.discard(entry.key)
         if not under:
             del self._under[entry.anchor]
+        if entry.ref_count:
+            self._stale[id(entry)] = entry
+            return False
+        self._free(entry)
+        return True
+
+    def _free(self, entry: CompressedPrefix) -> None:
         self._pool.free(entry.blocks)
         self.drops += 1
         self.dropped_blocks += len(entry.blocks)
-        return entry
 
     def counters(self) -> dict[str, int]:
         """The counters and the blocks held now (stats, /metrics)."""

@@ -238,6 +238,7 @@ class EvictionStep:
             for block in chain:  # nearest first: each is a leaf once the one below has left
                 radix.remove(block)
             path = [*reversed(chain), leaf]
+            gone += store.drop_named(leaf.key if not chain else chain[-1].key)
             for block in path:
                 gone += store.drop_under(block.key)
             entry, spare = store.compress(path)
@@ -252,7 +253,8 @@ class EvictionStep:
         self._count(n_dropped, reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped] + [k for e in gone for k in e.keys])
         if self.events is not None and (dropped or gone):
-            self._write_events(dropped, self._binding.name, reason, decision, None, extra=n_dropped - len(dropped))
+            extra = n_dropped - len(dropped)
+            self._write_events(dropped, self._binding.name, reason, decision, None, extra=extra)
         return freed
 
     def _compress_event(self, entry: CompressedPrefix, n_blocks: int, n_freed: int, reason: str) -> None:

@@ -75,11 +75,7 @@ def check_manager_invariants(
                 )
             owner[block_id] = f"reservation {owner_id}"
     _check_protections(protection, radix, refs)
-    for path in prefetched:  # a prefetch holds a reference on its whole root path
-        for block in path:
-            if radix.get(block.key) is not block:
-                raise CacheInvariantError(f"a prefetch holds {block!r}, which is not cached")
-            refs[id(block)] = refs.get(id(block), 0) + 1
+    _count_prefetches(prefetched, radix, refs)
     if tiers is not None:
         check_tier_invariants(tiers, radix)
     for block in radix.blocks():
@@ -97,22 +93,36 @@ def check_manager_invariants(
         )
 
 
+def _count_prefetches(
+    prefetched: Iterable[list[CachedBlock]], radix: RadixCache, refs: dict[int, int]
+) -> None:
+    """A prefetch holds a reference on its whole root path of cached blocks."""
+    for path in prefetched:
+        for block in path:
+            if radix.get(block.key) is not block:
+                raise CacheInvariantError(f"a prefetch holds {block!r}, which is not cached")
+            refs[id(block)] = refs.get(id(block), 0) + 1
+
+
 def _check_compressed(
     compressed: CompressedPrefixes, radix: RadixCache, sequences: list[SequenceState], owner: dict[int, str]
 ) -> None:
-    """Compressed entries own their blocks alone, hold fewer than they stand for, are out of the
-    tree, and are referenced exactly by the sequences reading them."""
+    """Compressed entries (stale ones too) own their blocks alone, hold fewer than they stand
+    for, and are referenced exactly by the sequences reading them."""
     readers: dict[int, int] = {}
     for seq in sequences:
         if seq.compressed_prefix is not None:
             readers[id(seq.compressed_prefix)] = readers.get(id(seq.compressed_prefix), 0) + 1
-    for entry in compressed.entries():
+    stale = compressed.stale()
+    if any(e.ref_count == 0 for e in stale):
+        raise CacheInvariantError("a stale compressed prefix no sequence reads still holds its blocks")
+    for entry in (*compressed.entries(), *stale):
         if not 0 < len(entry.blocks) < len(entry.keys):
-            raise CacheInvariantError(f"compressed prefix {entry.key!r} holds {len(entry.blocks)} blocks for {len(entry.keys)}")
+            raise CacheInvariantError(
+                f"compressed prefix {entry.key!r} holds {len(entry.blocks)} blocks for {len(entry.keys)}"
+            )
         if entry.kept > len(entry.blocks) * compressed.block_size:
-            raise CacheInvariantError(f"compressed prefix {entry.key!r} keeps more tokens than its blocks hold")
-        if any(k in radix for k in entry.keys):
-            raise CacheInvariantError(f"compressed prefix {entry.key!r} is also in the tree")
+            raise CacheInvariantError(f"compressed prefix {entry.key!r} keeps more than its blocks hold")
         if entry.ref_count != readers.get(id(entry), 0):
             raise CacheInvariantError(
                 f"compressed prefix {entry.key!r} has ref count {entry.ref_count} but "
@@ -120,7 +130,9 @@ def _check_compressed(
             )
         for block_id in entry.blocks:
             if block_id in owner:
-                raise CacheInvariantError(f"block id {block_id} of a compressed prefix is also owned by {owner[block_id]}")
+                raise CacheInvariantError(
+                    f"block id {block_id} of a compressed prefix is also owned by {owner[block_id]}"
+                )
             owner[block_id] = "compressed"
 
 
@@ -164,7 +176,7 @@ def _check_sequence(
     if entry is not None:
         shared = seq.block_table[len(path) : len(path) + len(entry.blocks)]
         if shared != entry.blocks or owner.get(entry.blocks[0]) != "compressed" or entry.ref_count < 1:
-            raise CacheInvariantError(f"sequence {seq.sequence_id} reads a compressed prefix it does not hold")
+            raise CacheInvariantError(f"sequence {seq.sequence_id} reads a compressed prefix unlocked")
     for block_id in seq.private_blocks:
         if block_id in owner:
             raise CacheInvariantError(

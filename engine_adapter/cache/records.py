@@ -36,6 +36,8 @@ class Allocation:
         num_compressed_tokens: Tokens of the prompt served from that compressed prefix.
         compressed_kept: Tokens per layer and KV head its blocks hold (the rest of its last
             block is padding, to mask from attention).
+        compressed_key: The compressed prefix's name (the engine keeps its kept positions), or
+            None without a compressed hit.
     """
 
     sequence_id: int
@@ -49,6 +51,7 @@ class Allocation:
     num_compressed_blocks: int = 0
     num_compressed_tokens: int = 0
     compressed_kept: int = 0
+    compressed_key: Hashable | None = None
 
 
 @dataclass(slots=True)
@@ -133,7 +136,8 @@ class SequenceState:
     @property
     def private_blocks(self) -> list[int]:
         """Its blocks that neither the tree nor a compressed prefix owns."""
-        skip = len(self.cached_path) + (0 if self.compressed_prefix is None else len(self.compressed_prefix.blocks))
+        entry = self.compressed_prefix
+        skip = len(self.cached_path) + (0 if entry is None else len(entry.blocks))
         return self.block_table[skip:]
 
     @property

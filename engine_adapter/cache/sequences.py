@@ -108,13 +108,13 @@ class RunningSequences:
         n_tokens: int,
         n_blocks: int,
         below: Sequence[TierEntry] = (),
-        entry: CompressedPrefix | None = None,
+        hit: tuple[CompressedPrefix, int] | None = None,
     ) -> tuple[SequenceState, int]:
         """Run `request` on the cached `path` it hits plus fresh blocks for the rest of its
         `n_blocks`, evicting exactly the deficit; its queue protection ends. The tier entries
         `below` that continue the hit are promoted into the first fresh blocks and join `path`.
-        A compressed prefix `entry` that continues `path` is locked and read after it (the
-        sequence is then `compressed`: its cache holds fewer tokens than it stands for).
+        A compressed prefix continuing `path` by `hit`'s count of keys is locked and read after
+        it: the sequence is `compressed`, its cache holds fewer tokens than it stands for.
 
         Returns:
             Its state and the blocks evicted for it.
@@ -123,18 +123,9 @@ class RunningSequences:
             NoEvictableBlocksError: Not enough free or reclaimable blocks; nothing changed.
         """
         sequence_id = request.sequence_id
-        n_new = n_blocks - len(path)
-        if entry is not None:
-            assert self._compressed is not None  # only a compressing cache finds entries
-            n_new -= len(entry.keys)
-            self._compressed.lock(entry)  # not counted as reclaimable for its own admission
-            try:
-                deficit = self._eviction.deficit(sequence_id, path, n_new)
-            except BaseException:
-                self._compressed.unlock(entry)
-                raise
-        else:
-            deficit = self._eviction.deficit(sequence_id, path, n_new)
+        entry, n_hit = hit if hit is not None else (None, 0)
+        n_new = n_blocks - len(path) - n_hit
+        deficit = self._deficit(sequence_id, path, n_new, hit)
         self._protection.release(sequence_id)  # it leaves the queue; its protected head is in `path`
         now = self._clock()
         # how long the prefix this request extends had been idle: a feature of its new blocks
@@ -156,29 +147,35 @@ class RunningSequences:
             deficit = max(n_new - pool.num_free, 0)
         if deficit > 0:
             evicted += self._eviction.evict(deficit, "alloc", pending=n_new)
-        held = [] if entry is None else entry.blocks
-        # a compressed hit's cache is shorter than its prompt by the blocks compression freed
-        shrink = 0 if entry is None else (len(entry.keys) - len(held)) * self._keys.block_size
+        held = [] if entry is None else entry.blocks  # a compressed hit's cache is shorter
         seq = SequenceState(
-            request=request,
-            block_table=[b.block_id for b in path] + held + self._pool.allocate(n_new),
-            cached_path=path,
-            keys=keys,
-            salt=salt,
-            num_prompt_tokens=n_tokens,
-            num_tokens=n_tokens - shrink,
-            num_prompt_blocks=n_blocks,
-            prefix_idle=prefix_idle,
-            created_at=now,
-            last_access=now,
-            compressed=entry is not None,
-            compressed_prefix=entry,
-        )
+            request=request, block_table=[b.block_id for b in path] + held + self._pool.allocate(n_new),
+            cached_path=path, keys=keys, salt=salt, num_prompt_tokens=n_tokens,
+            num_tokens=n_tokens - (n_hit - len(held)) * self._keys.block_size, num_prompt_blocks=n_blocks,
+            prefix_idle=prefix_idle, created_at=now, last_access=now,
+            compressed=entry is not None, compressed_prefix=entry,
+        )  # fmt: skip
         self._states[sequence_id] = seq
-        if entry is not None:
-            assert self._compressed is not None
-            self._compressed.count_hit(entry)
         return seq, evicted
+
+    def _deficit(
+        self, sequence_id: int, path: list[CachedBlock], n_new: int, hit: tuple[CompressedPrefix, int] | None
+    ) -> int:
+        """`EvictionStep.deficit`, with the compressed prefix a request hits locked first (so
+        that its own blocks are not counted as reclaimable for it) and its hit counted;
+        unlocked again on failure."""
+        if hit is None:
+            return self._eviction.deficit(sequence_id, path, n_new)
+        assert self._compressed is not None  # only a compressing cache finds entries
+        entry, n_hit = hit
+        self._compressed.lock(entry)
+        try:
+            deficit = self._eviction.deficit(sequence_id, path, n_new)
+        except BaseException:
+            self._compressed.unlock(entry)
+            raise
+        self._compressed.count_hit(entry, n_hit * self._keys.block_size)
+        return deficit
 
     def extend(self, sequence_id: int, num_blocks: int) -> list[int] | None:
         """Append `num_blocks` fresh blocks to a running sequence, evicting if short; None when
@@ -288,9 +285,7 @@ class RunningSequences:
         """Give the sequence a fresh table for `num_tokens` (`compaction.compact`); None when
         even eviction cannot give the blocks (nothing changed)."""
         seq = self.get(sequence_id)
-        if seq.compressed_prefix is not None:  # the copy reads its blocks; they stay the entry's
-            assert self._compressed is not None
-            self._compressed.unlock(seq.compressed_prefix)
+        entry = seq.compressed_prefix  # the copy has read its blocks; they stay the entry's
         table = compaction.compact(
             seq,
             num_tokens,
@@ -299,8 +294,9 @@ class RunningSequences:
             radix=self._radix,
             eviction=self._eviction,
         )
-        if table is None and seq.compressed_prefix is not None:
-            self._compressed.lock(seq.compressed_prefix)  # type: ignore[union-attr]  # nothing changed
+        if table is not None and entry is not None:
+            assert self._compressed is not None
+            self._compressed.unlock(entry)
         return table
 
     # ---- preemption -------------------------------------------------------------------------
