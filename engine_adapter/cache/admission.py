@@ -76,14 +76,20 @@ class Admission:
         n_tokens, _, keys = self._keys.of(request)
         path = self._match(keys, n_tokens, request)
         block_size = self._keys.block_size
-        n_new = -(-n_tokens // block_size) - len(path)
         available = self._pool.num_free + self._protection.reclaimable_for(path)
+        held = n_hit = 0
+        squeeze = self._compressed
+        if squeeze is not None:  # a compressed hit: its blocks are locked, not reclaimable, for it
+            hit = squeeze.match(self.matchable_keys(keys, n_tokens, request), len(path))
+            held, n_hit = (len(hit[0].blocks), hit[1]) if hit is not None else (0, 0)
+            available += squeeze.num_reclaimable - (held if hit and not hit[0].ref_count else 0)
+        n_new = -(-n_tokens // block_size) - len(path) - n_hit
         return LookupResult(
-            num_cached_blocks=len(path),
-            num_cached_tokens=len(path) * block_size,
+            num_cached_blocks=len(path) + held,
+            num_cached_tokens=(len(path) + n_hit) * block_size,
             num_new_blocks=n_new,
             num_available_blocks=available,
-            fits=n_new <= available and n_new + len(path) <= self._pool.num_blocks,
+            fits=n_new <= available and n_new + len(path) + n_hit <= self._pool.num_blocks,
         )
 
     def allocate(self, request: CacheRequest) -> Allocation:
