@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.cache.compressed import parse_compress_spec
 from engine_adapter.cache.tiers import WRITE_POLICIES
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.saturation import saturation
@@ -277,8 +278,24 @@ def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executo
         raise BenchmarkError(str(exc)) from None
 
 
+def _compress_spec(opts: SimBenchmarkOptions) -> str | None:
+    """The compressed rows' ``PRESS:RATIO``, checked (None: no such rows)."""
+    if opts.compress_on_evict is None:
+        return None
+    if opts.cache_model != "radix":
+        raise BenchmarkError("--compress-on-evict needs --cache-model radix (the flat model has no tree)")
+    try:
+        return str(parse_compress_spec(opts.compress_on_evict))
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+
+
 def _runs(
-    policies: Sequence[str], capacities: list[int], adaptive_batch: bool, tiers: _TierRows | None = None
+    policies: Sequence[str],
+    capacities: list[int],
+    adaptive_batch: bool,
+    tiers: _TierRows | None = None,
+    compress: str | None = None,
 ) -> list[RowSpec]:
     """The rows in the order of the results: per capacity each online policy (and its
     adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
@@ -292,6 +309,8 @@ def _runs(
             rows.append({"policy": policy, "capacity": size})
             if adaptive_batch:
                 rows.append({"policy": policy, "capacity": size, "adaptive": True})
+            if compress is not None:  # the same row, compressing what it would drop
+                rows.append({"policy": policy, "capacity": size, "compress": compress})
             if tiers is not None:
                 prefetch = int(size * tiers.prefetch_ratio)
                 for host_policy in tiers.host_policies:
@@ -385,6 +404,8 @@ class SimBenchmarkOptions:
         time_scale: Virtual seconds per second of the workload's arrivals (0: as recorded).
         prefetch_ratio: With a host tier, each step loads ahead the host/disk-resident prefixes
             of the head of the queue, within this fraction of the row's device pool (0: off).
+        compress_on_evict: ``PRESS:RATIO``: each online row runs again with evicted prefixes
+            compressed instead of dropped (radix model; "compress or drop"); None: off.
     """
 
     policies: Sequence[str]
@@ -415,6 +436,7 @@ class SimBenchmarkOptions:
     disk_link: str | None = None
     time_scale: float = 0.0
     prefetch_ratio: float = 0.0
+    compress_on_evict: str | None = None
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -450,7 +472,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, _compress_spec(opts))
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)
@@ -495,6 +517,7 @@ def _settings(
         "cost_model": costs.to_dict(),
         "protect_queued": opts.protect_queued,
         "adaptive_batch": opts.adaptive_batch,
+        **({"compress_on_evict": opts.compress_on_evict} if opts.compress_on_evict else {}),
     }
 
 

@@ -149,6 +149,8 @@ class Simulator:
             (capacities in blocks; docs/architecture.md, "Tiers"); loads are priced by the cost
             model's links; with a prefetch budget each step loads ahead for the head of the queue,
             hidden behind its compute up to its length. Ignored by ``"unbounded"``.
+        compress_on_evict: Radix model: ``PRESS:RATIO``: an evicted chain keeps ``1 - RATIO``
+            of its blocks and stays hittable ("Compress on evict"); None: off.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -171,6 +173,7 @@ class Simulator:
         adaptive_batch: bool = False,
         compiled: bool | None = None,
         tiers: TierConfig | None = None,
+        compress_on_evict: str | None = None,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -195,6 +198,7 @@ class Simulator:
         self.progress_every = max(1, progress_every)
         self.unbounded = policy == UNBOUNDED
         self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
+        self.compress = None if self.unbounded or cache_model != "radix" else compress_on_evict
         self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
         if self.unbounded:
@@ -236,6 +240,7 @@ class Simulator:
             protect_queued=0.0 if self.unbounded else self.protect_queued,
             compiled=self.compiled,
             tiers=self.tiers,
+            compress_on_evict=self.compress,
         )
         belady = None
         if manager.policy.offline:
@@ -576,6 +581,7 @@ class Simulator:
             load_s=st.load_s,
             recompute_s=st.recompute_s,
             prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
+            **(st.cache.compressed() if st.cache is not None else {}),
         )
 
 

@@ -59,6 +59,7 @@ class BenchmarkOptions:
     disk_link: str | None = None
     time_scale: float = 0.0
     prefetch_ratio: float = 0.0
+    compress_on_evict: str | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +97,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         disk_link=args.disk_link,
         time_scale=args.time_scale,
         prefetch_ratio=args.prefetch_ratio,
+        compress_on_evict=args.compress_on_evict,
     )
 
 
