@@ -541,6 +541,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
                 reserved_blocks=self.num_reserved_blocks,
                 tiers=() if self._tiers is None else self._tiers.stats(),
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
+                compressed=None if self._compressed is None else self._compressed.counters(),
             )
 
     def usage(self) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class SequenceCompressor:
         it stands for (RoPE continues the original count), and the prefix's padding is masked."""
         if not alloc.num_compressed_tokens or self.prefix is None:
             return
+        if seq.cached_tokens is None:  # its first admission: its usage says so
+            seq.compressed_cached_tokens = min(alloc.num_compressed_tokens, len(seq.prompt_ids))
         self.run_prefix_moves()  # the prefix may have been compressed by this very admission
         seq.evicted_tokens = alloc.num_compressed_tokens - alloc.num_compressed_blocks * self.pool.block_size
         mask = self.prefix.hit_mask(alloc, self.pool.num_layers, self.pool.num_kv_heads)
