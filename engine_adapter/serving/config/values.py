@@ -118,9 +118,9 @@ def parse_compress_on_evict(value: Any, where: str) -> str:
     from engine_adapter.cache.compressed import parse_compress_spec
     from engine_adapter.serving.prefix_compression import compress_press
 
-    spec = parse_text(value, where).strip().lower()
-    if not spec:
+    if value is None or value == "":
         return ""
+    spec = parse_text(value, where).strip().lower()
     try:
         compress_press(parse_compress_spec(spec))
     except ValueError as exc:
