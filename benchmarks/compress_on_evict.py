@@ -108,25 +108,27 @@ def run(samples: list[Sample], num_blocks: int, compress: str, threads: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--length", type=int, default=1024, help="context tokens per conversation (about)")
     parser.add_argument("--press", default="leverage:0.75", help="compress-on-evict's PRESS:RATIO")
-    parser.add_argument("--pool-conversations", type=float, default=4.5,
-                        help="pool size in conversations' contexts (small: they push each other out)")
+    parser.add_argument(
+        "--pool-conversations", type=float, default=4.5, help="pool size, in contexts"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    engine_probe = None
     from engine_adapter.model import load_model
 
     _decoder, tokenizer, _cfg = load_model(SMOLLM2_NAME, device="cpu")
     template = tokenizer.chat_template
     assert template is not None
     rng = random.Random(args.seed)
-    samples = [make_sample(tokenizer, template, args.length, rng, "single") for _ in range(args.conversations)]
-    del _decoder, engine_probe
+    n = args.conversations
+    samples = [make_sample(tokenizer, template, args.length, rng, "single") for _ in range(n)]
+    del _decoder  # the engines load their own
     context_blocks = statistics.mean(len(s.context_ids) for s in samples) / BLOCK
     num_blocks = int(args.pool_conversations * context_blocks)
     print(machine_line(), flush=True)

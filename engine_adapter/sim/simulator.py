@@ -149,8 +149,7 @@ class Simulator:
             (capacities in blocks; docs/architecture.md, "Tiers"); loads are priced by the cost
             model's links; with a prefetch budget each step loads ahead for the head of the queue,
             hidden behind its compute up to its length. Ignored by ``"unbounded"``.
-        compress_on_evict: Radix model: ``PRESS:RATIO``: an evicted chain keeps ``1 - RATIO``
-            of its blocks and stays hittable ("Compress on evict"); None: off.
+        compress_on_evict: Radix model: ``PRESS:RATIO`` compresses evicted chains (None: off).
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -182,7 +181,7 @@ class Simulator:
         if not 0.0 <= protect_queued <= 1.0:
             raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
         self.protect_queued = protect_queued
-        self.compiled = compiled
+        self.compiled, self.compress = compiled, compress_on_evict
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
@@ -198,7 +197,6 @@ class Simulator:
         self.progress_every = max(1, progress_every)
         self.unbounded = policy == UNBOUNDED
         self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
-        self.compress = None if self.unbounded or cache_model != "radix" else compress_on_evict
         self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
         if self.unbounded:
@@ -240,7 +238,7 @@ class Simulator:
             protect_queued=0.0 if self.unbounded else self.protect_queued,
             compiled=self.compiled,
             tiers=self.tiers,
-            compress_on_evict=self.compress,
+            compress_on_evict=None if self.unbounded else self.compress,
         )
         belady = None
         if manager.policy.offline:
