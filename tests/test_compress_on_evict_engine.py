@@ -110,3 +110,27 @@ def test_a_press_that_needs_queries_is_refused_in_one_line(tmp_path: Path) -> No
         assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="host_kv_cache"):
         EngineConfig(compress_on_evict="knorm:0.5", host_kv_cache="1MiB", socket=str(tmp_path / "x.sock"))
+
+
+def test_a_hit_masks_the_padding_and_the_kept_tokens_past_its_match() -> None:
+    from engine_adapter.cache.compressed import CompressSpec
+    from engine_adapter.cache.records import Allocation
+    from engine_adapter.model import load_model
+    from engine_adapter.serving.prefix_compression import PrefixCompressor
+
+    decoder, _tokenizer, _config = load_model("sage-tiny", device="cpu")
+    pool = decoder.make_pool(num_blocks=8, block_size=4)
+    squeeze = PrefixCompressor(pool, CompressSpec("knorm", 0.75), None)
+    # a chain from position 8 kept 5 tokens per head in 2 blocks; a hit matched 12 of its tokens
+    kept = torch.tensor([8, 9, 13, 17, 19]).expand(pool.num_layers, pool.num_kv_heads, 5)
+    squeeze.kept_positions["k"] = kept
+    alloc = Allocation(1, [0, 1, 2, 3, 4], 4, 20, 1, 0, num_compressed_blocks=2, num_compressed_tokens=12,
+                       compressed_kept=5, compressed_key="k")  # fmt: skip
+    mask = squeeze.hit_mask(alloc, pool.num_layers, pool.num_kv_heads)
+    expected = [True] * 8 + [True] * 5 + [False] * 3  # the tree's 8, the kept 5, then padding
+    assert mask.shape == (pool.num_layers, pool.num_kv_heads, 16)
+    assert mask[0, 0].tolist() == expected
+    alloc.num_cached_tokens, alloc.num_compressed_tokens = 16, 8  # a shorter match: 17 and 19 masked
+    assert squeeze.hit_mask(alloc, pool.num_layers, pool.num_kv_heads)[0, 0].tolist() == (
+        [True] * 8 + [True, True, True, False, False] + [False] * 3
+    )
