@@ -94,6 +94,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "max_num_batched_tokens": ("512", 512, {}),
     "adaptive_batch": ("1", True, {}),
     "token_eviction": ("sliding", "sliding", {}),
+    "compress_on_evict": ("KNorm:0.75", "knorm:0.75", {}),
     "eviction_window": ("64", 64, {}),
     "memory_threshold": ("128", 128, {}),
     "token_target_ratio": ("0.25", 0.25, {}),

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
 from engine_adapter.cache.errors import RequestTooLargeError, SequenceExistsError
 from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.prompt_keys import PromptKeys
@@ -51,7 +52,9 @@ class Admission:
         running: RunningSequences,
         metrics: CacheMetrics,
         tiers: TierStore | None = None,
+        compressed: CompressedPrefixes | None = None,
     ) -> None:
+        self._compressed = compressed
         self._pool = pool
         self._radix = radix
         self._keys = keys
@@ -73,14 +76,20 @@ class Admission:
         n_tokens, _, keys = self._keys.of(request)
         path = self._match(keys, n_tokens, request)
         block_size = self._keys.block_size
-        n_new = -(-n_tokens // block_size) - len(path)
         available = self._pool.num_free + self._protection.reclaimable_for(path)
+        held = n_hit = 0
+        squeeze = self._compressed
+        if squeeze is not None:  # a compressed hit: its blocks are locked, not reclaimable, for it
+            hit = squeeze.match(self.matchable_keys(keys, n_tokens, request), len(path))
+            held, n_hit = (len(hit[0].blocks), hit[1]) if hit is not None else (0, 0)
+            available += squeeze.num_reclaimable - (held if hit and not hit[0].ref_count else 0)
+        n_new = -(-n_tokens // block_size) - len(path) - n_hit
         return LookupResult(
-            num_cached_blocks=len(path),
-            num_cached_tokens=len(path) * block_size,
+            num_cached_blocks=len(path) + held,
+            num_cached_tokens=(len(path) + n_hit) * block_size,
             num_new_blocks=n_new,
             num_available_blocks=available,
-            fits=n_new <= available and n_new + len(path) <= self._pool.num_blocks,
+            fits=n_new <= available and n_new + len(path) + n_hit <= self._pool.num_blocks,
         )
 
     def allocate(self, request: CacheRequest) -> Allocation:
@@ -105,24 +114,32 @@ class Admission:
             )
         path: list[CachedBlock] = []
         below: list[TierEntry] = []
+        hit: tuple[CompressedPrefix, int] | None = None
         if request.match_prefix:
             matchable = self.matchable_keys(keys, n_tokens, request)
             path = self._radix.match(matchable)
             if self._tiers is not None:
                 below = self._tiers.match(matchable, len(path))
-        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below)
-        n_cached_tokens = len(path) * bs
-        self._metrics.record_lookup(request.tenant, keys, len(path), n_cached_tokens, n_tokens)
+            if self._compressed is not None:
+                hit = self._compressed.match(matchable, len(path))
+        seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below, hit)
+        entry, n_entry = hit if hit is not None else (None, 0)
+        n_cached_tokens = (len(path) + n_entry) * bs
+        self._metrics.record_lookup(request.tenant, keys, len(path) + n_entry, n_cached_tokens, n_tokens)
         n_host = sum(1 for e in below if e.tier is Tier.HOST)
         return Allocation(
             sequence_id=sequence_id,
             block_table=list(seq.block_table),
-            num_cached_blocks=len(path),
+            num_cached_blocks=len(path) + (0 if entry is None else len(entry.blocks)),
             num_cached_tokens=n_cached_tokens,
-            num_new_blocks=n_blocks - len(path),
+            num_new_blocks=n_blocks - len(path) - n_entry,
             num_evicted_blocks=evicted,
             num_host_blocks=n_host,
             num_disk_blocks=len(below) - n_host,
+            num_compressed_blocks=0 if entry is None else len(entry.blocks),
+            num_compressed_tokens=n_entry * bs,
+            compressed_kept=0 if entry is None else entry.kept,
+            compressed_key=None if entry is None else entry.key,
         )
 
     def protect(self, request: CacheRequest) -> int:

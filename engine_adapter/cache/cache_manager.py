@@ -39,6 +39,8 @@ from typing import Any
 
 from engine_adapter.cache.admission import Admission
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.compress_front import CompressFront
+from engine_adapter.cache.compressed import CompressedPrefixes, CompressSpec
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.handoff_lock import HandoffLock
@@ -64,7 +66,7 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront):
+class CacheManager(QueueFront, TierFront, CompressFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
@@ -89,6 +91,8 @@ class CacheManager(QueueFront, TierFront):
             pure Python; None: compiled when built and not `SAGE_PURE_PYTHON`. Same results.
         tiers: Host and disk tiers under the pool (`TierConfig`, capacities in blocks); None or
             ``host_blocks=0``: none, an evicted block is dropped.
+        compress_on_evict: ``PRESS:RATIO`` (or a `CompressSpec`): an evicted chain is compacted
+            in place instead of dropped (`compressed`, the methods in `compress_front`); None: off.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -113,6 +117,7 @@ class CacheManager(QueueFront, TierFront):
         explain: bool = False,
         compiled: bool | None = None,
         tiers: TierConfig | None = None,
+        compress_on_evict: CompressSpec | str | None = None,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
@@ -139,22 +144,18 @@ class CacheManager(QueueFront, TierFront):
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         metrics = self._metrics = CacheMetrics()  # lookups and preemptions; evictions count in the step
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
+        squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
+        self._compressed = squeeze
         eviction = self._eviction = EvictionStep(
-            self.radix,
-            allocator,
-            self._binding,
-            protection,
-            metrics.reprefill,
-            self.events,
-            clock,
-            explain=explain,
-            threshold=eviction_threshold,
-            tiers=store,
-        )
+            self.radix, allocator, self._binding, protection, metrics.reprefill, self.events, clock,
+            explain=explain, threshold=eviction_threshold, tiers=store, compressed=squeeze,
+        )  # fmt: skip
         self._reservations = Reservations(allocator, eviction)
         self._pins = Pins(self.radix, keys)
-        self._running = RunningSequences(allocator, self.radix, keys, eviction, protection, clock, store)
-        self._admission = Admission(allocator, self.radix, keys, protection, self._running, metrics, store)
+        running = self._running = RunningSequences(
+            allocator, self.radix, keys, eviction, protection, clock, store, squeeze
+        )  # fmt: skip
+        self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
 
     # ---- properties ---------------------------------------------------------------------
@@ -197,7 +198,8 @@ class CacheManager(QueueFront, TierFront):
     def num_available_blocks(self) -> int:
         """Free blocks plus cached blocks that eviction could reclaim now (queued requests'
         protections yield to an allocation, so their blocks count)."""
-        return self.allocator.num_free + self._protection.reclaimable_for(())
+        reclaimable = self._protection.reclaimable_for(()) + self._eviction.compressed_reclaimable()
+        return self.allocator.num_free + reclaimable
 
     @property
     def num_cached_blocks(self) -> int:
@@ -448,11 +450,12 @@ class CacheManager(QueueFront, TierFront):
         with self.lock:
             self._metrics.reprefill.forget()
             removed = self.radix.reclaim_all()
+            dropped = 0 if self._compressed is None else self._compressed.drop_all()
             if self._tiers is not None:
                 self._tiers.clear()
             if removed:
                 self.allocator.free([b.block_id for b in removed])
-            return len(removed)
+            return len(removed) + dropped
 
     # ---- reservations ------------------------------------------------------------------------
 
@@ -538,6 +541,7 @@ class CacheManager(QueueFront, TierFront):
                 reserved_blocks=self.num_reserved_blocks,
                 tiers=() if self._tiers is None else self._tiers.stats(),
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
+                compressed=None if self._compressed is None else self._compressed.counters(),
             )
 
     def usage(self) -> dict[str, Any]:
@@ -567,4 +571,5 @@ class CacheManager(QueueFront, TierFront):
                 self._protection,
                 self._tiers,
                 [] if self._prefetches is None else self._prefetches.paths(),
+                self._compressed,
             )

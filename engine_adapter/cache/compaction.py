@@ -25,7 +25,7 @@ def compaction_gain(seq: SequenceState, num_tokens: int, block_size: int) -> int
     reclaimable), less the fresh blocks its copy takes: negative when the sequence holds mostly
     shared prefix blocks, which stay for the others."""
     path = seq.cached_path
-    released = len(seq.block_table) - len(path)
+    released = len(seq.private_blocks)
     released += sum(1 for b in path if b.ref_count == 1 and b.pin_count == 0)
     return released - -(-num_tokens // block_size)
 
@@ -49,7 +49,7 @@ def compact(
     """
     needed = -(-num_tokens // block_size)
     path = seq.cached_path
-    private = seq.block_table[len(path) :]
+    private = seq.private_blocks
     # Blocks of its path only it references become reclaimable when it unlocks them.
     freed_by_unlock = sum(1 for b in path if b.ref_count == 1 and b.pin_count == 0)
     if needed > pool.num_free + len(private) + radix.num_reclaimable + freed_by_unlock:
@@ -62,6 +62,7 @@ def compact(
         eviction.evict(deficit, "alloc", pending=needed)
     seq.block_table = pool.allocate(needed)
     seq.cached_path = []
+    seq.compressed_prefix = None  # the caller unlocks it
     seq.keys = []
     seq.compressed = True
     seq.num_tokens = num_tokens

@@ -299,19 +299,21 @@ class EvictionEventLog:
     def compress(
         self,
         *,
-        sequence_id: int,
+        sequence_id: int | None,
         policy: str,
         reason: str,
         tokens_before: int,
         tokens_after: int,
         blocks_freed: int,
-        bytes_freed: int,
+        bytes_freed: int | None,
         duration_us: float,
         fallback: str | None = None,
         ts: float | None = None,
     ) -> None:
         """One token-level compression of a running sequence; `fallback` says why the policy
-        kept the newest tokens instead of scoring by attention (None: it scored as it should)."""
+        kept the newest tokens instead of scoring by attention (None: it scored as it should).
+        A cached prefix compressed instead of evicted (`cache.compressed`) has reason ``evict``,
+        no sequence and no byte count (the cache core counts blocks)."""
         self._log.info(
             "compress",
             ts=time.time() if ts is None else ts,

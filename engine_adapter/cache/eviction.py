@@ -11,8 +11,10 @@ reason and by policy, calls, the policy's decision time, memory utilization at e
 tells the re-prefill tracker which blocks went, and writes one ``evict`` event per victim and
 one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics"). With KV tiers
 (`tiers`), each victim is demoted to host before its id is freed, and only what is dropped
-counts for re-prefill ("Tiers"). Called under the cache manager's lock. Imports
-`block_allocator`, `block_keys`, `cached_block`, `errors`, `events`, `policy_binding`,
+counts for re-prefill ("Tiers"). With `--compress-on-evict` (`compressed`), a victim's chain is
+compacted instead of dropped and entries already compressed go last ("Compress on evict").
+Called under the cache manager's lock. Imports
+`block_allocator`, `block_keys`, `cached_block`, `compressed`, `errors`, `events`, `policy_binding`,
 `queue_protection`, `radix_cache`, `tiers` and the policy library's metrics.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.policy_binding import PolicyBinding
@@ -50,6 +53,7 @@ class EvictionStep:
         explain: Each eviction event says why its victim went (O(n) per victim).
         threshold: When set, `evict_to_threshold` evicts down to this fraction of the pool in use.
         tiers: The host/disk tiers victims are demoted to, or None (victims are dropped).
+        compressed: Where victims' chains are compressed instead of dropped, or None.
 
     Attributes:
         explain: May be switched at any time.
@@ -74,7 +78,10 @@ class EvictionStep:
         explain: bool = False,
         threshold: float | None = None,
         tiers: TierStore | None = None,
+        compressed: CompressedPrefixes | None = None,
     ) -> None:
+        if tiers is not None and compressed is not None:
+            raise ValueError("compress-on-evict does not run with KV tiers yet (docs/architecture.md)")
         if threshold is not None and not 0.0 <= threshold <= 1.0:
             raise ValueError(f"eviction_threshold={threshold!r} must be within [0, 1]")
         self.threshold = threshold
@@ -86,6 +93,7 @@ class EvictionStep:
         self.events = events
         self._clock = clock
         self.tiers = tiers
+        self.compressed = compressed
         self.explain = explain
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
@@ -115,6 +123,7 @@ class EvictionStep:
             return 0
         radix = self._radix
         reclaimable = radix.num_reclaimable - radix.reclaimable_in(path) if path else radix.num_reclaimable
+        reclaimable += self.compressed_reclaimable()
         # the protections are consulted only when the reclaimable blocks fall short
         if deficit > reclaimable and deficit > self._protection.yield_for(deficit, path):
             return None
@@ -129,7 +138,7 @@ class EvictionStep:
         deficit = self.room_for(path, n_new)
         if deficit is None:
             pool, radix = self._pool, self._radix
-            reclaimable = radix.num_reclaimable - radix.reclaimable_in(path)
+            reclaimable = radix.num_reclaimable - radix.reclaimable_in(path) + self.compressed_reclaimable()
             raise NoEvictableBlocksError(
                 f"sequence {owner} needs {n_new} new blocks: {pool.num_free} free "
                 f"and {reclaimable} reclaimable of {pool.num_blocks}"
@@ -142,8 +151,13 @@ class EvictionStep:
         if self.threshold is None:
             return 0
         target = math.floor(self.threshold * self._pool.num_blocks)
-        excess = min(self._pool.num_used - target, self._radix.num_reclaimable)
+        reclaimable = self._radix.num_reclaimable + self.compressed_reclaimable()
+        excess = min(self._pool.num_used - target, reclaimable)
         return self.evict(excess, "watermark") if excess > 0 else 0
+
+    def compressed_reclaimable(self) -> int:
+        """Blocks that dropping the unreferenced compressed entries would free (0 without)."""
+        return 0 if self.compressed is None else self.compressed.num_reclaimable
 
     def memory_utilization(self) -> float | None:
         """Mean pool use at the evictions so far (None before the first)."""
@@ -157,6 +171,8 @@ class EvictionStep:
         `pending` blocks are about to be allocated from the freed ones; memory utilization is
         sampled as if they were (the state right after the eviction served its purpose).
         """
+        if self.compressed is not None:
+            return self._evict_compressing(n, reason, pending)
         reasons: list[dict[str, Any]] | None = None
         if self.explain:
             victims, decision, reasons = self._radix.evict_explained(n)
@@ -175,7 +191,16 @@ class EvictionStep:
                 record["tier"] = "device"
                 record["then"] = "drop" if id(block) in gone else "demote"
         pool.free([b.block_id for b in victims])
-        count = len(victims)
+        self._count(len(victims), reason, decision, pending)
+        self._reprefill.on_evicts([b.key for b in dropped])
+        if self.events is not None:
+            self._write_events(victims, policy_name, reason, decision, reasons)
+        return len(victims)
+
+    def _count(self, count: int, reason: str, decision: float, pending: int) -> None:
+        """One eviction call's counters: `count` blocks dropped."""
+        policy_name = self._binding.name
+        pool = self._pool
         self.eviction_calls += 1
         self.total_evictions += count
         self.by_reason[reason] = self.by_reason.get(reason, 0) + count
@@ -184,10 +209,71 @@ class EvictionStep:
         num_blocks = pool.num_blocks
         self._utilization_sum += min(pool.num_used + pending, num_blocks) / num_blocks
         self._utilization_samples += 1
-        self._reprefill.on_evicts([b.key for b in dropped])
-        if self.events is not None:
-            self._write_events(victims, policy_name, reason, decision, reasons)
-        return count
+
+    def _evict_compressing(self, n: int, reason: str, pending: int) -> int:
+        """`evict` with compress-on-evict: each policy victim's chain (the victim and the
+        ancestors only it kept alive) is compressed in place, giving back all but the blocks its
+        kept tokens need; a chain too short to give one back is dropped. When the tree has no
+        victim left, compressed entries are dropped, least recently used first. Returns blocks
+        freed (compressed or dropped)."""
+        store = self.compressed
+        assert store is not None  # checked by the caller
+        radix, pool = self._radix, self._pool
+        freed, decision = 0, 0.0
+        dropped: list[CachedBlock] = []
+        gone: list[CompressedPrefix] = []
+        while freed < n:
+            victims, took = radix.evict(1)
+            decision += took
+            if not victims:
+                break
+            leaf = victims[0]
+            chain = store.chain_above(leaf)
+            if store.blocks_kept(len(chain) + 1) > len(chain):  # no block to give back
+                pool.free([leaf.block_id])
+                dropped.append(leaf)
+                gone += store.drop_under(leaf.key)
+                freed += 1
+                continue
+            for block in chain:  # nearest first: each is a leaf once the one below has left
+                radix.remove(block)
+            path = [*reversed(chain), leaf]
+            gone += store.drop_named(leaf.key if not chain else chain[-1].key)
+            for block in path:
+                gone += store.drop_under(block.key)
+            entry, spare = store.compress(path)
+            freed += len(spare)
+            self._compress_event(entry, len(path), len(spare), reason)
+        if freed < n:
+            gone += store.drop_lru(n - freed)
+        freed += sum(len(e.blocks) for e in gone)
+        if not freed:
+            return 0
+        n_dropped = len(dropped) + sum(len(e.blocks) for e in gone)
+        self._count(n_dropped, reason, decision, pending)
+        self._reprefill.on_evicts([b.key for b in dropped] + [k for e in gone for k in e.keys])
+        if self.events is not None and (dropped or gone):
+            extra = n_dropped - len(dropped)
+            self._write_events(dropped, self._binding.name, reason, decision, None, extra=extra)
+        return freed
+
+    def _compress_event(self, entry: CompressedPrefix, n_blocks: int, n_freed: int, reason: str) -> None:
+        """A ``compress`` event for a chain compressed instead of evicted (reason ``evict``)."""
+        if self.events is None:
+            return
+        store = self.compressed
+        assert store is not None
+        self.events.compress(
+            sequence_id=None,
+            policy=str(store.spec),
+            reason=f"evict:{reason}",
+            tokens_before=n_blocks * store.block_size,
+            tokens_after=entry.kept,
+            blocks_freed=n_freed,
+            bytes_freed=None,
+            duration_us=0.0,
+            ts=self._clock(),
+        )
 
     def _demote(self, victims: list[CachedBlock], policy_name: str) -> list[CachedBlock]:
         """Demote each victim to the tiers; returns those that found no room (dropped, with
@@ -208,8 +294,11 @@ class EvictionStep:
         reason: str,
         decision: float,
         reasons: list[dict[str, Any]] | None,
+        *,
+        extra: int = 0,
     ) -> None:
-        """One ``evict`` event per victim, then one ``freed`` event for the call."""
+        """One ``evict`` event per victim, then one ``freed`` event for the call (counting
+        `extra` blocks of dropped compressed entries beside the victims)."""
         events = self.events
         assert events is not None  # checked by the caller
         ts = self._clock()
@@ -234,7 +323,7 @@ class EvictionStep:
         events.freed(
             policy=policy_name,
             reason=reason,
-            blocks_freed=len(victims),
+            blocks_freed=len(victims) + extra,
             total_freed=self.total_evictions,
             duration_us=decision * 1e6,
             ts=ts,

@@ -21,6 +21,7 @@ from collections.abc import Hashable, Iterable, Mapping
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefixes
 from engine_adapter.cache.errors import CacheInvariantError
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
@@ -38,6 +39,7 @@ def check_manager_invariants(
     protection: QueueProtection,
     tiers: TierStore | None = None,
     prefetched: Iterable[list[CachedBlock]] = (),
+    compressed: CompressedPrefixes | None = None,
 ) -> None:
     """Raise `CacheInvariantError` naming the first invariant the parts break; call under the
     manager's lock.
@@ -50,6 +52,7 @@ def check_manager_invariants(
         protection: The waiting requests' protections.
         tiers: The host/disk tiers, or None.
         prefetched: The locked paths of queued requests' prefetches.
+        compressed: The compressed prefixes (compress-on-evict), or None.
     """
     free_set = _check_free_list(pool)
     radix.check()
@@ -58,6 +61,9 @@ def check_manager_invariants(
         if block.block_id in owner:
             raise CacheInvariantError(f"block id {block.block_id} backs two cached blocks")
         owner[block.block_id] = "tree"
+    sequences = list(sequences)
+    if compressed is not None:
+        _check_compressed(compressed, radix, sequences, owner)
     refs: dict[int, int] = {}  # id(block) -> sequences and protections holding it
     for seq in sequences:
         _check_sequence(seq, radix, owner, refs)
@@ -69,11 +75,7 @@ def check_manager_invariants(
                 )
             owner[block_id] = f"reservation {owner_id}"
     _check_protections(protection, radix, refs)
-    for path in prefetched:  # a prefetch holds a reference on its whole root path
-        for block in path:
-            if radix.get(block.key) is not block:
-                raise CacheInvariantError(f"a prefetch holds {block!r}, which is not cached")
-            refs[id(block)] = refs.get(id(block), 0) + 1
+    _count_prefetches(prefetched, radix, refs)
     if tiers is not None:
         check_tier_invariants(tiers, radix)
     for block in radix.blocks():
@@ -89,6 +91,49 @@ def check_manager_invariants(
         raise CacheInvariantError(
             f"{pool.num_used} blocks are used but {len(owner)} are owned (a leak or a double count)"
         )
+
+
+def _count_prefetches(
+    prefetched: Iterable[list[CachedBlock]], radix: RadixCache, refs: dict[int, int]
+) -> None:
+    """A prefetch holds a reference on its whole root path of cached blocks."""
+    for path in prefetched:
+        for block in path:
+            if radix.get(block.key) is not block:
+                raise CacheInvariantError(f"a prefetch holds {block!r}, which is not cached")
+            refs[id(block)] = refs.get(id(block), 0) + 1
+
+
+def _check_compressed(
+    compressed: CompressedPrefixes, radix: RadixCache, sequences: list[SequenceState], owner: dict[int, str]
+) -> None:
+    """Compressed entries (stale ones too) own their blocks alone, hold fewer than they stand
+    for, and are referenced exactly by the sequences reading them."""
+    readers: dict[int, int] = {}
+    for seq in sequences:
+        if seq.compressed_prefix is not None:
+            readers[id(seq.compressed_prefix)] = readers.get(id(seq.compressed_prefix), 0) + 1
+    stale = compressed.stale()
+    if any(e.ref_count == 0 for e in stale):
+        raise CacheInvariantError("a stale compressed prefix no sequence reads still holds its blocks")
+    for entry in (*compressed.entries(), *stale):
+        if not 0 < len(entry.blocks) < len(entry.keys):
+            raise CacheInvariantError(
+                f"compressed prefix {entry.key!r} holds {len(entry.blocks)} blocks for {len(entry.keys)}"
+            )
+        if entry.kept > len(entry.blocks) * compressed.block_size:
+            raise CacheInvariantError(f"compressed prefix {entry.key!r} keeps more than its blocks hold")
+        if entry.ref_count != readers.get(id(entry), 0):
+            raise CacheInvariantError(
+                f"compressed prefix {entry.key!r} has ref count {entry.ref_count} but "
+                f"{readers.get(id(entry), 0)} sequences read it"
+            )
+        for block_id in entry.blocks:
+            if block_id in owner:
+                raise CacheInvariantError(
+                    f"block id {block_id} of a compressed prefix is also owned by {owner[block_id]}"
+                )
+            owner[block_id] = "compressed"
 
 
 def _check_free_list(pool: BlockAllocator) -> set[int]:
@@ -127,7 +172,12 @@ def _check_sequence(
             )
         refs[id(block)] = refs.get(id(block), 0) + 1
         parent = block
-    for block_id in seq.block_table[len(path) :]:
+    entry = seq.compressed_prefix
+    if entry is not None:
+        shared = seq.block_table[len(path) : len(path) + len(entry.blocks)]
+        if shared != entry.blocks or owner.get(entry.blocks[0]) != "compressed" or entry.ref_count < 1:
+            raise CacheInvariantError(f"sequence {seq.sequence_id} reads a compressed prefix unlocked")
+    for block_id in seq.private_blocks:
         if block_id in owner:
             raise CacheInvariantError(
                 f"block id {block_id} of sequence {seq.sequence_id} is also owned by {owner[block_id]}"

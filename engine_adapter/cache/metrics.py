@@ -58,6 +58,7 @@ class CacheMetrics:
         reserved_blocks: int,
         tiers: tuple[TierStats, ...] = (),
         prefetched: tuple[int, int] = (0, 0),
+        compressed: dict[str, int] | None = None,
     ) -> CacheStats:
         """Every counter now, as a `CacheStats`."""
         p50, p99 = eviction.latency.quantiles(0.5, 0.99)
@@ -96,4 +97,16 @@ class CacheMetrics:
             tiers=tiers,
             prefetched_blocks=prefetched[0],
             prefetch_hits=prefetched[1],
+            **({} if compressed is None else _compressed_fields(compressed)),
         )
+
+
+def _compressed_fields(counters: dict[str, int]) -> dict[str, int]:
+    """`CacheStats`' compress-on-evict fields from `CompressedPrefixes.counters`."""
+    return {
+        "compressed_prefixes": counters["entries"],
+        "compressed_blocks": counters["blocks"],
+        "compressions": counters["compressions"],
+        "compressed_hits": counters["hits"],
+        "compressed_hit_tokens": counters["hit_tokens"],
+    }

@@ -1,7 +1,7 @@
 """The records the cache manager hands across its boundary: allocations, lookups, swaps, sequences.
 
 What comes in is a `request.CacheRequest`; these go out (and `SequenceState` is what the manager
-keeps per running sequence). Imports only `cached_block` and `request`.
+keeps per running sequence). Imports only `cached_block`, `compressed` and `request`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix
 from engine_adapter.cache.request import CacheRequest
 
 __all__ = ["Allocation", "LookupResult", "PinnedPrefix", "SequenceState", "SwapResult"]
@@ -30,6 +31,13 @@ class Allocation:
         num_host_blocks: Of the cached blocks, those loaded back from the host tier (into fresh
             blocks; the moves are in `CacheManager.take_moves`, to run before the prefill).
         num_disk_blocks: Of the cached blocks, those loaded back from the disk tier.
+        num_compressed_blocks: Of the cached blocks, those of a compressed prefix (they follow
+            the tree's; `num_cached_tokens` counts the tokens they stand for, not hold).
+        num_compressed_tokens: Tokens of the prompt served from that compressed prefix.
+        compressed_kept: Tokens per layer and KV head its blocks hold (the rest of its last
+            block is padding, to mask from attention).
+        compressed_key: The compressed prefix's name (the engine keeps its kept positions), or
+            None without a compressed hit.
     """
 
     sequence_id: int
@@ -40,6 +48,10 @@ class Allocation:
     num_evicted_blocks: int
     num_host_blocks: int = 0
     num_disk_blocks: int = 0
+    num_compressed_blocks: int = 0
+    num_compressed_tokens: int = 0
+    compressed_kept: int = 0
+    compressed_key: Hashable | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +129,16 @@ class SequenceState:
     # Token-level eviction compacted its K/V: its blocks no longer hold the prefix its tokens
     # name, so they are never committed to nor shared through the prefix cache.
     compressed: bool = False
+    # The compressed prefix it hit (`compressed`): its blocks follow `cached_path` in the table,
+    # read-only and locked, never freed by this sequence.
+    compressed_prefix: CompressedPrefix | None = None
+
+    @property
+    def private_blocks(self) -> list[int]:
+        """Its blocks that neither the tree nor a compressed prefix owns."""
+        entry = self.compressed_prefix
+        skip = len(self.cached_path) + (0 if entry is None else len(entry.blocks))
+        return self.block_table[skip:]
 
     @property
     def sequence_id(self) -> int:

@@ -22,6 +22,7 @@ from engine_adapter.cache import compaction
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
+from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
 from engine_adapter.cache.errors import RequestTooLargeError, UnknownSequenceError
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.promotion import load_below
@@ -59,7 +60,9 @@ class RunningSequences:
         protection: QueueProtection,
         clock: Callable[[], float],
         tiers: TierStore | None = None,
+        compressed: CompressedPrefixes | None = None,
     ) -> None:
+        self._compressed = compressed
         self._pool = pool
         self._tiers = tiers
         self._radix = radix
@@ -105,10 +108,13 @@ class RunningSequences:
         n_tokens: int,
         n_blocks: int,
         below: Sequence[TierEntry] = (),
+        hit: tuple[CompressedPrefix, int] | None = None,
     ) -> tuple[SequenceState, int]:
         """Run `request` on the cached `path` it hits plus fresh blocks for the rest of its
         `n_blocks`, evicting exactly the deficit; its queue protection ends. The tier entries
         `below` that continue the hit are promoted into the first fresh blocks and join `path`.
+        A compressed prefix continuing `path` by `hit`'s count of keys is locked and read after
+        it: the sequence is `compressed`, its cache holds fewer tokens than it stands for.
 
         Returns:
             Its state and the blocks evicted for it.
@@ -117,8 +123,9 @@ class RunningSequences:
             NoEvictableBlocksError: Not enough free or reclaimable blocks; nothing changed.
         """
         sequence_id = request.sequence_id
-        n_new = n_blocks - len(path)
-        deficit = self._eviction.deficit(sequence_id, path, n_new)
+        entry, n_hit = hit if hit is not None else (None, 0)
+        n_new = n_blocks - len(path) - n_hit
+        deficit = self._deficit(sequence_id, path, n_new, hit)
         self._protection.release(sequence_id)  # it leaves the queue; its protected head is in `path`
         now = self._clock()
         # how long the prefix this request extends had been idle: a feature of its new blocks
@@ -140,21 +147,35 @@ class RunningSequences:
             deficit = max(n_new - pool.num_free, 0)
         if deficit > 0:
             evicted += self._eviction.evict(deficit, "alloc", pending=n_new)
+        held = [] if entry is None else entry.blocks  # a compressed hit's cache is shorter
         seq = SequenceState(
-            request=request,
-            block_table=[b.block_id for b in path] + self._pool.allocate(n_new),
-            cached_path=path,
-            keys=keys,
-            salt=salt,
-            num_prompt_tokens=n_tokens,
-            num_tokens=n_tokens,
-            num_prompt_blocks=n_blocks,
-            prefix_idle=prefix_idle,
-            created_at=now,
-            last_access=now,
-        )
+            request=request, block_table=[b.block_id for b in path] + held + self._pool.allocate(n_new),
+            cached_path=path, keys=keys, salt=salt, num_prompt_tokens=n_tokens,
+            num_tokens=n_tokens - (n_hit - len(held)) * self._keys.block_size, num_prompt_blocks=n_blocks,
+            prefix_idle=prefix_idle, created_at=now, last_access=now,
+            compressed=entry is not None, compressed_prefix=entry,
+        )  # fmt: skip
         self._states[sequence_id] = seq
         return seq, evicted
+
+    def _deficit(
+        self, sequence_id: int, path: list[CachedBlock], n_new: int, hit: tuple[CompressedPrefix, int] | None
+    ) -> int:
+        """`EvictionStep.deficit`, with the compressed prefix a request hits locked first (so
+        that its own blocks are not counted as reclaimable for it) and its hit counted;
+        unlocked again on failure."""
+        if hit is None:
+            return self._eviction.deficit(sequence_id, path, n_new)
+        assert self._compressed is not None  # only a compressing cache finds entries
+        entry, n_hit = hit
+        self._compressed.lock(entry)
+        try:
+            deficit = self._eviction.deficit(sequence_id, path, n_new)
+        except BaseException:
+            self._compressed.unlock(entry)
+            raise
+        self._compressed.count_hit(entry, n_hit * self._keys.block_size)
+        return deficit
 
     def extend(self, sequence_id: int, num_blocks: int) -> list[int] | None:
         """Append `num_blocks` fresh blocks to a running sequence, evicting if short; None when
@@ -240,7 +261,12 @@ class RunningSequences:
         fields = self._meta_fields(seq)
         radix = self._radix
         fresh_keys = [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers else []
-        added, to_free = radix.release(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        table = seq.block_table
+        if seq.compressed_prefix is not None:  # its blocks stay the entry's
+            assert self._compressed is not None
+            self._compressed.unlock(seq.compressed_prefix)
+            table = table[: len(seq.cached_path)] + seq.private_blocks
+        added, to_free = radix.release(seq.cached_path, keys, table, sequence_id, fields)
         if added and self._tiers is not None:
             new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None]
             self._tiers.cached_on_device(new_blocks)
@@ -258,14 +284,20 @@ class RunningSequences:
     def compact(self, sequence_id: int, num_tokens: int) -> list[int] | None:
         """Give the sequence a fresh table for `num_tokens` (`compaction.compact`); None when
         even eviction cannot give the blocks (nothing changed)."""
-        return compaction.compact(
-            self.get(sequence_id),
+        seq = self.get(sequence_id)
+        entry = seq.compressed_prefix  # the copy has read its blocks; they stay the entry's
+        table = compaction.compact(
+            seq,
             num_tokens,
             block_size=self._keys.block_size,
             pool=self._pool,
             radix=self._radix,
             eviction=self._eviction,
         )
+        if table is not None and entry is not None:
+            assert self._compressed is not None
+            self._compressed.unlock(entry)
+        return table
 
     # ---- preemption -------------------------------------------------------------------------
 

@@ -84,6 +84,11 @@ class CacheStats:
         tiers: The host and disk tiers' figures, top down (empty without tiers).
         prefetched_blocks: Blocks loaded back from host or disk ahead of time for queued requests.
         prefetch_hits: Of those, blocks their request found on the device when it was admitted.
+        compressed_prefixes: Compressed prefixes held now (compress-on-evict; 0 when off), in
+            `compressed_blocks` blocks.
+        compressions: Cached chains compressed instead of evicted.
+        compressed_hits: Admissions served (in part) from a compressed prefix, and
+            `compressed_hit_tokens` the prompt tokens they reused from one.
     """
 
     strategy: str
@@ -118,6 +123,11 @@ class CacheStats:
     tiers: tuple[TierStats, ...] = ()
     prefetched_blocks: int = 0
     prefetch_hits: int = 0
+    compressed_prefixes: int = 0
+    compressed_blocks: int = 0
+    compressions: int = 0
+    compressed_hits: int = 0
+    compressed_hit_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""

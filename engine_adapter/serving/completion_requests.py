@@ -283,5 +283,9 @@ def usage(output: Any) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": int(output.cached_tokens)},
+        "prompt_tokens_details": {
+            "cached_tokens": int(output.cached_tokens),
+            # of those, from a prefix compressed instead of evicted (--compress-on-evict)
+            "compressed_cached_tokens": int(getattr(output, "compressed_cached_tokens", 0)),
+        },
     }

@@ -12,6 +12,10 @@ three moments the scheduler compresses:
   any is preempted;
 - `shrink`: a sequence outgrew the whole pool and compresses itself, or ends with the error.
 
+With `--compress-on-evict`, it also runs the cache core's compress moves before each forward
+(`run_prefix_moves`) and sets up a sequence admitted on a compressed prefix (`adopt_hit`;
+`prefix_compression`).
+
 A compressed sequence's cache holds fewer tokens than it has (`Sequence.evicted_tokens` fewer):
 its new tokens sit at cache index ``num_computed - evicted_tokens`` with RoPE position
 ``num_computed``. Without a `TokenCacheManager` (and with no request asking) nothing here runs.
@@ -27,8 +31,11 @@ from collections.abc import Set
 import structlog
 
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.records import Allocation
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.kv_pool import PagedKVPool
+from engine_adapter.model.layers import RotaryEmbedding
+from engine_adapter.serving.prefix_compression import PrefixCompressor
 from engine_adapter.serving.sequence import Sequence, SequenceStatus
 from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, kept_for_ratio
 from engine_adapter.token_eviction.pressure import TokenCacheManager
@@ -53,9 +60,18 @@ class SequenceCompressor:
         pool: The paged KV pool the sequences' K/V live in.
         manager: Token-level eviction (its policy, memory monitor and totals); None: only a
             request's ``kv_compression`` can compress, and only after prefill.
+        rotary: The decoder's rotary embedding (compress-on-evict's presses that undo RoPE).
     """
 
-    def __init__(self, cache: CacheManager, pool: PagedKVPool, manager: TokenCacheManager | None) -> None:
+    def __init__(
+        self,
+        cache: CacheManager,
+        pool: PagedKVPool,
+        manager: TokenCacheManager | None,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        squeeze = cache.compressed
+        self.prefix = None if squeeze is None else PrefixCompressor(pool, squeeze.spec, rotary)
         self.cache = cache
         self.pool = pool
         self.manager = manager
@@ -90,6 +106,32 @@ class SequenceCompressor:
         policy = self.policy_for(seq)
         return policy.make_observer() if policy is not None else None
 
+    # ---- compress on evict --------------------------------------------------------------------
+
+    def run_prefix_moves(self) -> None:
+        """Compact the cached chains the cache core compressed since the last call (before the
+        forward that may write their freed blocks)."""
+        squeeze = self.cache.compressed
+        if self.prefix is not None and squeeze is not None:
+            t = time.perf_counter()
+            moves = self.cache.take_compress_moves()
+            if moves:
+                self.prefix.run(moves)
+                self.prefix.prune({e.key for e in (*squeeze.entries(), *squeeze.stale())})
+            self.cache_s += time.perf_counter() - t
+
+    def adopt_hit(self, seq: Sequence, alloc: Allocation) -> None:
+        """`seq` was admitted on a compressed prefix: its cache holds that many fewer tokens than
+        it stands for (RoPE continues the original count), and the prefix's padding is masked."""
+        if not alloc.num_compressed_tokens or self.prefix is None:
+            return
+        if seq.cached_tokens is None:  # its first admission: its usage says so
+            seq.compressed_cached_tokens = min(alloc.num_compressed_tokens, len(seq.prompt_ids))
+        self.run_prefix_moves()  # the prefix may have been compressed by this very admission
+        seq.evicted_tokens = alloc.num_compressed_tokens - alloc.num_compressed_blocks * self.pool.block_size
+        mask = self.prefix.hit_mask(alloc, self.pool.num_layers, self.pool.num_kv_heads)
+        seq.key_mask = mask.to(self.pool.device)
+
     # ---- a sequence's state ------------------------------------------------------------------
 
     def reset(self, seq: Sequence) -> None:
@@ -115,6 +157,9 @@ class SequenceCompressor:
             table = self.cache.compact_sequence(seq.seq_id, n)
             if table is None:
                 raise CompactionRefused(f"no blocks to compact sequence {seq.seq_id} into")
+            # the copy writes `table` now, outside the forward: a chain compressed to make room
+            # (its spare blocks may be in `table`) is compacted first
+            self.run_prefix_moves()
             return table
 
         return SequenceKV(

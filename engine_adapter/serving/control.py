@@ -263,6 +263,9 @@ class EngineControl:
         self.metrics.set_reserved(cache.num_reserved_blocks)
         if cache.tiers is not None:
             self.metrics.set_tiers([asdict(t) for t in cache.tiers.stats()])
+        compressed = cache.compressed_counters()
+        if compressed is not None:
+            self.metrics.set_compressed(compressed)
         reprefills = cache.re_prefill_blocks
         if reprefills > self.loop.re_prefills_counted:
             self.metrics.on_re_prefill(reprefills - self.loop.re_prefills_counted)

@@ -217,6 +217,7 @@ def cache_manager(
         protect_queued=config.protect_queued,
         explain=config.explain_evictions,
         tiers=tier_config,
+        compress_on_evict=config.compress_on_evict or None,
     )
 
 

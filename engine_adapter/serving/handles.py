@@ -51,6 +51,7 @@ class RequestHandle:
                 prompt_tokens=output.prompt_tokens,
                 cached_tokens=output.cached_tokens,
                 completion_tokens=output.completion_tokens,
+                compressed_cached_tokens=output.compressed_cached_tokens,
             )
             self._done.set()
         self._queue.put(output)

@@ -54,7 +54,9 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``embedding``; only with colocation on), ``sage:admission_decisions_total{kind, decision}`` and
 ``sage:token_attention_fallbacks_total{policy}``; with KV tiers ``sage:kv_tier_used_blocks{tier}``,
 ``sage:kv_tier_capacity_blocks{tier}``, ``sage:kv_tier_blocks_total{tier, event}``,
-``sage:kv_tier_copy_duration_seconds`` and ``sage:kv_tier_failed_moves_total``. The
+``sage:kv_tier_copy_duration_seconds`` and ``sage:kv_tier_failed_moves_total``; with
+compress-on-evict ``sage:compressed_prefix_blocks`` and ``sage:compressed_prefix_total{event}``
+(``set_compressed``). The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -228,6 +230,17 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "Colocation admission decisions, by request kind (llm, embedding) and decision.",
         ("kind", "decision"),
     ),
+    # Compress-on-evict (issue 36), from the cache's counters after each step.
+    "compressed_prefix_blocks": MetricFamily(
+        Gauge, "sage:compressed_prefix_blocks", "Pool blocks held by compressed prefixes (compress-on-evict)."
+    ),
+    "compressed_prefix": MetricFamily(
+        Counter,
+        "sage:compressed_prefix_total",
+        "Compress-on-evict by event: compressions (chains compacted instead of evicted), hits "
+        "(admissions served from a compressed prefix), hit_tokens (the prompt tokens they reused).",
+        ("event",),
+    ),
     # KV tiers under the pool (issue 30), from the cache's TierStats after each step.
     "kv_tier_used_blocks": MetricFamily(
         Gauge, "sage:kv_tier_used_blocks", "Blocks held in a lower KV tier now, by tier.", ("tier",)
@@ -319,6 +332,8 @@ class EngineMetrics:
     kv_tier_blocks: Counter
     kv_tier_copy_duration: Histogram
     kv_tier_failed_moves: Counter
+    compressed_prefix_blocks: Gauge
+    compressed_prefix: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -372,6 +387,16 @@ class EngineMetrics:
                 if now > before:
                     self.kv_tier_blocks.labels(tier=name, event=event).inc(now - before)
                     self._tier_counted[(name, event)] = now
+
+    def set_compressed(self, counters: Mapping[str, int]) -> None:
+        """Compress-on-evict's counters now (`CompressedPrefixes.counters`): the blocks gauge
+        set, the event counters advanced by what grew since the last call."""
+        self.compressed_prefix_blocks.set(counters["blocks"])
+        for event in ("compressions", "hits", "hit_tokens"):
+            now, before = int(counters[event]), self._tier_counted.get(("compressed", event), 0)
+            if now > before:
+                self.compressed_prefix.labels(event=event).inc(now - before)
+                self._tier_counted[("compressed", event)] = now
 
     def on_tier_copies(self, seconds: float, failed: int) -> None:
         """A step copied blocks between the tiers for `seconds`; `failed` copies could not read."""

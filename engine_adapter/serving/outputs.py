@@ -61,6 +61,7 @@ def emit_delta(seq: Sequence) -> None:
             prompt_tokens=len(seq.prompt_ids),
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(seq.output_ids),
+            compressed_cached_tokens=seq.compressed_cached_tokens,
         )
     )
 
@@ -83,5 +84,6 @@ def emit_final(seq: Sequence) -> None:
             prompt_tokens=len(seq.prompt_ids),
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(seq.output_ids),
+            compressed_cached_tokens=seq.compressed_cached_tokens,
         )
     )

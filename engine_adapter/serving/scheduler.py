@@ -142,7 +142,7 @@ class Scheduler:
         self.preempted_in_step = 0
         self.cache_s = 0.0  # time in the cache manager during the current step
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        self.compression = SequenceCompressor(cache, pool, token_eviction)
+        self.compression = SequenceCompressor(cache, pool, token_eviction, getattr(decoder, "rotary", None))
         self.embeddings = EmbeddingScheduler(cache, self.limits.embedding_chunk_tokens, clock, self.hooks)
 
     # ---- requests ---------------------------------------------------------------------
@@ -244,7 +244,8 @@ class Scheduler:
     def _run_tier_moves(self, stats: StepStats) -> None:
         """Copy the blocks the cache core moved between the pool and its host/disk tiers, in its
         order (engine_adapter.cache.tier_moves); a failed copy is a miss: each sequence whose
-        cached prefix it cut recomputes from the cut."""
+        cached prefix it cut recomputes from the cut. Compress-on-evict's compactions run first."""
+        self.compression.run_prefix_moves()
         if self.tier_copier is None:
             return
         t = time.perf_counter()
@@ -362,6 +363,7 @@ class Scheduler:
     def _start_running(self, seq: Sequence, alloc: Allocation) -> None:
         seq.block_table = alloc.block_table
         seq.num_computed = alloc.num_cached_tokens
+        self.compression.adopt_hit(seq, alloc)
         if seq.cached_tokens is None:
             seq.cached_tokens = min(alloc.num_cached_tokens, len(seq.prompt_ids))
         seq.status = SequenceStatus.RUNNING

@@ -48,6 +48,8 @@ class RequestOutput:
         error: Why a request ended without completing (abort, timeout, dropped, error).
         prompt_tokens: Prompt length in tokens.
         cached_tokens: Prompt tokens served from the prefix cache at first admission.
+        compressed_cached_tokens: Of those, tokens served from a compressed prefix
+            (compress-on-evict: their K/V were compacted, not recomputed).
         completion_tokens: Tokens generated so far.
     """
 
@@ -60,6 +62,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    compressed_cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -92,6 +95,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the pool
     block_table: list[int] = field(default_factory=list)
     cached_tokens: int | None = None  # prompt tokens hit at first admission
+    compressed_cached_tokens: int = 0  # of which from a compressed prefix
     text: str = ""
     emitted_chars: int = 0
     emitted_tokens: int = 0  # output ids already handed out in deltas

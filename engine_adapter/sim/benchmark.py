@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.cache.compressed import parse_compress_spec
 from engine_adapter.cache.tiers import WRITE_POLICIES
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.saturation import saturation
@@ -278,12 +279,25 @@ def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executo
         raise BenchmarkError(str(exc)) from None
 
 
+def _compress_spec(opts: SimBenchmarkOptions) -> str | None:
+    """The compressed rows' ``PRESS:RATIO``, checked (None: no such rows)."""
+    if opts.compress_on_evict is None:
+        return None
+    if opts.cache_model != "radix":
+        raise BenchmarkError("--compress-on-evict needs --cache-model radix (the flat model has no tree)")
+    try:
+        return str(parse_compress_spec(opts.compress_on_evict))
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+
+
 def _runs(
     policies: Sequence[str],
     capacities: list[int],
     adaptive_batch: bool,
     tiers: _TierRows | None = None,
     fleet: tuple[list[int], list[str]] | None = None,
+    compress: str | None = None,
 ) -> list[RowSpec]:
     """The rows in the order of the results: per capacity each online policy (and its
     adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
@@ -300,6 +314,8 @@ def _runs(
             rows.append({"policy": policy, "capacity": size})
             if adaptive_batch:
                 rows.append({"policy": policy, "capacity": size, "adaptive": True})
+            if compress is not None:  # the same row, compressing what it would drop
+                rows.append({"policy": policy, "capacity": size, "compress": compress})
             if tiers is not None:
                 prefetch = int(size * tiers.prefetch_ratio)
                 for host_policy in tiers.host_policies:
@@ -395,6 +411,8 @@ class SimBenchmarkOptions:
             of the head of the queue, within this fraction of the row's device pool (0: off).
         replicas: Fleet sizes, rows of that many replicas of the capacity (`engine_adapter.sim.fleet`).
         routers: The fleet's router specs (``name:k=v``; default ``round_robin``).
+        compress_on_evict: ``PRESS:RATIO``: each online row runs again with evicted prefixes
+            compressed instead of dropped (radix model; "compress or drop"); None: off.
     """
 
     policies: Sequence[str]
@@ -427,6 +445,7 @@ class SimBenchmarkOptions:
     prefetch_ratio: float = 0.0
     replicas: Sequence[int] | None = None
     routers: Sequence[str] | None = None
+    compress_on_evict: str | None = None
 
 
 def run_benchmark(**options: Any) -> dict[str, Any]:
@@ -463,7 +482,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)
@@ -514,6 +533,7 @@ def _settings(
         "protect_queued": opts.protect_queued,
         "adaptive_batch": opts.adaptive_batch,
         "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
+        **({"compress_on_evict": opts.compress_on_evict} if opts.compress_on_evict else {}),
     }
 
 
@@ -536,7 +556,8 @@ def _plot(result: dict[str, Any], ttft_quantiles: list[tuple[float, ...]], path:
 
 def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
     """The fleet sizes and router specs, checked, or None for one engine per row. A fleet runs
-    online policies in the radix model, without tiers or the adaptive batch (else BenchmarkError)."""
+    online policies in the radix model, without tiers, the adaptive batch or compress-on-evict
+    (else BenchmarkError)."""
     from engine_adapter.sim.fleet.registry import split_router_specs
     from engine_adapter.sim.fleet.router import RouterError
 
@@ -553,6 +574,8 @@ def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
         raise BenchmarkError(str(exc)) from None
     if opts.cache_model != "radix" or opts.host_capacity_ratio is not None or opts.adaptive_batch:
         raise BenchmarkError("--replicas runs the radix cache model, without KV tiers or --adaptive-batch")
+    if opts.compress_on_evict:
+        raise BenchmarkError("--replicas runs without --compress-on-evict (one engine's question)")
     if offline := [p for p in opts.policies if p.split(":", 1)[0] in (REFERENCE_BELADY, UNBOUNDED)]:
         raise BenchmarkError(f"--replicas runs online policies, not {', '.join(offline)}")
     return list(dict.fromkeys(opts.replicas)), routers

@@ -129,6 +129,8 @@ class RadixModel:
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
         self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
+        # tokens a sequence admitted on a compressed prefix stands for beyond what its cache holds
+        self._shrink: dict[int, int] = {}
         self.loaded = (0, 0)  # the last allocation's blocks loaded back from host and from disk
 
     def _request(self, seq: SimSequence) -> CacheRequest:
@@ -151,7 +153,10 @@ class RadixModel:
         if self.manager.tiers is not None:
             self.manager.take_moves()  # nothing copies bytes here: the cost model prices the loads
             self.loaded = (alloc.num_host_blocks, alloc.num_disk_blocks)
-        hits: int = alloc.num_cached_blocks
+        if alloc.num_compressed_tokens:
+            shrink = alloc.num_compressed_tokens - alloc.num_compressed_blocks * self.manager.block_size
+            self._shrink[seq.sid] = shrink
+        hits: int = alloc.num_cached_tokens // self.manager.block_size  # the prompt's, not the cache's
         return hits
 
     def prefetch(self, seq: SimSequence) -> tuple[int, int]:
@@ -171,18 +176,33 @@ class RadixModel:
         self.manager.protect_queued_prefix(self._request(seq))
 
     def reserve(self, seq: SimSequence, tokens: int) -> bool:
-        return self._reserve(seq.sid, tokens) is not None
+        return self._reserve(seq.sid, tokens - self._shrink.get(seq.sid, 0)) is not None
 
     def select_victims(self, exclude: list[int]) -> list[int]:
         victims: list[int] = self.manager.select_preemption_victims(1, exclude=exclude)
         return victims
 
     def preempt(self, seq: SimSequence) -> None:
+        self._shrink.pop(seq.sid, None)
         self.manager.preempt(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
 
     def free(self, seq: SimSequence) -> None:
         self._requests.pop(seq.sid, None)
+        self._shrink.pop(seq.sid, None)
         self.manager.free_sequence(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
+
+    def compressed(self) -> dict[str, Any]:
+        """The row's compress-on-evict fields: its spec, compressions, and the admissions (every
+        one, re-admissions too) served from a compressed prefix and their tokens; {} when off."""
+        squeeze = self.manager.compressed
+        if squeeze is None:
+            return {}
+        return {
+            "compress_on_evict": str(squeeze.spec),
+            "compressions": squeeze.compressions,
+            "compressed_hits": squeeze.hits,
+            "compressed_hit_tokens": squeeze.hit_tokens,
+        }
 
     def prefetch_hits(self) -> int:
         stats = self.manager.stats()

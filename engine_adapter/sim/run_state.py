@@ -82,7 +82,10 @@ class SimResult:
     `block_hits / block_lookups`); `load_s` is the step time spent loading blocks back (every
     admission, re-admissions too) and `recompute_s` what prefilling those blocks again would have
     cost in the same steps instead; `prefetch_hits` counts the device hits whose blocks were
-    loaded ahead of time while their request queued (`TierConfig.prefetch_blocks`).
+    loaded ahead of time while their request queued (`TierConfig.prefetch_blocks`). With
+    compress-on-evict (`compress_on_evict` set), `compressions` counts the chains compressed and
+    `compressed_hits` / `compressed_hit_tokens` the admissions served from one; a row without it
+    has none of these keys (rows are unchanged when it is off).
     """
 
     policy: str
@@ -118,7 +121,15 @@ class SimResult:
     load_s: float = 0.0
     recompute_s: float = 0.0
     prefetch_hits: int = 0
+    compress_on_evict: str | None = None
+    compressions: int = 0
+    compressed_hits: int = 0
+    compressed_hit_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""
-        return asdict(self)
+        row = asdict(self)
+        if self.compress_on_evict is None:
+            for key in ("compress_on_evict", "compressions", "compressed_hits", "compressed_hit_tokens"):
+                del row[key]
+        return row

@@ -150,6 +150,7 @@ class Simulator:
             (capacities in blocks; docs/architecture.md, "Tiers"); loads are priced by the cost
             model's links; with a prefetch budget each step loads ahead for the head of the queue,
             hidden behind its compute up to its length. Ignored by ``"unbounded"``.
+        compress_on_evict: Radix model: ``PRESS:RATIO`` compresses evicted chains (None: off).
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -172,6 +173,7 @@ class Simulator:
         adaptive_batch: bool = False,
         compiled: bool | None = None,
         tiers: TierConfig | None = None,
+        compress_on_evict: str | None = None,
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -180,7 +182,7 @@ class Simulator:
         if not 0.0 <= protect_queued <= 1.0:
             raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
         self.protect_queued = protect_queued
-        self.compiled = compiled
+        self.compiled, self.compress = compiled, compress_on_evict
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
@@ -238,6 +240,7 @@ class Simulator:
             protect_queued=0.0 if self.unbounded else self.protect_queued,
             compiled=self.compiled,
             tiers=self.tiers,
+            compress_on_evict=None if self.unbounded else self.compress,
         )
         belady = None
         if manager.policy.offline:
@@ -585,6 +588,7 @@ class Simulator:
             load_s=st.load_s,
             recompute_s=st.recompute_s,
             prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
+            **(st.cache.compressed() if st.cache is not None else {}),
         )
 
 

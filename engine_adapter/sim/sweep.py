@@ -102,6 +102,7 @@ class RowSpec:
     prefetch_blocks: int = 0
     router: str | None = None  # a fleet row: `replicas` replicas of `capacity` behind this router
     replicas: int = 0
+    compress: str | None = None  # compress-on-evict's PRESS:RATIO, or None
 
     @property
     def label(self) -> str:
@@ -111,6 +112,7 @@ class RowSpec:
         if self.host_policy is not None:
             label += f" + host {self.host_policy} @ {self.host_blocks}"
             label += f" + disk @ {self.disk_blocks}" if self.disk_blocks else ""
+        label += f" + compress {self.compress}" if self.compress else ""
         return label + (" (adaptive batch)" if self.adaptive else "")
 
     def tiers(self, write_policy: str) -> TierConfig | None:
@@ -235,6 +237,7 @@ def run_row(
         protect_queued=context.protect_queued,
         adaptive_batch=spec.adaptive,
         tiers=spec.tiers(context.write_policy),
+        compress_on_evict=spec.compress,
     )
     row = simulator.run().to_dict()
     return RowOutcome(spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s))

@@ -277,13 +277,19 @@ def _load_cost_model(path: Path) -> dict[str, Any]:
 
 
 def _check_protect_queued(args: BenchmarkArgs) -> None:
-    """``--protect-queued`` is the simulator's radix model's."""
+    """``--protect-queued`` and ``--compress-on-evict`` are the simulator's radix model's (the
+    spec itself is checked by the simulator)."""
     if args.protect_queued > 0 and args.mode is Mode.engine:
         raise CLIUsageError(
             "--protect-queued applies to the simulator; start the engine with --protect-queued instead"
         )
     if args.protect_queued > 0 and args.cache_model is not CacheModel.radix:
         raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
+    radix_sim = args.mode is not Mode.engine and args.cache_model is CacheModel.radix
+    if args.compress_on_evict is not None and not radix_sim:
+        raise CLIUsageError(
+            "--compress-on-evict here is the simulator's radix model's; an engine starts with its own"
+        )
 
 
 def _tier_plan(args: BenchmarkArgs) -> TierPlan | None:

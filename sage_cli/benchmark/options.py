@@ -307,6 +307,18 @@ ProtectQueuedOpt = Annotated[
         ),
     ),
 ]
+CompressOnEvictOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compress-on-evict",
+        metavar="PRESS:RATIO",
+        show_default=False,
+        help=(
+            "radix model: run each online row again with evicted prefixes compressed (RATIO of"
+            " their tokens removed) instead of dropped, e.g. knorm:0.75; its rows count compressed hits."
+        ),
+    ),
+]
 DurationOpt = Annotated[
     float | None,
     typer.Option(
@@ -472,6 +484,7 @@ class BenchmarkArgs:
     capacity_ratio: CapacityRatioOpt = None
     cache_model: CacheModelOpt = CacheModel.radix
     protect_queued: ProtectQueuedOpt = 0.0
+    compress_on_evict: CompressOnEvictOpt = None
     host_capacity_ratio: HostCapacityRatioOpt = None
     host_eviction_policies: HostPoliciesOpt = None
     disk_capacity_ratio: DiskCapacityRatioOpt = None

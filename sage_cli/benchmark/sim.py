@@ -61,6 +61,7 @@ class BenchmarkOptions:
     prefetch_ratio: float = 0.0
     replicas: list[int] | None = None
     routers: list[str] | None = None
+    compress_on_evict: str | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,6 +101,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         prefetch_ratio=args.prefetch_ratio,
         replicas=_replicas(args.replicas),
         routers=_routers(args.router),
+        compress_on_evict=args.compress_on_evict,
     )
 
 

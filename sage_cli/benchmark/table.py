@@ -111,6 +111,22 @@ def saturation_warnings(result: dict[str, Any]) -> list[str]:
     return [str(w) for w in warnings] if isinstance(warnings, list) else []
 
 
+# With --compress-on-evict: each policy dropping, then compressing, what it evicts.
+_COMPRESS_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("compress_on_evict", "Compress", "text"),
+    ("hit_rate", "Hit", "percent"),
+    ("re_prefill_rate", "Re-prefill", "percent"),
+    ("evictions", "Evicted", "int"),
+    ("compressions", "Compressed", "int"),
+    ("compressed_hits", "Comp. hits", "int"),
+    ("compressed_hit_tokens", "Comp. hit tok", "int"),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
+    ("throughput_tok_s", "Tok/s", "number"),
+)
+
+
 def results_table(result: dict[str, Any]) -> RenderableType:
     """The rows ``run_benchmark`` returned, one per policy and capacity, as a table, and any
     saturation warning under it."""
@@ -127,9 +143,10 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     adaptive = any(row.get("adaptive_batch") for row in rows)
     tiered = any(row.get("host_policy") for row in rows)
     fleet = any(row.get("router") for row in rows)
-    chosen = (
-        _FLEET_COLUMNS if fleet else _TIER_COLUMNS if tiered else _ADAPTIVE_COLUMNS if adaptive else _COLUMNS
-    )
+    compressed = any(row.get("compress_on_evict") for row in rows)
+    chosen = _TIER_COLUMNS if tiered else _COMPRESS_COLUMNS if compressed else _COLUMNS
+    chosen = _ADAPTIVE_COLUMNS if adaptive and not (tiered or compressed) else chosen
+    chosen = _FLEET_COLUMNS if fleet else chosen
     columns = [c for c in chosen if c[0] in present]
     if not columns:  # rows of another shape: show them as they are
         keys = list(dict.fromkeys(key for row in rows for key in row))

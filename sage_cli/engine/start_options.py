@@ -378,6 +378,18 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="NAME",
     ),
     ConfigFlag(
+        key="compress_on_evict",
+        param="compress_on_evict",
+        decls=("--compress-on-evict",),
+        kind="text",
+        help=(
+            "PRESS:RATIO, e.g. knorm:0.75: a cached prefix the eviction policy picks is compacted in "
+            "place by that query-agnostic press (RATIO of its tokens removed) instead of dropped; one "
+            "already compressed is dropped (default: off)."
+        ),
+        metavar="PRESS:RATIO",
+    ),
+    ConfigFlag(
         key="eviction_window",
         param="eviction_window",
         decls=("--eviction-window",),

@@ -42,6 +42,7 @@ from engine_adapter.serving.config.values import (
     int_at_least,
     one_of,
     parse_bool,
+    parse_compress_on_evict,
     parse_device,
     parse_engine_kind,
     parse_engine_name,
@@ -138,6 +139,13 @@ class EngineConfig:
     host_write_policy: str = "write_back"
     """When a block reaches the host tier: write_back (when the pool evicts it) or write_through
     (when it is committed, so an eviction copies nothing)."""
+    compress_on_evict: str = ""
+    """PRESS:RATIO, e.g. knorm:0.75: a cached prefix the eviction policy picks is compacted in
+    place by that query-agnostic press (RATIO of its tokens removed) instead of dropped; one
+    already compressed is dropped (default: off).
+
+    Not with the host tier yet (engine_adapter.cache.compressed; docs/architecture.md).
+    """
     disk_kv_cache: str = ""
     """Folder of a disk KV tier under the host tier: one checksummed file per block (needs
     --host-kv-cache and --disk-kv-size).
@@ -341,6 +349,8 @@ class EngineConfig:
             raise ConfigError("disk_kv_size needs disk_kv_cache: give the disk tier's folder too")
         if self.disk_kv_cache and self.disk_kv_size is None:
             raise ConfigError("disk_kv_cache needs disk_kv_size: give the disk tier's size too")
+        if self.compress_on_evict and self.host_kv_cache is not None:
+            raise ConfigError("compress_on_evict does not run with host_kv_cache yet: choose one")
         if self.disk_kv_cache and self.host_kv_cache is None:
             raise ConfigError(
                 "disk_kv_cache needs host_kv_cache: the disk tier holds what the host tier demotes"
@@ -445,6 +455,7 @@ PARSERS: dict[str, Parser] = {
     "host_policy_params": parse_params,
     "host_write_policy": one_of(WRITE_POLICIES, "host write policy"),
     "disk_kv_cache": parse_path,
+    "compress_on_evict": parse_compress_on_evict,
     "disk_kv_size": parse_size,
     "device": parse_device,
     "dtype": one_of(DTYPES, "dtype"),

@@ -114,6 +114,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("colocation_params", ("--colocation-param",), metavar="K=V"),
     StartFlag("embedding_chunk_tokens", ("--embedding-chunk-tokens",), metavar="N", min=1, show_default=True),
     StartFlag("token_eviction", ("--token-eviction",), metavar="NAME", show_default=True),
+    StartFlag("compress_on_evict", ("--compress-on-evict",), metavar="PRESS:RATIO"),
     StartFlag("eviction_window", ("--eviction-window",), metavar="N", min=1, show_default=True),
     StartFlag("memory_threshold", ("--memory-threshold",), metavar="MB", min=0, show_default=True),
     StartFlag("seed", ("--seed",), metavar="N", min=0, show_default=True),

@@ -112,6 +112,22 @@ def parse_token_policy(value: Any, where: str) -> str:
     return spec
 
 
+def parse_compress_on_evict(value: Any, where: str) -> str:
+    """``PRESS:RATIO`` for compress-on-evict (``knorm:0.75``), or "" (off): the press is built
+    once here (importing torch) and must be query-agnostic, so a bad one fails the config."""
+    from engine_adapter.cache.compressed import parse_compress_spec
+    from engine_adapter.serving.prefix_compression import compress_press
+
+    if value is None or value == "":
+        return ""
+    spec = parse_text(value, where).strip().lower()
+    try:
+        compress_press(parse_compress_spec(spec))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return spec
+
+
 # The model's choices (engine_adapter.model.precision holds the same; a test keeps them equal):
 # spelt here so that reading a config never imports torch.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
