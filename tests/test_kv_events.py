@@ -251,3 +251,25 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
         assert pub.dropped > 0
     finally:
         pub.close()
+
+
+def test_a_taken_port_is_a_config_error_and_the_log_is_left_as_it_was() -> None:
+    import socket
+
+    from engine_adapter.serving.config import ConfigError, EngineConfig
+    from engine_adapter.serving.kv_events import start_kv_events
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    first = KvEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    try:
+        config = EngineConfig(
+            kv_events_endpoint=f"tcp://127.0.0.1:{free}", kv_events_replay_endpoint=first.replay_endpoint
+        )
+        log = EvictionEventLog()
+        with pytest.raises(ConfigError, match="cannot bind"):
+            start_kv_events(config, log)
+        assert not log.record_stores and log.num_subscribers == 0
+    finally:
+        first.close()
