@@ -13,8 +13,9 @@ The routers live in venvs of their own (scripts/integration_venvs.sh sglang-rout
     python benchmarks/fleet.py --engines 4 --chats 200
     python benchmarks/fleet.py --routers sglang:cache_aware,sglang:round_robin,vllm:kv_aware
 
-``vllm:kv_aware`` is vLLM's router fed by the engines' KV events (``--kv-events-endpoint``): it
-routes by the blocks each engine reports cached, not by the prompts it sent (docs/routers.md).
+``vllm:kv_aware`` is vLLM's router subscribed to the engines' KV events (``--kv-events-endpoint``);
+on this machine it cannot use them (no tokenizer for the model: docs/routers.md says what it
+routes on instead).
 """
 
 from __future__ import annotations
