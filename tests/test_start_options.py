@@ -110,6 +110,12 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "ssl_certfile": ("/tmp/sage-c.pem", "/tmp/sage-c.pem", TLS),
     "ssl_keyfile": ("/tmp/sage-k.pem", "/tmp/sage-k.pem", TLS),
     "insecure_no_api_key": ("true", True, {}),
+    "kv_events_endpoint": ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5557", {}),
+    "kv_events_replay_endpoint": (
+        "tcp://127.0.0.1:5558",
+        "tcp://127.0.0.1:5558",
+        {"kv_events_endpoint": "tcp://127.0.0.1:5557"},
+    ),
     "slo_ttft_ms": ("500", 500.0, {}),
     "slo_tpot_ms": ("50", 50.0, {}),
     "slo_deadline_ms": ("300", 300.0, {}),

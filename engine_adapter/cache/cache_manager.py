@@ -39,6 +39,7 @@ from typing import Any
 
 from engine_adapter.cache.admission import Admission
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.compress_front import CompressFront
 from engine_adapter.cache.compressed import CompressedPrefixes, CompressSpec
 from engine_adapter.cache.events import EvictionEventLog
@@ -449,12 +450,20 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         returns blocks freed."""
         with self.lock:
             self._metrics.reprefill.forget()
+            below = self._tiers.resident_below() if self._tiers is not None else {}
             removed = self.radix.reclaim_all()
             dropped = 0 if self._compressed is None else self._compressed.drop_all()
             if self._tiers is not None:
                 self._tiers.clear()
             if removed:
                 self.allocator.free([b.block_id for b in removed])
+            if self.events is not None and self.events.record_stores:
+                self.events.reset(
+                    blocks=[format_block_key(b.key) for b in removed],
+                    below={tier: [format_block_key(k) for k in keys] for tier, keys in below.items()},
+                    remaining=len(self.radix),
+                    ts=self.clock(),
+                )
             return len(removed) + dropped
 
     # ---- reservations ------------------------------------------------------------------------

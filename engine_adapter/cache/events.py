@@ -21,11 +21,20 @@ Event shapes::
      "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"}
     {"event": "demote" | "promote" | "drop", "ts", "run", "block", "tier", "slot", "to_tier",
      "to_slot", "policy", "reason"}
+    {"event": "store", "ts", "run", "blocks", "parent", "tokens", "block_size"}
+    {"event": "reset", "ts", "run", "blocks", "below", "remaining"}
 
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
 "pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption);
 `fallback` is null, or why an attention-scored policy kept the newest tokens instead.
+
+``store`` and ``reset`` are made only while ``record_stores`` is on (the KV events publisher,
+engine_adapter.serving.kv_events, turns it on): ``store`` is one chain of blocks a sequence
+newly cached on the device (`blocks`, under `parent`, holding `tokens`: every block's token ids
+in order, empty when the caller gave keys only), ``reset`` a prefix-cache reset (`blocks`: the
+device blocks it removed, `below`: the host and disk blocks it forgot, by tier, `remaining`: the
+device blocks still cached because running requests hold them).
 
 ``demote`` / ``promote`` / ``drop`` are the KV tiers' moves (docs/architecture.md, "Tiers"): a
 block going down from `tier` (``device``, ``host``) to `to_tier`, loaded back from `tier`
@@ -58,6 +67,8 @@ __all__ = [
     "COMPRESS_KEYS",
     "EVICT_KEYS",
     "FREED_KEYS",
+    "RESET_KEYS",
+    "STORE_KEYS",
     "TIER_KEYS",
     "EventSubscriber",
     "EvictionEventLog",
@@ -82,6 +93,8 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "priority",
 )
 FREED_KEYS = ("event", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
+STORE_KEYS = ("event", "ts", "run", "blocks", "parent", "tokens", "block_size")
+RESET_KEYS = ("event", "ts", "run", "blocks", "below", "remaining")
 TIER_KEYS = ("event", "ts", "run", "block", "tier", "slot", "to_tier", "to_slot", "policy", "reason")
 COMPRESS_KEYS = (
     "event",
@@ -175,6 +188,8 @@ class EvictionEventLog:
         self._guard = threading.Lock()
         self._handler: logging.Handler | None = None
         self._observers = tuple(processors or ())
+        # store and reset events cost a record per commit: only made when a consumer wants them
+        self.record_stores = False
         chain: list[Callable[..., Any]] = [self._fan_out]
         sink: Any
         if self.path is not None:
@@ -327,6 +342,39 @@ class EvictionEventLog:
             bytes_freed=bytes_freed,
             duration_us=duration_us,
             fallback=fallback,
+        )
+
+    def store(
+        self,
+        *,
+        blocks: list[str],
+        parent: str | None,
+        tokens: list[int],
+        block_size: int,
+        ts: float | None = None,
+    ) -> None:
+        """A chain of blocks newly cached on the device, `parent` first above them."""
+        self._log.info(
+            "store",
+            ts=time.time() if ts is None else ts,
+            run=self.run_id,
+            blocks=blocks,
+            parent=parent,
+            tokens=tokens,
+            block_size=block_size,
+        )
+
+    def reset(
+        self, *, blocks: list[str], below: dict[str, list[str]], remaining: int, ts: float | None = None
+    ) -> None:
+        """A prefix-cache reset: what it removed from each tier and what stayed on the device."""
+        self._log.info(
+            "reset",
+            ts=time.time() if ts is None else ts,
+            run=self.run_id,
+            blocks=blocks,
+            below=below,
+            remaining=remaining,
         )
 
     def _fan_out(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:

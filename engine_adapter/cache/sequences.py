@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from engine_adapter.cache import compaction
 from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.block_meta import BlockMetaFields
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.compressed import CompressedPrefix, CompressedPrefixes
@@ -244,6 +245,8 @@ class RunningSequences:
         added = self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
         if added and self._tiers is not None:
             self._tiers.cached_on_device(seq.cached_path[-added:])
+        if added:
+            self._announce(keys, len(seq.cached_path) - added, added, token_ids)
         return added
 
     def release(
@@ -260,7 +263,12 @@ class RunningSequences:
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
         fields = self._meta_fields(seq)
         radix = self._radix
-        fresh_keys = [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers else []
+        announce = self._eviction.events is not None and self._eviction.events.record_stores
+        fresh_keys = (
+            [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers or announce else []
+        )
+        # release caches one contiguous run: after the first new block nothing below it is cached
+        first_new = keys.index(fresh_keys[0], len(seq.cached_path)) if fresh_keys else 0
         table = seq.block_table
         if seq.compressed_prefix is not None:  # its blocks stay the entry's
             assert self._compressed is not None
@@ -270,10 +278,30 @@ class RunningSequences:
         if added and self._tiers is not None:
             new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None]
             self._tiers.cached_on_device(new_blocks)
+        if added and announce:
+            self._announce(keys, first_new, added, token_ids)
         del self._states[sequence_id]
         if to_free:
             self._pool.free(to_free)
         return added
+
+    def _announce(
+        self, keys: Sequence[Hashable], start: int, count: int, token_ids: Sequence[int] | None
+    ) -> None:
+        """A ``store`` event for blocks ``keys[start:start + count]``, newly cached (only while
+        the event log records stores: a KV events publisher listens)."""
+        events = self._eviction.events
+        if events is None or not events.record_stores:
+            return
+        size = self._keys.block_size
+        tokens = [] if token_ids is None else list(token_ids[start * size : (start + count) * size])
+        events.store(
+            blocks=[format_block_key(k) for k in keys[start : start + count]],
+            parent=format_block_key(keys[start - 1]) if start > 0 else None,
+            tokens=tokens,
+            block_size=size,
+            ts=self._clock(),
+        )
 
     # ---- compaction (token-level eviction) ---------------------------------------------------
 

@@ -383,6 +383,13 @@ class TierStore:
                 metas.append(entry.meta)
         return metas
 
+    def resident_below(self) -> dict[str, list[Hashable]]:
+        """Each lower tier's blocks that are not copies of device blocks (the KV events' view)."""
+        return {
+            level.tier.value: [k for k, e in level.entries.items() if not e.on_device]
+            for level in self.levels
+        }
+
     def clear(self) -> int:
         """Forget every entry (a prefix-cache reset); no moves. Returns entries forgotten."""
         count = 0

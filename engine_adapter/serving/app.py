@@ -54,6 +54,7 @@ from engine_adapter.serving.requests import (
     unhandled_exception,
 )
 from engine_adapter.serving.streams import call_in_daemon_thread, completion_events, follow_events
+from engine_adapter.serving.worker_routes import SGLANG_DEFAULTS, WORKER_ROUTES, drop_router_defaults
 
 if TYPE_CHECKING:
     from engine_adapter.serving.engine import Engine
@@ -247,14 +248,19 @@ async def cache_usage(request: Request) -> Response:
 
 @endpoint
 async def completions(request: Request) -> Response:
-    body = await json_body(request, COMPLETION_FIELDS, "POST /v1/completions")
+    what = "POST /v1/completions"
+    body = drop_router_defaults(
+        await json_body(request, COMPLETION_FIELDS | SGLANG_DEFAULTS.keys(), what), what
+    )
     state = _state(request)
     return await _serve_completion(state, Completion(body, state.served_model))
 
 
 @endpoint
 async def chat_completions(request: Request) -> Response:
-    body = await json_body(request, CHAT_FIELDS, "POST /v1/chat/completions")
+    what = "POST /v1/chat/completions"
+    # a router in front (SGLang's) adds its extension fields to every body: see worker_routes
+    body = drop_router_defaults(await json_body(request, CHAT_FIELDS | SGLANG_DEFAULTS.keys(), what), what)
     state = _state(request)
     return await _serve_completion(state, ChatCompletion(body, state.served_model))
 
@@ -388,6 +394,7 @@ ROUTES = [
     Route("/v1/engine/shutdown", shutdown, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
+    *WORKER_ROUTES,
 ]
 
 

@@ -55,6 +55,7 @@ from engine_adapter.serving.engine_thread import EngineThread
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError
 from engine_adapter.serving.handles import RequestHandle
 from engine_adapter.serving.intake import RequestIntake
+from engine_adapter.serving.kv_events import start_kv_events
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
 from engine_adapter.serving.sequence import SchedulerLimits, Sequence
@@ -93,6 +94,7 @@ class Engine(EngineControl):
         self.cache = cache_manager(config, self.pool, self.events, self.tiers)
         self.metrics = EngineMetrics(policy=self.cache.policy_name)
         self.events.subscribe(self._on_event)
+        self.kv_events = start_kv_events(config, self.events)
         self.token_manager = token_manager(config, self.cache, self.pool, self.events)
         # The scheduler's hooks exist before it (colocation's gates need only the controller and
         # the cache manager), so it gets them at construction.
@@ -177,6 +179,8 @@ class Engine(EngineControl):
         if self._loop_done is not None:
             wait([self._loop_done], timeout)
         self.stopped = True
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.events.close()
 
     def _loop(self) -> None:

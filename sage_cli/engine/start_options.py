@@ -465,4 +465,26 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         kind="switch",
         help="Serve TCP without an API key (anyone reaching the port may use it).",
     ),
+    ConfigFlag(
+        key="kv_events_endpoint",
+        param="kv_events_endpoint",
+        decls=("--kv-events-endpoint",),
+        kind="text",
+        help=(
+            "Publish KV cache events in vLLM's format (BlockStored, BlockRemoved, AllBlocksCleared) on "
+            "a ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs the 'fleet' extra)."
+        ),
+        metavar="ENDPOINT",
+    ),
+    ConfigFlag(
+        key="kv_events_replay_endpoint",
+        param="kv_events_replay_endpoint",
+        decls=("--kv-events-replay-endpoint",),
+        kind="text",
+        help=(
+            "A ZMQ ROUTER socket bound here answers replay requests (a start sequence number, 8 bytes "
+            "big-endian) with the batches kept since; needs kv_events_endpoint."
+        ),
+        metavar="ENDPOINT",
+    ),
 )

@@ -55,6 +55,7 @@ from engine_adapter.serving.config.values import (
     parse_secret,
     parse_size,
     parse_token_policy,
+    parse_zmq_endpoint,
 )
 
 __all__ = [
@@ -271,6 +272,16 @@ class EngineConfig:
     """The TLS private key."""
     insecure_no_api_key: bool = False
     """Serve TCP without an API key (anyone reaching the port may use it)."""
+    # KV cache events for routers and indexers (docs/routers.md).
+    kv_events_endpoint: str = ""
+    """Publish KV cache events in vLLM's format (BlockStored, BlockRemoved, AllBlocksCleared) on a
+    ZMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557 (needs the 'fleet' extra).
+
+    Empty: no events. The publisher has its own thread and never blocks the engine.
+    """
+    kv_events_replay_endpoint: str = ""
+    """A ZMQ ROUTER socket bound here answers replay requests (a start sequence number, 8 bytes
+    big-endian) with the batches kept since; needs kv_events_endpoint."""
     # SLOs (spec 004) and LLM + embedding colocation.
     slo_ttft_ms: float = 2000.0
     """Default time-to-first-token SLO of completions and chats (a request's ``slo_ttft_ms``
@@ -323,6 +334,8 @@ class EngineConfig:
             )
         self._check_tcp()
         self._check_tiers()
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ConfigError("kv_events_replay_endpoint needs kv_events_endpoint (replay of what?)")
         try:
             colocation_params(self.colocation_params)
             colocation_switches(self.colocation_params)
@@ -492,6 +505,8 @@ PARSERS: dict[str, Parser] = {
     "ssl_certfile": parse_path,
     "ssl_keyfile": parse_path,
     "insecure_no_api_key": parse_bool,
+    "kv_events_endpoint": parse_zmq_endpoint,
+    "kv_events_replay_endpoint": parse_zmq_endpoint,
     "slo_ttft_ms": parse_slo_ms,
     "slo_tpot_ms": parse_slo_ms,
     "slo_deadline_ms": parse_slo_ms,

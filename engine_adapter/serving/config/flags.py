@@ -124,6 +124,8 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("ssl_certfile", ("--ssl-certfile",), metavar="PEM", kind="file"),
     StartFlag("ssl_keyfile", ("--ssl-keyfile",), metavar="PEM", kind="file"),
     StartFlag("insecure_no_api_key", ("--insecure-no-api-key",)),
+    StartFlag("kv_events_endpoint", ("--kv-events-endpoint",), metavar="ENDPOINT"),
+    StartFlag("kv_events_replay_endpoint", ("--kv-events-replay-endpoint",), metavar="ENDPOINT"),
 )
 
 # Set in the YAML file or as SAGE_<KEY> only: the HTTP limits, the SLO defaults (tenant_slos is a

@@ -43,6 +43,7 @@ __all__ = [
     "parse_size",
     "parse_text",
     "parse_token_policy",
+    "parse_zmq_endpoint",
 ]
 
 ENGINE_KINDS = ("llm",)
@@ -298,3 +299,19 @@ def parse_params(value: Any, where: str) -> dict[str, Any]:
             params[key] = raw
         return params
     raise fail(where, value, "a mapping of params, or k=v items")
+
+
+def parse_zmq_endpoint(value: Any, where: str) -> str:
+    """A ZMQ endpoint to bind (tcp://HOST:PORT, ipc://PATH or inproc://NAME), or "" for none."""
+    if not isinstance(value, str) or any(c.isspace() for c in value):
+        raise fail(where, value, "a ZMQ endpoint such as tcp://127.0.0.1:5557")
+    if not value:
+        return ""
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise fail(where, value, "a ZMQ endpoint such as tcp://127.0.0.1:5557")
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise fail(where, value, "tcp://HOST:PORT with a port 1..65535")
+    return value
