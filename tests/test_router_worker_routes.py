@@ -117,6 +117,13 @@ def test_a_replay_endpoint_needs_the_events_endpoint() -> None:
         EngineConfig(kv_events_replay_endpoint="tcp://127.0.0.1:5558")
 
 
+def test_kv_events_are_refused_beside_compress_on_evict() -> None:
+    # A dropped compressed prefix would leave its blocks in every router's view.
+    with pytest.raises(ConfigError, match="does not run with compress_on_evict"):
+        EngineConfig(kv_events_endpoint="tcp://127.0.0.1:5557", compress_on_evict="knorm:0.75")
+    assert EngineConfig(compress_on_evict="knorm:0.75").kv_events_endpoint == ""
+
+
 @pytest.mark.slow
 def test_an_engine_publishes_its_cache_as_it_serves(tmp_path: Path) -> None:
     with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:

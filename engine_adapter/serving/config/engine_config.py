@@ -336,6 +336,11 @@ class EngineConfig:
         self._check_tiers()
         if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
             raise ConfigError("kv_events_replay_endpoint needs kv_events_endpoint (replay of what?)")
+        if self.kv_events_endpoint and self.compress_on_evict:
+            # A compressed prefix leaves the tree yet still hits, and when it is dropped at last
+            # its blocks have no `BlockRemoved` to send: a router would route to a cache that
+            # no longer holds them.
+            raise ConfigError("kv_events_endpoint does not run with compress_on_evict yet: choose one")
         try:
             colocation_params(self.colocation_params)
             colocation_switches(self.colocation_params)
