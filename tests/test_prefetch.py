@@ -72,3 +72,17 @@ def test_tier_load_times_give_each_tier_its_quantiles() -> None:
     assert host.loads == 100
     assert abs(host.load_time_p50_ms - 50.5) < 1e-6 and abs(host.load_time_p99_ms - 99.01) < 1e-6
     assert len(m.stats().tiers) == 1
+
+
+def test_a_loose_prefetch_takes_only_the_room_running_sequences_leave() -> None:
+    m, e = make(num_blocks=4, host_blocks=8, prefetch_blocks=4)
+    for sid in (1, 2, 3):
+        serve(e, sid, prompt(sid))
+    e.allocate(CacheRequest(9, prompt(9, blocks=2)))  # runs: 3 of the 4 blocks locked
+    e.run_moves()
+    assert m.num_available_blocks == 1
+    assert m.prefetch(CacheRequest(7, prompt(1)), hold=False) == 1  # of the 2 on host
+    e.run_moves()
+    e.check()
+    m.check_invariants()
+    assert m.num_available_blocks == 1  # and it left that block evictable
