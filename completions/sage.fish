@@ -113,6 +113,8 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l host-policy-param 
 complete -c sage -n '__fish_sage_at sage llm engine start' -l host-write-policy -x -d 'When a block reaches the host tier: write_back (when the pool evicts it) or write_through (when it is committed, so an eviction copies nothing)'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l disk-kv-cache -r -F -d 'Folder of a disk KV tier under the host tier: one checksummed file per block (needs --host-kv-cache and --disk-kv-size)'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l disk-kv-size -x -d 'Size of the disk KV tier, e.g. 100GiB (with --disk-kv-cache)'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l prefetch -d 'Load a queued request\'s host- or disk-resident prefix back while it waits (with --host-kv-cache)'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l no-prefetch -d 'The opposite of --prefetch'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l device -x -a 'auto cpu cuda' -d 'auto (cuda when present), cpu, cuda or cuda:N'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l config -r -F -d 'YAML file of settings (keys as these flags, snake_case); flags and SAGE_* variables override it'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l detach -s d -d 'Run the engine in the background; print its socket once it answers'

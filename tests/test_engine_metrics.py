@@ -183,7 +183,7 @@ def test_a_fresh_engine_has_a_series_for_every_dashboard_metric_with_known_label
 
 def _tier(tier: str, **counts: int) -> dict[str, object]:
     fields = ("used_blocks", "capacity_blocks", "hits", "demotions", "promotions", "drops")
-    fields += ("blocks_moved_in", "blocks_moved_out")
+    fields += ("blocks_moved_in", "blocks_moved_out", "prefetched_blocks", "prefetch_hits")
     return {"tier": tier, "policy": "lru", "policy_swaps": 0, **{f: counts.get(f, 0) for f in fields}}
 
 
@@ -193,10 +193,13 @@ def test_kv_tier_figures_are_gauges_and_counters_advanced_by_what_grew() -> None
     m.set_tiers(
         [
             _tier("host", used_blocks=3, capacity_blocks=64, demotions=9, hits=2, blocks_moved_in=9),
-            _tier("disk", capacity_blocks=256, demotions=1),
+            _tier("disk", capacity_blocks=256, demotions=1, prefetched_blocks=3, prefetch_hits=1),
         ]
     )
     m.set_tiers([_tier("host", used_blocks=3, capacity_blocks=64, demotions=9, hits=2, blocks_moved_in=9)])
+    m.on_tier_load("host", 0.0004)
+    m.on_tier_load("disk", 0.02)
+    m.on_tier_load("disk", 0.2)
     m.on_tier_copies(0.002, failed=0)
     m.on_tier_copies(0.3, failed=2)
     s = _samples(m)
@@ -213,7 +216,12 @@ def test_kv_tier_figures_are_gauges_and_counters_advanced_by_what_grew() -> None
         ("host", "moved_in"): 9,
         ("host", "hits"): 2,
         ("disk", "demotions"): 1,
+        ("disk", "prefetched"): 3,
+        ("disk", "prefetch_hits"): 1,
     }
+    assert s[("sage:kv_tier_load_duration_seconds_count", (("tier", "disk"),))] == 2
+    assert s[("sage:kv_tier_load_duration_seconds_bucket", (("le", "0.05"), ("tier", "disk")))] == 1
+    assert s[("sage:kv_tier_load_duration_seconds_count", (("tier", "host"),))] == 1
     assert s[("sage:kv_tier_copy_duration_seconds_count", ())] == 2
     assert s[("sage:kv_tier_copy_duration_seconds_bucket", (("le", "0.005"),))] == 1
     assert s[("sage:kv_tier_failed_moves_total", ())] == 2

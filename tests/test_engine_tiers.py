@@ -77,10 +77,14 @@ def test_greedy_outputs_with_a_host_tier_equal_an_unbounded_pool(reference_outpu
         assert samples[("sage:kv_tier_blocks_total", (("event", event), ("tier", "host")))] == count
     assert samples[("sage:kv_tier_capacity_blocks", (("tier", "host"),))] == host.capacity_blocks
     assert samples[("sage:kv_tier_copy_duration_seconds_count", ())] > 0
-    assert (
+    line = next(x for x in shown.splitlines() if x.startswith("  Host Tier"))
+    assert line.startswith(
         f"  Host Tier (lru): {host.used_blocks} / {host.capacity_blocks} blocks, {host.hits} hits, "
-        f"{host.demotions} demotions, {host.promotions} promotions, {host.drops} drops"
-    ) in shown.splitlines()
+        f"{host.demotions} demotions, {host.promotions} promotions, {host.drops} drops, "
+        f"load p50 {host.load_time_p50_ms:.2f}ms p99 {host.load_time_p99_ms:.2f}ms"
+    )
+    assert host.loads > 0
+    assert samples[("sage:kv_tier_load_duration_seconds_count", (("tier", "host"),))] == host.loads
 
 
 def test_lost_disk_files_are_misses_not_wrong_answers(

@@ -31,6 +31,11 @@ class TierStats:
         blocks_moved_in: Block copies written into this tier (demotions and write-through).
         blocks_moved_out: Block copies read out of it (promotions and demotions below it).
         policy_swaps: Hot swaps of its policy.
+        loads: Load batches timed (one per step and source tier that loaded blocks back; the
+            engine times them, the core and the simulator do not).
+        load_time_p50_ms, load_time_p99_ms: A timed load's wall time (0 before the first).
+        prefetched_blocks: Blocks loaded from here ahead of time for queued requests.
+        prefetch_hits: Of those, blocks their request found on the device when it was admitted.
     """
 
     tier: str
@@ -44,6 +49,11 @@ class TierStats:
     blocks_moved_in: int
     blocks_moved_out: int
     policy_swaps: int
+    loads: int = 0
+    load_time_p50_ms: float = 0.0
+    load_time_p99_ms: float = 0.0
+    prefetched_blocks: int = 0
+    prefetch_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)

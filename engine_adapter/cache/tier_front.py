@@ -95,19 +95,33 @@ class TierFront:
                 raise ValueError("this cache has no host or disk tier (host_blocks=0)")
             return self._tiers.swap_policy(tier, spec, **params)
 
-    def prefetch(self, request: CacheRequest) -> int:
+    def prefetch(self, request: CacheRequest, *, hold: bool = True, limit: int | None = None) -> int:
         """Load a queued request's host/disk-resident prefix back into device blocks ahead of
-        time, within the prefetch budget; they stay locked for it until it is allocated or
-        `cancel_prefetch`. Returns blocks promoted (0: nothing below, no budget or no room, or
-        already prefetched). The moves come with `take_moves`."""
+        time, within the prefetch budget. Returns blocks promoted (0: nothing below, no budget
+        or no room, or already holding a prefetch). The moves come with `take_moves`.
+
+        Args:
+            request: The queued request.
+            hold: Keep the path locked for the request until it is allocated or
+                `cancel_prefetch` (the simulator); False: nothing stays locked, the blocks are
+                evictable at once (the engine: it cannot stall the pool).
+            limit: At most this many blocks now.
+        """
         with self.lock:
             if self._prefetches is None or not request.match_prefix:
                 return 0
             n_tokens, _, keys = self._keys.of(request)
             matchable = keys[: self._keys.matchable(n_tokens, request.recompute_last_token)]
             return self._prefetches.prefetch(
-                request.sequence_id, matchable, request.sequence_id, self.clock()
+                request.sequence_id, matchable, request.sequence_id, self.clock(), hold=hold, limit=limit
             )
+
+    def record_tier_load(self, tier: Tier, seconds: float) -> None:
+        """The engine loaded blocks from `tier` into the pool in `seconds` (one timed batch): the
+        tier's load time p50/p99 in the stats. Ignored without that tier."""
+        with self.lock:
+            if self._tiers is not None and any(level.tier is tier for level in self._tiers.levels):
+                self._tiers.level(tier).load_time.record(seconds)
 
     def cancel_prefetch(self, request_id: Hashable) -> int:
         """The request left the queue: release what its prefetch holds (the blocks stay cached

@@ -20,6 +20,7 @@ from engine_adapter.cache.records import SwapResult
 from engine_adapter.cache.stats import TierStats
 from engine_adapter.cache.tier_moves import Tier
 from sage_eviction import EntryMeta, EvictionPolicy
+from sage_eviction.metrics import LatencyRecorder
 
 __all__ = ["TierEntry", "TierLevel"]
 
@@ -77,6 +78,8 @@ class TierLevel:
         binding: The policy's resolved spec and its swaps.
         policy: The policy over `entries` (evictable: `TierStore` decides and tells it).
         hits, demotions, promotions, drops, moved_in, moved_out: Counters (blocks).
+        prefetched, prefetch_hits: Blocks prefetched from here, and of those found at admission.
+        load_time: The engine's timed loads from here into the pool (`record_load`).
     """
 
     def __init__(self, tier: Tier, capacity: int, policy: str, policy_params: dict[str, Any] | None) -> None:
@@ -92,6 +95,9 @@ class TierLevel:
         self.drops = 0
         self.moved_in = 0
         self.moved_out = 0
+        self.prefetched = 0
+        self.prefetch_hits = 0
+        self.load_time = LatencyRecorder()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -129,6 +135,7 @@ class TierLevel:
         return result
 
     def stats(self) -> TierStats:
+        p50, p99 = self.load_time.quantiles(0.5, 0.99)
         return TierStats(
             tier=self.tier.value,
             policy=self.binding.name,
@@ -141,4 +148,9 @@ class TierLevel:
             blocks_moved_in=self.moved_in,
             blocks_moved_out=self.moved_out,
             policy_swaps=self.binding.swaps,
+            loads=self.load_time.count,
+            load_time_p50_ms=p50 * 1e3,
+            load_time_p99_ms=p99 * 1e3,
+            prefetched_blocks=self.prefetched,
+            prefetch_hits=self.prefetch_hits,
         )

@@ -402,6 +402,17 @@ class TierStore:
 
     # ---- policies, stats, events ----------------------------------------------------------
 
+    def level(self, tier: Tier) -> TierLevel:
+        """The level of `tier` (HOST or DISK).
+
+        Raises:
+            ValueError: No such tier here.
+        """
+        for level in self.levels:
+            if level.tier is tier:
+                return level
+        raise ValueError(f"no {tier.value} tier (tiers: {', '.join(lv.tier.value for lv in self.levels)})")
+
     def swap_policy(self, tier: Tier, spec: str, **params: Any) -> SwapResult:
         """Hot swap the policy of `tier` (HOST or DISK), nothing lost.
 
@@ -409,10 +420,7 @@ class TierStore:
             ValueError: No such tier here.
             UnknownPolicyError, PolicyParamError: As `resolve_policy`; nothing changed.
         """
-        for level in self.levels:
-            if level.tier is tier:
-                return level.swap_policy(spec, **params)
-        raise ValueError(f"no {tier.value} tier (tiers: {', '.join(lv.tier.value for lv in self.levels)})")
+        return self.level(tier).swap_policy(spec, **params)
 
     def stats(self) -> tuple[TierStats, ...]:
         return tuple(level.stats() for level in self.levels)

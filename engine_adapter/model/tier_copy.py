@@ -22,7 +22,8 @@ Imports: torch, the cache core's move record, and this package's pools and disk 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -61,8 +62,13 @@ def execute_moves(
     device_pool: PagedKVPool,
     host_pool: HostKVPool | None,
     disk_store: DiskKVStore | None,
+    on_load: Callable[[Tier, float], None] | None = None,
 ) -> list[TierMove]:
     """Copy each move's block from its source slot to its destination slot, in order.
+
+    `on_load` is told the wall time of each batch that loads blocks from a lower tier into the
+    pool (its source tier and seconds; on CUDA the copy stream is waited for, so the time is the
+    copy's, not its launch's): the tiers' load time p50/p99.
 
     Returns:
         The moves that failed, in order: their source could not be read (a disk file missing,
@@ -80,7 +86,13 @@ def execute_moves(
     failed: list[TierMove] = []
     with torch.inference_mode(), stores.copy_scope(), _one_cpu_thread(device_pool.device.type == "cpu"):
         for batch in move_batches(moves):
+            if on_load is None or batch[0].dst_tier is not Tier.DEVICE:
+                failed.extend(stores.run(batch))
+                continue
+            t = time.perf_counter()
             failed.extend(stores.run(batch))
+            stores.wait()
+            on_load(batch[0].src_tier, time.perf_counter() - t)
     return failed
 
 
@@ -119,6 +131,11 @@ class _Stores:
         with torch.cuda.stream(self.stream):
             yield
         self.stream.synchronize()
+
+    def wait(self) -> None:
+        """The copies issued so far are done (on CUDA: the copy stream; on the CPU they are)."""
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def run(self, batch: list[TierMove]) -> list[TierMove]:
         """Copy one batch; the moves that failed."""

@@ -22,6 +22,7 @@ The scheduler (one step: admit, reserve or preempt, forward, sample, release):
     hooks.py                SchedulerHooks, what it tells its owner and asks it; NoHooks
     outputs.py              a sequence's text, stop strings and the deltas it emits
     compression.py          SequenceCompressor: token-level eviction in the step
+    prefetch.py             QueuePrefetch: the queue's host/disk prefixes loaded while they wait
     embedding_batch.py      embedding requests' records and handle
     embedding_scheduler.py  EmbeddingScheduler: the embedding queue and each step's chunks
 

@@ -39,7 +39,7 @@ import structlog
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
-from engine_adapter.cache.tier_moves import TierMove
+from engine_adapter.cache.tier_moves import Tier, TierMove
 from engine_adapter.colocation import Decision
 from engine_adapter.model.chat_template import ChatMessage
 from engine_adapter.model.sampling import SamplingParams
@@ -139,6 +139,7 @@ class Engine(EngineControl):
             token_eviction=self.token_manager,
             adaptive=AdaptiveBatch(config.max_num_seqs) if config.adaptive_batch else None,
             tier_copier=self._tier_copier(),
+            prefetch=config.prefetch,
         )
 
     def _tier_copier(self) -> Callable[[list[TierMove]], list[TierMove]] | None:
@@ -147,8 +148,18 @@ class Engine(EngineControl):
         if self.tiers.host is None:
             return None
         return functools.partial(
-            execute_moves, device_pool=self.pool, host_pool=self.tiers.host, disk_store=self.tiers.disk
+            execute_moves,
+            device_pool=self.pool,
+            host_pool=self.tiers.host,
+            disk_store=self.tiers.disk,
+            on_load=self._tier_loaded,
         )
+
+    def _tier_loaded(self, tier: Tier, seconds: float) -> None:
+        """A batch of blocks came back from `tier` in `seconds`: the tier's load time p50/p99 in
+        the stats and its histogram in /metrics."""
+        self.cache.record_tier_load(tier, seconds)
+        self.metrics.on_tier_load(tier.value, seconds)
 
     def _colocation(self, config: EngineConfig) -> EngineColocation | None:
         """Spec 004's admission and quotas in the loop, over the scheduler; None when off."""

@@ -206,6 +206,9 @@ def cache_manager(
             host_policy=config.host_eviction_policy,
             host_policy_params=dict(config.host_policy_params),
             write_policy=config.host_write_policy,
+            # the blocks queued requests' prefetches may count at once; each step fills only
+            # spare free blocks (engine_adapter.serving.prefetch)
+            prefetch_blocks=pool.num_blocks // 2 if config.prefetch else 0,
         )
     return CacheManager(
         pool.allocator,

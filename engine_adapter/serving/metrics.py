@@ -33,8 +33,9 @@ Methods the engine calls:
   (Algorithm 2) and each admission decision (Algorithm 1) by request kind.
 - ``on_attention_fallback(policy)``: a token-level compression by an attention-scored policy
   found no attention and kept the newest tokens.
-- ``set_tiers(tiers)`` and ``on_tier_copies(seconds, failed)``: the host/disk tiers' figures
-  after each step, and each step's tier copies (issue 30).
+- ``set_tiers(tiers)``, ``on_tier_copies(seconds, failed)`` and ``on_tier_load(tier, seconds)``:
+  the host/disk tiers' figures after each step, each step's tier copies, and each timed load
+  from a tier into the pool (issue 30).
 - ``set_pool_breakdown(usage, tenant_hit_rates)``: at each scrape, blocks by tenant and by
   priority class, and each tenant's hit rate with Jain's index over them (O(n): only when
   ``/metrics`` is read).
@@ -54,9 +55,9 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``embedding``; only with colocation on), ``sage:admission_decisions_total{kind, decision}`` and
 ``sage:token_attention_fallbacks_total{policy}``; with KV tiers ``sage:kv_tier_used_blocks{tier}``,
 ``sage:kv_tier_capacity_blocks{tier}``, ``sage:kv_tier_blocks_total{tier, event}``,
-``sage:kv_tier_copy_duration_seconds`` and ``sage:kv_tier_failed_moves_total``; with
-compress-on-evict ``sage:compressed_prefix_blocks`` and ``sage:compressed_prefix_total{event}``
-(``set_compressed``). The
+``sage:kv_tier_copy_duration_seconds``, ``sage:kv_tier_load_duration_seconds{tier}`` and
+``sage:kv_tier_failed_moves_total``; with compress-on-evict ``sage:compressed_prefix_blocks`` and
+``sage:compressed_prefix_total{event}`` (``set_compressed``). The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -253,13 +254,22 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "sage:kv_tier_blocks_total",
         "Blocks by tier and event: hits (found there and loaded back), demotions (came down into "
         "it), promotions (copied up to the pool), drops (left every tier), moved_in and moved_out "
-        "(block copies written and read).",
+        "(block copies written and read), prefetched (loaded for a queued request) and "
+        "prefetch_hits (of those, found by their request when it ran).",
         ("tier", "event"),
     ),
     "kv_tier_copy_duration": MetricFamily(
         Histogram,
         "sage:kv_tier_copy_duration_seconds",
         "Time a step spent copying blocks between the pool and its tiers (steps with copies only).",
+        buckets=TIER_COPY_BUCKETS,
+    ),
+    "kv_tier_load_duration": MetricFamily(
+        Histogram,
+        "sage:kv_tier_load_duration_seconds",
+        "Time one load of blocks from a lower tier into the pool took (a step's blocks from that "
+        "tier, copied as one batch), by source tier.",
+        ("tier",),
         buckets=TIER_COPY_BUCKETS,
     ),
     "kv_tier_failed_moves": MetricFamily(
@@ -286,6 +296,8 @@ _TIER_EVENTS = (
     ("drops", "drops"),
     ("moved_in", "blocks_moved_in"),
     ("moved_out", "blocks_moved_out"),
+    ("prefetched", "prefetched_blocks"),
+    ("prefetch_hits", "prefetch_hits"),
 )
 
 
@@ -331,6 +343,7 @@ class EngineMetrics:
     kv_tier_capacity_blocks: Gauge
     kv_tier_blocks: Counter
     kv_tier_copy_duration: Histogram
+    kv_tier_load_duration: Histogram
     kv_tier_failed_moves: Counter
     compressed_prefix_blocks: Gauge
     compressed_prefix: Counter
@@ -403,6 +416,10 @@ class EngineMetrics:
         self.kv_tier_copy_duration.observe(seconds)
         if failed:
             self.kv_tier_failed_moves.inc(failed)
+
+    def on_tier_load(self, tier: str, seconds: float) -> None:
+        """One load of blocks from `tier` into the pool took `seconds`."""
+        self.kv_tier_load_duration.labels(tier=tier).observe(seconds)
 
     def on_re_prefill(self, n: int) -> None:
         """`n` evicted blocks were requested again (and recomputed)."""

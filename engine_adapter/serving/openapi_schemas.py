@@ -95,6 +95,11 @@ def tier_and_token_schemas() -> dict[str, Schema]:
                 "blocks_moved_in": INT,
                 "blocks_moved_out": INT,
                 "policy_swaps": INT,
+                "loads": INT,
+                "load_time_p50_ms": NUM,
+                "load_time_p99_ms": NUM,
+                "prefetched_blocks": INT,
+                "prefetch_hits": INT,
             }
         ),
         "TokenEviction": obj(

@@ -31,7 +31,7 @@ cannot be reserved.
 The scheduler is not thread-safe: the engine calls `step` with the cache manager's lock held.
 
 Imports: the cache core, the model, token-level eviction, and this package's records, hooks,
-outputs, compression and embedding scheduling; never the engine.
+outputs, compression, embedding scheduling and prefetch; never the engine.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from engine_adapter.serving.embedding_batch import EmbeddingText
 from engine_adapter.serving.embedding_scheduler import EmbeddingScheduler
 from engine_adapter.serving.hooks import NoHooks, SchedulerHooks
 from engine_adapter.serving.outputs import append_text, emit_delta, emit_final
+from engine_adapter.serving.prefetch import QueuePrefetch
 from engine_adapter.serving.sequence import SchedulerLimits, Sequence, SequenceStatus, StepStats
 from engine_adapter.token_eviction.pressure import TokenCacheManager
 
@@ -107,6 +108,8 @@ class Scheduler:
             ``kv_compression`` compresses.
         adaptive: --adaptive-batch: the running limit follows the re-prefill rate; None: it
             is ``max_num_seqs``.
+        prefetch: --prefetch: with tiers, each step loads the head of the queue's host/disk
+            prefixes into spare room, locking nothing (`engine_adapter.serving.prefetch`).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class Scheduler:
         token_eviction: TokenCacheManager | None = None,
         adaptive: AdaptiveBatch | None = None,
         tier_copier: Callable[[list[TierMove]], list[TierMove]] | None = None,
+        prefetch: bool = False,
     ) -> None:
         self.cache = cache
         self.decoder = decoder
@@ -134,6 +138,8 @@ class Scheduler:
         self.adaptive = adaptive
         # Copies the cache core's tier moves (engine_adapter.model.tier_copy); returns the failed.
         self.tier_copier = tier_copier
+        # --prefetch: queued requests' host/disk prefixes loaded into spare room (never locked).
+        self.prefetch = QueuePrefetch(cache, _cache_request) if prefetch and tier_copier is not None else None
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._next_seq_id = 0
@@ -212,9 +218,13 @@ class Scheduler:
         self._expire_waiting()
         stats.admitted = self._admit()
         batch_seqs, chunks, stats.preempted = self._schedule()
-        # Admission's promotions and the reservations' demotions, before the forward reads the
-        # promoted blocks and overwrites the demoted ones (a failed promotion moves its sequence's
-        # computed prefix back: the chunk then starts earlier, the forward reads num_computed).
+        if self.prefetch is not None and self.waiting:
+            t = time.perf_counter()
+            stats.prefetched = self.prefetch.step(self.waiting, self.running)
+            self.cache_s += time.perf_counter() - t
+        # Admission's and prefetch's promotions and the reservations' demotions, before the forward
+        # reads the promoted blocks and overwrites the demoted ones (a failed promotion moves its
+        # sequence's computed prefix back: the chunk starts earlier, the forward reads num_computed).
         self._run_tier_moves(stats)
         # a step decodes when an LLM row computes one token; prefill chunks are no TPOT to protect
         decoding = any(n == 1 for n in chunks)
@@ -581,6 +591,8 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str, error: str | None) -> None:
         if self.cache.max_protected > 0:
             self.cache.release_queued(seq.seq_id)  # it may leave from the queue
+        if self.prefetch is not None:
+            self.prefetch.cancel(seq)  # likewise
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.error = error

@@ -148,3 +148,4 @@ class StepStats:
     tier_moves: int = 0  # blocks copied between the pool and its host/disk tiers
     tier_failed: int = 0  # of which failed (an unreadable disk file): misses
     tier_copy_s: float = 0.0  # of the bookkeeping, in those copies
+    prefetched: int = 0  # blocks loaded back for queued requests (--prefetch)

@@ -162,6 +162,16 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="SIZE",
     ),
     ConfigFlag(
+        key="prefetch",
+        param="prefetch",
+        decls=("--prefetch/--no-prefetch",),
+        kind="switch",
+        help=(
+            "Load a queued request's host- or disk-resident prefix back while it waits (with "
+            "--host-kv-cache). (default: yes)"
+        ),
+    ),
+    ConfigFlag(
         key="device",
         param="device",
         decls=("--device",),

@@ -52,6 +52,23 @@ def _strategy(stats: dict[str, Any]) -> str:
     return str(strategy)
 
 
+def _millis(value: Any) -> str:
+    x = _number(value)
+    return "n/a" if x is None else f"{x:.2f}ms"
+
+
+def _tier_load_text(tier: dict[str, Any]) -> str:
+    """The tier line's tail: its timed loads' p50/p99 and its prefetches, when it has any."""
+    text = ""
+    if _number(tier.get("loads")):
+        p50, p99 = _millis(tier.get("load_time_p50_ms")), _millis(tier.get("load_time_p99_ms"))
+        text += f", load p50 {p50} p99 {p99}"
+    if _number(tier.get("prefetched_blocks")):
+        used = _count(tier.get("prefetch_hits"))
+        text += f", {_count(tier.get('prefetched_blocks'))} prefetched ({used} used)"
+    return text
+
+
 def _tier_lines(tiers: list[Any], stats: dict[str, Any]) -> list[str]:
     """One line per KV tier under the pool (host, disk): use, policy and what moved."""
     lines = []
@@ -63,6 +80,7 @@ def _tier_lines(tiers: list[Any], stats: dict[str, Any]) -> list[str]:
             f"{_count(tier.get('used_blocks'))} / {_count(tier.get('capacity_blocks'))} blocks, "
             f"{_count(tier.get('hits'))} hits, {_count(tier.get('demotions'))} demotions, "
             f"{_count(tier.get('promotions'))} promotions, {_count(tier.get('drops'))} drops"
+            + _tier_load_text(tier)
         )
     if stats.get("prefetched_blocks"):
         lines.append(

@@ -155,6 +155,13 @@ class EngineConfig:
     """
     disk_kv_size: int | None = None
     """Size of the disk KV tier, e.g. 100GiB (with --disk-kv-cache)."""
+    prefetch: bool = True
+    """Load a queued request's host- or disk-resident prefix back while it waits (with
+    --host-kv-cache).
+
+    Only into free blocks beyond what the running sequences need for their next step, and left
+    evictable: it never takes room a running sequence needs (engine_adapter.serving.prefetch).
+    """
     device: str = "auto"
     """auto (cuda when present), cpu, cuda or cuda:N."""
     dtype: str = "auto"
@@ -475,6 +482,7 @@ PARSERS: dict[str, Parser] = {
     "disk_kv_cache": parse_path,
     "compress_on_evict": parse_compress_on_evict,
     "disk_kv_size": parse_size,
+    "prefetch": parse_bool,
     "device": parse_device,
     "dtype": one_of(DTYPES, "dtype"),
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),

@@ -91,6 +91,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("host_write_policy", ("--host-write-policy",), metavar="MODE", show_default=True),
     StartFlag("disk_kv_cache", ("--disk-kv-cache",), metavar="DIR", kind="dir"),
     StartFlag("disk_kv_size", ("--disk-kv-size",), metavar="SIZE", kind="text"),
+    StartFlag("prefetch", ("--prefetch/--no-prefetch",), show_default=True),
     StartFlag("device", ("--device",), metavar="DEVICE", show_default=True),
     StartFlag("dtype", ("--dtype",), metavar="DTYPE", show_default=True),
     StartFlag("kv_dtype", ("--kv-dtype",), metavar="DTYPE", show_default=True),
