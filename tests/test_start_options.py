@@ -93,6 +93,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "max_num_seqs": ("8", 8, {}),
     "max_num_batched_tokens": ("512", 512, {}),
     "adaptive_batch": ("1", True, {}),
+    "prefetch": ("false", False, {}),
     "token_eviction": ("sliding", "sliding", {}),
     "compress_on_evict": ("KNorm:0.75", "knorm:0.75", {}),
     "eviction_window": ("64", 64, {}),
@@ -180,8 +181,10 @@ def _cli_args(key: str, text: str) -> list[str]:
     (option,) = [o for o in START_OPTIONS if o.key == key]
     if option.kind == "argument":
         return [text]
-    name = option.decls[0].split("/")[0]
-    return [name] if option.kind == "switch" else [name, text]
+    on, _, off = option.decls[0].partition("/")
+    if option.kind == "switch":  # a switch that is on by default is sampled by its off form
+        return [off if text in ("false", "0", "no", "off") else on]
+    return [on, text]
 
 
 def _flags(values: dict[str, str]) -> dict[str, Any]:
