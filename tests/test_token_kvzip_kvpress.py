@@ -58,7 +58,8 @@ SENTENCES = [
 ]
 # Every word of the replay's instructions and of the chat template is in the vocabulary:
 # transformers' fast tokenizer and sage's would split unknown words differently.
-REPLAY_WORDS = "Repeat the previous context exactly . part of starting with user : assistant dummy #".split()
+REPLAY_WORDS = ["Repeat", "the", "previous", "context", "exactly", ".", "part", "of", "starting", "with"]
+REPLAY_WORDS += ["user", ":", "assistant", "dummy", "#"]
 TOKENIZER_CONFIG = {
     "bos_token": "<s>",
     "eos_token": "</s>",
@@ -213,3 +214,62 @@ def test_kvzip_equals_kvpress_on_smollm2(smollm2: Any, reference: Any, tmp_path:
     keep, counts = policy.select(kv, kept_for_ratio(len(ids), 0.75))
     assert counts is not None
     _assert_same_kept(expected, keep, counts)
+
+
+def test_kvzip_without_room_for_the_replay_keeps_the_newest(tiny: tuple[Any, Decoder]) -> None:
+    """A pool without free blocks for the replay (memory pressure): the press says so and keeps
+    the sinks and the newest tokens instead of failing the step."""
+    _reference, decoder = tiny
+    ids = _prompt(9)
+    policy = KVzipPolicy()
+    pool = decoder.make_pool(num_blocks=32, block_size=4)  # the 30 blocks of the prompt, and 2
+    kv, _ = prefill(decoder, pool, ids, policy)
+    assert "free blocks" in (policy.attention_missing(kv) or "")
+    policy.ratio = 0.5
+    keep, counts = policy.select(kv, 60)
+    assert counts is not None
+    assert torch.equal(keep[1, 1, : counts[1, 1]], torch.cat([torch.arange(4), torch.arange(64, 120)]))
+
+
+def test_token_ids_are_lost_past_a_compaction(tiny: tuple[Any, Decoder]) -> None:
+    """After a compaction the next token's cache index is not the count of ids seen: the
+    observer forgets them, and kvzip no longer replays (it would score the wrong tokens)."""
+    from engine_adapter.token_eviction.generate import append_tokens
+
+    _reference, decoder = tiny
+    ids = _prompt(4)
+    policy = KVzipPolicy()
+    pool = decoder.make_pool(num_blocks=128, block_size=4)
+    kv, _ = prefill(decoder, pool, ids, policy)
+    append_tokens(decoder, pool, kv, [5])
+    assert kv.observer is not None and kv.observer.token_ids == [*ids, 5]
+    policy.evict(kv, 60, ratio=0.5)
+    append_tokens(decoder, pool, kv, [6])
+    assert kv.observer.token_ids is None
+    assert "token ids" in (policy.attention_missing(kv) or "")
+
+
+def test_skim_without_replay_is_leverage_and_adds_the_replay_by_weight(tiny: tuple[Any, Decoder]) -> None:
+    """`skim` with nothing replayed keeps what leverage keeps (sinks aside); with a replay it
+    borrows blocks and gives them back, its spans stay inside the budget, and it adds `weight`
+    times the replay's attention (non-negative, not all zero) to leverage."""
+    from engine_adapter.token_eviction.presses.skim import SkimPolicy, salient_spans
+
+    _reference, decoder = tiny
+    ids = _prompt(6)
+    pool = decoder.make_pool(num_blocks=128, block_size=4)
+    plain = SkimPolicy(replay_fraction=0.0)
+    kv, _ = prefill(decoder, pool, ids, plain)
+    lev = token_policy_from_spec("leverage").layer_scores(kv, 60)
+    for layer, scores in enumerate(plain.layer_scores(kv, 60)):
+        assert torch.equal(scores[:, 4:], lev[layer][:, 4:])
+    spans = salient_spans(torch.stack(lev).mean(dim=(0, 1)), 4, 8, 30)
+    assert 0 < sum(hi - lo for lo, hi in spans) <= 30 and all(lo >= 4 for lo, _ in spans)
+    free = pool.allocator.num_free
+    gains = []
+    for weight in (10.0, 20.0):
+        scores = SkimPolicy(replay_fraction=0.25, span=8, weight=weight).layer_scores(kv, 60)
+        assert pool.allocator.num_free == free, "the replay's borrowed blocks were not given back"
+        gains.append(torch.stack([s - v for s, v in zip(scores, lev, strict=True)])[..., 4:])
+    assert bool((gains[0] >= -1e-5).all()) and float(gains[0].max()) > 0.1
+    torch.testing.assert_close(gains[1], 2 * gains[0], atol=1e-4, rtol=1e-4)

@@ -4,6 +4,7 @@ decoder's layers run (`engine_adapter.model.decoder` feeds it; re-exported there
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,16 @@ class AttentionObserver:
         else:
             self.positions = None
         self.next_position = int(new[-1]) + 1
+
+    def note_forward(self, decoder: Any, ids: Sequence[int], positions: torch.Tensor, start: int) -> None:
+        """A forward of `decoder` runs the new tokens `ids` at cache indices ``start..`` with
+        RoPE `positions` (called once per forward, before the layers run): what is tracked."""
+        if self.track_tokens:
+            self.decoder = decoder
+            self.note_tokens(list(ids), start)
+        if self.track_positions:
+            self.rotary = decoder.rotary
+            self.note_positions(positions, start)
 
     def note_tokens(self, ids: list[int], start: int) -> None:
         """The new tokens `ids` sit at cache indices ``start..``: the ids of every cache index
