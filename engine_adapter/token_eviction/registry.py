@@ -57,6 +57,7 @@ TOKEN_POLICIES: dict[str, str] = {
     "compactor": f"{_PRESSES}.compactor:CompactorPolicy",
     "expected_attention": f"{_PRESSES}.expected_attention:ExpectedAttentionPolicy",
     "kvzip": f"{_PRESSES}.kvzip:KVzipPolicy",
+    "skim": f"{_PRESSES}.skim:SkimPolicy",
     "adakv": f"{_PRESSES}.adakv:AdaKVPolicy",
     "pyramid": f"{_PRESSES}.pyramid:PyramidPolicy",
 }
