@@ -30,6 +30,18 @@ never shrink).
     python benchmarks/token_quality.py --tasks multikey --policies knorm,compactor --samples 8
     python benchmarks/token_quality.py --pressure       # only the engine under memory pressure
 
+The issue's whole grid (both tasks, ~1k and ~2k, ratios 0.5-0.95, every press and kvpress's)
+is hours on a 2-core CPU. Each (task, length) cell draws its samples from its own seeded
+generator, so a cell runs alone and a long cell runs in pieces: ``--first-sample N`` skips its
+first N samples, and ``--jsonl FILE`` appends every sample's rows as it ends (a run cut short
+keeps what it finished)::
+
+    python benchmarks/token_quality.py --tasks multikey --lengths 1024 --ratios 0.5,0.75 \
+        --policies leverage,skim,kvzip --samples 8 --first-sample 8 --jsonl multikey.jsonl
+
+kvpress's KVzip has no per-layer ``compress``: its reference row runs its own prefill inside
+the press and times the replay alone; its tokenizer is sage's (`HFTokenizer.save_folder`).
+
 ``--pressure``: two generations (~500-token prompts, 200 tokens each) at once in the engine on a
 pool that holds one and a half of them, with ``--token-eviction none`` and then each policy:
 preemptions, compressions, and whether both complete.
@@ -88,7 +100,7 @@ FILLER = [
 KEYS = ["amber", "falcon", "harbor", "juniper", "lantern", "meadow", "orbit", "quartz", "saffron", "tundra"]
 POLICIES = (
     "sliding,snapkv,tova,knorm,keydiff,leverage,compactor,expected_attention,"
-    "adakv:snapkv,adakv:expected_attention,pyramid:snapkv"
+    "adakv:snapkv,adakv:expected_attention,pyramid:snapkv,kvzip,skim"
 )
 PRESS_CLASSES = {
     "sliding": "StreamingLLMPress",
@@ -99,6 +111,7 @@ PRESS_CLASSES = {
     "leverage": "LeverageScorePress",
     "compactor": "CompactorPress",
     "expected_attention": "ExpectedAttentionPress",
+    "kvzip": "KVzipPress",
 }
 MAX_NEW = 12
 
@@ -164,7 +177,9 @@ def _prefill(
     attention; SnapKV's 64 and TOVA's 1 are among them), the keys' positions (pre-RoPE presses)
     and, when H2O runs, the attention sums."""
     table = pool.allocator.allocate(-(-len(ids) // pool.block_size))
-    observer = AttentionObserver(window=1 << 30, accumulate=accumulate, track_positions=True)
+    observer = AttentionObserver(
+        window=1 << 30, accumulate=accumulate, track_positions=True, track_tokens=True
+    )
     t0 = time.perf_counter()
     out = decoder(ForwardBatch([ids], [0], [table], observers=[observer]), pool)
     return SequenceKV(pool, table, len(ids), observer=observer), out.logits[0], time.perf_counter() - t0
@@ -190,7 +205,8 @@ def run_ours(
     row: each compresses a copy of the prefilled context (`SequenceKV.clone`)."""
     ids = sample.context_ids
     total = len(ids) + len(sample.question_ids) + MAX_NEW + 1
-    pool = decoder.make_pool(num_blocks=2 * (-(-total // 16)) + 8, block_size=16)
+    # The prefilled context, one compressed copy, and a replay as long as the context (kvzip).
+    pool = decoder.make_pool(num_blocks=3 * (-(-total // 16)) + 16, block_size=16)
     base, _logits, prefill_s = _prefill(decoder, pool, ids, accumulate="h2o" in policies)
     rows: dict[tuple[str, float], Row] = {}
     for spec in ("none", *policies):
@@ -245,6 +261,27 @@ def _kvpress_compress(model: Any, press: Any, cache: Any, inputs: dict[int, Any]
     return copy
 
 
+def _kvpress_kvzip(model: Any, press: Any, ids: list[int]) -> tuple[Any, float]:
+    """KVzip runs its replay through the model after a prefill inside its context manager (no
+    per-layer ``compress``): a prefill of its own, the replay timed alone. It leaves masks on the
+    attention modules and the cache whole."""
+    import transformers
+
+    cache = transformers.DynamicCache(config=model.config)
+    replay = press._perform_kvzip_compression
+    timing: list[float] = []
+
+    def timed(*args: Any) -> None:
+        t0 = time.perf_counter()
+        replay(*args)
+        timing.append(time.perf_counter() - t0)
+
+    press._perform_kvzip_compression = timed
+    with press(model):
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache, sum(timing)
+
+
 def run_kvpress(
     model: Any, sample: Sample, policies: list[str], ratios: list[float], tokenizer: Tokenizer
 ) -> dict[tuple[str, float], Row]:
@@ -274,9 +311,12 @@ def run_kvpress(
             if press is None:
                 continue
             with torch.no_grad():
-                t0 = time.perf_counter()
-                copy = _kvpress_compress(model, press, cache, inputs)
-                compress_s = time.perf_counter() - t0
+                if type(press).__name__ == "KVzipPress":
+                    copy, compress_s = _kvpress_kvzip(model, press, ids)
+                else:
+                    t0 = time.perf_counter()
+                    copy = _kvpress_compress(model, press, cache, inputs)
+                    compress_s = time.perf_counter() - t0
                 stepwise = type(press).__name__ == "PyramidKVPress"
                 answer = _kvpress_answer(
                     model, copy, sample, len(ids), tokenizer.eos_token_ids, stepwise=stepwise
@@ -367,6 +407,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kvpress", action="store_true", help="also kvpress's presses of the same names")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--first-sample", type=int, default=0,
+        help="skip this many samples of each (task, length) cell: run a long grid in pieces",
+    )  # fmt: skip
+    parser.add_argument("--jsonl", type=Path, help="append every sample's rows to this file as it ends")
     parser.add_argument("--pressure", action="store_true", help="only the engine-under-pressure part")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -379,7 +424,7 @@ def main() -> None:
     decoder, tokenizer, _cfg = load_model("smollm2-135m", device="cpu")
     template = tokenizer.chat_template
     assert template is not None
-    reference = _reference() if args.kvpress else None
+    reference = _reference(tokenizer) if args.kvpress else None
     print(machine_line(), flush=True)
     if args.pressure:
         pressure_demo(tokenizer, template, policies)
@@ -387,27 +432,46 @@ def main() -> None:
     rows: dict[tuple[str, int, str, str, float], list[Row]] = defaultdict(list)
     prefill: dict[tuple[str, int], list[float]] = defaultdict(list)
     real_len: dict[int, list[int]] = defaultdict(list)
-    rng = random.Random(args.seed)
     t_start = time.time()
     for task in tasks:
         for length in lengths:
-            for _ in range(args.samples):
+            # One generator per cell: a cell's samples are the same whichever cells run with it.
+            rng = random.Random(f"{args.seed}:{task}:{length}")
+            for index in range(args.first_sample + args.samples):
                 sample = make_sample(tokenizer, template, length, rng, task)
+                if index < args.first_sample:
+                    continue
                 real_len[length].append(len(sample.context_ids) + len(sample.question_ids))
                 ours, prefill_s = run_ours(decoder, tokenizer, sample, policies, ratios)
                 prefill[(task, length)].append(prefill_s)
                 for (spec, ratio), row in ours.items():
                     rows[(task, length, "sage", spec, ratio)].append(row)
+                theirs = {}
                 if reference is not None:
-                    for (spec, ratio), row in run_kvpress(
-                        reference, sample, policies, ratios, tokenizer
-                    ).items():
-                        rows[(task, length, "kvpress", spec, ratio)].append(row)
-                print(f"  {task} ~{length}: sample done ({time.time() - t_start:.0f}s)", flush=True)
+                    theirs = run_kvpress(reference, sample, policies, ratios, tokenizer)
+                for (spec, ratio), row in theirs.items():
+                    rows[(task, length, "kvpress", spec, ratio)].append(row)
+                cell = {"task": task, "length": length, "sample": index, "prefill_s": prefill_s}
+                _log_sample(args.jsonl, cell, {"sage": ours, "kvpress": theirs})
+                print(f"  {task} ~{length}: sample {index} done ({time.time() - t_start:.0f}s)", flush=True)
     report = _print_tables(rows, prefill, real_len, tasks, lengths, policies, ratios, args.samples)
     print(f"\nwall time {time.time() - t_start:.0f}s")
     if args.json:
         print(json.dumps(report))
+
+
+def _log_sample(
+    path: Path | None, cell: dict[str, Any], rows: dict[str, dict[tuple[str, float], Row]]
+) -> None:
+    """One sample's rows as JSON lines (appended, flushed: a run cut short keeps its samples)."""
+    if path is None:
+        return
+    with path.open("a", encoding="utf-8") as out:
+        for impl, by_row in rows.items():
+            for (spec, ratio), row in by_row.items():
+                line = {**cell, "impl": impl, "policy": spec, "ratio": ratio, "correct": row.correct,
+                        "compress_s": row.compress_s, "kv_bytes": row.kv_bytes}  # fmt: skip
+                out.write(json.dumps(line) + "\n")
 
 
 def _split_specs(text: str) -> list[str]:
@@ -424,16 +488,25 @@ def _split_specs(text: str) -> list[str]:
     return specs
 
 
-def _reference() -> Any:
+def _reference(tokenizer: Tokenizer) -> Any:
+    """transformers' SmolLM2 from the same GGUF; its config path points at sage's tokenizer
+    written as a Hugging Face folder, which KVzip reads (transformers' conversion of the GGUF's
+    tokenizer garbles the newlines of KVzip's replay prompt)."""
+    import tempfile
+
     import transformers
 
     from engine_adapter.model.builtin import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     assert path is not None
-    return transformers.AutoModelForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
+    save_folder = getattr(tokenizer, "save_folder", None)
+    if save_folder is not None:
+        model.config.name_or_path = str(save_folder(Path(tempfile.mkdtemp(prefix="sage-tok-"))))
+    return model
 
 
 def _print_tables(

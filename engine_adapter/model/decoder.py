@@ -317,6 +317,7 @@ class Decoder(nn.Module):
         self.quantization = "none"  # set by engine_adapter.model.quant.quantize_decoder
         self.packed_weights = "no"  # or "N of M linears": set by model.packed.pack_decoder
         self.graphs: StepRunner | None = None  # set by graphs.enable_cuda_graphs
+        self.tokenizer: Any = None  # set by the loader: kvzip builds its replay prompt with it
 
     def precision(self, pool: PagedKVPool) -> dict[str, str | None]:
         """How this model runs with `pool`, for the engine's info: dtype, KV dtype, quantization,
@@ -515,9 +516,7 @@ class Decoder(nn.Module):
             for b, (observer, n) in enumerate(zip(batch.observers, lengths, strict=True)):
                 if observer is not None:
                     step.observed.append((b, observer, first, n, starts[b]))
-                    if observer.track_positions:
-                        observer.rotary = self.rotary
-                        observer.note_positions(positions[first : first + n], starts[b])
+                    observer.note_forward(self, batch.token_ids[b], positions[first : first + n], starts[b])
                 first += n
         return step
 

@@ -101,6 +101,7 @@ def load_model(
     decoder, tokenizer, config, groups = _load(name_or_path, device, dtype, quantization)
     quantize_decoder(decoder, quantization, groups)
     pack_decoder(decoder, packed_weights)
+    decoder.tokenizer = tokenizer
     return decoder, tokenizer, config
 
 

@@ -4,6 +4,7 @@ decoder's layers run (`engine_adapter.model.decoder` feeds it; re-exported there
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,10 @@ class AttentionObserver:
       `rotary` (set by the decoder), so that a press can undo the rotation of keys and queries
       exactly (leverage, compactor, expected attention score pre-RoPE vectors) and rotate to
       future positions. Compaction gathers the positions with the keys, per layer and KV head.
+    - ``track_tokens``: the token id of every cache index and the `decoder` that ran them (set
+      by the decoder, as `rotary` is), for a press that replays the context through the model
+      (kvzip). The press runs the decoder where compression runs, on the engine's thread, so
+      the model keeps one owner.
 
     Attributes:
         queries: layer -> ``[heads, <= window, head_dim]``, oldest first.
@@ -41,6 +46,9 @@ class AttentionObserver:
         rotary: The decoder's rotary embedding (``cos_sin(positions, dtype)``), or None.
         queries_from: RoPE position of the first token this observer saw (its first query).
         next_position: RoPE position of the next token: every token seen has one below it.
+        token_ids: The token id of each cache index while they are all known (tracked, seen
+            from index 0, never compacted); else None.
+        decoder: The decoder that ran the sequence (`track_tokens`), or None.
     """
 
     window: int = 0
@@ -54,6 +62,9 @@ class AttentionObserver:
     rotary: Any = None
     queries_from: int | None = None
     next_position: int = 0
+    track_tokens: bool = False
+    token_ids: list[int] | None = None
+    decoder: Any = None
 
     def note_positions(self, positions: torch.Tensor, start: int) -> None:
         """The new tokens at cache indices ``start..`` have RoPE `positions` ``[n]`` (called once
@@ -73,6 +84,29 @@ class AttentionObserver:
         else:
             self.positions = None
         self.next_position = int(new[-1]) + 1
+
+    def note_forward(self, decoder: Any, ids: Sequence[int], positions: torch.Tensor, start: int) -> None:
+        """A forward of `decoder` runs the new tokens `ids` at cache indices ``start..`` with
+        RoPE `positions` (called once per forward, before the layers run): what is tracked."""
+        if self.track_tokens:
+            self.decoder = decoder
+            self.note_tokens(list(ids), start)
+        if self.track_positions:
+            self.rotary = decoder.rotary
+            self.note_positions(positions, start)
+
+    def note_tokens(self, ids: list[int], start: int) -> None:
+        """The new tokens `ids` sit at cache indices ``start..``: the ids of every cache index
+        stay known while the sequence grows from index 0 without a gap (a compaction, or a
+        cached prefix the observer never saw, loses them)."""
+        if not self.track_tokens:
+            return
+        if start == 0 and self.token_ids is None:
+            self.token_ids = list(ids)
+        elif self.token_ids is not None and len(self.token_ids) == start:
+            self.token_ids.extend(ids)
+        else:
+            self.token_ids = None
 
     def positions_of(self, layer: int, kv_heads: int, length: int) -> torch.Tensor | None:
         """RoPE positions ``[kv_heads, length]`` of layer `layer`'s keys, or None when unknown."""

@@ -212,6 +212,23 @@ class HFTokenizer:
             return ""
         return str(self._tokenizer.id_to_token(token_id) or "")
 
+    def save_folder(self, folder: str | Path) -> Path:
+        """Write it as a Hugging Face tokenizer folder (``tokenizer.json`` and a
+        ``tokenizer_config.json`` naming its special tokens and chat template), which
+        ``transformers.AutoTokenizer`` loads as this very tokenizer: a reference that reads the
+        tokenizer from a model's path (kvpress's KVzip) then tokenizes as sage does."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tokenizer.save(str(folder / "tokenizer.json"))
+        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        for key, token_id in (("bos_token", self._bos_token_id), ("eos_token", self.eos_token_id)):
+            if token_id is not None:
+                config[key] = self.token_text(token_id)
+        if self._chat_template is not None:
+            config["chat_template"] = self._chat_template
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        return folder
+
     def __repr__(self) -> str:
         return (
             f"HFTokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "

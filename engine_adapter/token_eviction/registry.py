@@ -56,6 +56,8 @@ TOKEN_POLICIES: dict[str, str] = {
     "leverage": f"{_PRESSES}.leverage:LeveragePolicy",
     "compactor": f"{_PRESSES}.compactor:CompactorPolicy",
     "expected_attention": f"{_PRESSES}.expected_attention:ExpectedAttentionPolicy",
+    "kvzip": f"{_PRESSES}.kvzip:KVzipPolicy",
+    "skim": f"{_PRESSES}.skim:SkimPolicy",
     "adakv": f"{_PRESSES}.adakv:AdaKVPolicy",
     "pyramid": f"{_PRESSES}.pyramid:PyramidPolicy",
 }

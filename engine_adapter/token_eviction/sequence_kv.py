@@ -134,6 +134,9 @@ class SequenceKV:
                 rotary=obs.rotary,
                 queries_from=obs.queries_from,
                 next_position=obs.next_position,
+                track_tokens=obs.track_tokens,
+                token_ids=None if obs.token_ids is None else list(obs.token_ids),
+                decoder=obs.decoder,
             )
             copy.observer.queries = {k: t.clone() for k, t in obs.queries.items()}
             copy.observer.attention_sum = {k: t.clone() for k, t in obs.attention_sum.items()}

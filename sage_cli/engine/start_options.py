@@ -382,8 +382,9 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         kind="text",
         help=(
             "Token-level policy compressing running sequences under memory pressure: none, sliding, "
-            "snapkv, h2o, tova, knorm, keydiff, leverage, compactor, expected_attention, or a budget "
-            "wrapper over one (adakv:snapkv, pyramid:snapkv); params as NAME:k=v,k=v. (default: none)"
+            "snapkv, h2o, tova, knorm, keydiff, leverage, compactor, expected_attention, kvzip, skim, "
+            "or a budget wrapper over one (adakv:snapkv, pyramid:snapkv); params as NAME:k=v,k=v. "
+            "(default: none)"
         ),
         metavar="NAME",
     ),

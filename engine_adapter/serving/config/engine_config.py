@@ -225,8 +225,8 @@ class EngineConfig:
     """
     token_eviction: str = "none"
     """Token-level policy compressing running sequences under memory pressure: none, sliding,
-    snapkv, h2o, tova, knorm, keydiff, leverage, compactor, expected_attention, or a budget
-    wrapper over one (adakv:snapkv, pyramid:snapkv); params as NAME:k=v,k=v.
+    snapkv, h2o, tova, knorm, keydiff, leverage, compactor, expected_attention, kvzip, skim,
+    or a budget wrapper over one (adakv:snapkv, pyramid:snapkv); params as NAME:k=v,k=v.
 
     Spec 002, engine_adapter.token_eviction.
     """

@@ -99,6 +99,8 @@ class TokenEvictionPolicy(ABC):
         accumulate_attention: Whether the observer sums the attention each key received.
         track_positions: Whether the observer tracks the keys' RoPE positions (the presses
             that undo the rotation, `presses.rope`).
+        track_tokens: Whether the observer tracks the token ids and the decoder (the presses
+            that replay the context through the model, `presses.kvzip`).
         wraps_press: A budget wrapper (adakv, pyramid): its ``press`` param is another
             policy, which the registry builds from a name (`default_press` when none is given).
         window_param: The constructor param that takes the engine's ``--eviction-window``
@@ -108,6 +110,7 @@ class TokenEvictionPolicy(ABC):
     observation_window: int = 0
     accumulate_attention: bool = False
     track_positions: bool = False
+    track_tokens: bool = False
     window_param: str | None = None
     wraps_press: bool = False
     default_press = "snapkv"  # a wrapper's press when its spec names none
@@ -148,12 +151,18 @@ class TokenEvictionPolicy(ABC):
 
     def make_observer(self) -> AttentionObserver | None:
         """What the attention must collect for this policy, per sequence (None: nothing)."""
-        if self.observation_window <= 0 and not self.accumulate_attention and not self.track_positions:
+        if not (
+            self.observation_window > 0
+            or self.accumulate_attention
+            or self.track_positions
+            or self.track_tokens
+        ):
             return None
         return AttentionObserver(
             window=self.observation_window,
             accumulate=self.accumulate_attention,
             track_positions=self.track_positions,
+            track_tokens=self.track_tokens,
         )
 
     def evict(self, cache: SequenceKV, target_len: int, *, ratio: float | None = None) -> int:
