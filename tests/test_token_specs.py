@@ -52,6 +52,8 @@ def test_a_spec_names_a_policy_and_its_params() -> None:
         ("snapkv:observation_window=many", TokenPolicyParamError, "is not an int"),
         ("adakv:lru", UnknownTokenPolicyError, "'lru'"),
         ("adakv:adakv", TokenPolicyParamError, "cannot wrap another budget wrapper"),
+        ("adakv:kvzip", TokenPolicyParamError, "cannot wrap a replay press"),
+        ("pyramid:press=skim", TokenPolicyParamError, "cannot wrap a replay press"),
         ("adakv:snapkv,no_such=1", TokenPolicyParamError, "no param 'no_such'"),
         ("adakv:alpha_safeguard=2", TokenPolicyParamError, "alpha_safeguard must be in"),
     ],

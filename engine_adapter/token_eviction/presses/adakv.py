@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, ragged_keep
+from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, check_wrappable, ragged_keep
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = ["AdaKVPolicy", "adakv_kept"]
@@ -57,8 +57,7 @@ class AdaKVPolicy(TokenEvictionPolicy):
     def __init__(self, press: TokenEvictionPolicy, alpha_safeguard: float = 0.2) -> None:
         if not 0.0 <= alpha_safeguard <= 1.0:
             raise ValueError("alpha_safeguard must be in [0, 1]")
-        if getattr(press, "wraps_press", False):
-            raise ValueError(f"adakv cannot wrap another budget wrapper ({press.name()})")
+        check_wrappable("adakv", press)
         self.press = press
         self.alpha_safeguard = alpha_safeguard
         self.observation_window = press.observation_window

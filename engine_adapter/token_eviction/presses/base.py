@@ -86,6 +86,20 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return weights[..., :-window]
 
 
+def check_wrappable(wrapper: str, press: TokenEvictionPolicy) -> None:
+    """Refuse what a budget wrapper (adakv, pyramid) cannot share its budget over: another
+    wrapper, or a replay press (kvzip, skim), whose scores come from a replay of the context the
+    wrappers do not run, and which keeps its own per-head counts (kvzip) already.
+
+    Raises:
+        ValueError: The reason, naming the press.
+    """
+    if getattr(press, "wraps_press", False):
+        raise ValueError(f"{wrapper} cannot wrap another budget wrapper ({press.name()})")
+    if press.track_tokens:
+        raise ValueError(f"{wrapper} cannot wrap a replay press ({press.name()}): use it on its own")
+
+
 class TokenEvictionPolicy(ABC):
     """The spec's ``EvictionPolicy`` for one sequence's tokens.
 

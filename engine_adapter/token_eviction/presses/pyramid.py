@@ -21,7 +21,12 @@ from typing import Any
 
 import torch
 
-from engine_adapter.token_eviction.presses.base import TokenEvictionPolicy, ragged_keep, top_kept
+from engine_adapter.token_eviction.presses.base import (
+    TokenEvictionPolicy,
+    check_wrappable,
+    ragged_keep,
+    top_kept,
+)
 from engine_adapter.token_eviction.sequence_kv import SequenceKV
 
 __all__ = ["PyramidPolicy", "pyramid_budgets"]
@@ -55,8 +60,7 @@ class PyramidPolicy(TokenEvictionPolicy):
     def __init__(self, press: TokenEvictionPolicy, window_size: int = 64, beta: int = 20) -> None:
         if window_size < 0 or beta < 1:
             raise ValueError("window_size must be >= 0 and beta >= 1")
-        if getattr(press, "wraps_press", False):
-            raise ValueError(f"pyramid cannot wrap another budget wrapper ({press.name()})")
+        check_wrappable("pyramid", press)
         self.press = press
         self.window_size = window_size
         self.beta = beta
