@@ -13,10 +13,9 @@ Each `Scheduler.step()`:
 4. runs one batched forward: a prefill chunk for sequences still in prefill (within the
    `max_num_batched_tokens` budget), one token for each decoding sequence, and the step's
    embedding chunks (`engine_adapter.serving.embedding_scheduler`);
-5. samples (after OpenAI's penalties, `engine_adapter.model.penalties`), detokenizes, checks
-   stop conditions (`engine_adapter.serving.outputs`), caches newly full blocks so that
-   concurrent requests share them, and releases finished sequences (their full blocks stay
-   cached).
+5. samples (after OpenAI's penalties, `engine_adapter.model.penalties`), detokenizes, checks stop
+   conditions (`engine_adapter.serving.outputs`), caches newly full blocks so that concurrent
+   requests share them, and releases finished sequences (their full blocks stay cached).
 
 A preempted sequence recomputes prompt and output together; with greedy sampling it produces
 exactly the tokens it would have produced without preemption.
@@ -28,10 +27,9 @@ that are not the scheduler's own (lifetime, deadline, quotas, victims), through 
 asks for ``kv_compression``: after each step, and before any preemption when a decode slot
 cannot be reserved.
 
-The scheduler is not thread-safe: the engine calls `step` with the cache manager's lock held.
-
-Imports: the cache core, the model, token-level eviction, and this package's records, hooks,
-outputs, compression, embedding scheduling and prefetch; never the engine.
+Not thread-safe: the engine calls `step` with the cache manager's lock held. Imports: the cache
+core, the model, token-level eviction, this package's records, hooks, outputs, compression,
+embedding scheduling and prefetch; never the engine.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ The run (one policy at one capacity):
 
     cost_model.py      prefill and decode step times on the virtual clock
     simulator.py       `Simulator`: the event-driven loop, admission, growth, preemption, the row
+    capacity.py        the smallest capacity a workload runs in, and a row's capacity checked
     sequence.py        `SimSequence`: a request in flight
     run_state.py       `RunState`, `StepAdmission`: what a run changes, what a step admits
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
@@ -23,6 +24,7 @@ The benchmark (`sage llm benchmark --mode sim`):
 
     benchmark.py       every policy at every capacity, plus the reference rows
     sweep.py           the rows in this process, in worker processes or on Ray
+    sweep_bar.py       the sweep's progress bar (Rich, stderr, drawn only when told)
     saturation.py      which rows measure a queue rather than the cache, and the warning
     plot.py            ``--plot``: hit rate against the capacity ratio, TTFT CDFs
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router

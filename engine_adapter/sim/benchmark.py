@@ -39,8 +39,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from engine_adapter.sim.sweep import (
     run_rows,
     usable_cores,
 )
+from engine_adapter.sim.sweep_bar import SweepBar, sweep_progress
 from engine_adapter.sim.synthetic import preset, synthetic
 from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
 
@@ -199,56 +199,6 @@ def _cost_model(
         raise BenchmarkError(str(exc)) from None
 
 
-class _SweepBar:
-    """A Rich progress bar on stderr over every row's requests, whichever executor runs them
-    (`sweep.RowProgress`); nothing when stderr is not a terminal.
-
-    It redraws only when told (no refresh thread), so that worker processes can be forked while
-    it is shown: rows run here tick it per request; rows in workers or on Ray complete it a row
-    at a time, and the executor redraws it while it waits.
-    """
-
-    def __init__(self, progress: Any, rows: int, n_requests: int, where: str) -> None:
-        self._progress = progress
-        self._n_requests = n_requests
-        self._done_rows = 0
-        self._task = progress.add_task(f"simulating {rows} rows{where}", total=rows * n_requests)
-
-    def started(self, spec: RowSpec) -> None:
-        self._progress.update(self._task, description=spec.label, refresh=True)
-
-    def requests_done(self, spec: RowSpec, done: int) -> None:
-        completed = self._done_rows * self._n_requests + done
-        self._progress.update(self._task, completed=completed, refresh=True)
-
-    def finished(self, spec: RowSpec) -> None:
-        self._done_rows += 1
-        self._progress.update(self._task, completed=self._done_rows * self._n_requests, refresh=True)
-
-    def refresh(self) -> None:
-        self._progress.refresh()
-
-
-@contextmanager
-def _progress() -> Iterator[Any]:
-    """A Rich progress on stderr without a refresh thread (nothing when stderr is not a terminal)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        auto_refresh=False,
-        disable=not console.is_terminal,
-    ) as progress:
-        yield progress
-
-
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
@@ -273,8 +223,8 @@ def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executo
     run = executor.describe(len(runs))
     where = {"processes": f" on {run.get('workers')} processes", "ray": " on Ray"}.get(run["executor"], "")
     try:
-        with _progress() as progress:
-            return run_rows(context, runs, executor, _SweepBar(progress, len(runs), n_requests, where))
+        with sweep_progress() as progress:
+            return run_rows(context, runs, executor, SweepBar(progress, len(runs), n_requests, where))
     except ValueError as exc:
         raise BenchmarkError(str(exc)) from None
 
@@ -303,10 +253,11 @@ def _runs(
     adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
     capacity with tiers), then the unbounded reference (every row's throughput is relative to
     it). Workers take rows in this order, so the cheapest row, unbounded (it never evicts), comes
-    last and fills a gap rather than leaving one at the end of the sweep. A fleet's rows:
-    `_fleet_runs`."""
-    if fleet is not None:
-        return _fleet_runs(policies, capacities, *fleet)
+    last and fills a gap rather than leaving one at the end of the sweep. A fleet's rows: replicas
+    x capacities x policies x routers."""
+    if fleet is not None:  # replicas x capacities x policies x routers; no reference rows
+        grid = itertools.product(fleet[0], capacities, policies, fleet[1])
+        return [RowSpec(i, p, size, router=r, replicas=n) for i, (n, size, p, r) in enumerate(grid)]
     online = [p for p in policies if p.split(":", 1)[0] != REFERENCE_BELADY]
     rows: list[dict[str, Any]] = []
     for size in capacities:
@@ -555,38 +506,22 @@ def _plot(result: dict[str, Any], ttft_quantiles: list[tuple[float, ...]], path:
 
 
 def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
-    """The fleet sizes and router specs, checked, or None for one engine per row. A fleet runs
-    online policies in the radix model, without tiers, the adaptive batch or compress-on-evict
-    (else BenchmarkError)."""
-    from engine_adapter.sim.fleet.registry import split_router_specs
-    from engine_adapter.sim.fleet.router import RouterError
+    """The fleet sizes and router specs, checked (`engine_adapter.sim.fleet.plan`), or None for
+    one engine per row. A fleet runs online policies in the radix model, without tiers, the
+    adaptive batch or compress-on-evict."""
+    from engine_adapter.sim.fleet.plan import fleet_plan
 
-    if not opts.replicas:
-        if opts.routers:
-            raise BenchmarkError("--router needs --replicas N (the fleet's size)")
-        return None
-    for n in opts.replicas:
-        if type(n) is not int or n < 1:
-            raise BenchmarkError(f"--replicas {n!r}: a fleet needs at least one replica")
+    refused = (
+        "the flat cache model" if opts.cache_model != "radix"
+        else "KV tiers" if opts.host_capacity_ratio is not None
+        else "--adaptive-batch" if opts.adaptive_batch
+        else "--compress-on-evict" if opts.compress_on_evict
+        else None
+    )  # fmt: skip
     try:
-        routers = split_router_specs(",".join(opts.routers or ("round_robin",)))
-    except RouterError as exc:
+        return fleet_plan(opts.replicas, opts.routers, opts.policies, refused, (REFERENCE_BELADY, UNBOUNDED))
+    except ValueError as exc:
         raise BenchmarkError(str(exc)) from None
-    if opts.cache_model != "radix" or opts.host_capacity_ratio is not None or opts.adaptive_batch:
-        raise BenchmarkError("--replicas runs the radix cache model, without KV tiers or --adaptive-batch")
-    if opts.compress_on_evict:
-        raise BenchmarkError("--replicas runs without --compress-on-evict (one engine's question)")
-    if offline := [p for p in opts.policies if p.split(":", 1)[0] in (REFERENCE_BELADY, UNBOUNDED)]:
-        raise BenchmarkError(f"--replicas runs online policies, not {', '.join(offline)}")
-    return list(dict.fromkeys(opts.replicas)), routers
-
-
-def _fleet_runs(
-    policies: Sequence[str], capacities: list[int], replicas: list[int], routers: list[str]
-) -> list[RowSpec]:
-    """Replicas x capacities x policies x routers; no reference rows (one engine's bounds)."""
-    grid = itertools.product(replicas, capacities, policies, routers)
-    return [RowSpec(i, p, size, router=r, replicas=n) for i, (n, size, p, r) in enumerate(grid)]
 
 
 def _executor(opts: SimBenchmarkOptions) -> Executor:

@@ -76,7 +76,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
@@ -84,11 +84,12 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
+from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.decode_steps import decode_time, steps_to_next, steps_until
 from engine_adapter.sim.run_state import RunState, SimResult, StepAdmission
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
+from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
 from sage_eviction.policies.belady import BeladyPolicy
@@ -108,20 +109,6 @@ UNBOUNDED = "unbounded"
 
 _PREFETCH_AHEAD = 4
 """Queued requests (from the head) a step prefetches for, with KV tiers and a prefetch budget."""
-
-
-def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | None = None) -> int:
-    """Blocks the largest request needs at its full length (prompt and output): the smallest
-    capacity the radix model can run."""
-    requests = workload.requests if isinstance(workload, Workload) else workload
-    bs = workload.block_size if isinstance(workload, Workload) else block_size
-    if bs is None:
-        raise ValueError("give block_size with a list of requests")
-    need = 0
-    for r in requests:
-        prompt = max(r.input_len, len(r.block_hashes) * bs)
-        need = max(need, -(-(prompt + max(r.output_len - 1, 0)) // bs))
-    return need
 
 
 class Simulator:
@@ -201,18 +188,7 @@ class Simulator:
         self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
         self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
-        if self.unbounded:
-            capacity_blocks = max(1, unique_blocks(workload.requests))
-        if capacity_blocks is None or type(capacity_blocks) is not int or capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks={capacity_blocks!r} must be a positive number of blocks")
-        if cache_model == "radix" and not self.unbounded:
-            need = min_capacity(workload)
-            if capacity_blocks < need:
-                raise ValueError(
-                    f"capacity {capacity_blocks} blocks cannot hold the largest request of the workload "
-                    f"({need} blocks with its output); give at least {need}"
-                )
-        self.capacity = capacity_blocks
+        self.capacity = checked_capacity(workload, cache_model, self.unbounded, capacity_blocks)
         self.policy_name = UNBOUNDED if self.unbounded else get_policy_class(policy.split(":", 1)[0]).name
         group_by_tenant = any(r.tenant is not None for r in workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (

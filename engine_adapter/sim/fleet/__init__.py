@@ -15,6 +15,7 @@ queue (`run.simulate_fleet`).
     predicted_ttft.py  `predicted_ttft`: cached prefix and queue through the cost model
     registry.py        the routers by name; spec parsing for the CLI (light: no simulator)
     run.py             `simulate_fleet`: the replay, and `FleetResult`, its row
+    plan.py            the fleets a benchmark sweep runs (sizes and routers, checked)
 
 Importing this package imports no submodule.
 """
