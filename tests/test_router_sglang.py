@@ -142,12 +142,13 @@ def test_the_benchmark_through_the_router_reads_the_fleet_s_hit_ratio_from_both_
     out = tmp_path / "result.json"
     workers = [arg for e in engines for arg in ("--worker-url", e.url)]
     proc = _benchmark(
-        tmp_path, "--engine-url", url, *workers, "--eviction-policies", "lru", "--output", str(out)
+        tmp_path, "--engine-url", url, *workers, "--eviction-policies", "lfu", "--output", str(out)
     )
     assert proc.returncode == 0, proc.stderr
     after = _cache_stats(engines)
     (row,) = json.loads(out.read_text())["results"]
-    assert (row["policy"], row["router"], row["replicas"], row["failed"]) == ("lru", url, 2, 0)
+    assert (row["policy"], row["router"], row["replicas"], row["failed"]) == ("lfu", url, 2, 0)
+    assert [fleet.http("GET", f"{e.url}/v1/engine")["policy"]["name"] for e in engines] == ["lfu", "lfu"]
     served = [w["requests_served"] for w in row["workers"]]
     assert served == [a[2] - b[2] for a, b in zip(after, before, strict=True)]
     assert sum(served) == len(ROUTED_TRACE) and min(served) > 0  # both engines served
