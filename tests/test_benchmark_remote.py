@@ -37,6 +37,7 @@ def _stats(client: TestClient) -> tuple[int, int]:
     return stats["prefix_cache_queries_tokens"], stats["prefix_cache_hits_tokens"]
 
 
+@pytest.mark.slow  # two engines start (~5 s)
 def test_one_engine_s_counters_move_by_what_it_served(two_engines: list[tuple[Engine, TestClient]]) -> None:
     _, client = two_engines[0]
     before = engine_counters(client.get("/metrics").text, EngineKind.sage)
@@ -53,6 +54,7 @@ def test_one_engine_s_counters_move_by_what_it_served(two_engines: list[tuple[En
     assert delta.hits >= 2 * 12 and delta.queries >= 3 * 16
 
 
+@pytest.mark.slow  # two engines start (~5 s)
 def test_a_fleet_sums_its_engines_and_reports_each_one_s_share(
     two_engines: list[tuple[Engine, TestClient]],
 ) -> None:
@@ -80,6 +82,7 @@ def test_a_fleet_sums_its_engines_and_reports_each_one_s_share(
     ] == stats
 
 
+@pytest.mark.slow  # two engines start (~5 s)
 def test_the_wrong_kind_s_counters_or_a_page_that_is_not_prometheus_are_refused(
     two_engines: list[tuple[Engine, TestClient]],
 ) -> None:
