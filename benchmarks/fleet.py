@@ -4,14 +4,17 @@ Starts N sage engines on 127.0.0.1 (TCP, no API key: loopback only), then for ea
 (``sglang:cache_aware``, ``sglang:round_robin``, ``vllm:kv_aware`` ...) starts that router in
 front of them, flushes every engine's prefix cache through it, replays the same multi-turn chats
 through it (each turn sends the whole conversation so far, as a chat client does) and reads the
-fleet's prefix hit ratio from the engines' own stats (``GET /v1/eviction/stats``: prompt tokens
-served from cache / prompt tokens looked up, summed over the engines). Prints one row per router
-and the machine; stops everything it started, also on Ctrl-C or an error.
+fleet's prefix hit ratio from the engines' own counters (their ``/metrics``: prompt tokens
+served from cache / prompt tokens looked up, summed over the engines, by the arithmetic of
+``sage llm benchmark --engine-url ROUTER --worker-url ...``). With ``--trace FILE`` it replays a
+trace instead, through that command's own replay. Prints one row per router and the machine;
+stops everything it started, also on Ctrl-C or an error.
 
 The routers live in venvs of their own (scripts/integration_venvs.sh sglang-router|vllm-router):
 
     python benchmarks/fleet.py --engines 4 --chats 200
     python benchmarks/fleet.py --routers sglang:cache_aware,sglang:round_robin,vllm:kv_aware
+    python benchmarks/fleet.py --engines 2 --trace mooncake:conversation --requests 200
 
 ``vllm:kv_aware`` is vLLM's router subscribed to the engines' KV events (``--kv-events-endpoint``);
 on this machine it cannot use them (no tokenizer for the model: docs/routers.md says what it
@@ -40,10 +43,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import machine_line
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO)]
+from _machine import machine_line  # noqa: E402
+
+from sage_cli.benchmark.options import EngineKind  # noqa: E402
+from sage_cli.benchmark.remote import (  # noqa: E402
+    EngineCounters,
+    engine_counters,
+    fleet_figures,
+    run_remote_benchmark,
+)
+
 ROUTERS = ("sglang", "vllm")
 
 
@@ -163,10 +174,17 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def stats(self) -> tuple[int, int, int]:
-        """(prompt tokens looked up, of which served from cache, requests finished)."""
+        """(prompt tokens looked up, of which served from cache, requests finished), from the
+        engine's JSON views: what the tests hold the Prometheus counters of `counters` against."""
         s = http("GET", f"{self.url}/v1/eviction/stats")
         info = http("GET", f"{self.url}/v1/engine")
         return s["prefix_cache_queries_tokens"], s["prefix_cache_hits_tokens"], info["requests"]["finished"]
+
+    def counters(self) -> EngineCounters:
+        """The engine's prefix-cache and finished-request counters from its /metrics, read as
+        `sage llm benchmark --engine-url ROUTER --worker-url ...` reads them."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=60) as resp:
+            return engine_counters(resp.read().decode(), EngineKind.sage, self.url)
 
 
 class Fleet:
@@ -252,12 +270,8 @@ class Row:
     requests: int
     hit_ratio: float
     served: list[int]
+    spread: float
     seconds: float
-
-    @property
-    def spread(self) -> float:
-        mean = sum(self.served) / len(self.served)
-        return max(self.served) / mean if mean else 0.0
 
 
 def replay(
@@ -271,9 +285,11 @@ def replay(
     )
     try:
         wait_until(f"router {router}", lambda: len(http("GET", f"{url}/v1/models")["data"]) > 0, 120, proc)
+        if args.trace is not None:
+            return replay_trace(router, url, engines, args)
         for e in engines:  # every engine starts cold (the router's own /flush_cache is SGLang's only)
             http("POST", f"{e.url}/flush_cache")
-        before = [e.stats() for e in engines]
+        before = [e.counters() for e in engines]
         start = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
             futures = [
@@ -281,18 +297,52 @@ def replay(
             ]
             answered = sum(f.result() for f in futures)
         seconds = time.perf_counter() - start
-        after = [e.stats() for e in engines]
+        after = [e.counters() for e in engines]
     finally:
         fleet.stop(proc)
-    queries = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    hits = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-    served = [a[2] - b[2] for a, b in zip(after, before, strict=True)]
-    return Row(router, answered, hits / queries if queries else 0.0, served, seconds)
+    # The CLI's arithmetic (sage_cli.benchmark.remote): one implementation of the fleet's figures.
+    figures = fleet_figures([e.url for e in engines], before, after)
+    served = [w["requests_served"] for w in figures["workers"]]
+    return Row(router, answered, figures["hit_rate"], served, figures["load_spread"] or 0.0, seconds)
+
+
+def replay_trace(router: str, url: str, engines: list[Engine], args: argparse.Namespace) -> Row:
+    """--trace: the trace through the router by `sage llm benchmark --mode engine --engine-url
+    ROUTER --worker-url ...`'s own replay (every engine swapped to --policy and reset first)."""
+    from engine_adapter.sim.benchmark import build_workload
+    from engine_adapter.sim.shipped_traces import is_trace_name, shipped_trace
+
+    trace, trace_format = args.trace, None
+    if not trace.exists() and is_trace_name(str(trace)):  # mooncake:conversation ...
+        trace, shipped = shipped_trace(str(trace))
+        trace_format = shipped.trace_format
+    built = build_workload(trace=trace, trace_format=trace_format, requests=args.requests)
+    result = run_remote_benchmark(
+        url=url,
+        kind=EngineKind.sage,
+        workers=[e.url for e in engines],
+        policies=[args.policy],
+        requests=built.requests,
+        workload=built.describe(),
+        max_output_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+    )
+    (row,) = result["results"]
+    served = [w["requests_served"] for w in row["workers"]]
+    answered = row["requests"] - row["failed"]
+    return Row(router, answered, row["hit_rate"], served, row["load_spread"] or 0.0, row["wall_s"])
 
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
-    print(f"# {args.engines} x {args.model} engines, {args.chats} chats x {args.turns} turns", end="")
-    print(f" ({args.first_words} then {args.turn_words} words), max_tokens {args.max_tokens}")
+    if args.trace is not None:
+        first = f", its first {args.requests} requests" if args.requests else ""
+        print(
+            f"# {args.engines} x {args.model} engines, {args.trace.name}{first}, policy {args.policy}", end=""
+        )
+        print(f", max_tokens {args.max_tokens}")
+    else:
+        print(f"# {args.engines} x {args.model} engines, {args.chats} chats x {args.turns} turns", end="")
+        print(f" ({args.first_words} then {args.turn_words} words), max_tokens {args.max_tokens}")
     print(f"{'router':<22} {'requests':>8} {'hit ratio':>9} {'spread':>6} {'seconds':>8}  served per engine")
     for r in rows:
         figures = f"{r.requests:>8} {r.hit_ratio:>9.3f} {r.spread:>6.2f} {r.seconds:>8.1f}"
@@ -323,10 +373,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--block-size", type=int, default=16, help="the engines' (for the KV-event router)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="replay this trace (a file, or mooncake:conversation ...) instead of the chats",
+    )
+    p.add_argument("--requests", type=int, default=None, help="with --trace: its first N requests")
+    p.add_argument("--policy", default="lru", help="with --trace: the engines' eviction policy")
     args = p.parse_args(argv)
     for name in ("engines", "chats", "turns", "max_tokens", "concurrency", "first_words", "turn_words"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.requests is not None and args.requests < 1:
+        p.error("--requests must be at least 1")
     for router in args.routers.split(","):
         kind, _, policy = router.partition(":")
         if kind not in ROUTERS or not policy:

@@ -52,8 +52,8 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from _machine import machine_line  # noqa: E402
 
+from sage_cli.benchmark.remote import stream_http_completion  # noqa: E402
 from sage_cli.benchmark.replay import EngineRun, latency_figures, replay_requests  # noqa: E402
-from sage_cli.benchmark.vllm import stream_http_completion  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m"

@@ -224,7 +224,23 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     [
         (["--engine-kind", "vllm", "--engine-url", "http://127.0.0.1:1"], ["--mode engine"]),
         (["--mode", "engine", "--engine-kind", "vllm"], ["needs --engine-url"]),
-        (["--mode", "engine", "--engine-url", "http://127.0.0.1:1"], ["--engine-kind vllm"]),
+        (["--mode", "engine", "--worker-url", "http://127.0.0.1:1"], ["give the router's --engine-url"]),
+        (["--worker-url", "http://127.0.0.1:1"], ["--mode engine"]),
+        (
+            ["--mode", "engine", "--engine-url", "http://127.0.0.1:1", "--worker-url", "127.0.0.1:2"],
+            ["--worker-url '127.0.0.1:2'", "http://"],
+        ),
+        (
+            [
+                *("--mode", "engine", "--engine-url", "http://127.0.0.1:1"),
+                *("--worker-url", "http://127.0.0.1:2", "--worker-url", "http://127.0.0.1:2"),
+            ],
+            ["each engine once"],
+        ),
+        (
+            ["--mode", "engine", "--engine-url", "http://127.0.0.1:1", "--capacity-blocks", "8"],
+            ["--num-blocks"],
+        ),
         (["--mode", "engine", "--engine-kind", "vllm", "--engine-url", "127.0.0.1:1"], ["http://"]),
         (
             [
@@ -267,7 +283,15 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_bad_vllm_target_is_a_one_line_error(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+def test_a_bad_remote_target_is_a_one_line_error(
+    tmp_path: Path, args: list[str], fragments: list[str]
+) -> None:
     proc = sage(*args, "--requests", "2", cwd=tmp_path)
     assert_one_line_error(proc, *fragments)
     assert proc.returncode == 2
+
+
+def test_a_sage_engine_url_that_does_not_answer_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = sage("--mode", "engine", "--engine-url", "http://127.0.0.1:1", "--requests", "2", cwd=tmp_path)
+    assert_one_line_error(proc, "cannot reach the sage engine at http://127.0.0.1:1")
+    assert proc.returncode == 1

@@ -7,6 +7,9 @@ benchmarks/fleet.py starts and stops the processes for both."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +19,8 @@ from typing import Any
 
 import pytest
 
-FLEET = Path(__file__).resolve().parent.parent / "benchmarks" / "fleet.py"
+REPO = Path(__file__).resolve().parent.parent
+FLEET = REPO / "benchmarks" / "fleet.py"
 
 
 def _fleet_module() -> ModuleType:
@@ -90,3 +94,86 @@ def test_the_router_s_flush_empties_every_engine_s_prefix_cache(routed: tuple[st
     flushed = fleet.http("POST", f"{url}/flush_cache")
     assert flushed["workers_flushed"] == 2
     assert [fleet.http("GET", f"{e.url}/v1/cache/usage")["cached_blocks"] for e in engines] == [0, 0]
+
+
+# Pairs of requests on a shared head (hash ids 1-3, then 6-8): the second of a pair hits when
+# it lands where the first was served; round robin sends it to the other engine half the time.
+ROUTED_TRACE = [
+    {"timestamp": t, "input_length": 512 * len(ids), "output_length": 2, "hash_ids": ids}
+    for t, ids in enumerate(
+        [
+            [1, 2, 3, 4],
+            [1, 2, 3, 5],
+            [1, 2, 3, 4],
+            [6, 7, 8],
+            [6, 7, 8, 9],
+            [6, 7, 8],
+            [1, 2, 3, 5],
+            [6, 7, 8, 9],
+        ]
+    )
+]
+
+
+def _benchmark(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    trace = tmp_path / "routed.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in ROUTED_TRACE), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SAGE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "sage_cli", "llm", "benchmark", "--mode", "engine", "--trace", str(trace)]
+    return subprocess.run(
+        [*cmd, "--max-output-tokens", "2", "--concurrency", "2", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _cache_stats(engines: list[Any]) -> list[tuple[int, int, int]]:
+    return [e.stats() for e in engines]  # (tokens looked up, served from cache, requests finished)
+
+
+@pytest.mark.slow
+def test_the_benchmark_through_the_router_reads_the_fleet_s_hit_ratio_from_both_engines(
+    routed: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    url, engines = routed
+    before = _cache_stats(engines)
+    out = tmp_path / "result.json"
+    workers = [arg for e in engines for arg in ("--worker-url", e.url)]
+    proc = _benchmark(
+        tmp_path, "--engine-url", url, *workers, "--eviction-policies", "lfu", "--output", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    after = _cache_stats(engines)
+    (row,) = json.loads(out.read_text())["results"]
+    assert (row["policy"], row["router"], row["replicas"], row["failed"]) == ("lfu", url, 2, 0)
+    assert [fleet.http("GET", f"{e.url}/v1/engine")["policy"]["name"] for e in engines] == ["lfu", "lfu"]
+    served = [w["requests_served"] for w in row["workers"]]
+    assert served == [a[2] - b[2] for a, b in zip(after, before, strict=True)]
+    assert sum(served) == len(ROUTED_TRACE) and min(served) > 0  # both engines served
+    # the fleet's figures are the sum of the engines' own stats over the run
+    queries = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    hits = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    assert (row["prefix_cache_queries_tokens"], row["prefix_cache_hits_tokens"]) == (queries, hits)
+    assert hits > 0 and row["hit_rate"] == pytest.approx(hits / queries)
+    assert row["ttft_p50_s"] > 0 and row["throughput_tok_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_router_without_its_workers_or_a_worker_that_is_not_there_is_a_one_line_error(
+    routed: tuple[str, list[Any]], tmp_path: Path
+) -> None:
+    url, engines = routed
+    for args, fragment in (
+        ([], "a router's URL needs --worker-url"),
+        (
+            ["--worker-url", engines[0].url, "--worker-url", f"http://127.0.0.1:{fleet.free_port()}"],
+            "cannot reach a worker",
+        ),
+        (["--worker-url", engines[0].url, "--engine-kind", "vllm"], "no vllm:prefix_cache_queries"),
+    ):
+        proc = _benchmark(tmp_path, "--engine-url", url, *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert fragment in lines[0]

@@ -87,7 +87,7 @@ def _vllm(body: str) -> httpx.Client:
 
 
 def test_the_vllm_benchmark_counts_its_tokens_from_usage() -> None:
-    from sage_cli.benchmark.vllm import stream_http_completion
+    from sage_cli.benchmark.remote import stream_http_completion
 
     usage = {"prompt_tokens": 7, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 4}}
     chunks = [
@@ -111,7 +111,7 @@ def test_the_vllm_benchmark_counts_its_tokens_from_usage() -> None:
     ],
 )
 def test_the_vllm_benchmark_counts_a_broken_stream_as_a_failed_request(body: str, error: str) -> None:
-    from sage_cli.benchmark.vllm import stream_http_completion
+    from sage_cli.benchmark.remote import stream_http_completion
 
     run = stream_http_completion(_vllm(body), {})
     assert not run.ok

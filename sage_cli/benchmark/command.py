@@ -1,9 +1,9 @@
 """``sage llm benchmark``: the one command, its options declared by `BenchmarkArgs`, its steps.
 
 The command checks the options (`checks`, `colocation`), then runs one mode, each in a module of
-its own, imported only then: the simulator (`sim`), a live sage engine (`engine`), a vLLM server
-(`vllm`), or the colocation grid in the simulator (`colocation_sim`) or on engines
-(`colocation_engine`).
+its own, imported only then: the simulator (`sim`), a live sage engine on its socket (`engine`),
+engines over HTTP (`remote`: a sage or vLLM server, or a router in front of several), or the
+colocation grid in the simulator (`colocation_sim`) or on engines (`colocation_engine`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def run(args: BenchmarkArgs) -> None:
         return
     plan = check_plan(args, _policies(args))
     if args.engine_url is not None:
-        from sage_cli.benchmark.vllm import run_on_vllm
+        from sage_cli.benchmark.remote import run_on_remote
 
-        run_on_vllm(args, plan, args.engine_url)
+        run_on_remote(args, plan, args.engine_url)
     elif args.mode is Mode.engine:
         from sage_cli.benchmark.engine import run_on_engine
 
@@ -59,10 +59,10 @@ def run(args: BenchmarkArgs) -> None:
 
 def _policies(args: BenchmarkArgs) -> list[str]:
     """The policies to compare (default lru,lfu,arc), or the one a vLLM server runs."""
-    if args.engine_kind is EngineKind.vllm or args.engine_url is not None:
-        from sage_cli.benchmark.vllm import vllm_policies
+    if args.engine_kind is EngineKind.vllm or args.engine_url is not None or args.worker_url:
+        from sage_cli.benchmark.remote import remote_policies
 
-        return vllm_policies(args)
+        return remote_policies(args)
     # None is the default; an empty string is a mistake (it used to run the default silently).
     text = "lru,lfu,arc" if args.eviction_policies is None else args.eviction_policies
     return parse_policies(text, args.mode.value)

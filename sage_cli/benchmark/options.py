@@ -443,7 +443,8 @@ EngineKindOpt = Annotated[
     EngineKind,
     typer.Option(
         "--engine-kind",
-        help="engine mode: sage (the engine on --socket) or vllm (a vLLM server at --engine-url).",
+        help="engine mode: sage (the engine on --socket, or sage engines at --engine-url) or vllm "
+        "(vLLM servers at --engine-url); which prefix-cache counters the engines' /metrics export.",
     ),
 ]
 EngineUrlOpt = Annotated[
@@ -452,7 +453,18 @@ EngineUrlOpt = Annotated[
         "--engine-url",
         metavar="URL",
         show_default=False,
-        help="engine mode, --engine-kind vllm: the running vLLM OpenAI server, e.g. http://127.0.0.1:8000.",
+        help="engine mode: send the requests to this OpenAI server over HTTP instead of --socket: an "
+        "engine of --engine-kind, or a router in front of the --worker-url engines, e.g. http://127.0.0.1:8000.",
+    ),
+]
+WorkerUrlOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--worker-url",
+        metavar="URL",
+        show_default=False,
+        help="with --engine-url ROUTER_URL, repeated: each engine behind the router; their /metrics "
+        "are read before and after and summed (the fleet's hit ratio, each engine's share).",
     ),
 ]
 
@@ -509,3 +521,4 @@ class BenchmarkArgs:
     time_scale: TimeScaleOpt = 0.0
     engine_kind: EngineKindOpt = EngineKind.sage
     engine_url: EngineUrlOpt = None
+    worker_url: WorkerUrlOpt = None

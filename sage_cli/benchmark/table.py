@@ -82,6 +82,22 @@ _FLEET_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "Preempted", "int"),
 )
 
+# With --engine-url ROUTER --worker-url ...: real engines behind a real router, measured on the
+# engines' own counters (sage_cli.benchmark.remote); "served" is each engine's finished requests.
+_ROUTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("router", "Router", "text"),
+    ("replicas", "Engines", "int"),
+    ("policy", "Policy", "text"),
+    ("hit_rate", "Fleet hit", "percent"),
+    ("load_spread", "Load max/mean", "ratio"),
+    ("served", "Served", "text"),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
+    ("ttft_p99_s", "TTFT p99 s", "number"),
+    ("tpot_p50_s", "TPOT p50 s", "number"),
+    ("throughput_tok_s", "Tok/s", "number"),
+    ("failed", "Failed", "int"),
+)
+
 
 def run_caption(run: Any) -> str | None:
     """How the simulator's rows ran, under the table: the implementation of the core (compiled or
@@ -147,6 +163,7 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     chosen = _TIER_COLUMNS if tiered else _COMPRESS_COLUMNS if compressed else _COLUMNS
     chosen = _ADAPTIVE_COLUMNS if adaptive and not (tiered or compressed) else chosen
     chosen = _FLEET_COLUMNS if fleet else chosen
+    chosen = _ROUTED_COLUMNS if any(row.get("workers") for row in rows) else chosen
     columns = [c for c in chosen if c[0] in present]
     if not columns:  # rows of another shape: show them as they are
         keys = list(dict.fromkeys(key for row in rows for key in row))
