@@ -28,7 +28,8 @@ import pytest
 from engine_adapter.serving.openapi import openapi_document
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis.errors import Unsatisfiable  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENT = openapi_document()
@@ -94,27 +95,65 @@ def bounded(case: Any) -> bool:
     return True
 
 
+def _operations(schema: Any) -> list[Any]:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def _label(operation: Any) -> str:
+    return f"{operation.method.upper()} {operation.path}"
+
+
+def _strategies(operation: Any) -> list[tuple[Any, bool]]:
+    """(cases, positive): schema-valid cases and, where the schema can be broken, schema-violating
+    ones (as schemathesis' own parametrize draws both)."""
+    from schemathesis.generation import GenerationMode
+
+    return [
+        (operation.as_strategy(GenerationMode.POSITIVE), True),
+        (operation.as_strategy(GenerationMode.NEGATIVE), False),
+    ]
+
+
+# One test per operation, by its own id: schemathesis' own parametrize gives every operation the
+# same node id, which pytest-xdist (the full run) collapses to one.
 @pytest.mark.slow
-@FUZZED.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_operation_keeps_to_the_document(case: Any, engine_socket: Path) -> None:
-    if not bounded(case):
-        return
-    response = send(engine_socket, case)
-    if case.method.upper() == case.operation.method.upper():  # not a probe of another method
-        operation = f"{case.operation.method.upper()} {case.operation.path}"
-        ANSWERS.setdefault(operation, Counter())[response.status_code] += 1
-    assert response.status_code < 500, (case.method, case.path, response.text[:300])
-    # Not positive_data_acceptance: a schema cannot say every rule of the API (token ids within
-    # the model's vocabulary, a prompt within the pool), so a 400 to a schema-valid request is
-    # allowed; a schema-violating one must still be refused (negative_data_rejection).
-    case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance])
+@pytest.mark.parametrize("operation", _operations(FUZZED), ids=_label)
+def test_every_operation_keeps_to_the_document(operation: Any, engine_socket: Path) -> None:
+    for cases, positive in _strategies(operation):
+        _fuzz(engine_socket, cases, positive)
+
+
+def _fuzz(engine_socket: Path, cases: Any, positive: bool) -> None:
+    """Send the drawn cases; record the answers to schema-valid ones (`positive`)."""
+
+    @given(case=cases)
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    def check(case: Any) -> None:
+        if not bounded(case):
+            return
+        response = send(engine_socket, case)
+        # the answers to schema-valid cases of the operation itself (not a probe of another method)
+        if positive and case.method.upper() == case.operation.method.upper():
+            ANSWERS.setdefault(_label(case.operation), Counter())[response.status_code] += 1
+        assert response.status_code < 500, (case.method, case.path, response.text[:300])
+        # Not positive_data_acceptance: a schema cannot say every rule of the API (token ids
+        # within the model's vocabulary, a prompt within the pool), so a 400 to a schema-valid
+        # request is allowed; a schema-violating one must still be refused
+        # (negative_data_rejection).
+        case.validate_response(response, excluded_checks=[schemathesis.checks.positive_data_acceptance])
+
+    try:
+        check()
+    except Unsatisfiable:
+        if positive:
+            raise
+        # an operation with nothing to violate (no parameters, no body): no negative case exists
 
 
 @pytest.mark.slow
 def test_every_operation_got_past_validation(engine_socket: Path) -> None:
     """Each fuzzed operation was answered 2xx at least once: the fuzz reached the engine."""
-    operations = {f"{o.method.upper()} {o.path}" for o in _operations(FUZZED)}
+    operations = {_label(o) for o in _operations(FUZZED)}
     assert ANSWERS, "run with test_every_operation_keeps_to_the_document (it records the answers)"
     missing = {op: dict(ANSWERS.get(op, {})) for op in operations if not _ok(ANSWERS.get(op, Counter()))}
     assert not missing, f"operations never answered 2xx (status: count): {missing}"
@@ -122,10 +161,6 @@ def test_every_operation_got_past_validation(engine_socket: Path) -> None:
 
 def _ok(statuses: Counter[int]) -> bool:
     return any(200 <= status < 300 for status in statuses)
-
-
-def _operations(schema: Any) -> list[Any]:
-    return [result.ok() for result in schema.get_all_operations()]
 
 
 @pytest.mark.slow

@@ -115,12 +115,13 @@ def parse_token_policy(value: Any, where: str) -> str:
 
 def parse_compress_on_evict(value: Any, where: str) -> str:
     """``PRESS:RATIO`` for compress-on-evict (``knorm:0.75``), or "" (off): the press is built
-    once here (importing torch) and must be query-agnostic, so a bad one fails the config."""
+    once here (importing torch: only when one is given) and must be query-agnostic, so a bad one
+    fails the config."""
+    if value is None or value == "":
+        return ""
     from engine_adapter.cache.compressed import parse_compress_spec
     from engine_adapter.serving.prefix_compression import compress_press
 
-    if value is None or value == "":
-        return ""
     spec = parse_text(value, where).strip().lower()
     try:
         compress_press(parse_compress_spec(spec))

@@ -257,15 +257,25 @@ class KVzipPolicy(TokenEvictionPolicy):
         assert obs is not None and obs.token_ids is not None
         return context_chunks(obs.token_ids, self.prompt_for(obs.decoder.tokenizer), self.chunk_size)
 
-    def select(self, cache: SequenceKV, target_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        ratio = self.compression_ratio(cache.length, target_len)
+    def all_scores(self, cache: SequenceKV) -> torch.Tensor:
+        """``[layers, kv_heads, L]``: the replay's scores (recency when it cannot replay), the
+        sinks above all."""
         if self.attention_missing(cache) is not None:
             recency = recency_scores(cache.num_kv_heads, cache.length, self.n_sink)
             scores = recency[None].repeat(cache.num_layers, 1, 1).to(cache.pool.dtype)
         else:
             scores = replay_scores(cache, self.replay_chunks(cache), self.n_sink)
         scores[..., : self.n_sink] = scores.amax() + 1.0
-        return ragged_keep(global_prune(scores, ratio, self.layerwise))
+        return scores
+
+    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+        # One replay scores every layer (and the budget is shared across them, `select`); a
+        # caller asking one layer (the contract tests) gets that layer of the whole.
+        return self.all_scores(cache)[layer]
+
+    def select(self, cache: SequenceKV, target_len: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ratio = self.compression_ratio(cache.length, target_len)
+        return ragged_keep(global_prune(self.all_scores(cache), ratio, self.layerwise))
 
     def keep_indices(self, cache: SequenceKV, target_len: int) -> torch.Tensor:
         raise NotImplementedError("kvzip keeps a different count per layer and head: use select")

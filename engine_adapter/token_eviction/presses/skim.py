@@ -131,6 +131,11 @@ class SkimPolicy(TokenEvictionPolicy):
             scores.append(s)
         return scores
 
+    def scores(self, cache: SequenceKV, layer: int, target_len: int) -> torch.Tensor:
+        # One replay serves every layer, so the layers are scored together (`layer_scores`); a
+        # caller asking one layer (the contract tests) gets that layer of the whole.
+        return self.layer_scores(cache, target_len)[layer]
+
     def keep_indices(self, cache: SequenceKV, target_len: int) -> torch.Tensor:
         return torch.stack([top_kept(s, target_len) for s in self.layer_scores(cache, target_len)])
 
