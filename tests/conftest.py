@@ -126,12 +126,30 @@ def _measured_slow() -> frozenset[str]:
     return frozenset(line.partition("\t")[2] for line in lines if line.strip() and not line.startswith("#"))
 
 
+# The longest files (minutes each on 2 cores): with two workers (`-n 2 --dist loadfile`, one
+# worker per file, handed out in collection order) they go first, so that no worker is left with
+# one of them at the end while the other idles.
+LONGEST_FIRST = (
+    "tests/test_readme_commands.py",
+    "tests/test_libcachesim_oracle.py",
+    "tests/test_simulator.py",
+    "tests/test_cli_offline.py",
+    "tests/test_token_eviction_kvpress.py",
+    "tests/test_token_presses_kvpress.py",
+    "tests/test_openai_client.py",
+    "tests/test_colocation_engine_bench.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     listed = _measured_slow()
     for item in items:
         if item.nodeid in listed:
             item.add_marker(pytest.mark.slow)
+    if getattr(config.option, "numprocesses", None):  # under pytest-xdist only; a serial run keeps its order
+        rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.hookimpl(hookwrapper=True)
