@@ -25,9 +25,9 @@ from model_fixtures import (  # noqa: E402
     reference_fixture,
     smollm2_fixture,
 )
-from test_model_hf_parity import SMALL, WORDS, _randomize  # noqa: E402
+from test_model_hf_parity import WORDS  # noqa: E402
+from test_token_presses_kvpress import tiny_pair  # noqa: E402
 
-from engine_adapter.model import load_model  # noqa: E402
 from engine_adapter.model.chat_template import ChatMessage, render_chat  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402
 from engine_adapter.token_eviction.generate import prefill  # noqa: E402
@@ -83,18 +83,8 @@ def _write_tokenizer(folder: Path) -> None:
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Decoder]:
-    config_class = transformers.LlamaConfig if request.param == "llama" else transformers.Qwen2Config
-    config = config_class(**{**SMALL, "vocab_size": 256}, rope_theta=10000.0, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model_class = transformers.LlamaForCausalLM if request.param == "llama" else transformers.Qwen2ForCausalLM
-    reference = model_class(config).eval()
-    _randomize(reference)
-    folder: Path = tmp_path_factory.mktemp(request.param)
-    reference.save_pretrained(folder)
-    _write_tokenizer(folder)
-    reference.config.name_or_path = str(folder)  # where kvpress's KVzip reads its tokenizer
-    decoder, _tokenizer, _config = load_model(str(folder), device="cpu")
-    return reference, decoder
+    # the presses' tiny pair, with a tokenizer that holds the replay prompt's words
+    return tiny_pair(request.param, tmp_path_factory.mktemp(request.param), _write_tokenizer)
 
 
 def _prompt(seed: int) -> list[int]:

@@ -15,6 +15,7 @@ token has the same pre-RoPE key, so its scores tie exactly and top-k breaks the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,21 +73,28 @@ SPECS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Decoder]:
-    """A random tiny model in transformers (SDPA attention: AdaKV refuses eager) and ours."""
-    config_class = transformers.LlamaConfig if request.param == "llama" else transformers.Qwen2Config
+def tiny_pair(
+    kind: str, folder: Path, write_tokenizer: Callable[[Path], None] = _write_tokenizer
+) -> tuple[Any, Decoder]:
+    """A random tiny `kind` ("llama", "qwen2") model in transformers (SDPA attention: AdaKV
+    refuses eager), saved in `folder` with a tokenizer, and ours loaded from it."""
+    config_class = transformers.LlamaConfig if kind == "llama" else transformers.Qwen2Config
     # A vocabulary wider than the prompt: `_prompt` repeats no token.
     config = config_class(**{**SMALL, "vocab_size": 256}, rope_theta=10000.0, attn_implementation="sdpa")
     torch.manual_seed(0)
-    model_class = transformers.LlamaForCausalLM if request.param == "llama" else transformers.Qwen2ForCausalLM
+    model_class = transformers.LlamaForCausalLM if kind == "llama" else transformers.Qwen2ForCausalLM
     reference = model_class(config).eval()
     _randomize(reference)
-    folder: Path = tmp_path_factory.mktemp(request.param)
     reference.save_pretrained(folder)
-    _write_tokenizer(folder)
+    write_tokenizer(folder)
+    reference.config.name_or_path = str(folder)  # where kvpress's KVzip reads its tokenizer
     decoder, _tokenizer, _config = load_model(str(folder), device="cpu")
     return reference, decoder
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Decoder]:
+    return tiny_pair(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def _prompt(seed: int) -> list[int]:
