@@ -16,6 +16,9 @@ front down (docs/architecture.md, "Cache core"):
     queue_protection.py QueueProtection: the cached prefixes of waiting requests, held until they run
     reservations.py     Reservations: blocks held for an embedding batch's workspace
     compaction.py       a sequence compacted by token-level eviction gets a fresh table
+    compressed.py       CompressedPrefixes: evicted chains compacted instead of dropped
+                        (--compress-on-evict), the typed CompressMove the engine runs
+    compress_front.py   CompressFront: the manager's compress-on-evict methods (a mixin)
     pins.py             Pins: system prompts' cached prefixes held against eviction
     policy_binding.py   PolicyBinding: the policy's resolved spec, and the hot swap
     eviction.py         EvictionStep: the deficit, eviction through the index, its counters and events
@@ -35,6 +38,7 @@ front down (docs/architecture.md, "Cache core"):
     tree.py             the radix tree as a bounded picture (GET /v1/cache/tree)
     usage.py            pool use by tenant and priority class (GET /v1/cache/usage)
     events.py           EvictionEventLog: eviction events as JSON lines, ring buffer, subscribers
+    handoff_lock.py     HandoffLock: the cache lock, handed to waiting requests after each step
     adaptive_batch.py   AdaptiveBatch: the running-batch limit from eviction pressure
     errors.py           the cache's exception tree
     sizes.py            byte sizes such as "2GiB"

@@ -20,6 +20,8 @@
     observer.py       the AttentionObserver token-level eviction reads
     precision.py      the run dtype: auto (bf16 on CUDA or a CPU with AMX/AVX512-BF16), names
     quant.py          weight-only int8/int4 linears on torch's CPU kernels (a GGUF's Q4_1 as stored)
+    packed.py         --packed-weights: dense linears on weights reordered once for oneDNN
+    key_masks.py      key masks: padded keys of head-varying budgets get no attention weight
     sampling.py       SamplingParams, sample / sample_batch with per-request generators
     penalties.py      apply_penalties: OpenAI's frequency and presence penalties
     pooling.py        MeanPool: embeddings from the hidden states of chunked prefills

@@ -5,6 +5,7 @@ The engine (a request's way in and out):
     config.py               EngineConfig: flags > environment > YAML > defaults, checked in one place
     engine.py               Engine: the parts' assembly, the loop thread and its inbox, submission,
                             colocation's admission in the loop
+    engine_thread.py        the one thread that owns torch: threads, load, warm-up, steps
     engine_parts.py         the builders of the parts: the pool's size, the cache manager,
                             token-level eviction, colocation's gates
     intake.py               RequestIntake: a request's checks against the model and the pool, its SLOs
@@ -23,6 +24,7 @@ The scheduler (one step: admit, reserve or preempt, forward, sample, release):
     outputs.py              a sequence's text, stop strings and the deltas it emits
     compression.py          SequenceCompressor: token-level eviction in the step
     prefetch.py             QueuePrefetch: the queue's host/disk prefixes loaded while they wait
+    prefix_compression.py   PrefixCompressor: compress-on-evict's compactions of cached prefixes
     embedding_batch.py      embedding requests' records and handle
     embedding_scheduler.py  EmbeddingScheduler: the embedding queue and each step's chunks
 
@@ -37,7 +39,10 @@ The control API (HTTP/1.1 JSON on the engine's socket):
     streams.py              SSE completion chunks and NDJSON eviction events, in daemon threads
     http_limits.py          what uvicorn does not bound: deadlines, a connection cap, JSON errors
     auth.py                 the bearer API key over TCP
-    openapi.py              the OpenAPI document of all of it (docs/openapi.json)
+    openapi.py              the OpenAPI document of all of it (docs/openapi.json), from
+                            openapi_types.py (the shared schema parts) and openapi_schemas.py
+    worker_routes.py        the routes routers call on their workers (server/model info, load, flush)
+    kv_events.py            KV cache events in vLLM's format over ZMQ, off the engine thread
 
 Imports: `engine_adapter.model`, `engine_adapter.cache`, `engine_adapter.token_eviction`,
 `engine_adapter.colocation`, `engine_adapter.paths` and `engine_adapter.safe_yaml` (the

@@ -9,6 +9,7 @@ Workloads (what a run replays):
     prefix_model.py    `PrefixModel`: seeded shared system prompts and multi-turn conversations
     synthetic.py       the seeded synthetic generator and the presets (the module spec's)
     sources.py         workloads by name, for the CLI
+    shipped_traces.py  the traces the repository ships (gzipped, with their licences), by name
 
 The run (one policy at one capacity):
 

@@ -6,7 +6,8 @@
     table.py              the table of policy rows; --output and --json
     sim.py                mode sim: the simulator (`engine_adapter.sim.benchmark.run_benchmark`)
     engine.py             mode engine: a live sage engine, or a temporary one
-    vllm.py               mode engine, --engine-kind vllm: a vLLM OpenAI server over HTTP
+    remote.py             mode engine, --engine-url: a vLLM server or sage engines over HTTP,
+                          directly or behind a router (--worker-url: the fleet's /metrics)
     replay.py             what the engine modes share: prompts, the replay, latency figures
     colocation.py         --workload colocation: `ColocationGrid`, its checks and its table
     colocation_sim.py     the colocation grid in the simulator

@@ -11,6 +11,7 @@ queue (`run.simulate_fleet`).
     round_robin.py     `round_robin`: in turn
     least_load.py      `least_load`: the fewest outstanding tokens
     cache_aware.py     `cache_aware`: sgl-router's approximate tree of routed prompts
+    approx_tree.py     that tree: routed prompts' block keys per replica, its size bounded
     precise.py         `precise`: the longest prefix really cached (a KV-event-fed router)
     predicted_ttft.py  `predicted_ttft`: cached prefix and queue through the cost model
     registry.py        the routers by name; spec parsing for the CLI (light: no simulator)
