@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import test_engine_tiers
 from engine_fixtures import app_client, started_engine
 from prometheus_client.parser import text_string_to_metric_families
 from test_engine_tiers import PROMPTS, _run_all
@@ -16,16 +17,10 @@ from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.serving.engine import Engine
 from sage_cli.eviction.render import render_stats
 
+# The unbounded pool's greedy outputs: the tier tests' fixture, one per module.
+reference_outputs = test_engine_tiers.reference_outputs
+
 pytestmark = pytest.mark.slow  # sage-tiny engines, several rounds of requests
-
-
-@pytest.fixture(scope="module")
-def reference_outputs() -> list[list[int]]:
-    engine = started_engine()  # 4096 blocks: nothing is ever evicted
-    try:
-        return _run_all(engine, PROMPTS)
-    finally:
-        engine.shutdown()
 
 
 def _two_rounds(engine: Engine) -> tuple[list[list[int]], list[list[int]]]:
