@@ -142,3 +142,50 @@ def test_the_text_log_has_one_line_per_eviction(tmp_path: Path) -> None:
         assert f"; freed {freed}, total freed: {call['total_freed']} " in line
     as_json = _sage("logs", "--file", str(log), "--tail", "1000", "--json", home=tmp_path)
     assert [json.loads(line) for line in as_json.stdout.splitlines()] == events  # JSON: every event
+
+
+def _write_compressing_log(path: Path, *, explain: bool) -> list[dict[str, object]]:
+    """Compress-on-evict: an 8-block chain compressed when a second prompt needs room; then a
+    reservation of every block compresses the second chain and drops both entries (least
+    recently used first)."""
+    with EvictionEventLog(path) as log:
+        pool = BlockAllocator(12, BS)
+        m = CacheManager(pool, event_log=log, explain=explain, compress_on_evict="knorm:0.75", compiled=False)
+        for sid, start, n in ((1, 100, 33), (2, 500, 25)):
+            prompt = list(range(start, start + n))
+            m.allocate(CacheRequest(sid, prompt))
+            m.free_sequence(sid, prompt)
+        m.take_compress_moves()
+        m.reserve_blocks(99, m.num_available_blocks)
+        return log.tail()
+
+
+def test_explain_follows_a_compressed_prefix_to_its_compression_and_its_drop(tmp_path: Path) -> None:
+    log = tmp_path / "evictions.jsonl"
+    events = _write_compressing_log(log, explain=True)
+    compress, second = [e for e in events if e["event"] == "compress"]
+    blocks = compress["blocks"]
+    assert isinstance(blocks, list) and len(blocks) == 8 and compress["block"] == blocks[-1]
+    assert compress["chosen_by"] == "lru" and compress["reason"] == "evict:alloc"
+    why = compress["explain"]
+    assert isinstance(why, dict) and why["then"] == "compress" and why["ranks_by"]
+    assert second["reason"] == "evict:reserve" and not set(second["blocks"]) & set(blocks)
+    dropped, _ = [e for e in events if e["event"] == "drop_compressed"]
+    assert dropped["blocks"] == blocks and dropped["why"].startswith("least recently used")
+    # any block of the chain finds both records, in order
+    done = _sage("explain", str(blocks[3])[:8], "--file", str(log), home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "cached prefix of 8 blocks" in out and "compressed, not evicted" in out
+    assert "LRU chose block" in out and "knorm:0.75 kept 8 of 32 tokens and freed 6 blocks" in out
+    assert "ranked by:" in out
+    assert out.index("compressed, not evicted") < out.index("dropped at")
+    assert "why: least recently used compressed prefix" in out
+
+
+def test_a_compression_without_explain_says_how_to_get_one(tmp_path: Path) -> None:
+    events = _write_compressing_log(tmp_path / "evictions.jsonl", explain=False)
+    compress = next(e for e in events if e["event"] == "compress")
+    assert "explain" not in compress
+    lines = explain_lines(compress)
+    assert "LRU chose block" in lines[0] and lines[-1].endswith("start the engine with --explain")

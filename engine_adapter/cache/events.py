@@ -18,7 +18,10 @@ Event shapes::
      "tenant", "policy", "reason", "last_access", "hits", "priority"}
     {"event": "freed", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
     {"event": "compress", "ts", "run", "sequence_id", "policy", "reason", "tokens_before",
-     "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"}
+     "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"
+     [, "block", "blocks", "chosen_by", "explain"]}
+    {"event": "drop_compressed", "ts", "run", "blocks", "blocks_freed", "tokens_kept", "hits",
+     "reason", "why"}
     {"event": "demote" | "promote" | "drop", "ts", "run", "block", "tier", "slot", "to_tier",
      "to_slot", "policy", "reason"}
     {"event": "store", "ts", "run", "blocks", "parent", "tokens", "block_size"}
@@ -27,7 +30,12 @@ Event shapes::
 ``compress`` is token-level eviction (engine_adapter.token_eviction): one running sequence's
 K/V compacted by a token policy, `reason` "prefill" (a request's ``kv_compression``),
 "pressure" (memory under ``--memory-threshold``) or "preempt" (instead of a preemption);
-`fallback` is null, or why an attention-scored policy kept the newest tokens instead.
+`fallback` is null, or why an attention-scored policy kept the newest tokens instead. With
+``--compress-on-evict``, a cached prefix compressed instead of evicted is a ``compress`` event with
+reason ``evict:<why>`` that also names the block policy's victim (`block`), the chain compressed
+(`blocks`), the policy that chose it (`chosen_by`) and, with ``--explain``, why (`explain`, as an
+``evict`` event's, with ``then``: ``compress``); a compressed prefix given up later is a
+``drop_compressed`` event saying `why`.
 
 ``store`` and ``reset`` are made only while ``record_stores`` is on (the KV events publisher,
 engine_adapter.serving.kv_events, turns it on): ``store`` is one chain of blocks a sequence
@@ -324,11 +332,15 @@ class EvictionEventLog:
         duration_us: float,
         fallback: str | None = None,
         ts: float | None = None,
+        victim: dict[str, Any] | None = None,
     ) -> None:
         """One token-level compression of a running sequence; `fallback` says why the policy
         kept the newest tokens instead of scoring by attention (None: it scored as it should).
-        A cached prefix compressed instead of evicted (`cache.compressed`) has reason ``evict``,
-        no sequence and no byte count (the cache core counts blocks)."""
+        A cached prefix compressed instead of evicted (`cache.compressed`) has reason
+        ``evict:<why>``, no sequence and no byte count (the cache core counts blocks), and
+        `victim`: the block policy's victim (``block``), the chain compressed (``blocks``), the
+        policy that chose it (``chosen_by``) and, with explanation on, why (``explain``)."""
+        extra: dict[str, Any] = {} if victim is None else victim
         self._log.info(
             "compress",
             ts=time.time() if ts is None else ts,
@@ -342,6 +354,32 @@ class EvictionEventLog:
             bytes_freed=bytes_freed,
             duration_us=duration_us,
             fallback=fallback,
+            **extra,
+        )
+
+    def drop_compressed(
+        self,
+        *,
+        blocks: list[str],
+        blocks_freed: int,
+        tokens_kept: int,
+        hits: int,
+        reason: str,
+        why: str,
+        ts: float | None = None,
+    ) -> None:
+        """A compressed prefix given up (compress-on-evict): its chain's blocks, the pool blocks
+        it freed, the tokens it kept, the hits it served, and why it went."""
+        self._log.info(
+            "drop_compressed",
+            ts=time.time() if ts is None else ts,
+            run=self.run_id,
+            blocks=blocks,
+            blocks_freed=blocks_freed,
+            tokens_kept=tokens_kept,
+            hits=hits,
+            reason=reason,
+            why=why,
         )
 
     def store(

@@ -221,9 +221,10 @@ class EvictionStep:
         radix, pool = self._radix, self._pool
         freed, decision = 0, 0.0
         dropped: list[CachedBlock] = []
-        gone: list[CompressedPrefix] = []
+        dropped_why: list[dict[str, Any]] = []
+        gone: list[tuple[CompressedPrefix, str]] = []  # dropped entries and why
         while freed < n:
-            victims, took = radix.evict(1)
+            victims, took, why = self._next_victim()
             decision += took
             if not victims:
                 break
@@ -232,48 +233,91 @@ class EvictionStep:
             if store.blocks_kept(len(chain) + 1) > len(chain):  # no block to give back
                 pool.free([leaf.block_id])
                 dropped.append(leaf)
-                gone += store.drop_under(leaf.key)
+                dropped_why.append(_then(why, "drop: too short to give a block back when compressed"))
+                gone += _because(store.drop_under(leaf.key), _UNDER)
                 freed += 1
                 continue
             for block in chain:  # nearest first: each is a leaf once the one below has left
                 radix.remove(block)
             path = [*reversed(chain), leaf]
-            gone += store.drop_named(leaf.key if not chain else chain[-1].key)
+            gone += _because(store.drop_named(leaf.key if not chain else chain[-1].key), _AGAIN)
             for block in path:
-                gone += store.drop_under(block.key)
+                gone += _because(store.drop_under(block.key), _UNDER)
             entry, spare = store.compress(path)
             freed += len(spare)
-            self._compress_event(entry, len(path), len(spare), reason)
+            self._compress_event(entry, path, len(spare), reason, _then(why, "compress"))
         if freed < n:
-            gone += store.drop_lru(n - freed)
-        freed += sum(len(e.blocks) for e in gone)
+            gone += _because(store.drop_lru(n - freed), _LRU)
+        freed += sum(len(e.blocks) for e, _ in gone)
         if not freed:
             return 0
-        n_dropped = len(dropped) + sum(len(e.blocks) for e in gone)
+        n_dropped = len(dropped) + sum(len(e.blocks) for e, _ in gone)
         self._count(n_dropped, reason, decision, pending)
-        self._reprefill.on_evicts([b.key for b in dropped] + [k for e in gone for k in e.keys])
+        self._reprefill.on_evicts([b.key for b in dropped] + [k for e, _ in gone for k in e.keys])
         if self.events is not None and (dropped or gone):
             extra = n_dropped - len(dropped)
-            self._write_events(dropped, self._binding.name, reason, decision, None, extra=extra)
+            reasons = dropped_why if self.explain else None
+            self._write_events(dropped, self._binding.name, reason, decision, reasons, extra=extra)
+            self._drop_events(gone, reason)
         return freed
 
-    def _compress_event(self, entry: CompressedPrefix, n_blocks: int, n_freed: int, reason: str) -> None:
-        """A ``compress`` event for a chain compressed instead of evicted (reason ``evict``)."""
+    def _next_victim(self) -> tuple[list[CachedBlock], float, dict[str, Any] | None]:
+        """The policy's next victim, its decision time and (explanation on) why it was chosen."""
+        if self.explain:
+            victims, took, reasons = self._radix.evict_explained(1)
+            return victims, took, reasons[0] if reasons else None
+        victims, took = self._radix.evict(1)
+        return victims, took, None
+
+    def _compress_event(
+        self,
+        entry: CompressedPrefix,
+        path: list[CachedBlock],
+        n_freed: int,
+        reason: str,
+        why: dict[str, Any] | None,
+    ) -> None:
+        """A ``compress`` event for a chain compressed instead of evicted (reason ``evict:...``),
+        naming the policy's victim (`block`, the chain's last) and the chain's blocks, with the
+        policy's explanation when explanation is on."""
         if self.events is None:
             return
         store = self.compressed
         assert store is not None
+        leaf = path[-1]
         self.events.compress(
             sequence_id=None,
             policy=str(store.spec),
             reason=f"evict:{reason}",
-            tokens_before=n_blocks * store.block_size,
+            tokens_before=len(path) * store.block_size,
             tokens_after=entry.kept,
             blocks_freed=n_freed,
             bytes_freed=None,
             duration_us=0.0,
             ts=self._clock(),
+            victim={
+                "block": format_block_key(leaf.key),
+                "blocks": [format_block_key(b.key) for b in path],
+                "chosen_by": self._binding.name,
+                **({} if why is None or not self.explain else {"explain": why}),
+            },
         )
+
+    def _drop_events(self, gone: list[tuple[CompressedPrefix, str]], reason: str) -> None:
+        """One ``drop_compressed`` event per compressed entry given up, with why."""
+        events = self.events
+        assert events is not None  # checked by the caller
+        ts = self._clock()
+        for entry, why in gone:
+            events.drop_compressed(
+                blocks=[format_block_key(k) for k in entry.keys],
+                blocks_freed=len(entry.blocks),
+                tokens_kept=entry.kept,
+                hits=entry.hits,
+                reason=reason,
+                why=why,
+                ts=ts,
+            )
 
     def _demote(self, victims: list[CachedBlock], policy_name: str) -> list[CachedBlock]:
         """Demote each victim to the tiers; returns those that found no room (dropped, with
@@ -328,3 +372,20 @@ class EvictionStep:
             duration_us=decision * 1e6,
             ts=ts,
         )
+
+
+# Why a compressed entry was given up (the ``why`` of a ``drop_compressed`` event).
+_LRU = "least recently used compressed prefix: the tree had nothing left to evict"
+_UNDER = "the tree block it continued left the tree"
+_AGAIN = "its chain was cached again and is compressed anew"
+
+
+def _because(entries: list[CompressedPrefix], why: str) -> list[tuple[CompressedPrefix, str]]:
+    return [(e, why) for e in entries]
+
+
+def _then(why: dict[str, Any] | None, then: str) -> dict[str, Any]:
+    """The policy's explanation of a victim (or an empty one) with what became of the victim."""
+    record = {} if why is None else dict(why)
+    record["then"] = then
+    return record

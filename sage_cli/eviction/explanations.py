@@ -75,23 +75,60 @@ def explain_one_line(event: dict[str, Any]) -> str:
     return line
 
 
+def _when(event: dict[str, Any]) -> str:
+    ts = event.get("ts")
+    if not isinstance(ts, int | float):
+        return "?"
+    return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _compressed_lines(event: dict[str, Any]) -> list[str]:
+    """A cached prefix compressed instead of evicted, or a compressed prefix given up."""
+    blocks = [short_block(b) for b in event.get("blocks") or []]
+    chain = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''} ({', '.join(blocks)})"
+    if event.get("event") == "drop_compressed":
+        return [
+            f"compressed prefix of {chain} dropped at {_when(event)} for {event.get('reason', '?')}",
+            f"  why: {event.get('why', '?')}",
+            f"  it kept {event.get('tokens_kept', '?')} tokens, served {event.get('hits', '?')} hits, "
+            f"and freed {event.get('blocks_freed', '?')} blocks",
+        ]
+    reason = str(event.get("reason", "?")).removeprefix("evict:")
+    chooser = str(event.get("chosen_by") or "?").upper()
+    lines = [
+        f"cached prefix of {chain} compressed, not evicted, at {_when(event)}: "
+        f"{chooser} chose block {short_block(event.get('block'))} for {reason}",
+        f"  {event.get('policy') or '?'} kept {event.get('tokens_after', '?')} of "
+        f"{event.get('tokens_before', '?')} tokens and freed {event.get('blocks_freed', '?')} blocks",
+    ]
+    why = event.get("explain")
+    if not isinstance(why, dict) or "ranks_by" not in why:
+        lines.append("  no explanation recorded: start the engine with --explain")
+        return lines
+    return lines + _why_lines(why)
+
+
 def explain_lines(event: dict[str, Any]) -> list[str]:
     """A past eviction, explained in full (``sage llm eviction explain``)."""
-    ts = event.get("ts")
-    when = (
-        dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-        if isinstance(ts, int | float)
-        else "?"
-    )
+    if event.get("event") in ("compress", "drop_compressed"):
+        return _compressed_lines(event)
     block_id = event.get("block_id")
     lines = [
-        f"{_who(event)} [pool block {block_id}] evicted at {when} by "
+        f"{_who(event)} [pool block {block_id}] evicted at {_when(event)} by "
         f"{str(event.get('policy') or '?').upper()} for {event.get('reason', '?')}"
     ]
     why = event.get("explain")
     if not isinstance(why, dict):
         lines.append("  no explanation recorded: start the engine with --explain")
         return lines
+    return lines + _why_lines(why)
+
+
+def _why_lines(why: dict[str, Any]) -> list[str]:
+    """The policy's reasons for one victim: its values, the candidates after it, what it skipped."""
+    lines = []
+    if isinstance(why.get("then"), str) and why["then"] != "compress":
+        lines.append(f"  then: {why['then']}")
     lines.append(f"  ranked by: {why.get('ranks_by', '?')}")
     lines.append(f"  its values: {_values(why.get('values'), skip=('policy', 'evictable'))}")
     preferred = [p for p in why.get("preferred_to") or [] if isinstance(p, dict)]
@@ -115,13 +152,22 @@ def explain_lines(event: dict[str, Any]) -> list[str]:
 
 
 def is_eviction_of(event: dict[str, Any], target: str) -> bool:
-    """Whether `event` evicted the sequence `target` (digits) or a block whose key starts with it."""
-    if event.get("event") != "evict":
+    """Whether `event` evicted the sequence `target` (digits) or a block whose key starts with it;
+    with compress-on-evict, also a cached prefix compressed or dropped that holds such a block."""
+    kind = event.get("event")
+    if kind in ("compress", "drop_compressed"):
+        blocks = event.get("blocks")
+        return isinstance(blocks, list) and _names_block(blocks, target)
+    if kind != "evict":
         return False
     if target.isdigit() and event.get("sequence_id") == int(target):
         return True
-    block = event.get("block")
-    return isinstance(block, str) and len(target) >= 4 and block.startswith(target.lower())
+    return _names_block([event.get("block")], target)
+
+
+def _names_block(blocks: list[Any], target: str) -> bool:
+    prefix = target.lower()
+    return len(target) >= 4 and any(isinstance(b, str) and b.startswith(prefix) for b in blocks)
 
 
 def by_run(events: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:

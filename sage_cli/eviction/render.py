@@ -237,6 +237,21 @@ def render_event(event: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str:
             f"{stamp} EVICTION: Freed {_plural(event.get('blocks_freed'), 'block')}, "
             f"total freed: {_plural(event.get('total_freed'), 'block')}"
         )
+    if kind == "compress" and event.get("block"):  # a cached prefix compressed instead of evicted
+        chooser = str(event.get("chosen_by") or "?").upper()
+        return (
+            f"{stamp} COMPRESSION: Cached prefix ending {str(event['block'])[:8]}... "
+            f"({_plural(len(event.get('blocks') or []), 'block')}) kept {event.get('tokens_after', '?')} of "
+            f"{event.get('tokens_before', '?')} tokens ({policy}, chosen by "
+            f"{chooser}), freed {_plural(event.get('blocks_freed'), 'block')}"
+        )
+    if kind == "drop_compressed":
+        blocks = event.get("blocks") or []
+        first = f" {str(blocks[-1])[:8]}..." if blocks else ""
+        return (
+            f"{stamp} EVICTION: Compressed prefix{first} dropped ({event.get('why', '?')}), "
+            f"freed {_plural(event.get('blocks_freed'), 'block')}"
+        )
     if kind == "compress":
         return (
             f"{stamp} COMPRESSION: Sequence {event.get('sequence_id', '?')} kept "
