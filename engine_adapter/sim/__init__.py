@@ -38,10 +38,28 @@ It imports the cache core (`engine_adapter.cache`), the colocation controller
 (`engine_adapter.colocation`), `engine_adapter.safe_yaml`, `sage_eviction`, numpy and PyYAML;
 rich, matplotlib and Ray only inside the functions that need them; never torch, `model` or
 `serving`.
-Importing this package imports no submodule; import what you need, e.g.
+The library (`api.py`): `Trace`, `simulate` and its `Results` (``to_pandas``, ``to_polars``,
+``plot``), what the benchmark runs, for notebooks; importable from here:
+
+    api.py             `Trace.read` / `Trace.shipped` / `Trace.synthetic`, `simulate`, `Results`
+
+Importing this package imports no submodule (the library's names load on first use); import
+what you need, e.g. ``from engine_adapter.sim import Trace, simulate`` or
 ``from engine_adapter.sim.mooncake_trace import read_mooncake``.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any
+
+__all__ = ["Results", "Trace", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    # The library's names, imported on first use: the CLI's light commands import this package
+    # without paying for the simulator.
+    if name in __all__:
+        from engine_adapter.sim import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """``sage llm benchmark --mode sim``: every policy at every capacity on one workload, plus references.
 
-`run_benchmark` takes the checked options of `sage_cli.benchmark.BenchmarkOptions` as keyword
-arguments (the fields of `SimBenchmarkOptions`), builds the workload (a Mooncake or Azure trace,
+`run_benchmark` (and `run_sweep`, which also returns the rows' TTFT quantiles for a plot; the
+library of `engine_adapter.sim.api` calls it) takes the checked options of
+`sage_cli.benchmark.BenchmarkOptions` as keyword arguments (the fields of `SimBenchmarkOptions`),
+builds the workload (a Mooncake or Azure trace,
 the synthetic generator or the module spec's preset), runs a `Simulator` for each policy and
 capacity (in this process, in `jobs` worker processes or as Ray tasks:
 `engine_adapter.sim.sweep`), and adds two reference
@@ -68,7 +70,9 @@ __all__ = [
     "SimBenchmarkOptions",
     "build_workload",
     "capacities_for",
+    "SweepRun",
     "run_benchmark",
+    "run_sweep",
 ]
 
 DEFAULT_CAPACITY_RATIOS = (0.05, 0.10)
@@ -399,17 +403,36 @@ class SimBenchmarkOptions:
     compress_on_evict: str | None = None
 
 
+@dataclass(frozen=True)
+class SweepRun:
+    """A benchmark's result and what its plot needs beside it.
+
+    Attributes:
+        result: What `run_benchmark` returns (and writes as JSON).
+        ttft_quantiles: Each row's TTFT quantiles at 0, 1, ..., 100 % (empty for a row without).
+    """
+
+    result: dict[str, Any]
+    ttft_quantiles: list[tuple[float, ...]]
+
+
 def run_benchmark(**options: Any) -> dict[str, Any]:
+    """`run_sweep`'s result (the fields of `SimBenchmarkOptions` as keywords): the benchmark's
+    JSON document."""
+    return run_sweep(**options).result
+
+
+def run_sweep(**options: Any) -> SweepRun:
     """Run every policy at every capacity on one workload, with the reference rows.
 
     Args:
         **options: The fields of `SimBenchmarkOptions` (`policies` is required).
 
     Returns:
-        ``{"workload": {...}, "settings": {...}, "results": [row, ...], "saturation": {...},
-        "run": {...}}``; rows as `SimResult`. ``run`` says how it ran (executor, workers,
-        implementation of the core, wall seconds): the one part besides the rows' wall times
-        that `jobs` and `ray_address` change.
+        The result ``{"workload": {...}, "settings": {...}, "results": [row, ...], "saturation":
+        {...}, "run": {...}}`` (rows as `SimResult`) and the rows' TTFT quantiles. ``run`` says
+        how it ran (executor, workers, implementation of the core, wall seconds): the one part
+        besides the rows' wall times that `jobs` and `ray_address` change.
 
     Raises:
         BenchmarkError: Options it cannot run with (one-line message).
@@ -453,9 +476,10 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
         "run": run,
     }
     _write_output(result, opts.output)
+    quantiles = [outcome.ttft_quantiles_s for outcome in outcomes]
     if opts.plot is not None:
-        _plot(result, [outcome.ttft_quantiles_s for outcome in outcomes], opts.plot)
-    return result
+        _plot(result, quantiles, opts.plot)
+    return SweepRun(result, quantiles)
 
 
 def _settings(
