@@ -15,7 +15,7 @@ The file (JSON lines, rotated by size) is optional; the in-memory ring buffer th
 Event shapes::
 
     {"event": "evict", "ts", "run", "block", "parent", "depth", "block_id", "sequence_id",
-     "tenant", "policy", "reason", "last_access", "hits", "priority"}
+     "tenant", "policy", "reason", "last_access", "hits", "priority", "id"}
     {"event": "freed", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
     {"event": "compress", "ts", "run", "sequence_id", "policy", "reason", "tokens_before",
      "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"}
@@ -234,10 +234,14 @@ class EvictionEventLog:
         parent: str | None = None,
         depth: int | None = None,
         explain: dict[str, Any] | None = None,
+        eviction_id: int | None = None,
     ) -> None:
         """One victim block; `parent` and `depth` place it in the radix tree (the tree view's
-        ghosts), `explain` says why it went (only with explanation on)."""
+        ghosts), `explain` says why it went (only with explanation on), `eviction_id` numbers
+        it among the cache's evicted blocks (the lookup records' ``eviction.id``)."""
         extra: dict[str, Any] = {} if explain is None else {"explain": explain}
+        if eviction_id is not None:
+            extra["id"] = eviction_id
         self._log.info(
             "evict",
             ts=time.time() if ts is None else ts,

@@ -1,0 +1,111 @@
+"""Regret (engine_adapter.cache.ghosts, accounting): a loop one block larger than the cache, where
+LRU regrets every miss and Belady none; and the ghost set's properties."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.ghosts import Ghost, GhostSet, ReuseClock
+from engine_adapter.cache.request import CacheRequest
+from engine_adapter.sim.cache_models import RadixBelady
+
+BS = 4
+
+
+def _loop(policy: str, capacity: int, rounds: int) -> CacheManager:
+    """Single-block requests cycling over ``capacity + 1`` keys, each freed (cached) after it."""
+    keys: list[Hashable] = [f"k{i % (capacity + 1)}" for i in range(rounds * (capacity + 1))]
+    manager = CacheManager(BlockAllocator(capacity, BS), policy=policy, record_events=False)
+    belady = None
+    if policy == "belady":
+        belady = RadixBelady(keys)
+        manager.radix.set_policy(belady)
+    for position, key in enumerate(keys):
+        if belady is not None:
+            belady.cursor = position + 1
+        request = CacheRequest(position, num_tokens=BS, block_keys=[key], recompute_last_token=False)
+        manager.allocate(request)
+        manager.free_sequence(position, block_keys=[key])
+    return manager
+
+
+def test_lru_regrets_every_miss_on_a_loop_one_block_larger_than_the_cache() -> None:
+    capacity = 8
+    stats = _loop("lru", capacity, rounds=6).stats()
+    # every lookup misses; the first round's were never evicted (nor cached)
+    assert stats.missed_blocks == 6 * (capacity + 1)
+    assert stats.ghost_hits == stats.missed_blocks - (capacity + 1)
+    assert stats.regrets == stats.ghost_hits
+    assert stats.regret_ratio > 0.8
+    assert stats.thrashing is False  # the window (256 missed blocks) is not full yet
+
+
+def test_belady_never_regrets_on_the_same_loop() -> None:
+    capacity = 8
+    stats = _loop("belady", capacity, rounds=6).stats()
+    assert 0 < stats.missed_blocks < 6 * (capacity + 1)  # it hits, unlike LRU
+    assert stats.ghost_hits > 0  # it misses evicted blocks too, but none avoidably
+    assert stats.regrets == 0
+    assert stats.regret_ratio == 0.0
+
+
+def test_a_long_lru_loop_is_thrashing() -> None:
+    stats = _loop("lru", 8, rounds=40).stats()
+    assert stats.thrashing is True
+    assert stats.window_regret_ratio is not None and stats.window_regret_ratio >= stats.thrashing_threshold
+    regret_ages = [h for h in stats.age_histograms if h.kind == "regret_age_seconds"]
+    assert regret_ages and regret_ages[0].count == stats.regrets
+
+
+def _ghost(i: int) -> Ghost:
+    return Ghost(eviction_id=i, evicted_at=float(i), stamp=0, kept=1, policy="lru", tenant=None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 6),
+    ops=st.lists(st.tuples(st.booleans(), st.integers(0, 9)), max_size=80),
+)
+def test_the_ghost_set_is_bounded_and_hits_only_evicted_keys(
+    capacity: int, ops: list[tuple[bool, int]]
+) -> None:
+    ghosts = GhostSet(capacity, horizon=4)
+    evicted: set[int] = set()  # evicted and not yet asked for again
+    for n, (evict, key) in enumerate(ops):
+        if evict:
+            ghosts.add(key, _ghost(n))
+            evicted.add(key)
+        else:
+            taken = ghosts.take(key)
+            if taken is not None:
+                assert key in evicted  # a ghost hit only after an eviction of that key
+            evicted.discard(key)
+            ghosts.access(key)
+        assert len(ghosts) <= capacity
+
+
+@settings(max_examples=60, deadline=None)
+@given(horizon=st.integers(1, 5), keys=st.lists(st.integers(0, 7), max_size=200))
+def test_the_reuse_clock_counts_distinct_keys_exactly_below_its_horizon(
+    horizon: int, keys: list[int]
+) -> None:
+    clock = ReuseClock(horizon)
+    stamps: list[int] = []
+    remapped: list[int] = []
+    for key in keys:
+        if clock.full:
+            old = clock.compact()
+            from bisect import bisect_left
+
+            remapped = [bisect_left(old, s) for s in remapped]
+        remapped.append(clock.stamp())
+        stamps.append(len(stamps))
+        clock.access(key)
+    for i, stamp in enumerate(remapped):
+        expected = min(horizon, len(set(keys[i:])))
+        assert clock.distinct_since(stamp) == expected
