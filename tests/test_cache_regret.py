@@ -85,7 +85,7 @@ def test_the_ghost_set_is_bounded_and_hits_only_evicted_keys(
             if taken is not None:
                 assert key in evicted  # a ghost hit only after an eviction of that key
             evicted.discard(key)
-            ghosts.access(key)
+            ghosts.access(key, taken is not None)
         assert len(ghosts) <= capacity
 
 

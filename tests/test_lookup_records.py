@@ -94,7 +94,12 @@ def test_lookup_records_cached_tokens_and_stats_agree_and_explain_follows_an_evi
     assert evicted["eviction"]["block"][:10] in event and "by LRU for alloc" in event
     assert "no explanation recorded" not in event
     done = subprocess.run(
-        [*cmd[:7], "no-such-request", *cmd[8:]], capture_output=True, text=True, env=env, timeout=120, check=False
+        [*cmd[:7], "no-such-request", *cmd[8:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "no lookup of request no-such-request" in done.stderr

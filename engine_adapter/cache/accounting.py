@@ -115,13 +115,14 @@ class CacheAccounting:
             ages.observe("age_at_hit_seconds", policy, tenant, now - block.meta.created_at)
         stop: Ghost | None = None
         for i, key in enumerate(keys):
+            taken = None
             if i >= n_hit:
                 taken = ghosts.take(key)
                 if taken is not None:
                     self._on_ghost(taken[0], taken[1], now)
                     if i == n_hit:
                         stop = taken[0]
-            distance = ghosts.access(key)
+            distance = ghosts.access(key, i < n_hit or taken is not None)
             if i < len(path):
                 hit_distance = ghosts.clock.horizon if distance is None else distance
                 ages.observe("reuse_distance_blocks", policy, tenant, float(hit_distance))
@@ -173,9 +174,9 @@ class CacheAccounting:
 
     def on_evict(self, victims: Sequence[tuple[int, CachedBlock]], kept: int) -> None:
         """Dropped victims with their eviction ids (those of their ``evict`` events), `kept`
-        evictable blocks staying: their ages, and each a ghost."""
+        reclaimable blocks staying: their ages, and each a ghost."""
         now, policy = self._clock(), self._binding.name
-        stamp = self.ghosts.clock.stamp()
+        stamp = self.ghosts.stamp()
         for eviction_id, block in victims:
             meta = block.meta
             self.ages.observe("age_at_eviction_seconds", policy, meta.tenant, now - meta.created_at)

@@ -203,7 +203,7 @@ class EvictionStep:
             if dropped is not victims:
                 gone = {id(b) for b in dropped}
                 numbered = [(i, b) for i, b in numbered if id(b) in gone]
-            self.accounting.on_evict(numbered, self._radix.num_evictable)
+            self.accounting.on_evict(numbered, self._radix.num_reclaimable)
         if self.events is not None:
             self._write_events(victims, policy_name, reason, decision, reasons, first_id=first_id)
         return len(victims)
@@ -265,7 +265,7 @@ class EvictionStep:
         self._count(n_dropped, reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped] + [k for e in gone for k in e.keys])
         if self.accounting is not None:
-            self.accounting.on_evict(list(enumerate(dropped, first_id)), self._radix.num_evictable)
+            self.accounting.on_evict(list(enumerate(dropped, first_id)), self._radix.num_reclaimable)
         if self.events is not None and (dropped or gone):
             extra = n_dropped - len(dropped)
             self._write_events(

@@ -6,12 +6,22 @@ and only counts (docs/architecture.md, "Ages and regret").
 
 `GhostSet` holds at most `capacity` evicted keys (a multiple of the cache's capacity, first in
 first out). A miss on a ghost is a *ghost hit*; it is a *regret* when the eviction was
-avoidable by the pigeonhole: when the victim left, `kept` other blocks stayed evictable; if
-fewer than `kept` distinct blocks were looked up between its eviction and its return, one of
-those kept blocks was not used before the victim came back, so evicting that one instead would
-have saved this miss. Belady (the furthest next use) never makes such a choice, so its regrets
-are 0 on any trace; LRU on a loop one block larger than the cache regrets every miss
-(tests/test_cache_regret.py). The distinct count is `ReuseClock`'s, exact up to its horizon.
+avoidable by the pigeonhole: when the victim left, `kept` other blocks stayed reclaimable
+(cached, unpinned, held by no running request); if fewer than `kept` distinct blocks that could
+be among them were looked up between its eviction and its return, one of those kept blocks was
+not used before the victim came back, so keeping the victim in its place would have saved this
+miss. Belady (the furthest next use) makes such a choice only where the radix tree forbids the
+better one (only leaves go), so its regrets are 0 on a loop one block larger than the cache,
+where LRU regrets every miss (tests/test_cache_regret.py), and on the synthetic workloads
+tried (tests/test_cache_ages.py).
+
+Which lookups count: a hit (the block is cached), or a miss on a ghost (cached until an
+eviction). A miss on a block neither cached nor remembered cannot be one of the kept blocks:
+had it been, it was evicted after the victim and then pushed out of the first-in first-out
+ghost set, and the victim, older, would be gone from it too. Counting only these keeps new
+content (a prompt's fresh blocks) from hiding regrets. The distinct count is a `ReuseClock`
+of its own over these lookups, exact up to its horizon; `clock` counts every lookup (the
+reuse distance at a hit).
 
 Imports nothing of the cache.
 """
@@ -107,8 +117,8 @@ class Ghost:
         eviction_id: Its eviction's number (the cache's count of evicted blocks, 1 first; the
             ``id`` of its ``evict`` event).
         evicted_at: When, on the cache's clock.
-        stamp: The `ReuseClock` position at its eviction.
-        kept: Evictable blocks that stayed when it went.
+        stamp: The counted lookups' clock position at its eviction (`GhostSet.stamp`).
+        kept: Reclaimable blocks that stayed when it went.
         policy: The policy that evicted it.
         tenant: Its tenant.
     """
@@ -122,7 +132,7 @@ class Ghost:
 
 
 class GhostSet:
-    """At most `capacity` evicted keys, oldest dropped first, over one `ReuseClock`.
+    """At most `capacity` evicted keys, oldest dropped first, and the clocks of the lookups.
 
     Args:
         capacity: Ghosts kept (at least 1).
@@ -130,13 +140,14 @@ class GhostSet:
             capacity, so that any `kept` count is within it).
     """
 
-    __slots__ = ("_ghosts", "capacity", "clock")
+    __slots__ = ("_counted", "_ghosts", "capacity", "clock")
 
     def __init__(self, capacity: int, horizon: int) -> None:
         if capacity < 1:
             raise ValueError(f"ghost capacity {capacity} must be at least 1")
         self.capacity = capacity
-        self.clock = ReuseClock(horizon)
+        self.clock = ReuseClock(horizon)  # every lookup: reuse distances
+        self._counted = ReuseClock(horizon)  # hits and ghost misses: regrets
         self._ghosts: OrderedDict[Hashable, Ghost] = OrderedDict()
 
     def __len__(self) -> int:
@@ -145,14 +156,24 @@ class GhostSet:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._ghosts
 
-    def access(self, key: Hashable) -> int | None:
-        """A lookup of `key` (`ReuseClock.access`, compacting when needed)."""
+    def access(self, key: Hashable, counted: bool) -> int | None:
+        """A lookup of `key`; `counted` when it hit or missed a ghost. Returns its reuse
+        distance (`ReuseClock.access` of `clock`)."""
+        if counted:
+            regret = self._counted
+            if regret.full:
+                old = regret.compact()
+                for ghost in self._ghosts.values():
+                    ghost.stamp = bisect_left(old, ghost.stamp)
+            regret.access(key)
         clock = self.clock
         if clock.full:
-            old = clock.compact()
-            for ghost in self._ghosts.values():
-                ghost.stamp = bisect_left(old, ghost.stamp)
+            clock.compact()
         return clock.access(key)
+
+    def stamp(self) -> int:
+        """The counted lookups' position now: a ghost made now counts from here."""
+        return self._counted.stamp()
 
     def add(self, key: Hashable, ghost: Ghost) -> None:
         """`key` was evicted (a ghost again if it already was, with the new eviction)."""
@@ -171,7 +192,7 @@ class GhostSet:
         ghost = self._ghosts.pop(key, None)
         if ghost is None:
             return None
-        return ghost, self.clock.distinct_since(ghost.stamp) < ghost.kept
+        return ghost, self._counted.distinct_since(ghost.stamp) < ghost.kept
 
     def clear(self) -> None:
         """Forget every ghost (a cache reset: what comes back then was not evicted)."""
