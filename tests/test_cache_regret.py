@@ -3,14 +3,16 @@ LRU regrets every miss and Belady none; and the ghost set's properties."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
-from engine_adapter.cache.ghosts import Ghost, GhostSet, ReuseClock
+from engine_adapter.cache.ghosts import Ghost, GhostSet, ReuseClock, ReuseTimes
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.cache_models import RadixBelady
 
@@ -81,11 +83,12 @@ def test_the_ghost_set_is_bounded_and_hits_only_evicted_keys(
             ghosts.add(key, _ghost(n))
             evicted.add(key)
         else:
-            taken = ghosts.take(key)
-            if taken is not None:
+            _, found = ghosts.lookup([key], 0)  # a miss
+            for _, ghost, _ in found:
                 assert key in evicted  # a ghost hit only after an eviction of that key
+                assert ghost.eviction_id == max(i for i, (e, k) in enumerate(ops[:n]) if e and k == key)
             evicted.discard(key)
-            ghosts.access(key, taken is not None)
+            assert key not in ghosts
         assert len(ghosts) <= capacity
 
 
@@ -96,16 +99,48 @@ def test_the_reuse_clock_counts_distinct_keys_exactly_below_its_horizon(
 ) -> None:
     clock = ReuseClock(horizon)
     stamps: list[int] = []
-    remapped: list[int] = []
     for key in keys:
         if clock.full:
-            old = clock.compact()
-            from bisect import bisect_left
-
-            remapped = [bisect_left(old, s) for s in remapped]
-        remapped.append(clock.stamp())
-        stamps.append(len(stamps))
+            remap = clock.compact()
+            stamps = [remap(s) for s in stamps]
+        stamps.append(clock.stamp())
         clock.access(key)
-    for i, stamp in enumerate(remapped):
-        expected = min(horizon, len(set(keys[i:])))
-        assert clock.distinct_since(stamp) == expected
+    for i, stamp in enumerate(stamps):
+        assert clock.distinct_since(stamp) == min(horizon, len(set(keys[i:])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(horizon=st.integers(1, 5), keys=st.lists(st.integers(0, 12), max_size=200))
+def test_reuse_times_count_the_lookups_in_between(horizon: int, keys: list[int]) -> None:
+    times = ReuseTimes(horizon)
+    for i, key in enumerate(keys):
+        got = times.access(key)
+        before = [j for j in range(i) if keys[j] == key]
+        if got is not None:  # a remembered key: exactly the lookups since its last one
+            assert before and got == i - before[-1] - 1
+        elif before:  # forgotten only when more than 2 * horizon other keys came since
+            assert len(set(keys[before[-1] + 1 : i])) >= horizon
+
+
+@pytest.mark.parametrize("horizon", [300, 1500])
+def test_the_reuse_clock_is_exact_across_runs_and_compactions(horizon: int) -> None:
+    """Past one run of positions (1024) and through compactions, against a brute-force count."""
+    rng = random.Random(horizon)
+    clock = ReuseClock(horizon)
+    keys: list[int] = []
+    stamps: list[int] = []
+    while len(keys) < 12 * horizon:  # more than its 8 * horizon + 64 positions: compactions
+        batch = rng.sample(range(3 * horizon), rng.randint(1, 40))  # one prompt's distinct keys
+        if not clock.room(len(batch)):
+            remap = clock.compact()
+            stamps = [remap(s) for s in stamps]
+        stamps += range(clock.stamp(), clock.stamp() + len(batch))
+        clock.access_many(batch)
+        keys += batch
+    seen: set[int] = set()
+    distinct_from = [0] * len(keys)  # distinct keys in keys[i:], by one pass from the end
+    for i in range(len(keys) - 1, -1, -1):
+        seen.add(keys[i])
+        distinct_from[i] = len(seen)
+    for i in range(0, len(keys), 7):
+        assert clock.distinct_since(stamps[i]) == min(horizon, distinct_from[i])

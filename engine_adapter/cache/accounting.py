@@ -110,22 +110,17 @@ class CacheAccounting:
         of the `matchable` it could: hit ages and reuse distances, and each missed key against
         the ghost set, in order. `record` (the lookup's record, when logged) gets where the match
         stopped, and is written."""
-        now, policy, ages, ghosts = self._clock(), self._binding.name, self.ages, self.ghosts
-        for block in path:
-            ages.observe("age_at_hit_seconds", policy, tenant, now - block.meta.created_at)
+        now, policy, ages = self._clock(), self._binding.name, self.ages
+        ages.observe_many("age_at_hit_seconds", policy, tenant, [now - b.meta.created_at for b in path])
+        times, ghosts = self.ghosts.lookup(keys, n_hit)
+        horizon = self.ghosts.times.horizon
+        distances = [float(horizon if t is None else t) for t in times[: len(path)]]
+        ages.observe_many("reuse_distance_blocks", policy, tenant, distances)
         stop: Ghost | None = None
-        for i, key in enumerate(keys):
-            taken = None
-            if i >= n_hit:
-                taken = ghosts.take(key)
-                if taken is not None:
-                    self._on_ghost(taken[0], taken[1], now)
-                    if i == n_hit:
-                        stop = taken[0]
-            distance = ghosts.access(key, i < n_hit or taken is not None)
-            if i < len(path):
-                hit_distance = ghosts.clock.horizon if distance is None else distance
-                ages.observe("reuse_distance_blocks", policy, tenant, float(hit_distance))
+        for i, ghost, regret in ghosts:
+            self._on_ghost(ghost, regret, now)
+            if i == n_hit:
+                stop = ghost
         self._count_misses(len(keys) - n_hit)
         if record is not None and self.lookup_log is not None:
             record["ts"], record["policy"] = now, policy
@@ -177,10 +172,18 @@ class CacheAccounting:
         reclaimable blocks staying: their ages, and each a ghost."""
         now, policy = self._clock(), self._binding.name
         stamp = self.ghosts.stamp()
+        by_tenant: dict[str | None, list[float]] = {}
+        ghosts: list[tuple[Hashable, Ghost]] = []
         for eviction_id, block in victims:
             meta = block.meta
-            self.ages.observe("age_at_eviction_seconds", policy, meta.tenant, now - meta.created_at)
-            self.ghosts.add(block.key, Ghost(eviction_id, now, stamp, kept, policy, meta.tenant))
+            ages = by_tenant.get(meta.tenant)
+            if ages is None:
+                ages = by_tenant[meta.tenant] = []
+            ages.append(now - meta.created_at)
+            ghosts.append((block.key, Ghost(eviction_id, now, stamp, kept, policy, meta.tenant)))
+        for tenant, values in by_tenant.items():
+            self.ages.observe_many("age_at_eviction_seconds", policy, tenant, values)
+        self.ghosts.add_many(ghosts)
 
     def forget(self) -> None:
         """A cache reset: the ghosts go (what comes back was not evicted); counts stay."""

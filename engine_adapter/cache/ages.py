@@ -4,8 +4,9 @@ The cache counts, for each lookup and each eviction (docs/architecture.md, "Ages
 
 - ``age_at_hit_seconds``: a cached block's age (now - when it was cached) when a lookup hits it;
 - ``age_at_eviction_seconds``: a victim's age when it is evicted;
-- ``reuse_distance_blocks``: distinct blocks looked up since the hit block's previous lookup
-  (its LRU stack distance; ``ghosts.ReuseClock``);
+- ``reuse_distance_blocks``: block lookups since the hit block's previous lookup (its reuse
+  time in lookups, ``ghosts.ReuseTimes``; repeats count, so it bounds the LRU stack distance
+  from above);
 - ``regret_age_seconds``: seconds between a block's eviction and the lookup that missed it
   (each regret, `ghosts`).
 
@@ -18,6 +19,7 @@ serve an interactive engine and an hours-long trace; they are Prometheus' ``le``
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["AGE_BUCKETS_S", "DISTANCE_BUCKETS", "HISTOGRAM_KINDS", "AgeHistograms", "HistogramSnapshot"]
@@ -102,14 +104,21 @@ class AgeHistograms:
 
     def observe(self, kind: str, policy: str, tenant: str | None, value: float) -> None:
         """Count `value` in its bucket of the (`kind`, `policy`, `tenant`) histogram."""
+        self.observe_many(kind, policy, tenant, (value,))
+
+    def observe_many(self, kind: str, policy: str, tenant: str | None, values: Sequence[float]) -> None:
+        """`observe` of each value (one lookup's hits, one eviction's victims)."""
+        if not values:
+            return
         key = (kind, policy, "-" if tenant is None else tenant)
         bounds = HISTOGRAM_KINDS[kind]
         counts = self._counts.get(key)
         if counts is None:
             counts = self._counts[key] = [0] * (len(bounds) + 1)
             self._sums[key] = 0.0
-        counts[bisect_left(bounds, value)] += 1
-        self._sums[key] += value
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self._sums[key] += sum(values)
 
     def snapshot(self) -> tuple[HistogramSnapshot, ...]:
         """Every histogram now, sorted by kind, policy and tenant."""

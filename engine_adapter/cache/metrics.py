@@ -104,6 +104,7 @@ class CacheMetrics:
             **self.accounting.snapshot(),
         )
 
+
 def _compressed_fields(counters: dict[str, int]) -> dict[str, int]:
     """`CacheStats`' compress-on-evict fields from `CompressedPrefixes.counters`."""
     return {

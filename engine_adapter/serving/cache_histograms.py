@@ -30,7 +30,7 @@ HISTOGRAM_NAMES = {
     "age_at_eviction_seconds": ("sage:block_age_at_eviction_seconds", "Age of a block when it is evicted."),
     "reuse_distance_blocks": (
         "sage:block_reuse_distance_blocks",
-        "Distinct blocks looked up since a hit block's previous lookup.",
+        "Block lookups since a hit block's previous lookup.",
     ),
     "regret_age_seconds": (
         "sage:regret_age_seconds",
