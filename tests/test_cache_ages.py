@@ -116,7 +116,7 @@ def test_the_simulator_rows_carry_regret_and_ages() -> None:
     workload = synthetic(requests=300, seed=3, input_tokens=256.0, output_tokens=16.0)
     capacity = max(min_capacity(workload), unique_blocks(workload.requests) // 10)
     rows = [simulate(workload, policy, capacity).to_dict() for policy in ("lru", "belady")]
-    assert rows[0]["regret_ratio"] > 0 and rows[1]["regrets"] == 0
+    assert rows[0]["regret_ratio"] > 0.01 and rows[1]["regrets"] == 0  # Belady: none
     kinds = {h["kind"] for h in rows[0]["age_histograms"]}
     assert {"age_at_hit_seconds", "age_at_eviction_seconds"} <= kinds
     figure = benchmark_figure(rows, [[], []], 1000, "t")

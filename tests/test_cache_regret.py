@@ -144,3 +144,20 @@ def test_the_reuse_clock_is_exact_across_runs_and_compactions(horizon: int) -> N
         distinct_from[i] = len(seen)
     for i in range(0, len(keys), 7):
         assert clock.distinct_since(stamps[i]) == min(horizon, distinct_from[i])
+
+
+def test_new_content_between_an_eviction_and_the_return_does_not_hide_a_regret() -> None:
+    """Blocks never cached (a new prompt's) cannot be among the kept ones: they do not count."""
+    ghosts = GhostSet(16, horizon=32)
+    ghosts.lookup(["a", "b", "c", "x"], 4)  # four cached blocks hit
+    ghosts.add(
+        "x", Ghost(eviction_id=1, evicted_at=0.0, stamp=ghosts.stamp(), kept=3, policy="lru", tenant=None)
+    )
+    ghosts.lookup([f"new{i}" for i in range(10)], 0)  # ten fresh blocks, all missed
+    _, found = ghosts.lookup(["a", "x"], 1)  # a hit, then the ghost: a, b, c were kept; only a came first
+    assert [(i, ghost.eviction_id, regret) for i, ghost, regret in found] == [(1, 1, True)]
+    ghosts.add(
+        "y", Ghost(eviction_id=2, evicted_at=0.0, stamp=ghosts.stamp(), kept=2, policy="lru", tenant=None)
+    )
+    _, found = ghosts.lookup(["b", "c", "y"], 2)  # both kept blocks were needed first: no regret
+    assert [(ghost.eviction_id, regret) for _, ghost, regret in found] == [(2, False)]
