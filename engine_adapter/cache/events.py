@@ -91,6 +91,7 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "last_access",
     "hits",
     "priority",
+    "id",
 )
 FREED_KEYS = ("event", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
 STORE_KEYS = ("event", "ts", "run", "blocks", "parent", "tokens", "block_size")
@@ -239,9 +240,9 @@ class EvictionEventLog:
         """One victim block; `parent` and `depth` place it in the radix tree (the tree view's
         ghosts), `explain` says why it went (only with explanation on), `eviction_id` numbers
         it among the cache's evicted blocks (the lookup records' ``eviction.id``)."""
-        extra: dict[str, Any] = {} if explain is None else {"explain": explain}
-        if eviction_id is not None:
-            extra["id"] = eviction_id
+        extra: dict[str, Any] = {} if eviction_id is None else {"id": eviction_id}
+        if explain is not None:
+            extra["explain"] = explain
         self._log.info(
             "evict",
             ts=time.time() if ts is None else ts,
