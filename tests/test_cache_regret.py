@@ -9,6 +9,7 @@ from collections.abc import Hashable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
@@ -57,7 +58,11 @@ def test_belady_never_regrets_on_the_same_loop() -> None:
 
 
 def test_a_long_lru_loop_is_thrashing() -> None:
-    stats = _loop("lru", 8, rounds=40).stats()
+    with capture_logs() as logs:
+        stats = _loop("lru", 8, rounds=40).stats()
+    warnings = [e for e in logs if e["event"] == "thrashing"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"  # once, when it turns on
+    assert warnings[0]["threshold"] == 0.5 and warnings[0]["regret_ratio"] >= 0.5
     assert stats.thrashing is True
     assert stats.window_regret_ratio is not None and stats.window_regret_ratio >= stats.thrashing_threshold
     regret_ages = [h for h in stats.age_histograms if h.kind == "regret_age_seconds"]
