@@ -107,6 +107,7 @@ def test_the_lookup_log_rotates_and_stays_bounded(tmp_path: Path) -> None:
     assert last["matched_blocks"] == 0 and last["prompt_blocks"] == 1
 
 
+@pytest.mark.slow  # two simulated runs and a figure: seconds on 2 cores
 def test_the_simulator_rows_carry_regret_and_ages() -> None:
     from engine_adapter.sim.capacity import min_capacity, unique_blocks
     from engine_adapter.sim.plot import benchmark_figure
