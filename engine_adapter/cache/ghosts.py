@@ -45,10 +45,10 @@ class ReuseClock:
     Each access takes the next position and marks it, clearing the key's previous mark, so the
     distinct keys since a position are the marks at or after it: O(1) per access; a query sums
     the marks of each run of `_RUN` positions after the stamp's and counts those of its own run
-    (both at C speed). When the positions run out, the
-    `horizon` most recent keys are renumbered from 0 and the others forgotten (a count reaching
-    them is at least `horizon` anyway); `stamp`s taken before are mapped onto the new numbering
-    with `compact`'s return value. Memory O(horizon).
+    (both at C speed). When the positions run out, the `horizon` most recent keys are
+    renumbered from 0 and the others forgotten (a count reaching them is at least `horizon`
+    anyway); `stamp`s taken before are mapped onto the new numbering with `compact`'s return
+    value. Memory O(horizon).
     """
 
     __slots__ = ("_last", "_marks", "_now", "_runs", "_size", "horizon")
