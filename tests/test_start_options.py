@@ -64,6 +64,8 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "enable_lifetime_prediction": ("true", True, {}),
     "log_evictions": ("yes", True, {}),
     "explain_evictions": ("on", True, {}),
+    "lookup_log": ("/tmp/sage-t/lookups.jsonl", "/tmp/sage-t/lookups.jsonl", {}),
+    "ghost_factor": ("3", 3.0, {}),
     "num_blocks": ("64", 64, {}),
     "kv_cache_memory": ("2MiB", 2 * 2**20, {}),
     "gpu_memory_utilization": ("0.5", 0.5, {}),

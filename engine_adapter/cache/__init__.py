@@ -23,6 +23,11 @@ front down (docs/architecture.md, "Cache core"):
     policy_binding.py   PolicyBinding: the policy's resolved spec, and the hot swap
     eviction.py         EvictionStep: the deficit, eviction through the index, its counters and events
     metrics.py          CacheMetrics: lookup metrics and the CacheStats snapshot
+    accounting.py       CacheAccounting: ages, regret, thrashing and the lookup records
+    ages.py             AgeHistograms: block age at hit and eviction, reuse distance, per policy
+                        and tenant
+    ghosts.py           GhostSet, ReuseClock: recently evicted keys, distinct blocks since
+    lookup_log.py       LookupLog: one JSON line per lookup (--lookup-log), rotated
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
     _core.pyx           the radix index's hot paths in C (optional; radix_cache.py is the

@@ -10,6 +10,7 @@ disk entries promotes them (docs/architecture.md, "Tiers").
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
 
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -100,6 +101,7 @@ class Admission:
             RequestTooLargeError: It needs more blocks than the pool has; nothing changed.
             NoEvictableBlocksError: Not enough free or reclaimable blocks now; nothing changed.
         """
+        started = time.perf_counter()
         sequence_id = request.sequence_id
         if sequence_id in self._running:
             raise SequenceExistsError(f"sequence {sequence_id} already holds blocks")
@@ -115,6 +117,7 @@ class Admission:
         path: list[CachedBlock] = []
         below: list[TierEntry] = []
         hit: tuple[CompressedPrefix, int] | None = None
+        matchable: list[Hashable] = []
         if request.match_prefix:
             matchable = self.matchable_keys(keys, n_tokens, request)
             path = self._radix.match(matchable)
@@ -126,6 +129,7 @@ class Admission:
         entry, n_entry = hit if hit is not None else (None, 0)
         n_cached_tokens = (len(path) + n_entry) * bs
         self._metrics.record_lookup(request.tenant, keys, len(path) + n_entry, n_cached_tokens, n_tokens)
+        self._account(request, keys, path, len(path) + n_entry, n_cached_tokens, len(matchable), started)
         n_host = sum(1 for e in below if e.tier is Tier.HOST)
         return Allocation(
             sequence_id=sequence_id,
@@ -141,6 +145,32 @@ class Admission:
             compressed_kept=0 if entry is None else entry.kept,
             compressed_key=None if entry is None else entry.key,
         )
+
+    def _account(
+        self,
+        request: CacheRequest,
+        keys: list[Hashable],
+        path: list[CachedBlock],
+        n_hit: int,
+        hit_tokens: int,
+        n_matchable: int,
+        started: float,
+    ) -> None:
+        """Tell the accounting the admitted lookup (with its record when lookups are logged)."""
+        accounting = self._metrics.accounting
+        record: dict[str, object] | None = None
+        if accounting.lookup_log is not None:
+            record = {
+                "request_id": str(request.sequence_id) if request.request_id is None else request.request_id,
+                "sequence_id": request.sequence_id,
+                "tenant": request.tenant,
+                "prompt_tokens": self._keys.of(request)[0],
+                "prompt_blocks": len(keys),
+                "matched_blocks": n_hit,
+                "matched_tokens": hit_tokens,
+                "lookup_us": round((time.perf_counter() - started) * 1e6, 1),
+            }
+        accounting.on_lookup(keys, path, n_hit, request.tenant, n_matchable, record)
 
     def protect(self, request: CacheRequest) -> int:
         """Protect the cached prefix the waiting request will hit (replacing an earlier

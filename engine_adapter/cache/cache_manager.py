@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
+from engine_adapter.cache.accounting import CacheAccounting
 from engine_adapter.cache.admission import Admission
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_keys import format_block_key
@@ -46,6 +47,7 @@ from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.handoff_lock import HandoffLock
 from engine_adapter.cache.invariants import check_manager_invariants
+from engine_adapter.cache.lookup_log import LookupLog
 from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.pins import Pins
 from engine_adapter.cache.policy_binding import PolicyBinding
@@ -94,6 +96,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             ``host_blocks=0``: none, an evicted block is dropped.
         compress_on_evict: ``PRESS:RATIO`` (or a `CompressSpec`): an evicted chain is compacted
             in place instead of dropped (`compressed`, the methods in `compress_front`); None: off.
+        ghost_factor: The regret ghost set keeps this many times the pool's blocks (`accounting`).
+        lookup_log: Where each admitted lookup's record goes (`lookup_log`); None: off.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -119,6 +123,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         compiled: bool | None = None,
         tiers: TierConfig | None = None,
         compress_on_evict: CompressSpec | str | None = None,
+        ghost_factor: float = 2.0,
+        lookup_log: LookupLog | None = None,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
@@ -143,13 +149,14 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             self.events = event_log if event_log is not None else EvictionEventLog()
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
-        metrics = self._metrics = CacheMetrics()  # lookups and preemptions; evictions count in the step
+        acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log)
+        metrics = self._metrics = CacheMetrics(acct)  # lookups, preemptions; evictions count in the step
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
         self._compressed = squeeze
         eviction = self._eviction = EvictionStep(
             self.radix, allocator, self._binding, protection, metrics.reprefill, self.events, clock,
-            explain=explain, threshold=eviction_threshold, tiers=store, compressed=squeeze,
+            explain=explain, threshold=eviction_threshold, tiers=store, compressed=squeeze, accounting=acct,
         )  # fmt: skip
         self._reservations = Reservations(allocator, eviction)
         self._pins = Pins(self.radix, keys)
@@ -450,6 +457,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         returns blocks freed."""
         with self.lock:
             self._metrics.reprefill.forget()
+            self._metrics.accounting.forget()
             below = self._tiers.resident_below() if self._tiers is not None else {}
             removed = self.radix.reclaim_all()
             dropped = 0 if self._compressed is None else self._compressed.drop_all()
@@ -532,6 +540,11 @@ class CacheManager(QueueFront, TierFront, CompressFront):
     def hit_rate(self) -> float:
         """Prompt tokens served from cache / prompt tokens looked up."""
         return self._metrics.hits.hit_rate
+
+    @property
+    def accounting(self) -> CacheAccounting:
+        """Ages, regret and the lookup log (`accounting`; read it under `lock`)."""
+        return self._metrics.accounting
 
     @property
     def re_prefill_blocks(self) -> int:

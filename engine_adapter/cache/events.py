@@ -15,7 +15,7 @@ The file (JSON lines, rotated by size) is optional; the in-memory ring buffer th
 Event shapes::
 
     {"event": "evict", "ts", "run", "block", "parent", "depth", "block_id", "sequence_id",
-     "tenant", "policy", "reason", "last_access", "hits", "priority"}
+     "tenant", "policy", "reason", "last_access", "hits", "priority", "id"}
     {"event": "freed", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us"}
     {"event": "compress", "ts", "run", "sequence_id", "policy", "reason", "tokens_before",
      "tokens_after", "blocks_freed", "bytes_freed", "duration_us", "fallback"
@@ -99,6 +99,7 @@ EVICT_KEYS = (  # and "explain" last, with explanation on (engine_adapter.cache.
     "last_access",
     "hits",
     "priority",
+    "id",
 )
 FREED_KEYS = ("event", "ts", "run", "policy", "reason", "blocks_freed", "total_freed", "duration_us")
 STORE_KEYS = ("event", "ts", "run", "blocks", "parent", "tokens", "block_size")
@@ -242,10 +243,14 @@ class EvictionEventLog:
         parent: str | None = None,
         depth: int | None = None,
         explain: dict[str, Any] | None = None,
+        eviction_id: int | None = None,
     ) -> None:
         """One victim block; `parent` and `depth` place it in the radix tree (the tree view's
-        ghosts), `explain` says why it went (only with explanation on)."""
-        extra: dict[str, Any] = {} if explain is None else {"explain": explain}
+        ghosts), `explain` says why it went (only with explanation on), `eviction_id` numbers
+        it among the cache's evicted blocks (the lookup records' ``eviction.id``)."""
+        extra: dict[str, Any] = {} if eviction_id is None else {"id": eviction_id}
+        if explain is not None:
+            extra["explain"] = explain
         self._log.info(
             "evict",
             ts=time.time() if ts is None else ts,

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from engine_adapter.cache.accounting import CacheAccounting
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
@@ -54,6 +55,7 @@ class EvictionStep:
         threshold: When set, `evict_to_threshold` evicts down to this fraction of the pool in use.
         tiers: The host/disk tiers victims are demoted to, or None (victims are dropped).
         compressed: Where victims' chains are compressed instead of dropped, or None.
+        accounting: Told each dropped victim (its age, a ghost), or None.
 
     Attributes:
         explain: May be switched at any time.
@@ -79,6 +81,7 @@ class EvictionStep:
         threshold: float | None = None,
         tiers: TierStore | None = None,
         compressed: CompressedPrefixes | None = None,
+        accounting: CacheAccounting | None = None,
     ) -> None:
         if tiers is not None and compressed is not None:
             raise ValueError("compress-on-evict does not run with KV tiers yet (docs/architecture.md)")
@@ -94,6 +97,7 @@ class EvictionStep:
         self._clock = clock
         self.tiers = tiers
         self.compressed = compressed
+        self.accounting = accounting
         self.explain = explain
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
@@ -191,10 +195,17 @@ class EvictionStep:
                 record["tier"] = "device"
                 record["then"] = "drop" if id(block) in gone else "demote"
         pool.free([b.block_id for b in victims])
+        first_id = self.total_evictions + 1  # the victims' eviction ids, in order
         self._count(len(victims), reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped])
+        if self.accounting is not None:
+            numbered = list(enumerate(victims, first_id))
+            if dropped is not victims:
+                gone = {id(b) for b in dropped}
+                numbered = [(i, b) for i, b in numbered if id(b) in gone]
+            self.accounting.on_evict(numbered, self._radix.num_reclaimable)
         if self.events is not None:
-            self._write_events(victims, policy_name, reason, decision, reasons)
+            self._write_events(victims, policy_name, reason, decision, reasons, first_id=first_id)
         return len(victims)
 
     def _count(self, count: int, reason: str, decision: float, pending: int) -> None:
@@ -252,12 +263,17 @@ class EvictionStep:
         if not freed:
             return 0
         n_dropped = len(dropped) + sum(len(e.blocks) for e, _ in gone)
+        first_id = self.total_evictions + 1
         self._count(n_dropped, reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped] + [k for e, _ in gone for k in e.keys])
+        if self.accounting is not None:
+            self.accounting.on_evict(list(enumerate(dropped, first_id)), self._radix.num_reclaimable)
         if self.events is not None and (dropped or gone):
             extra = n_dropped - len(dropped)
             reasons = dropped_why if self.explain else None
-            self._write_events(dropped, self._binding.name, reason, decision, reasons, extra=extra)
+            self._write_events(
+                dropped, self._binding.name, reason, decision, reasons, extra=extra, first_id=first_id
+            )
             self._drop_events(gone, reason)
         return freed
 
@@ -340,9 +356,10 @@ class EvictionStep:
         reasons: list[dict[str, Any]] | None,
         *,
         extra: int = 0,
+        first_id: int,
     ) -> None:
-        """One ``evict`` event per victim, then one ``freed`` event for the call (counting
-        `extra` blocks of dropped compressed entries beside the victims)."""
+        """One ``evict`` event per victim (numbered from `first_id`), then one ``freed`` event
+        for the call (counting `extra` blocks of dropped compressed entries beside the victims)."""
         events = self.events
         assert events is not None  # checked by the caller
         ts = self._clock()
@@ -363,6 +380,7 @@ class EvictionStep:
                 priority=meta.priority,
                 ts=ts,
                 explain=None if reasons is None else reasons[i],
+                eviction_id=first_id + i,
             )
         events.freed(
             policy=policy_name,

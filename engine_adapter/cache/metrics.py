@@ -4,7 +4,7 @@
 blocks that the re-prefill rate watches for) and preemptions; the eviction step tells the same
 re-prefill tracker which blocks it evicted. `snapshot` reads these and the other parts' counters
 (pool, radix index, policy binding, eviction step) into one `CacheStats`
-(docs/architecture.md, "Metrics"). Called under the cache manager's lock. Imports
+(docs/architecture.md, "Metrics"). Called under the cache manager's lock. Imports `accounting`,
 `block_allocator`, `eviction`, `policy_binding`, `radix_cache`, `stats` and the policy library's
 metrics.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from engine_adapter.cache.accounting import CacheAccounting
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.policy_binding import PolicyBinding
@@ -30,11 +31,13 @@ class CacheMetrics:
         hits: Prompt tokens looked up and served from cache, overall and per tenant.
         reprefill: Evicted blocks and the ones requested again.
         preemptions: Sequences preempted.
+        accounting: Ages, regret and lookup records (`accounting`).
     """
 
-    __slots__ = ("hits", "preemptions", "reprefill")
+    __slots__ = ("accounting", "hits", "preemptions", "reprefill")
 
-    def __init__(self) -> None:
+    def __init__(self, accounting: CacheAccounting) -> None:
+        self.accounting = accounting
         self.hits = HitCounter()
         self.reprefill = ReprefillTracker()
         self.preemptions = 0
@@ -98,6 +101,7 @@ class CacheMetrics:
             prefetched_blocks=prefetched[0],
             prefetch_hits=prefetched[1],
             **({} if compressed is None else _compressed_fields(compressed)),
+            **self.accounting.snapshot(),
         )
 
 

@@ -43,6 +43,8 @@ class CacheRequest:
             computes its logits in a private block (False in simulation).
         match_prefix: False computes the whole prompt even if cached (a prompt compressed after
             prefill is scored by the attention of all its queries).
+        request_id: The engine's request id, named in the lookup records (`lookup_log`);
+            None: the sequence id.
     """
 
     sequence_id: int
@@ -59,3 +61,4 @@ class CacheRequest:
     non_preemptible: bool = False
     recompute_last_token: bool = True
     match_prefix: bool = True
+    request_id: str | None = None

@@ -3,7 +3,7 @@
 `to_dict()` is the JSON of ``GET /v1/eviction/stats`` (docs/architecture.md, "Control API"); the
 metrics are defined in docs/architecture.md, "Metrics". The engine, the server, the simulator and
 the tests read the fields, never keys by string. `metrics.CacheMetrics.snapshot` builds it.
-Imports nothing of the cache.
+Imports only `ages` of the cache.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from engine_adapter.cache.ages import HistogramSnapshot
 
 __all__ = ["CacheStats", "TierStats"]
 
@@ -99,6 +101,11 @@ class CacheStats:
         compressions: Cached chains compressed instead of evicted.
         compressed_hits: Admissions served (in part) from a compressed prefix, and
             `compressed_hit_tokens` the prompt tokens they reused from one.
+        missed_blocks, ghost_hits, regrets, regret_ratio, ghost_capacity, thrashing,
+            thrashing_threshold, window_regret_ratio: Regret (`accounting.AccountingStats`;
+            docs/architecture.md, "Ages and regret").
+        age_histograms: Block age at hit and at eviction, reuse distance at hit and regret age,
+            per policy and tenant (`ages.HistogramSnapshot`).
     """
 
     strategy: str
@@ -138,6 +145,15 @@ class CacheStats:
     compressions: int = 0
     compressed_hits: int = 0
     compressed_hit_tokens: int = 0
+    missed_blocks: int = 0
+    ghost_hits: int = 0
+    regrets: int = 0
+    regret_ratio: float = 0.0
+    ghost_capacity: int = 0
+    thrashing: bool = False
+    thrashing_threshold: float = 0.0
+    window_regret_ratio: float | None = None
+    age_histograms: tuple[HistogramSnapshot, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
@@ -146,4 +162,5 @@ class CacheStats:
             for f in dataclasses.fields(self)
         }
         out["tiers"] = [dataclasses.asdict(t) for t in self.tiers]
+        out["age_histograms"] = [h.to_dict() for h in self.age_histograms]
         return out

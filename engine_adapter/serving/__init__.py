@@ -15,6 +15,7 @@ The engine (a request's way in and out):
     engine_hooks.py         EngineHooks: the engine's SchedulerHooks (metrics, lifetime, colocation)
     colocation.py           ColocationGates (the scheduler's side) and EngineColocation (the loop's)
     metrics.py              EngineMetrics: the sage:* Prometheus metrics, declared in one table
+    cache_histograms.py     the cache's age histograms and regret on /metrics, read at each scrape
 
 The scheduler (one step: admit, reserve or preempt, forward, sample, release):
 

@@ -45,6 +45,7 @@ from engine_adapter.model.chat_template import ChatMessage
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tier_copy import execute_moves
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
+from engine_adapter.serving.cache_histograms import CacheAccountingCollector
 from engine_adapter.serving.colocation import Deferred, EngineColocation
 from engine_adapter.serving.config import EngineConfig, colocation_switches
 from engine_adapter.serving.control import EngineControl, LoopStats
@@ -93,6 +94,7 @@ class Engine(EngineControl):
         )
         self.cache = cache_manager(config, self.pool, self.events, self.tiers)
         self.metrics = EngineMetrics(policy=self.cache.policy_name)
+        self.metrics.registry.register(CacheAccountingCollector(self.cache.stats))
         self.events.subscribe(self._on_event)
         self.kv_events = start_kv_events(config, self.events)
         self.token_manager = token_manager(config, self.cache, self.pool, self.events)
@@ -193,6 +195,8 @@ class Engine(EngineControl):
         if self.kv_events is not None:
             self.kv_events.close()
         self.events.close()
+        if self.cache.accounting.lookup_log is not None:
+            self.cache.accounting.lookup_log.close()
 
     def _loop(self) -> None:
         stopping = False

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
+from engine_adapter.cache.lookup_log import LookupLog
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
@@ -221,6 +222,8 @@ def cache_manager(
         explain=config.explain_evictions,
         tiers=tier_config,
         compress_on_evict=config.compress_on_evict or None,
+        ghost_factor=config.ghost_factor,
+        lookup_log=LookupLog(config.lookup_log) if config.lookup_log else None,
     )
 
 

@@ -74,7 +74,28 @@ def eviction_schemas() -> dict[str, Schema]:
                 "tiers": {"type": "array", "items": ref("TierStats")},
                 "prefetched_blocks": INT,
                 "prefetch_hits": INT,
+                # ages and regret (docs/architecture.md, "Ages and regret")
+                "missed_blocks": INT,
+                "ghost_hits": INT,
+                "regrets": INT,
+                "regret_ratio": NUM,
+                "ghost_capacity": INT,
+                "thrashing": BOOL,
+                "thrashing_threshold": NUM,
+                "window_regret_ratio": nullable(NUM),
+                "age_histograms": {"type": "array", "items": ref("AgeHistogram")},
             },
+        ),
+        "AgeHistogram": obj(
+            {
+                "kind": STR,
+                "policy": STR,
+                "tenant": STR,
+                "le": {"type": "array", "items": NUM},
+                "counts": {"type": "array", "items": INT},
+                "sum": NUM,
+                "count": INT,
+            }
         ),
     }
 

@@ -87,6 +87,7 @@ def _cache_request(
         estimated_lifetime=estimated_lifetime,
         # A prompt compressed after prefill is scored by all its queries, as kvpress does.
         match_prefix=seq.kv_compression is None,
+        request_id=seq.request_id,
     )
 
 

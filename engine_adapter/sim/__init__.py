@@ -28,6 +28,7 @@ The benchmark (`sage llm benchmark --mode sim`):
     sweep_bar.py       the sweep's progress bar (Rich, stderr, drawn only when told)
     saturation.py      which rows measure a queue rather than the cache, and the warning
     plot.py            ``--plot``: hit rate against the capacity ratio, TTFT CDFs
+    plot_ages.py       the plot's panels of block age at hit and at eviction per policy
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router
                        on one clock (docs/fleet.md; its own docstring lists its files)
 

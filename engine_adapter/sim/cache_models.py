@@ -204,6 +204,16 @@ class RadixModel:
             "compressed_hit_tokens": squeeze.hit_tokens,
         }
 
+    def regret(self) -> dict[str, Any]:
+        """The row's regret and age histograms (`SimResult`), from the cache's accounting."""
+        stats = self.manager.stats()
+        return {
+            "regrets": stats.regrets,
+            "ghost_hits": stats.ghost_hits,
+            "regret_ratio": stats.regret_ratio,
+            "age_histograms": [h.to_dict() for h in stats.age_histograms],
+        }
+
     def prefetch_hits(self) -> int:
         stats = self.manager.stats()
         hits: int = stats.prefetch_hits

@@ -5,7 +5,9 @@ the workload's distinct blocks, the scale of ``--capacity-ratio`` (blocks on the
 unbounded cache as a dashed line; right, one panel per cache size, the CDF of the requests'
 TTFT for each policy there (from each row's 101 TTFT quantiles, `sweep.RowOutcome`), on a log
 axis when the times span more than a decade, the unbounded cache's as a dashed line. Rows run
-with the adaptive batch limit are their own lines, "(adaptive)". `write_plot` saves it.
+with the adaptive batch limit are their own lines, "(adaptive)". When the rows carry age
+histograms (the radix model), a second row of panels draws the block ages at hit and at
+eviction at the smallest size (`plot_ages`). `write_plot` saves it.
 
 matplotlib is imported inside the functions that need it (the extra ``sage-kv[plot]``).
 """
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.sim.plot_ages import AGE_PANELS, draw_age_panels
 from engine_adapter.sim.simulator import UNBOUNDED
 
 __all__ = ["benchmark_figure", "write_plot"]
@@ -106,8 +109,15 @@ def benchmark_figure(
     )
     capacities = sorted({row["capacity_blocks"] for row in rows if row["policy"] != UNBOUNDED})
     capacities = capacities[:_MAX_CDF_PANELS]
-    figure = Figure(figsize=(6.5 * (1 + len(capacities)), 4.8))
-    axes = figure.subplots(1, 1 + len(capacities), squeeze=False)[0]
+    ages = bool(capacities) and any(row.get("age_histograms") for row in rows)
+    n_cols = 1 + len(capacities)  # at least 2 with ages: as many as AGE_PANELS
+    figure = Figure(figsize=(6.5 * n_cols, 4.8 * (2 if ages else 1)))
+    grid = figure.subplots(2 if ages else 1, n_cols, squeeze=False)
+    axes = grid[0]
+    if ages:
+        draw_age_panels(grid[1], rows, capacities[0])
+        for ax in grid[1][len(AGE_PANELS) :]:
+            ax.set_axis_off()
     _hit_rate_panel(axes[0], rows, max(1, unique_blocks))
     for ax, capacity in zip(axes[1:], capacities, strict=True):
         lines = [

@@ -85,7 +85,10 @@ class SimResult:
     loaded ahead of time while their request queued (`TierConfig.prefetch_blocks`). With
     compress-on-evict (`compress_on_evict` set), `compressions` counts the chains compressed and
     `compressed_hits` / `compressed_hit_tokens` the admissions served from one; a row without it
-    has none of these keys (rows are unchanged when it is off).
+    has none of these keys (rows are unchanged when it is off). The radix model's rows carry the
+    regret (`regrets`, `ghost_hits`, `regret_ratio` = regrets / missed blocks) and the age
+    histograms on the virtual clock (`age_histograms`, `ages.HistogramSnapshot.to_dict` each;
+    docs/architecture.md, "Ages and regret"); the flat model's have zeros and none.
     """
 
     policy: str
@@ -125,6 +128,10 @@ class SimResult:
     compressions: int = 0
     compressed_hits: int = 0
     compressed_hit_tokens: int = 0
+    regrets: int = 0
+    ghost_hits: int = 0
+    regret_ratio: float = 0.0
+    age_histograms: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""

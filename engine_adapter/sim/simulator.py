@@ -565,6 +565,7 @@ class Simulator:
             recompute_s=st.recompute_s,
             prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
             **(st.cache.compressed() if st.cache is not None else {}),
+            **(st.cache.regret() if st.cache is not None else {}),
         )
 
 

@@ -28,6 +28,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("capacity_blocks", "Blocks", "int"),
     ("hit_rate", "Hit", "percent"),
     ("re_prefill_rate", "Re-prefill", "percent"),
+    ("regret_ratio", "Regret", "percent"),
     ("fairness_score", "Fair", "ratio"),
     ("memory_utilization", "Util", "percent"),
     ("evictions", "Evicted", "int"),

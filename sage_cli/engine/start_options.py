@@ -71,6 +71,29 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         help="Eviction events say why each victim went (see 'sage llm eviction explain'). (default: no)",
     ),
     ConfigFlag(
+        key="lookup_log",
+        param="lookup_log",
+        decls=("--lookup-log",),
+        kind="file",
+        help=(
+            "Write one JSON line per prefix-cache lookup to PATH: what it matched and where the match "
+            "stopped (see 'sage llm eviction explain --lookup'); rotated at 16 MiB, 3 kept (default: "
+            "off)."
+        ),
+        metavar="PATH",
+    ),
+    ConfigFlag(
+        key="ghost_factor",
+        param="ghost_factor",
+        decls=("--ghost-factor",),
+        kind="float",
+        help=(
+            "The regret ghost set remembers this many times the pool's blocks of evicted block keys. "
+            "(default: 2)"
+        ),
+        metavar="F",
+    ),
+    ConfigFlag(
         key="num_blocks",
         param="num_blocks",
         decls=("--num-blocks",),

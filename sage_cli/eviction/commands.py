@@ -30,6 +30,7 @@ from sage_cli.eviction.explanations import (
     run_heading,
 )
 from sage_cli.eviction.log_file import read_log_file
+from sage_cli.eviction.lookups import eviction_for, lookup_lines, read_lookups
 from sage_cli.eviction.render import (
     eviction_log_lines,
     policies_table,
@@ -166,6 +167,8 @@ def logs(
             show(client.follow_eviction_logs(tail) if follow else client.eviction_logs(tail))
     except KeyboardInterrupt:
         return
+
+
 def set_policy(
     policy: PolicyOpt,
     param: ParamOpt = None,
@@ -239,13 +242,36 @@ def policies(
     out.result(answer, lambda: policies_table(answer))
 
 
+LookupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookup",
+        metavar="REQUEST_ID",
+        show_default=False,
+        help="Instead: a request's lookups from --lookup-log, each beside the eviction that cost its hit.",
+    ),
+]
+LookupLogOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--lookup-log",
+        metavar="PATH",
+        dir_okay=False,
+        show_default=False,
+        help="The lookup log the engine writes (its --lookup-log).",
+    ),
+]
+
+
 def explain(
     target: Annotated[
-        str,
+        str | None,
         typer.Argument(
-            metavar="SEQ_OR_BLOCK", help="A sequence id, or a block key (a prefix of 4+ hex digits)."
+            metavar="SEQ_OR_BLOCK",
+            show_default=False,
+            help="A sequence id, or a block key (a prefix of 4+ hex digits).",
         ),
-    ],
+    ] = None,
     socket: SocketOpt = None,
     name: NameOpt = None,
     url: UrlOpt = None,
@@ -266,22 +292,20 @@ def explain(
             help="Only the records of this engine run (a log file may hold several: the headings name them).",
         ),
     ] = None,
+    lookup: LookupOpt = None,
+    lookup_log: LookupLogOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Explain a past eviction from the log: the victim's ranking values, the candidates it was
     chosen before, and the blocks passed over (pinned, in use, shared). Needs an engine started
     with --explain. A log file appended to by several engine runs (sequence ids start again at
-    each) is shown run by run, under a heading naming each; --run keeps one."""
-    target = target.strip()
-    if not target or not (target.isdigit() or all(c in "0123456789abcdefABCDEF" for c in target)):
-        raise CLIUsageError(f"{target!r}: give a sequence id (digits) or a block key (hex)")
-    if file is not None:
-        if socket is not None or name is not None or url is not None:
-            raise CLIUsageError("--file reads a log file; it does not take --socket, --name or --url")
-        events = list(read_log_file(file, tail, False))
-    else:
-        with client_for(socket, name, url=url, api_key=api_key) as client:
-            events = client.eviction_logs(tail)
+    each) is shown run by run, under a heading naming each; --run keeps one. With --lookup, a
+    request's lookups (engine started with --lookup-log) and the evictions that cost their hits."""
+    target = _explain_target(target, lookup, lookup_log)
+    events = _log_tail(file, tail, socket, name, url, api_key)
+    if lookup is not None and lookup_log is not None:
+        _explain_lookup(lookup, lookup_log, events, Output(json_out))
+        return
     found = [e for e in events if is_eviction_of(e, target)]
     if run is not None:
         runs = [r for r, _ in by_run(events)]
@@ -299,6 +323,54 @@ def explain(
         for event in group:
             text = "\n".join(explain_lines(event))
             out.item(event, lambda text=text: text)
+
+
+def _log_tail(
+    file: Path | None, tail: int, socket: Path | None, name: str | None, url: str | None, api_key: str | None
+) -> list[dict[str, Any]]:
+    """The last `tail` events of the eviction log: the file's, else the engine's."""
+    if file is not None:
+        if socket is not None or name is not None or url is not None:
+            raise CLIUsageError("--file reads a log file; it does not take --socket, --name or --url")
+        return list(read_log_file(file, tail, False))
+    with client_for(socket, name, url=url, api_key=api_key) as client:
+        events: list[dict[str, Any]] = client.eviction_logs(tail)
+    return events
+
+
+def _explain_target(target: str | None, lookup: str | None, lookup_log: Path | None) -> str:
+    """`explain`'s target checked: a sequence id or block key, or none with --lookup (which needs
+    --lookup-log); "" for a lookup."""
+    if lookup is not None:
+        if target is not None:
+            raise CLIUsageError("give a sequence or block, or --lookup REQUEST_ID, not both")
+        if not lookup.strip():
+            raise CLIUsageError("--lookup: give a request id")
+        if lookup_log is None:
+            raise CLIUsageError("--lookup reads the engine's lookup log: give its --lookup-log PATH")
+        return ""
+    if lookup_log is not None:
+        raise CLIUsageError("--lookup-log goes with --lookup REQUEST_ID")
+    target = (target or "").strip()
+    if not target or not (target.isdigit() or all(c in "0123456789abcdefABCDEF" for c in target)):
+        raise CLIUsageError(f"{target!r}: give a sequence id (digits) or a block key (hex)")
+    return target
+
+
+def _explain_lookup(request_id: str, path: Path, events: list[dict[str, Any]], out: Output) -> None:
+    """``explain --lookup``: each lookup of the request, then the eviction that stopped it."""
+    records = [r for r in read_lookups(path) if str(r.get("request_id")) == request_id.strip()]
+    if not records:
+        raise CLIUsageError(f"no lookup of request {request_id} in {path}")
+    for record in records:
+        event = eviction_for(record, events)
+        lines = lookup_lines(record)
+        if event is not None:
+            lines += ["  " + line for line in explain_lines(event)]
+        elif record.get("stop") == "evicted":
+            lines.append(f"  (its evict event is not in the last {len(events)} events of the eviction log)")
+        text = "\n".join(lines)
+        out.item({"lookup": record, "eviction": event}, lambda text=text: text)
 
 
 def tree(
@@ -350,7 +422,6 @@ def tree(
         except Exception as exc:  # graphviz.ExecutableNotFound, CalledProcessError
             raise CLIUsageError(f"--png: Graphviz failed: {str(exc).splitlines()[0]}") from None
     out.result(answer, lambda: tree_rich(answer))
-
 
 
 def _keys(interval: float) -> Iterator[str | None]:

@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from sage_cli.eviction.ages_view import age_lines, regret_line, thrashing_warning
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -106,6 +108,8 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
         f"  Hit Rate: {_percent(stats.get('hit_rate'))}",
         f"  Memory Utilization: {_percent(stats.get('memory_utilization'))}",
     ]
+    lines += [line for line in (regret_line(stats), thrashing_warning(stats)) if line is not None]
+    lines += age_lines(stats)
     if verbose:
         params = stats.get("params") or {}
         if params:

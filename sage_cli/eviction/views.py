@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sage_cli.errors import CLIUsageError
+from sage_cli.eviction.ages_view import thrashing_warning
 from sage_cli.eviction.explanations import explain_one_line, short_block
 
 if TYPE_CHECKING:
@@ -170,13 +171,14 @@ def render_top(
     from rich.text import Text
 
     head = Table.grid(padding=(0, 3))
-    for _ in range(4):
+    for _ in range(5):
         head.add_column()
     head.add_row(
         f"policy {stats.get('strategy') or usage.get('policy') or '?'}",
         f"hit rate {_pct(stats.get('hit_rate'))}",
         f"evictions/s {'-' if rate is None else f'{rate:.1f}'}",
         f"re-prefill {_pct(stats.get('re_prefill_rate'))}",
+        f"regret {_pct(stats.get('regret_ratio'))}",
     )
     head.add_row(
         f"pool {usage.get('used_blocks', '?')}/{usage.get('num_blocks', '?')} blocks",
@@ -184,6 +186,7 @@ def render_top(
         f"requests {usage.get('running', '?')} running, {usage.get('waiting', '?')} waiting",
         f"batch limit {usage.get('max_running_batch', '?')}"
         + (" (adaptive)" if usage.get("adaptive_batch") else ""),
+        "",
     )
     use = Table(title="pool use", title_justify="left", box=None, pad_edge=False)
     use.add_column("tenant")
@@ -201,4 +204,6 @@ def render_top(
     lines += [Text(explain_one_line(e), overflow="ellipsis", no_wrap=True) for e in reversed(victims)]
     if not victims:
         lines.append(Text("(none yet)", style="dim"))
-    return Group(head, Text(""), use, Text(""), *lines, Text("q quits", style="dim"))
+    warning = thrashing_warning(stats)
+    alert = [Text(warning, style="bold red")] if warning is not None else []
+    return Group(*alert, head, Text(""), use, Text(""), *lines, Text("q quits", style="dim"))

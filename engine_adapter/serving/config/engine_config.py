@@ -112,6 +112,11 @@ class EngineConfig:
 
     Into ``<log_dir>/evictions.jsonl`` when `log_dir` is given.
     """
+    lookup_log: str = ""
+    """Write one JSON line per prefix-cache lookup to PATH: what it matched and where the match
+    stopped (see 'sage llm eviction explain --lookup'); rotated at 16 MiB, 3 kept (default: off)."""
+    ghost_factor: float = 2.0
+    """The regret ghost set remembers this many times the pool's blocks of evicted block keys."""
     explain_evictions: bool = False
     """Eviction events say why each victim went (see 'sage llm eviction explain').
 
@@ -471,6 +476,8 @@ PARSERS: dict[str, Parser] = {
     "enable_lifetime_prediction": parse_bool,
     "log_evictions": parse_bool,
     "explain_evictions": parse_bool,
+    "lookup_log": parse_path,
+    "ghost_factor": float_in(0.0, 1000.0, low_open=True),
     "num_blocks": int_at_least(1),
     "kv_cache_memory": parse_size,
     "gpu_memory_utilization": float_in(0.0, 1.0, low_open=True),

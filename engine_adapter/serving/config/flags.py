@@ -81,6 +81,8 @@ START_FLAGS: tuple[StartFlag, ...] = (
     ),
     StartFlag("log_evictions", ("--log-evictions/--no-log-evictions",), show_default=True),
     StartFlag("explain_evictions", ("--explain/--no-explain",), show_default=True),
+    StartFlag("lookup_log", ("--lookup-log",), metavar="PATH", kind="file"),
+    StartFlag("ghost_factor", ("--ghost-factor",), metavar="F", show_default=True),
     StartFlag("num_blocks", ("--num-blocks",), metavar="N", min=1),
     StartFlag("kv_cache_memory", ("--kv-cache-memory",), metavar="SIZE", kind="text"),
     StartFlag("gpu_memory_utilization", ("--gpu-memory-utilization",), metavar="F"),
