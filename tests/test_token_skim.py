@@ -58,6 +58,8 @@ def test_head_budgets_follow_the_share_above_the_global_threshold() -> None:
     # to (1, 1): 5 + 60 + 25
     assert counts.tolist() == [[100, 5], [5, 90]]
     assert head_budgets(torch.ones(3, 2, 8), 0.75, 25, 100, 5).tolist() == [[25, 25]] * 3
+    # a budget under the floor: every head keeps the budget (the sinks are kept first anyway)
+    assert head_budgets(sampled, 0.5, target_len=3, length=100, floor=5).tolist() == [[3, 3], [3, 3]]
     for ratio in (0.3, 0.5, 0.9):
         noisy = torch.rand(5, 3, 40, generator=torch.Generator().manual_seed(int(ratio * 10)))
         counts = head_budgets(noisy, ratio, target_len=37, length=200, floor=5)

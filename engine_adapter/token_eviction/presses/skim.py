@@ -68,8 +68,6 @@ def head_budgets(
     pruned = min(flat.numel(), max(1, int(flat.numel() * ratio)))
     threshold = torch.kthvalue(flat, pruned).values
     share = (sampled.float() > threshold).float().mean(dim=-1)
-    if float(share.sum()) == 0.0:  # nothing stands out: the same budget everywhere
-        share = torch.ones_like(share)
     total = target_len * share.numel()
     floor = min(floor, target_len)
     budget = torch.full_like(share, float(floor))
@@ -79,7 +77,7 @@ def head_budgets(
         if rest <= 0.5 or not bool(open_.any()):
             break
         weights = share * open_
-        if float(weights.sum()) == 0.0:
+        if float(weights.sum()) == 0.0:  # nothing above the threshold: share the rest evenly
             weights = open_.float()
         budget = torch.clamp(budget + weights / weights.sum() * rest, max=float(length))
     counts = budget.floor().long()
