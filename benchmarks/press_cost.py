@@ -74,6 +74,9 @@ def main() -> None:
                     policy.evict(kv, kept_for_ratio(kv.length, ratio), ratio=ratio)
                     done_wall, done_cpu = time.perf_counter() - wall, time.process_time() - cpu
                     shares[(task, spec, ratio)].append((done_wall / pre_wall, done_cpu / pre_cpu))
+                    # as it goes: a run cut short still says what it measured
+                    print(f"    {spec} {ratio:g}: {100 * done_wall / pre_wall:.1f} % wall, "
+                          f"{100 * done_cpu / pre_cpu:.1f} % CPU", flush=True)  # fmt: skip
                     pool.allocator.free(kv.block_table)
             pool.allocator.free(table)
             print(
