@@ -137,6 +137,16 @@ def test_compressions_under_pressure_score_by_attention(name: str) -> None:
     finally:
         engine.shutdown()
     assert stats["compressions"] >= 2 and stats["by_reason"].get("pressure", 0) >= 2
+    if make_token_policy(name).track_tokens:
+        # A replay press (kvzip, skim) cannot replay a sequence it compacted before (its ids
+        # are gone); one that keeps a full-budget head frees little, so the sequence grows back
+        # and is compressed again: only each sequence's first compression must replay.
+        first: dict[object, dict[str, object]] = {}
+        for e in events:
+            first.setdefault(e["sequence_id"], e)
+        assert all(e["fallback"] is None for e in first.values())
+        assert all(e["fallback"] is None or "not all known" in str(e["fallback"]) for e in events)
+        return
     assert stats["attention_fallbacks"] == {} and stats["attention_fallbacks_total"] == 0
     assert all(e["fallback"] is None for e in events)
 

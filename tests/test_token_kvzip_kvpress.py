@@ -237,29 +237,3 @@ def test_token_ids_are_lost_past_a_compaction(tiny: tuple[Any, Decoder]) -> None
     append_tokens(decoder, pool, kv, [6])
     assert kv.observer.token_ids is None
     assert "token ids" in (policy.attention_missing(kv) or "")
-
-
-def test_skim_without_replay_is_leverage_and_adds_the_replay_by_weight(tiny: tuple[Any, Decoder]) -> None:
-    """`skim` with nothing replayed keeps what leverage keeps (sinks aside); with a replay it
-    borrows blocks and gives them back, its spans stay inside the budget, and it adds `weight`
-    times the replay's attention (non-negative, not all zero) to leverage."""
-    from engine_adapter.token_eviction.presses.skim import SkimPolicy, salient_spans
-
-    _reference, decoder = tiny
-    ids = _prompt(6)
-    pool = decoder.make_pool(num_blocks=128, block_size=4)
-    plain = SkimPolicy(replay_fraction=0.0)
-    kv, _ = prefill(decoder, pool, ids, plain)
-    lev = token_policy_from_spec("leverage").layer_scores(kv, 60)
-    for layer, scores in enumerate(plain.layer_scores(kv, 60)):
-        assert torch.equal(scores[:, 4:], lev[layer][:, 4:])
-    spans = salient_spans(torch.stack(lev).mean(dim=(0, 1)), 4, 8, 30)
-    assert 0 < sum(hi - lo for lo, hi in spans) <= 30 and all(lo >= 4 for lo, _ in spans)
-    free = pool.allocator.num_free
-    gains = []
-    for weight in (10.0, 20.0):
-        scores = SkimPolicy(replay_fraction=0.25, span=8, weight=weight).layer_scores(kv, 60)
-        assert pool.allocator.num_free == free, "the replay's borrowed blocks were not given back"
-        gains.append(torch.stack([s - v for s, v in zip(scores, lev, strict=True)])[..., 4:])
-    assert bool((gains[0] >= -1e-5).all()) and float(gains[0].max()) > 0.1
-    torch.testing.assert_close(gains[1], 2 * gains[0], atol=1e-4, rtol=1e-4)

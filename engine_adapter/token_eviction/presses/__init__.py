@@ -16,7 +16,7 @@
     adakv.py    AdaKVPolicy: per-head budgets over any press (AdaKVPress)
     pyramid.py  PyramidPolicy: per-layer budgets over any press (PyramidKVPress)
     kvzip.py    KVzipPolicy: what a replay of the context attends to (KVzipPress)
-    skim.py     SkimPolicy: sage's own: leverage, plus a replay of the salient spans only
+    skim.py     SkimPolicy: sage's own: per-head budgets and scores from a replay of a sample
     rope.py     pre-RoPE keys and queries from the pool and the observer (no policy)
 
 Each file holds its policy class and its score function (tensors in, ``[kv_heads, L]`` out,

@@ -20,7 +20,7 @@ the sequence's K/V and observer are untouched. Where it cannot replay (ids unkno
 compaction or past a cached prefix the observer never saw, no tokenizer, no free block) the
 press keeps the newest tokens and says why (`attention_missing`).
 
-`replay_scores` is shared with sage's own press (`presses.skim`), which replays only spans.
+`replay_scores` is shared with sage's own press (`presses.skim`), which replays a sample of spans.
 
 Imports torch, the chat template, the observer, `presses.base` and `SequenceKV`.
 """
