@@ -128,11 +128,7 @@ def build_workload(
                 built.requests = built.requests[:requests]
     except WorkloadError as exc:
         raise BenchmarkError(str(exc)) from None
-    if block_size is not None and built.block_size != block_size:
-        raise BenchmarkError(
-            f"--block-size {block_size}: the {built.source} trace's block keys stand for {built.block_size} "
-            "tokens each and it carries no tokens to hash again"
-        )
+    _check_block_size(built, block_size)
     if duration is not None and built.requests:
         start = built.requests[0].arrival_s
         built.requests = [r for r in built.requests if r.arrival_s - start <= duration]
@@ -146,6 +142,15 @@ def build_workload(
         ]
         built.params = {**built.params, "time_scale": time_scale}
     return built
+
+
+def _check_block_size(built: Workload, block_size: int | None) -> None:
+    """A workload read with block keys of its own size (a Mooncake trace's 512) refuses another."""
+    if block_size is not None and built.block_size != block_size:
+        raise BenchmarkError(
+            f"--block-size {block_size}: the {built.source} trace's block keys stand for {built.block_size} "
+            "tokens each and it carries no tokens to hash again"
+        )
 
 
 def capacities_for(
@@ -291,6 +296,13 @@ def _runs(
             rows.append({"policy": REFERENCE_BELADY, "capacity": total})
     rows.append({"policy": UNBOUNDED, "capacity": None})
     return [RowSpec(index, **row) for index, row in enumerate(rows)]
+
+
+def _online_only(runs: list[RowSpec], cache_model: str) -> list[RowSpec]:
+    """An engine's twin runs what the engine can: no offline reference row."""
+    if cache_model not in TWINS:
+        return runs
+    return [replace(row, index=i) for i, row in enumerate(r for r in runs if r.policy != REFERENCE_BELADY)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,10 +464,7 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
-    if opts.cache_model in TWINS:  # an engine's twin runs what the engine can: no offline reference
-        runs = [
-            replace(row, index=i) for i, row in enumerate(r for r in runs if r.policy != REFERENCE_BELADY)
-        ]
+    runs = _online_only(runs, opts.cache_model)
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)

@@ -122,7 +122,9 @@ class _SageFreeQueue(EngineClass):  # type: ignore[misc]
 def _sage_free_queue_class(base: type[Any] | None = None) -> type[Any]:
     """`SageFreeQueue`, `_SageFreeQueue` over `base` (None: the installed vLLM's free list)."""
     if base is None:
-        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue as base
+        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+        base = FreeKVCacheBlockQueue
 
     class SageFreeQueue(_SageFreeQueue, base):  # type: ignore[misc,valid-type]
         """vLLM's free list reporting to its `SageBlockPool` (`_SageFreeQueue`)."""
@@ -295,13 +297,17 @@ def sage_block_pool_class(
     installed vLLM's `BlockPool` and `FreeKVCacheBlockQueue`), running `spec` (None:
     `SAGE_VLLM_GPU_POLICY`); built once per arguments."""
     if base is None:
-        from vllm.v1.core.block_pool import BlockPool as base
+        from vllm.v1.core.block_pool import BlockPool
+
+        base = BlockPool
+    # a class is hashable: mypy cannot tell of type[Any]
+    queue_class = _sage_free_queue_class(queue) if queue is not None else _sage_free_queue_class()  # type: ignore[arg-type]
 
     class SageBlockPool(_SageBlockPool, base):  # type: ignore[misc,valid-type]
         """vLLM's BlockPool whose cached blocks are evicted in a sage policy's order (`_SageBlockPool`)."""
 
         sage_spec = spec
-        sage_queue_class = _sage_free_queue_class(queue)
+        sage_queue_class = queue_class
 
     return SageBlockPool
 
