@@ -34,7 +34,7 @@ from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
 
-__all__ = ["TwinRun", "sequence_hashes", "simulate_vllm"]
+__all__ = ["TwinRun", "make_pool", "sequence_hashes", "simulate_vllm"]
 
 UNBOUNDED = "unbounded"
 
@@ -81,7 +81,8 @@ def sequence_hashes(workload: Workload, block_size: int) -> list[list[Hashable]]
     return out
 
 
-def _pool(policy: str, num_gpu_blocks: int, block_size: int) -> BlockPool:
+def make_pool(policy: str, num_gpu_blocks: int, block_size: int) -> BlockPool:
+    """A twin pool evicting with `policy`: vLLM's own order for ``lru``, else the sage mixin."""
     if policy in ("lru", UNBOUNDED):
         return BlockPool(num_gpu_blocks, True, block_size)
     from sage_eviction.integrations.vllm import sage_block_pool_class
@@ -100,8 +101,12 @@ def simulate_vllm(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
     block_size: int | None = None,
+    pool: BlockPool | None = None,
 ) -> TwinRun:
     """Run `workload` through the vLLM twin with `capacity_blocks` GPU blocks.
+
+    `pool`: continue on this pool (`make_pool`; its free queue and cache as an earlier run left
+    them, as an engine that serves one workload after another does) instead of a fresh one.
 
     Raises:
         ValueError: A capacity below 2, an offline policy, settings vLLM refuses, or a block
@@ -120,7 +125,7 @@ def simulate_vllm(
         raise ValueError("the vllm cache model needs a capacity in blocks (num_gpu_blocks)")
     config = VllmSchedulerConfig(capacity_blocks, bs, max_num_seqs, max_num_batched_tokens)
     config.check()
-    twin = VllmTwin(config, _pool(policy, capacity_blocks, bs))
+    twin = VllmTwin(config, pool if pool is not None else make_pool(policy, capacity_blocks, bs))
     cost = cost_model if cost_model is not None else CostModel()
     clock = _run(twin, workload, hashes, cost)
     return _row(twin, workload, policy, capacity_blocks, clock, time.perf_counter() - wall0)
@@ -133,6 +138,7 @@ class _Clock:
     ttfts: list[float] | None = None
     tpots: list[float] | None = None
     seqs: list[TwinSequence] | None = None
+    evictions0: int = 0  # the pool's evictions before the run (a pool may serve several)
 
 
 def _run(twin: VllmTwin, workload: Workload, hashes: list[list[Hashable]], cost: CostModel) -> _Clock:
@@ -140,7 +146,7 @@ def _run(twin: VllmTwin, workload: Workload, hashes: list[list[Hashable]], cost:
     requests = workload.requests
     seqs = [TwinSequence(i, r.input_len, r.output_len, hashes[i]) for i, r in enumerate(requests)]
     first_token: dict[int, float] = {}
-    out = _Clock(requests[0].arrival_s if requests else 0.0, 0.0, [], [], seqs)
+    out = _Clock(requests[0].arrival_s if requests else 0.0, 0.0, [], [], seqs, twin.pool.evictions)
     now, arrived = out.start, 0
     for _ in itertools.count():
         while arrived < len(seqs) and requests[arrived].arrival_s <= now:
@@ -209,8 +215,8 @@ def _row(
         hit_rate=sum(hits) / looked if looked else 0.0,
         re_prefill_rate=0.0,
         fairness_score=jain_fairness([h / n for h, n in group_hits.values() if n]),
-        memory_utilization=1.0 if twin.pool.evictions else 0.0,
-        evictions=twin.pool.evictions,
+        memory_utilization=1.0 if twin.pool.evictions > clock.evictions0 else 0.0,
+        evictions=twin.pool.evictions - clock.evictions0,
         eviction_p50_us=0.0,
         eviction_p99_us=0.0,
         ttft_p50_s=percentile(clock.ttfts, 0.5),
