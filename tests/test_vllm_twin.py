@@ -7,6 +7,13 @@ first block. The proof against the real package is tests_integration/vllm/test_t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +52,25 @@ def test_the_answers_blocks_are_cached_for_the_next_turn() -> None:
     nxt = [*prompt, *answer, 11, 12, 13]
     assert _run_alone(8, [(prompt, answer), (nxt, [1])]) == [0, 8]
     # The radix and flat models see the prompt's blocks only; vLLM hits the answer's block too.
+
+
+def test_a_freed_chain_loses_its_tail_first() -> None:
+    p8, q8 = list(range(1, 9)), list(range(20, 28))
+    # r1 needs two blocks: the uncached one, then r0's tail (freed first); r0's head survives.
+    assert _run_alone(4, [(p8, [90]), (q8, [90]), ([*p8, 9, 10, 11, 12], [90])]) == [0, 0, 4]
+
+
+def test_a_request_waits_until_its_whole_prompt_fits() -> None:
+    # 5 usable blocks, 8 tokens a step: r0 (8 tokens, 3 answers) holds 3 blocks while it decodes;
+    # r1's 20 tokens need 5, so it waits for r0 rather than taking a chunk and being preempted.
+    twin = VllmTwin(VllmSchedulerConfig(6, 4, max_num_batched_tokens=8), BlockPool(6, True, 4))
+    r0 = TwinSequence(0, 8, 3, chained_hashes([*range(1, 9), 7, 7, 7], 4))
+    r1 = TwinSequence(1, 20, 1, chained_hashes([*range(30, 50), 7], 4))
+    twin.add(r0)
+    twin.add(r1)
+    while twin.has_unfinished():
+        twin.step()
+    assert twin.preemptions == 0 and r1.num_cached_tokens == 0
 
 
 def test_n_blocks_hold_n_minus_one() -> None:
@@ -113,3 +139,44 @@ def test_block_keys_only_key_the_answer_from_the_next_turn() -> None:
 
 def test_the_cli_offers_every_twin() -> None:
     assert [m.value for m in CacheModel] == ["radix", "flat", *TWINS]
+
+
+def _sage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "SAGE_HOME": str(cwd / "sage-home")}
+    command = [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_the_vllm_model_in_a_real_process(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = _sage("--eviction-policies", "lru,lfu", "--cache-model", "vllm", "--block-size", "32",
+                 "--requests", "120", "--jobs", "1", "--output", str(out), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["settings"]["cache_model"] == "vllm" and result["settings"]["block_size"] == 32
+    assert result["workload"]["block_size"] == 32
+    rows = result["results"]
+    assert [r["policy"] for r in rows][-1] == "unbounded" and "belady" not in {r["policy"] for r in rows}
+    assert {r["cache_model"] for r in rows} == {"vllm"}
+    assert all(0 < r["hit_rate"] <= rows[-1]["hit_rate"] for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--block-size", "0"], "--block-size 0: give a positive number of tokens"),
+        (["--trace", "mooncake:conversation", "--requests", "50", "--block-size", "32"],
+         "the mooncake trace's block keys stand for 512 tokens"),
+        (["--capacity-blocks", "3", "--block-size", "16", "--requests", "50"],
+         "in the vllm model; give at least"),
+        (["--cache-model", "sglangx"], "Invalid value for '--cache-model'"),
+    ],
+)  # fmt: skip
+def test_bad_options_are_refused_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    model = [] if "--cache-model" in args else ["--cache-model", "vllm"]
+    proc = _sage("--eviction-policies", "lru", *model, *args, "--jobs", "1", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
