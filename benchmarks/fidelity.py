@@ -12,7 +12,9 @@ Run it in the vLLM venv (scripts/integration_venvs.sh vllm):
     PYTHONPATH=$PWD $py benchmarks/fidelity.py [--requests 200] [--chats 19] [--pools 32,64,128]
         [--policy lfu] [--recorded runs.json]
 
-`--recorded` replays a run recorded before (twin_run.py's JSON) instead of starting vLLM.
+`--recorded` replays a run recorded before (twin_run.py's JSON; `--spec` its spec where the JSON
+lacks it) instead of starting vLLM. `--async-scheduling` runs vLLM with its default step-ahead
+scheduler, whose step order the twin does not model (the all-at-once rows then differ).
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--recorded", type=Path, help="replay this twin_run.py JSON instead of running vLLM")
+    parser.add_argument("--spec", type=Path, help="the recorded run's spec, where its JSON does not hold it")
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vLLM's default: it schedules a step ahead (the twin does not)",
+    )
     args = parser.parse_args()
     spec = {
         "script": {"requests": args.requests, "chats": args.chats, "system_tokens": 100, "seed": 0},
@@ -82,10 +90,11 @@ def main() -> None:
         "modes": ["one", "all"],
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "async_scheduling": args.async_scheduling,
     }
     if args.recorded is not None:
         recorded = json.loads(args.recorded.read_text())
-        spec = recorded.get("spec", spec)
+        spec = json.loads(args.spec.read_text()) if args.spec is not None else recorded.get("spec", spec)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             recorded = record(spec, args.policy, Path(tmp) / "runs.json")
@@ -95,7 +104,8 @@ def main() -> None:
     prompt_tokens = sum(len(p) for p in recorded["runs"][0]["prompts"])
     chats = spec["script"]["chats"]
     print(f"{len(script.turns)} requests of {chats} interleaved chats, {prompt_tokens:,} prompt tokens, "
-          f"{script.output_len}-token answers, block size 32, policy {args.policy}")  # fmt: skip
+          f"{script.output_len}-token answers, block size 32, policy {args.policy}, "
+          f"async scheduling {'on' if spec.get('async_scheduling') else 'off'}")  # fmt: skip
     header = f"{'pool':>5} {'mode':<5} {'vLLM hits':>10} {'twin':>8} {'radix':>8} {'flat':>8}"
     print(f"{header}  differ  preempt vLLM/twin")
     for f, run in zip(fidelity, recorded["runs"], strict=True):

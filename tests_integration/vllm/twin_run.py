@@ -1,12 +1,13 @@
 """Token-level chats through vLLM offline: `python twin_run.py MODEL_DIR SPEC_JSON OUT_JSON`.
 
 SPEC_JSON: {"script": `chat_script` kwargs, "pools": [num_gpu_blocks, ...], "modes": ["one",
-"all"], "max_num_seqs": S, "max_num_batched_tokens": T}. For each pool size one engine runs the
-modes in turn, with `reset_prefix_cache` between them (the twin replays the same sequence on
-one pool): "one" sends the requests one at a time, each prompt built from the answers vLLM gave
-before; "all" sends every request in one `generate` call, the prompts built from the answers of
-the last "one" run. Writes, per run, each request's prompt, output tokens and
-`num_cached_tokens`, and vLLM's counters over the run (preemptions, prefix-cache hits).
+"all"], "max_num_seqs": S, "max_num_batched_tokens": T, "async_scheduling": false (default)}.
+For each pool size one engine runs the modes in turn, with `reset_prefix_cache` between them
+(the twin replays the same sequence on one pool): "one" sends the requests one at a time, each
+prompt built from the answers vLLM gave before; "all" sends every request in one `generate`
+call, the prompts built from the answers of the last "one" run. Writes, per run, each
+request's prompt, output tokens and `num_cached_tokens`, and vLLM's counters over the run
+(preemptions, prefix-cache hits).
 With SAGE_VLLM_GPU_POLICY set, the sage policy evicts inside vLLM.
 """
 
@@ -78,6 +79,9 @@ def main() -> None:
             max_num_batched_tokens=spec["max_num_batched_tokens"],
             seed=0,
             disable_log_stats=False,
+            # The twin steps as the synchronous scheduler does; vLLM 0.32 schedules a step ahead
+            # by default (async), which moves frees and preemptions in a batch by one step.
+            async_scheduling=spec.get("async_scheduling", False),
         )
         answers = None
         for i, mode in enumerate(spec["modes"]):
@@ -89,7 +93,7 @@ def main() -> None:
         del llm
         gc.collect()
     with open(out, "w", encoding="utf-8") as f:
-        json.dump({"runs": runs, "vllm": vllm.__version__}, f)
+        json.dump({"spec": spec, "runs": runs, "vllm": vllm.__version__}, f)
 
 
 if __name__ == "__main__":
