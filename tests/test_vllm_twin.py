@@ -28,6 +28,12 @@ from sage_cli.benchmark.options import CacheModel
 
 def _run_alone(pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs: int = 4) -> list[int]:
     """Each (prompt, output) run to completion before the next: its num_cached_tokens."""
+    return _twin_alone(pool_blocks, requests, bs)[0]
+
+
+def _twin_alone(
+    pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs: int
+) -> tuple[list[int], VllmTwin]:
     twin = VllmTwin(VllmSchedulerConfig(pool_blocks, bs), BlockPool(pool_blocks, True, bs))
     hits = []
     for i, (prompt, output) in enumerate(requests):
@@ -36,7 +42,7 @@ def _run_alone(pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs
         while twin.has_unfinished():
             twin.step()
         hits.append(seq.num_cached_tokens)
-    return hits
+    return hits, twin
 
 
 def test_the_golden_hits_of_vllms_rules() -> None:
@@ -57,7 +63,11 @@ def test_the_answers_blocks_are_cached_for_the_next_turn() -> None:
 def test_a_freed_chain_loses_its_tail_first() -> None:
     p8, q8 = list(range(1, 9)), list(range(20, 28))
     # r1 needs two blocks: the uncached one, then r0's tail (freed first); r0's head survives.
-    assert _run_alone(4, [(p8, [90]), (q8, [90]), ([*p8, 9, 10, 11, 12], [90])]) == [0, 0, 4]
+    hits, twin = _twin_alone(4, [(p8, [90]), (q8, [90]), ([*p8, 9, 10, 11, 12], [90])], 4)
+    assert hits == [0, 0, 4]
+    # r1 evicted r0's tail, r2 both of r1's blocks; of the three only r0's tail came back (r2
+    # missed it and recomputed it): one re-prefill.
+    assert (twin.pool.evictions, twin.reprefill.re_prefilled) == (3, 1)
 
 
 def test_a_request_waits_until_its_whole_prompt_fits() -> None:

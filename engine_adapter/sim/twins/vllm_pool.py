@@ -24,7 +24,7 @@ Pure Python; imports nothing of vLLM.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 __all__ = ["BlockHashToBlockMap", "BlockPool", "FreeKVCacheBlockQueue", "KVCacheBlock", "chained_hashes"]
@@ -173,7 +173,8 @@ class BlockHashToBlockMap:
 class BlockPool:
     """vLLM's `BlockPool` for one group of full attention (`hash_block_size` == block size).
 
-    `evictions` counts the cached blocks that `get_new_blocks` took out of the prefix cache.
+    `evictions` counts the cached blocks that `get_new_blocks` took out of the prefix cache;
+    `on_evict`, when set, is called with each one's hash (the twin's re-prefill count).
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int) -> None:
@@ -188,6 +189,7 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.evictions = 0
+        self.on_evict: Callable[[Hashable], None] | None = None
 
     def get_cached_block(self, block_hash: Hashable) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get_one_block(block_hash)
@@ -228,9 +230,12 @@ class BlockPool:
         return removed
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
-        evicted = bool(self._remove_cached_block_hashes(block))
-        self.evictions += evicted
-        return evicted
+        removed = self._remove_cached_block_hashes(block)
+        if removed:
+            self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(removed[0])
+        return bool(removed)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         if num_blocks > self.get_num_free_blocks():

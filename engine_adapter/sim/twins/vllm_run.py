@@ -213,7 +213,7 @@ def _row(
         block_lookups=lookups,
         block_hits=sum(h // bs for h in hits),
         hit_rate=sum(hits) / looked if looked else 0.0,
-        re_prefill_rate=0.0,
+        re_prefill_rate=twin.reprefill.rate,
         fairness_score=jain_fairness([h / n for h, n in group_hits.values() if n]),
         memory_utilization=1.0 if twin.pool.evictions > clock.evictions0 else 0.0,
         evictions=twin.pool.evictions - clock.evictions0,

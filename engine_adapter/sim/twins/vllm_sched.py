@@ -33,6 +33,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from engine_adapter.sim.twins.vllm_pool import BlockPool, KVCacheBlock
+from sage_eviction.metrics import ReprefillTracker
 
 __all__ = ["StepWork", "TwinSequence", "VllmSchedulerConfig", "VllmTwin"]
 
@@ -118,6 +119,9 @@ class VllmTwin:
         self.waiting: deque[TwinSequence] = deque()
         self.running: list[TwinSequence] = []
         self.preemptions = 0
+        # Evicted blocks that a later lookup misses and recomputes, as the radix model counts them.
+        self.reprefill = ReprefillTracker()
+        pool.on_evict = self.reprefill.on_evict
 
     def add(self, seq: TwinSequence) -> None:
         self.waiting.append(seq)
@@ -222,6 +226,7 @@ class VllmTwin:
                 break
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = computed
+            self.reprefill.on_requests(seq.block_hashes[len(hit) : (seq.num_tokens - 1) // self.bs])
             self.waiting.popleft()
             self.running.append(seq)
             seq.num_computed_tokens = computed
