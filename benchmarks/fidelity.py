@@ -44,7 +44,10 @@ def record(spec: dict[str, Any], policy: str, out: Path) -> dict[str, Any]:
     spec_path = out.with_suffix(".spec.json")
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    # The engine core in this process, so that all requests are queued before the first step
+    # (tests_integration/vllm/test_twin.py says why).
     env.update({"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if policy != "lru":
         env["SAGE_VLLM_GPU_POLICY"] = policy
     script = REPO / "tests_integration" / "vllm" / "twin_run.py"

@@ -45,6 +45,10 @@ def engine_runs(tmp_path: Path, name: str, env: dict[str, str]) -> dict[str, Any
         "PYTHONPATH": str(REPO),
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # The engine core in this process: `generate` queues every request before the first
+        # step. In its own process the core starts stepping while requests still arrive over
+        # the socket, and an all-at-once run then depends on that timing.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         **env,
     }
     proc = subprocess.run(
