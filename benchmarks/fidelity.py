@@ -13,8 +13,8 @@ Run it in the vLLM venv (scripts/integration_venvs.sh vllm):
         [--policy lfu] [--recorded runs.json]
 
 `--recorded` replays a run recorded before (twin_run.py's JSON; `--spec` its spec where the JSON
-lacks it) instead of starting vLLM. `--async-scheduling` runs vLLM with its default step-ahead
-scheduler, whose step order the twin does not model (the all-at-once rows then differ).
+lacks it) instead of starting vLLM. `--async-scheduling` leaves the scheduler to vLLM's default (async
+where the executor supports it) instead of the synchronous one the twin steps as.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument(
         "--async-scheduling",
         action="store_true",
-        help="vLLM's default: it schedules a step ahead (the twin does not)",
+        help="vLLM's default scheduler instead of the synchronous one",
     )
     args = parser.parse_args()
     spec = {

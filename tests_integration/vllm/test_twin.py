@@ -33,7 +33,7 @@ SPEC: dict[str, Any] = {
     "modes": ["one", "all"],
     "max_num_seqs": 8,
     "max_num_batched_tokens": 512,
-    "async_scheduling": False,  # the twin's step order; vLLM's default (async) runs a step ahead
+    "async_scheduling": False,  # the synchronous scheduler: the twin's step order
 }
 
 
