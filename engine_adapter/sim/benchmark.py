@@ -544,7 +544,7 @@ def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
     from engine_adapter.sim.fleet.plan import fleet_plan
 
     refused = (
-        "the flat cache model" if opts.cache_model != "radix"
+        f"the {opts.cache_model} cache model" if opts.cache_model != "radix"
         else "KV tiers" if opts.host_capacity_ratio is not None
         else "--adaptive-batch" if opts.adaptive_batch
         else "--compress-on-evict" if opts.compress_on_evict
