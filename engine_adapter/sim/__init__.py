@@ -31,6 +31,9 @@ The benchmark (`sage llm benchmark --mode sim`):
     plot_ages.py       the plot's panels of block age at hit and at eviction per policy
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router
                        on one clock (docs/fleet.md; its own docstring lists its files)
+    twins/             engine twins, ``--cache-model vllm``: an engine's own cache and scheduler
+                       as a cache model, proven request by request against the real package
+                       (its own docstring lists its files and the registry `TWINS`)
 
     colocation/        the colocation study: LLM requests and embedding batches on one pool,
                        on the same cache manager and policies (its own docstring lists its files)

@@ -62,6 +62,7 @@ from engine_adapter.sim.sweep import (
 )
 from engine_adapter.sim.sweep_bar import SweepBar, sweep_progress
 from engine_adapter.sim.synthetic import preset, synthetic
+from engine_adapter.sim.twins import TWINS
 from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
 
 __all__ = [
@@ -95,6 +96,7 @@ def build_workload(
     seed: int = 0,
     duration: float | None = None,
     time_scale: float = 0.0,
+    block_size: int | None = None,
 ) -> Workload:
     """The request stream the options describe.
 
@@ -103,6 +105,8 @@ def build_workload(
     that many seconds of the first one are kept (all of them then run to completion). A positive
     `time_scale` spreads the arrivals: each comes `time_scale` virtual seconds per second of the
     trace after the first (a trace recorded on a fleet, replayed at a load one engine keeps up with).
+    `block_size` (None: the source's) is the generated workloads' tokens per block; a Mooncake
+    trace's hash ids stand for 512 tokens each, so it refuses any other.
 
     Raises:
         BenchmarkError: An unreadable or malformed trace, or a bad workload parameter.
@@ -111,14 +115,16 @@ def build_workload(
         if trace is not None:
             csv = str(trace).removesuffix(".gz").endswith(".csv")
             source = trace_format or ("azure" if csv else "mooncake")
-            built = load(source, path=trace, limit=requests)
+            extra = {} if block_size is None or source == "mooncake" else {"block_size": block_size}
+            built = load(source, path=trace, limit=requests, **extra)
         elif workload in (None, "synthetic"):
             params: dict[str, Any] = {"requests": requests if requests is not None else 1000, "seed": seed}
+            params.update({} if block_size is None else {"block_size": block_size})
             if tenants is not None:
                 params["tenants"] = tenants
             built = synthetic(**params)
         else:
-            params = {"seed": seed}
+            params = {"seed": seed, **({} if block_size is None else {"block_size": block_size})}
             if tenants is not None:
                 params["tenants"] = tenants
             built = preset(workload, **params)
@@ -126,6 +132,7 @@ def build_workload(
                 built.requests = built.requests[:requests]
     except WorkloadError as exc:
         raise BenchmarkError(str(exc)) from None
+    _check_block_size(built, block_size)
     if duration is not None and built.requests:
         start = built.requests[0].arrival_s
         built.requests = [r for r in built.requests if r.arrival_s - start <= duration]
@@ -139,6 +146,15 @@ def build_workload(
         ]
         built.params = {**built.params, "time_scale": time_scale}
     return built
+
+
+def _check_block_size(built: Workload, block_size: int | None) -> None:
+    """A workload read with block keys of its own size (a Mooncake trace's 512) refuses another."""
+    if block_size is not None and built.block_size != block_size:
+        raise BenchmarkError(
+            f"--block-size {block_size}: the {built.source} trace's block keys stand for {built.block_size} "
+            "tokens each and it carries no tokens to hash again"
+        )
 
 
 def capacities_for(
@@ -165,7 +181,8 @@ def capacities_for(
                 raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
         capacities = [max(1, int(unique * ratio)) for ratio in ratios]
         where = "--capacity-ratio"
-    need = min_capacity(workload) if cache_model == "radix" else 1
+    # vLLM's pool gives one block to its null block: N blocks hold N-1.
+    need = 1 if cache_model == "flat" else min_capacity(workload) + (cache_model == "vllm")
     if not capacity_blocks and not capacity_ratios:
         # The default sizes grow to what the largest request needs, rather than fail.
         capacities = [min(max(capacity, need), unique) for capacity in capacities]
@@ -180,7 +197,7 @@ def capacities_for(
         if capacity < need:
             raise BenchmarkError(
                 f"{where}: capacity {capacity} blocks cannot hold the workload's largest request "
-                f"({need} blocks with its output) in the radix model; give at least {need} "
+                f"({need} blocks with its output) in the {cache_model} model; give at least {need} "
                 f"(or --cache-model flat)"
             )
     return list(dict.fromkeys(capacities))
@@ -206,8 +223,9 @@ def _cost_model(
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
-    if cache_model not in ("radix", "flat"):
-        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: radix, flat")
+    models = ("radix", "flat", *TWINS)
+    if cache_model not in models:
+        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: {', '.join(models)}")
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -284,6 +302,13 @@ def _runs(
     return [RowSpec(index, **row) for index, row in enumerate(rows)]
 
 
+def _online_only(runs: list[RowSpec], cache_model: str) -> list[RowSpec]:
+    """An engine's twin runs what the engine can: no offline reference row."""
+    if cache_model not in TWINS:
+        return runs
+    return [replace(row, index=i) for i, row in enumerate(r for r in runs if r.policy != REFERENCE_BELADY)]
+
+
 @dataclass(frozen=True, slots=True)
 class _TierRows:
     """What the tiered rows of a sweep share: the host policies and the tiers' sizes in blocks."""
@@ -340,7 +365,8 @@ class SimBenchmarkOptions:
         seed: Seed of a generated workload.
         capacity_blocks: Cache sizes in blocks.
         capacity_ratios: Cache sizes as fractions of the distinct blocks (default 0.05, 0.10).
-        cache_model: ``"radix"`` or ``"flat"``.
+        cache_model: ``"radix"``, ``"flat"`` or an engine twin (`engine_adapter.sim.twins.TWINS`:
+            ``"vllm"``); a twin's capacities are the engine's pool (vLLM's `num_gpu_blocks`).
         duration: Keep only the requests arriving within this many seconds of the first.
         output: Write the result here as JSON.
         plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs
@@ -368,6 +394,8 @@ class SimBenchmarkOptions:
         routers: The fleet's router specs (``name:k=v``; default ``round_robin``).
         compress_on_evict: ``PRESS:RATIO``: each online row runs again with evicted prefixes
             compressed instead of dropped (radix model; "compress or drop"); None: off.
+        block_size: Tokens per block of a generated workload (None: its default); a Mooncake
+            trace accepts only its 512.
     """
 
     policies: Sequence[str]
@@ -401,6 +429,7 @@ class SimBenchmarkOptions:
     replicas: Sequence[int] | None = None
     routers: Sequence[str] | None = None
     compress_on_evict: str | None = None
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -452,11 +481,13 @@ def run_sweep(**options: Any) -> SweepRun:
         seed=opts.seed,
         duration=opts.duration,
         time_scale=opts.time_scale,
+        block_size=opts.block_size,
     )
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
+    runs = _online_only(runs, opts.cache_model)
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)
@@ -502,6 +533,7 @@ def _settings(
         "tiers": tier_settings,
         "mode": opts.mode,
         "cache_model": opts.cache_model,
+        "block_size": opts.block_size,
         "policies": list(opts.policies),
         "capacities": capacities,
         "cost_model": costs.to_dict(),
@@ -536,7 +568,7 @@ def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
     from engine_adapter.sim.fleet.plan import fleet_plan
 
     refused = (
-        "the flat cache model" if opts.cache_model != "radix"
+        f"the {opts.cache_model} cache model" if opts.cache_model != "radix"
         else "KV tiers" if opts.host_capacity_ratio is not None
         else "--adaptive-batch" if opts.adaptive_batch
         else "--compress-on-evict" if opts.compress_on_evict

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.simulator import Simulator
+from engine_adapter.sim.twins import TWINS, twin_runner
 from engine_adapter.sim.workloads import Workload
 from sage_eviction.metrics import percentile
 from sage_eviction.native import core_implementation
@@ -226,6 +227,11 @@ def run_row(
         return RowOutcome(
             spec.index, fleet.result.to_dict(), core_implementation(), ttft_quantiles(fleet.ttft_s)
         )
+    if context.cache_model in TWINS:  # an engine's twin: its own scheduler on the cost model's clock
+        twin = twin_runner(context.cache_model)(
+            context.workload, spec.policy, spec.capacity, cost_model=context.cost_model
+        )
+        return RowOutcome(spec.index, twin.result.to_dict(), "twin", ttft_quantiles(twin.ttft_s))
     simulator = Simulator(
         context.workload,
         spec.policy,

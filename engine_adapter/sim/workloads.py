@@ -80,6 +80,9 @@ class SimRequest:
         tenant: Tenant the request is accounted to; `None` when the source has none.
         priority: Higher is more important (0 low, 1 normal, 2 high), as in `EntryMeta`.
         session: Conversation the request belongs to; `None` for a one-off request.
+        token_ids: The prompt's tokens followed by the tokens generated for it, where the source
+            carries tokens (`engine_adapter.sim.twins.chats`); the engine twins hash every block
+            the request fills from them, decode blocks included. None: block keys only.
     """
 
     request_id: int
@@ -90,6 +93,7 @@ class SimRequest:
     tenant: str | None = None
     priority: int = 0
     session: str | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 def unique_blocks(requests: Iterable[SimRequest]) -> int:

@@ -171,6 +171,9 @@ def check_plan(args: BenchmarkArgs, policies: list[str]) -> BenchmarkPlan:
     _check_targets(args)
     costs = _load_cost_model(args.cost_model) if args.cost_model is not None else None
     _check_protect_queued(args)
+    if args.block_size is not None and (args.block_size < 1 or args.mode is Mode.engine):
+        what = "give a positive number of tokens" if args.block_size < 1 else "the engine has its own"
+        raise CLIUsageError(f"--block-size {args.block_size}: {what}")
     tiers = _tier_plan(args)
     _check_executor(args)
     return BenchmarkPlan(policies, source, blocks, ratios, costs, tiers)

@@ -52,8 +52,12 @@ class EngineKind(str, Enum):
 
 
 class CacheModel(str, Enum):
+    """The simulator's cache models: its own two and the engine twins (one member per name of
+    `engine_adapter.sim.twins.TWINS`, which this module may not import; a test keeps them equal)."""
+
     radix = "radix"
     flat = "flat"
+    vllm = "vllm"
 
 
 class Arrival(str, Enum):
@@ -222,7 +226,19 @@ CacheModelOpt = Annotated[
     CacheModel,
     typer.Option(
         "--cache-model",
-        help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
+        help=(
+            "radix: prefix cache (a hit stops at the first miss); flat: independent blocks;"
+            " vllm: vLLM v1's block pool and scheduler (capacities are its num_gpu_blocks)."
+        ),
+    ),
+]
+BlockSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--block-size",
+        metavar="TOKENS",
+        show_default=False,
+        help="Tokens per block of a generated workload (vLLM's --block-size); a Mooncake trace has 512.",
     ),
 ]
 HostCapacityRatioOpt = Annotated[
@@ -495,6 +511,7 @@ class BenchmarkArgs:
     capacity_blocks: CapacityBlocksOpt = None
     capacity_ratio: CapacityRatioOpt = None
     cache_model: CacheModelOpt = CacheModel.radix
+    block_size: BlockSizeOpt = None
     protect_queued: ProtectQueuedOpt = 0.0
     compress_on_evict: CompressOnEvictOpt = None
     host_capacity_ratio: HostCapacityRatioOpt = None

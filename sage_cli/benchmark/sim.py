@@ -62,6 +62,7 @@ class BenchmarkOptions:
     replicas: list[int] | None = None
     routers: list[str] | None = None
     compress_on_evict: str | None = None
+    block_size: int | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +103,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         replicas=_replicas(args.replicas),
         routers=_routers(args.router),
         compress_on_evict=args.compress_on_evict,
+        block_size=args.block_size,
     )
 
 

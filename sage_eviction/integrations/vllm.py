@@ -119,11 +119,14 @@ class _SageFreeQueue(EngineClass):  # type: ignore[misc]
 
 
 @functools.cache
-def _sage_free_queue_class() -> type[Any]:
-    """`SageFreeQueue`, `_SageFreeQueue` over the installed vLLM's free list (built once)."""
-    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+def _sage_free_queue_class(base: type[Any] | None = None) -> type[Any]:
+    """`SageFreeQueue`, `_SageFreeQueue` over `base` (None: the installed vLLM's free list)."""
+    if base is None:
+        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 
-    class SageFreeQueue(_SageFreeQueue, FreeKVCacheBlockQueue):  # type: ignore[misc]
+        base = FreeKVCacheBlockQueue
+
+    class SageFreeQueue(_SageFreeQueue, base):  # type: ignore[misc,valid-type]
         """vLLM's free list reporting to its `SageBlockPool` (`_SageFreeQueue`)."""
 
     return SageFreeQueue
@@ -149,8 +152,10 @@ class _SageBlockPool(EngineClass):  # type: ignore[misc]
         self._children: dict[Any, set[int]] = {}  # hash key -> cached child block ids
         self._invalidating = False
         if self.enable_caching:
-            self.sage = PolicyBridge(capacity=self.num_gpu_blocks, engine="vllm", env_var=GPU_POLICY_ENV)
-            self.free_block_queue.__class__ = _sage_free_queue_class()
+            self.sage = PolicyBridge(
+                self.sage_spec, capacity=self.num_gpu_blocks, engine="vllm", env_var=GPU_POLICY_ENV
+            )
+            self.free_block_queue.__class__ = self.sage_queue_class or _sage_free_queue_class()
             self.free_block_queue.pool = self
             _log.info(
                 "sage: BlockPool of %d blocks evicts with %s", self.num_gpu_blocks, self.sage.describe()
@@ -285,12 +290,24 @@ class _SageBlockPool(EngineClass):  # type: ignore[misc]
 
 
 @functools.cache
-def sage_block_pool_class() -> type[Any]:
-    """`SageBlockPool`, `_SageBlockPool` over the installed vLLM's `BlockPool` (built once)."""
-    from vllm.v1.core.block_pool import BlockPool
+def sage_block_pool_class(
+    base: type[Any] | None = None, queue: type[Any] | None = None, spec: str | None = None
+) -> type[Any]:
+    """`SageBlockPool`, `_SageBlockPool` over `base` and its free queue class `queue` (None: the
+    installed vLLM's `BlockPool` and `FreeKVCacheBlockQueue`), running `spec` (None:
+    `SAGE_VLLM_GPU_POLICY`); built once per arguments."""
+    if base is None:
+        from vllm.v1.core.block_pool import BlockPool
 
-    class SageBlockPool(_SageBlockPool, BlockPool):  # type: ignore[misc]
+        base = BlockPool
+    # a class is hashable: mypy cannot tell of type[Any]
+    queue_class = _sage_free_queue_class(queue) if queue is not None else _sage_free_queue_class()  # type: ignore[arg-type]
+
+    class SageBlockPool(_SageBlockPool, base):  # type: ignore[misc,valid-type]
         """vLLM's BlockPool whose cached blocks are evicted in a sage policy's order (`_SageBlockPool`)."""
+
+        sage_spec = spec
+        sage_queue_class = queue_class
 
     return SageBlockPool
 

