@@ -48,7 +48,7 @@ from engine_adapter.cache.compressed import parse_compress_spec
 from engine_adapter.cache.tiers import WRITE_POLICIES
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.saturation import saturation
-from engine_adapter.sim.simulator import UNBOUNDED, min_capacity
+from engine_adapter.sim.simulator import CACHE_MODELS, UNBOUNDED, min_capacity
 from engine_adapter.sim.sources import load
 from engine_adapter.sim.sweep import (
     Executor,
@@ -161,7 +161,7 @@ def capacities_for(
                 raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
         capacities = [max(1, int(unique * ratio)) for ratio in ratios]
         where = "--capacity-ratio"
-    need = min_capacity(workload) if cache_model == "radix" else 1
+    need = min_capacity(workload) if cache_model != "flat" else 1
     if not capacity_blocks and not capacity_ratios:
         # The default sizes grow to what the largest request needs, rather than fail.
         capacities = [min(max(capacity, need), unique) for capacity in capacities]
@@ -176,7 +176,7 @@ def capacities_for(
         if capacity < need:
             raise BenchmarkError(
                 f"{where}: capacity {capacity} blocks cannot hold the workload's largest request "
-                f"({need} blocks with its output) in the radix model; give at least {need} "
+                f"({need} blocks with its output) in the {cache_model} model; give at least {need} "
                 f"(or --cache-model flat)"
             )
     return list(dict.fromkeys(capacities))
@@ -202,8 +202,8 @@ def _cost_model(
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
-    if cache_model not in ("radix", "flat"):
-        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: radix, flat")
+    if cache_model not in CACHE_MODELS:
+        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -213,8 +213,22 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptiv
             ) from None
     if adaptive_batch and cache_model != "radix":
         raise BenchmarkError(
-            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
+            f"--adaptive-batch needs --cache-model radix (not in the {cache_model} model)"
         )
+
+
+def _check_sglang_policies(policies: Sequence[str]) -> None:
+    """The sglang model's policies are SGLang's eviction strategies (``slru:protected_threshold=3``)."""
+    from engine_adapter.sim.twins.sglang_model import parse_sglang_policy
+    from engine_adapter.sim.twins.sglang_radix import eviction_key
+
+    for spec in policies:
+        if spec.split(":", 1)[0] == REFERENCE_BELADY:
+            continue  # the reference rows are left out of the sglang model
+        try:
+            eviction_key(*parse_sglang_policy(spec))
+        except ValueError as exc:
+            raise BenchmarkError(f"--cache-model sglang: {exc}") from None
 
 
 def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executor) -> list[RowOutcome]:
@@ -248,6 +262,7 @@ def _runs(
     tiers: _TierRows | None = None,
     fleet: tuple[list[int], list[str]] | None = None,
     compress: str | None = None,
+    belady: bool = True,
 ) -> list[RowSpec]:
     """The rows in the order of the results: per capacity each online policy (and its
     adaptive-batch twin, and its rows over each host policy) and Belady (and Belady over the total
@@ -272,7 +287,8 @@ def _runs(
                 for host_policy in tiers.host_policies:
                     row = {"policy": policy, "capacity": size, "host_policy": host_policy, **tiers.blocks}
                     rows.append({**row, "prefetch_blocks": prefetch})
-        rows.append({"policy": REFERENCE_BELADY, "capacity": size})
+        if belady:
+            rows.append({"policy": REFERENCE_BELADY, "capacity": size})
         if tiers is not None:
             total = min(size + tiers.blocks["host_blocks"] + tiers.blocks["disk_blocks"], tiers.unique)
             rows.append({"policy": REFERENCE_BELADY, "capacity": total})
@@ -336,7 +352,8 @@ class SimBenchmarkOptions:
         seed: Seed of a generated workload.
         capacity_blocks: Cache sizes in blocks.
         capacity_ratios: Cache sizes as fractions of the distinct blocks (default 0.05, 0.10).
-        cache_model: ``"radix"`` or ``"flat"``.
+        cache_model: ``"radix"``, ``"flat"`` or ``"sglang"`` (its policies are SGLang's eviction
+            strategies, and it has no Belady row).
         duration: Keep only the requests arriving within this many seconds of the first.
         output: Write the result here as JSON.
         plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs
@@ -433,7 +450,10 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
+    belady = opts.cache_model != "sglang"  # SGLang orders its evictions itself: no Belady row
+    if not belady:
+        _check_sglang_policies(opts.policies)
+    runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts), belady)
     wall0 = time.perf_counter()
     context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
     outcomes = _simulate_rows(context, runs, executor)
@@ -512,7 +532,7 @@ def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
     from engine_adapter.sim.fleet.plan import fleet_plan
 
     refused = (
-        "the flat cache model" if opts.cache_model != "radix"
+        f"the {opts.cache_model} cache model" if opts.cache_model != "radix"
         else "KV tiers" if opts.host_capacity_ratio is not None
         else "--adaptive-batch" if opts.adaptive_batch
         else "--compress-on-evict" if opts.compress_on_evict

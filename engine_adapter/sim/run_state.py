@@ -14,6 +14,7 @@ from typing import Any
 
 from engine_adapter.sim.cache_models import FlatModel, RadixModel
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.twins.sglang_model import SGLangModel
 from engine_adapter.sim.workloads import SimRequest
 
 __all__ = ["RunState", "SimResult", "StepAdmission"]
@@ -44,7 +45,7 @@ class RunState:
 
     requests: list[SimRequest]
     ends: list[int]  # per request: its blocks' end in the whole lookup sequence
-    cache: RadixModel | None
+    cache: RadixModel | SGLangModel | None
     flat: FlatModel | None
     clock: float
     first_arrival: float

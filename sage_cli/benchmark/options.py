@@ -54,6 +54,7 @@ class EngineKind(str, Enum):
 class CacheModel(str, Enum):
     radix = "radix"
     flat = "flat"
+    sglang = "sglang"
 
 
 class Arrival(str, Enum):
@@ -222,7 +223,9 @@ CacheModelOpt = Annotated[
     CacheModel,
     typer.Option(
         "--cache-model",
-        help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks.",
+        help="radix: prefix cache (a hit stops at the first miss); flat: independent blocks; "
+        "sglang: SGLang's radix cache and retraction (policies: SGLang's lru, lfu, fifo, mru, filo, "
+        "priority, slru).",
     ),
 ]
 HostCapacityRatioOpt = Annotated[
