@@ -31,6 +31,9 @@ The benchmark (`sage llm benchmark --mode sim`):
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router
                        on one clock (docs/fleet.md; its own docstring lists its files)
 
+    twins/             engine twins: cache models that decide what an engine's own cache decides
+                       (``--cache-model sglang``: SGLang's radix cache; its docstring lists its files)
+
     colocation/        the colocation study: LLM requests and embedding batches on one pool,
                        on the same cache manager and policies (its own docstring lists its files)
 

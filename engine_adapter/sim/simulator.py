@@ -31,6 +31,9 @@ Cache models (docs/architecture.md, "Simulator"):
   is queued (and when a preempted sequence goes back to the queue) until it is admitted
   (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
   the workload's session as `conversation`).
+- `sglang`: SGLang's own radix cache and retraction (`engine_adapter.sim.twins.sglang_model`):
+  one page per block, the policies are SGLang's eviction strategies, a hit stops one token short
+  of the prompt; its tree is held to SGLang's own (tests_integration/sglang/test_twin.py).
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.

@@ -1,4 +1,5 @@
-"""The simulator's ``sglang`` cache model: `SGLangRadixTree` in SGLang's request life cycle.
+"""The simulator's ``sglang`` cache model: `SGLangRadixTree` (the ``unified`` tree SGLang 0.5.23
+serves with) in SGLang's request life cycle.
 
 A workload's requests carry block keys, not tokens (Mooncake's hash ids, the generator's
 chained keys: equal key, equal content and prefix), so the tree runs at page granularity with one
@@ -24,6 +25,9 @@ A request's life, as SGLang 0.5.23's scheduler runs it (managers/schedule_batch.
   unlocked and stays cached, its own pages are freed, it re-prefills from the queue.
 
 Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size.
+Not modelled: SGLang's queue orders (``--schedule-policy lpm`` or ``dfs-weight`` reorder the
+waiting queue by cached prefix; the event loop admits first come, first served, SGLang's
+``fcfs``), chunked prefill, and the in-batch prefix checks of its prefill adder.
 """
 
 from __future__ import annotations
