@@ -110,6 +110,21 @@ def test_a_locked_path_is_never_evicted_and_its_parent_follows_its_last_child() 
     assert [n.path() for n in tree.evict(1)] == [(1, 2)] and tree.total_size() == 0
 
 
+@pytest.mark.parametrize(
+    ("flavor", "order"),
+    [
+        ("unified", [(1, 2, 3), (1, 2), (5,)]),  # the split's parent keeps [1, 2, 3]'s creation time
+        ("radix_cache", [(1, 2, 3), (5,), (1, 2)]),  # RadixCache's split parent is a new node
+    ],
+)
+def test_the_two_sglang_trees_date_a_split_differently(flavor: str, order: list) -> None:
+    tree = SGLangRadixTree(1, "fifo", flavor=flavor)
+    tree.insert([1, 2, 3])
+    tree.insert([5])
+    assert tree.match_prefix([1, 2, 9]).length == 2
+    assert [node.path() for node in tree.evict(4)] == order
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown SGLang eviction policy 'tlru'"):
         SGLangRadixTree(1, "tlru")
@@ -117,6 +132,8 @@ def test_bad_settings_are_refused() -> None:
         SGLangRadixTree(1, "slru", {"threshold": 2})
     with pytest.raises(ValueError, match="takes no config"):
         SGLangRadixTree(1, "lru", {"x": 1})
+    with pytest.raises(ValueError, match="unknown tree 'hicache'"):
+        SGLangRadixTree(1, "lru", flavor="hicache")
     with pytest.raises(ValueError, match="page_size=0"):
         SGLangRadixTree(0)
     with pytest.raises(ValueError, match="want name=integer"):

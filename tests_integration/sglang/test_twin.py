@@ -1,6 +1,7 @@
 """The ``sglang`` cache model against SGLang 0.5.23's own `RadixCache`, operation by operation.
 
-Hypothesis draws sequences of inserts (with priorities and an ``inserted_len``), matches (some
+Hypothesis draws sequences of inserts (with priorities and an ``inserted_len``; a request's
+second insert of its key grown by its output), matches (some
 locking the matched node), unlocks and evictions over a four-token alphabet (many shared
 prefixes, many splits); each runs on SGLang's `RadixCache` (CPU, the real KV pool and allocator
 of SGLang's test kit) and on `SGLangRadixTree`, and after every step both must agree on the
@@ -34,6 +35,7 @@ from sglang.srt.mem_cache import radix_cache
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.test.kits.unified_radix_cache import fixtures
 from sglang.test.kits.unified_radix_cache.config import CacheConfig
 
@@ -91,10 +93,13 @@ def snapshot(cache: RadixCache) -> dict[tuple[int, ...], tuple[int, int, int]]:
 class Pair:
     """SGLang's cache and the model, driven together; `check` compares them."""
 
+    frees_duplicates = False  # RadixCache leaves the KV it already held to the caller to free
+
     def __init__(self, policy: str, config: dict[str, Any] | None, page_size: int) -> None:
         self.real, self.allocator = build(policy, config, page_size)
         self.model = SGLangRadixTree(page_size, policy, config)
         self.locks: list[tuple[Any, Any]] = []  # (SGLang's node, the model's node) per lock
+        self.last: list[int] = []  # the last insert's tokens
 
     def insert(self, tokens: list[int], priority: int, inserted_len: int) -> None:
         key = RadixKey(array("q", tokens)).page_aligned(self.real.page_size)
@@ -102,9 +107,16 @@ class Pair:
         result = self.real.insert(
             InsertParams(key=key, value=value, priority=priority, inserted_len=inserted_len)
         )
-        if result.prefix_len:
+        if result.prefix_len and not self.frees_duplicates:
             self.allocator.free(value[: result.prefix_len])  # the tree already held these
         assert result.prefix_len == self.model.insert(tokens, priority, inserted_len)
+        self.last = tokens
+
+    def extend(self, more: list[int], priority: int) -> None:
+        """The last request inserts again with its output appended (SGLang's checkpoint at
+        release): what it inserted before counts no new hit."""
+        done = len(self.last) // self.real.page_size * self.real.page_size
+        self.insert(self.last + more, priority, done)
 
     def match(self, tokens: list[int], lock: bool) -> None:
         real = self.real.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
@@ -120,25 +132,81 @@ class Pair:
             assert self.real.dec_lock_ref(real).delta == self.model.dec_lock_ref(mine)
 
     def evict(self, num_tokens: int) -> None:
-        before = snapshot(self.real)
+        before = self.real_snapshot()
         freed = self.real.evict(EvictParams(num_tokens=num_tokens)).num_tokens_evicted
         victims = self.model.evict(num_tokens)
         assert freed == sum(len(node.key) for node in victims)
-        gone = set(before) - set(snapshot(self.real))
+        gone = set(before) - set(self.real_snapshot())
         assert gone == {node.path() for node in victims}
 
+    def real_snapshot(self) -> dict[tuple[int, ...], tuple[int, int, int]]:
+        return snapshot(self.real)
+
     def check(self) -> None:
-        assert snapshot(self.real) == self.model.snapshot()
+        assert self.real_snapshot() == self.model.snapshot()
         assert self.real.evictable_size() == self.model.evictable_size
         assert self.real.protected_size() == self.model.protected_size
         assert self.real.total_size() == self.model.total_size()
         assert self.allocator.available_size() + self.real.total_size() == KV_SIZE
 
 
+class UnifiedPair(Pair):
+    """The same against `UnifiedRadixCache` (Python TreeCore), the cache SGLang 0.5.23 serves
+    with by default: its nodes are addressed by id, its lock deltas count the protected side, its
+    sizes come as (device, host), it frees the KV it already held itself, and its clock is its
+    own counter."""
+
+    frees_duplicates = True
+
+    def __init__(self, policy: str, config: dict[str, Any] | None, page_size: int) -> None:
+        cfg = CacheConfig(kv_size=KV_SIZE, eviction_policy=policy, page_size=page_size)
+        self.real, self.allocator = fixtures.build_fixture(cfg)[:2]
+        self.model = SGLangRadixTree(page_size, policy, config)
+        self.locks = []
+        self.last = []
+
+    def match(self, tokens: list[int], lock: bool) -> None:
+        real = self.real.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+        mine = self.model.match_prefix(tokens)
+        assert real.device_prefix_len == mine.length
+        if lock:
+            receipt = self.real.inc_lock_ref(real.last_device_node)
+            assert receipt.delta == -self.model.inc_lock_ref(mine.node)
+            self.locks.append((receipt, mine.node))
+
+    def unlock(self, which: int) -> None:
+        if self.locks:
+            receipt, mine = self.locks.pop(which % len(self.locks))
+            self.real.dec_lock_ref(receipt.node_id, receipt.to_dec_params())
+            self.model.dec_lock_ref(mine)
+
+    def real_snapshot(self) -> dict[tuple[int, ...], tuple[int, int, int]]:
+        return unified_snapshot(self.real)
+
+    def check(self) -> None:
+        assert self.real_snapshot() == self.model.snapshot()
+        assert self.real.evictable_size() == self.model.evictable_size
+        assert self.real.protected_size() == self.model.protected_size
+        assert self.real.total_size()[0] == self.model.total_size()
+        assert self.allocator.available_size() + self.model.total_size() == KV_SIZE
+
+
+def unified_snapshot(cache: Any) -> dict[tuple[int, ...], tuple[int, int, int]]:
+    out = {}
+    stack = [(child, ()) for child in cache.root_node.children.values()]
+    while stack:
+        node, prefix = stack.pop()
+        path = prefix + tuple(node.key.token_ids)
+        out[path] = (node.component_data[ComponentType.FULL].lock_ref, node.hit_count, node.priority)
+        stack.extend((child, path) for child in node.children.values())
+    return out
+
+
 tokens = st.lists(st.integers(0, 3), max_size=24)
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("insert"), tokens, st.integers(0, 3), st.sampled_from([0, 0, 4, 9])),
+        st.tuples(st.just("extend"), tokens, st.integers(0, 3)),
         st.tuples(st.just("match"), tokens, st.booleans()),
         st.tuples(st.just("unlock"), st.integers(0, 50)),
         st.tuples(st.just("evict"), st.integers(1, 20)),
@@ -163,6 +231,17 @@ def test_the_model_is_sglangs_radix_cache(
 ) -> None:
     tick_clock(monkeypatch)
     run(Pair(policy, config, page_size), ops)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=operations)
+def test_the_model_is_sglangs_default_unified_radix_cache(
+    monkeypatch: pytest.MonkeyPatch, policy: str, page_size: int, ops: list
+) -> None:
+    monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
+    run(UnifiedPair(policy, None, page_size), ops)
 
 
 def test_with_sglangs_own_clock_too() -> None:

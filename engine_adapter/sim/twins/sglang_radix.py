@@ -1,17 +1,24 @@
-"""SGLang's `RadixCache` (sglang 0.5.23, ``sglang/srt/mem_cache/radix_cache.py``) as a model.
+"""SGLang's radix cache (sglang 0.5.23: ``UnifiedRadixCache`` with its Python tree core, and
+``RadixCache``) as a model.
 
 `SGLangRadixTree` keeps the tree SGLang keeps and decides what SGLang decides, operation by
 operation: the same matched lengths, the same node splits, the same victims, the same sizes
-(tests_integration/sglang/test_twin.py drives the real class beside it). What it models:
+(tests_integration/sglang/test_twin.py drives both real classes beside it). What it models:
 
 - Keys are token sequences; with ``page_size > 1`` a key is cut to whole pages before a match or
   an insert, children are told apart by their first page, and a match stops at a page boundary.
 - A match that ends inside a node splits it: the new parent takes the matched part, the
   child's lock count, hit count and priority. An insert splits the same way and appends the rest.
-- Every operation reads SGLang's clock (``time.monotonic``) at the same points: once per match or
-  insert (the access time of every node on the path, the root too) and twice per new node
-  (its access time, then its creation time). The model counts those reads instead of reading a
-  clock, so its order of times is SGLang's whenever SGLang's clock is strictly increasing.
+- Clock: each node has an access and a creation time, and only their order matters. A new node
+  reads the clock twice (access, then creation). SGLang has two trees that read it differently
+  (`flavor`): ``unified``, `UnifiedRadixCache` (the one SGLang 0.5.23 serves with; its clock is
+  a counter): an insert reads it for the root and again for each node it walks; a match reads
+  it once after the walk and stamps the matched path with it, a hair older at each step up; a
+  split gives the new parent the child's creation time and the child a new access time.
+  ``radix_cache``, `RadixCache` (``time.monotonic``): one reading per match or insert for every
+  node on the path; a split's new parent keeps its own readings, the child the operation's.
+  The model counts readings rather than reading a clock, so its order is SGLang's whenever
+  SGLang's clock strictly increases.
 - Hit counts (LFU, SLRU) grow on insert only, on the nodes past the request's `inserted_len`;
   priorities (the ``priority`` policy) are the largest priority inserted through a node.
 - Lock references: a request locks its matched node and every ancestor; a locked node is never
@@ -35,12 +42,15 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EVICTION_POLICIES", "RadixNode", "SGLangRadixTree", "eviction_key"]
+__all__ = ["EVICTION_POLICIES", "FLAVORS", "Match", "RadixNode", "SGLangRadixTree", "eviction_key"]
 
 Key = tuple[Hashable, ...]
 
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 """SGLang's built-in strategies the model orders eviction by (``--radix-eviction-policy``)."""
+
+FLAVORS = ("unified", "radix_cache")
+"""SGLang's two trees: `UnifiedRadixCache` (what 0.5.23 serves with) and the older `RadixCache`."""
 
 _ROOT_PRIORITY = -(2**63) + 1  # SGLang's root: -sys.maxsize, below any request's priority
 
@@ -51,7 +61,7 @@ class RadixNode:
     __slots__ = ("children", "created", "hit_count", "key", "last_access", "lock_ref", "parent", "priority")
 
     def __init__(
-        self, key: Key, parent: RadixNode | None, priority: int, last_access: int, created: int
+        self, key: Key, parent: RadixNode | None, priority: int, last_access: float, created: float
     ) -> None:
         self.children: dict[Hashable, RadixNode] = {}
         self.parent = parent
@@ -121,17 +131,25 @@ class SGLangRadixTree:
         page_size: Tokens per page (1: token granularity).
         eviction_policy: One of `EVICTION_POLICIES`.
         policy_config: The strategy's keyword arguments (``{"protected_threshold": 3}`` for slru).
+        flavor: ``"unified"`` or ``"radix_cache"`` (module docstring, "Clock").
     """
 
     def __init__(
-        self, page_size: int = 1, eviction_policy: str = "lru", policy_config: dict[str, Any] | None = None
+        self,
+        page_size: int = 1,
+        eviction_policy: str = "lru",
+        policy_config: dict[str, Any] | None = None,
+        flavor: str = "unified",
     ) -> None:
         if type(page_size) is not int or page_size < 1:
             raise ValueError(f"page_size={page_size!r} must be a positive number of tokens")
+        if flavor not in FLAVORS:
+            raise ValueError(f"unknown tree {flavor!r}; SGLang's trees: {', '.join(FLAVORS)}")
+        self.unified = flavor == "unified"
         self.page_size = page_size
         self.eviction_policy = eviction_policy.lower()
         self._key = eviction_key(eviction_policy, policy_config)
-        self._clock = 0
+        self._clock = 0.0
         self.root = self._new_node((), None, _ROOT_PRIORITY)
         self.root.lock_ref = 1  # the root is never evicted
         self.evictable_size = 0  # tokens in unlocked nodes
@@ -142,9 +160,9 @@ class SGLangRadixTree:
 
     # ------------------------------------------------------------------ clock and keys
 
-    def _tick(self) -> int:
+    def _tick(self) -> float:
         """One reading of SGLang's clock."""
-        self._clock += 1
+        self._clock += 1.0
         return self._clock
 
     def _new_node(self, key: Key, parent: RadixNode | None, priority: int) -> RadixNode:
@@ -174,15 +192,18 @@ class SGLangRadixTree:
         key = self._aligned(tokens)
         if not key:
             return Match(0, self.root)  # SGLang returns before reading its clock
-        now = self._tick()
+        unified = self.unified
+        now = 0.0 if unified else self._tick()  # the unified tree stamps the path at the end
         node = self.root
-        node.last_access = now
+        if not unified:
+            node.last_access = now
         at = 0
         while at < len(key):
             child = node.children.get(self._child_key(key, at))
             if child is None:
                 break
-            child.last_access = now
+            if not unified:
+                child.last_access = now
             shared = self._common(child.key, key, at)
             if shared < len(child.key):
                 node = self._split(child, shared)
@@ -190,7 +211,19 @@ class SGLangRadixTree:
                 break
             node = child
             at += shared
+        if unified:
+            self._stamp_path(node)
         return Match(at, node)
+
+    def _stamp_path(self, node: RadixNode) -> None:
+        """The unified tree's access times after a match: one reading for the matched path, a
+        hair older at each step up (the deepest node is the newest)."""
+        now = self._tick()
+        walk: RadixNode | None = node
+        while walk is not None:
+            walk.last_access = now
+            now -= 0.00001
+            walk = walk.parent
 
     def insert(self, tokens: Sequence[Hashable], priority: int = 0, inserted_len: int = 0) -> int:
         """Insert `tokens` (page-aligned); returns the prefix that was already cached. A request
@@ -205,7 +238,7 @@ class SGLangRadixTree:
             child = node.children.get(self._child_key(key, at))
             if child is None:
                 break
-            child.last_access = now
+            child.last_access = self._tick() if self.unified else now
             shared = self._common(child.key, key, at)
             at += shared
             node = self._split(child, shared) if shared < len(child.key) else child
@@ -291,12 +324,16 @@ class SGLangRadixTree:
         parent = child.parent
         assert parent is not None
         head = self._new_node(child.key[:at], parent, child.priority)
+        if self.unified:
+            head.created = child.created
         head.hit_count = child.hit_count
         head.lock_ref = child.lock_ref
         head.children = {self._child_key(child.key, at): child}
         parent.children[self._child_key(child.key)] = head
         child.parent = head
         child.key = child.key[at:]
+        if self.unified:
+            child.last_access = self._tick()  # the unified tree stamps the split-off child anew
         return head
 
     def _delete_leaf(self, node: RadixNode) -> None:
