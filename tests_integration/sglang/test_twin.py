@@ -1,7 +1,7 @@
 """The ``sglang`` cache model against SGLang 0.5.23's own `RadixCache`, operation by operation.
 
 Hypothesis draws sequences of inserts (with priorities and an ``inserted_len``; a request's
-second insert of its key grown by its output), matches (some
+second insert of its key grown by its output), matches (of new keys and of inserted ones; some
 locking the matched node), unlocks and evictions over a four-token alphabet (many shared
 prefixes, many splits); each runs on SGLang's `RadixCache` (CPU, the real KV pool and allocator
 of SGLang's test kit) and on `SGLangRadixTree`, and after every step both must agree on the
@@ -100,6 +100,7 @@ class Pair:
         self.model = SGLangRadixTree(page_size, policy, config)
         self.locks: list[tuple[Any, Any]] = []  # (SGLang's node, the model's node) per lock
         self.last: list[int] = []  # the last insert's tokens
+        self.inserted: list[list[int]] = []
 
     def insert(self, tokens: list[int], priority: int, inserted_len: int) -> None:
         key = RadixKey(array("q", tokens)).page_aligned(self.real.page_size)
@@ -111,6 +112,12 @@ class Pair:
             self.allocator.free(value[: result.prefix_len])  # the tree already held these
         assert result.prefix_len == self.model.insert(tokens, priority, inserted_len)
         self.last = tokens
+        self.inserted.append(tokens)
+
+    def again(self, which: int, lock: bool) -> None:
+        """A later request with an earlier one's prompt: its whole path is hit and refreshed."""
+        if self.inserted:
+            self.match(self.inserted[which % len(self.inserted)], lock)
 
     def extend(self, more: list[int], priority: int) -> None:
         """The last request inserts again with its output appended (SGLang's checkpoint at
@@ -164,6 +171,7 @@ class UnifiedPair(Pair):
         self.model = SGLangRadixTree(page_size, policy, config)
         self.locks = []
         self.last = []
+        self.inserted = []
 
     def match(self, tokens: list[int], lock: bool) -> None:
         real = self.real.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
@@ -208,7 +216,9 @@ operations = st.lists(
         st.tuples(st.just("insert"), tokens, st.integers(0, 3), st.sampled_from([0, 0, 4, 9])),
         st.tuples(st.just("extend"), tokens, st.integers(0, 3)),
         st.tuples(st.just("match"), tokens, st.booleans()),
+        st.tuples(st.just("again"), st.integers(0, 50), st.booleans()),
         st.tuples(st.just("unlock"), st.integers(0, 50)),
+        st.tuples(st.just("evict"), st.integers(1, 6)),
         st.tuples(st.just("evict"), st.integers(1, 20)),
     ),
     min_size=1,
@@ -235,7 +245,7 @@ def test_the_model_is_sglangs_radix_cache(
 
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
 def test_the_model_is_sglangs_default_unified_radix_cache(
     monkeypatch: pytest.MonkeyPatch, policy: str, page_size: int, ops: list
