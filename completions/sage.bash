@@ -37,7 +37,7 @@ _sage() {
         "sage llm benchmark:--compute")
             COMPREPLY=($(compgen -W "shared split" -- "$cur")); return ;;
         "sage llm benchmark:--cache-model")
-            COMPREPLY=($(compgen -W "radix flat vllm" -- "$cur")); return ;;
+            COMPREPLY=($(compgen -W "radix flat vllm sglang" -- "$cur")); return ;;
         "sage llm benchmark:--engine-kind")
             COMPREPLY=($(compgen -W "sage vllm" -- "$cur")); return ;;
         "sage llm engine start:--engine-kind")

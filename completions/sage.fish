@@ -58,7 +58,7 @@ complete -c sage -n '__fish_sage_at sage llm benchmark' -l tenants -x -d 'Tenant
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l seed -x -d 'Seed of the generated workload'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l capacity-blocks -x -d 'Cache sizes in blocks to run each policy at'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l capacity-ratio -x -d 'Cache sizes as fractions of the workload\'s distinct blocks, in (0, 1]'
-complete -c sage -n '__fish_sage_at sage llm benchmark' -l cache-model -x -a 'radix flat vllm' -d 'radix: prefix cache (a hit stops at the first miss); flat: independent blocks; vllm: vLLM v1\'s block pool and scheduler (capacities are its num_gpu_blocks)'
+complete -c sage -n '__fish_sage_at sage llm benchmark' -l cache-model -x -a 'radix flat vllm sglang' -d 'radix: prefix cache (a hit stops at the first miss); flat: independent blocks; vllm: vLLM v1\'s block pool and scheduler (capacities are its num_gpu_blocks); sglang: SGLang\'s radix cache and retraction (policies: SGLang\'s lru, lfu, fifo, mru, filo, priority, slru)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l block-size -x -d 'Tokens per block of a generated workload (vLLM\'s --block-size); a Mooncake trace has 512'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l protect-queued -x -d 'radix model: protect queued requests\' cached prefixes from eviction until they run, within this fraction of the pool'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l compress-on-evict -x -d 'radix model: run each online row again with evicted prefixes compressed (RATIO of their tokens removed) instead of dropped, e.g. knorm:0.75; its rows count compressed hits'

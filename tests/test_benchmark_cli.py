@@ -46,6 +46,10 @@ ROW_KEYS = [
     "load_s",
     "recompute_s",
     "prefetch_hits",
+    "regrets",
+    "ghost_hits",
+    "regret_ratio",
+    "age_histograms",
 ]
 
 

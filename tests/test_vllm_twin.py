@@ -147,8 +147,10 @@ def test_block_keys_only_key_the_answer_from_the_next_turn() -> None:
     assert keys[1][:4] == ["a", "b", "c", "d"]
 
 
-def test_the_cli_offers_every_twin() -> None:
-    assert [m.value for m in CacheModel] == ["radix", "flat", *TWINS]
+def test_the_cli_offers_every_cache_model() -> None:
+    from engine_adapter.sim.simulator import CACHE_MODELS
+
+    assert sorted(m.value for m in CacheModel) == sorted({*CACHE_MODELS, *TWINS})
 
 
 def _sage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -18,12 +18,14 @@ The run (one policy at one capacity):
     capacity.py        the smallest capacity a workload runs in, and a row's capacity checked
     sequence.py        `SimSequence`: a request in flight
     run_state.py       `RunState`, `StepAdmission`: what a run changes, what a step admits
+    sim_result.py      `SimResult`: the row a run ends with (every cache model writes it)
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
     cache_models.py    the radix model (the real `CacheManager`) and the flat model
 
 The benchmark (`sage llm benchmark --mode sim`):
 
     benchmark.py       every policy at every capacity, plus the reference rows
+    benchmark_inputs.py  the workload the options describe, its capacities, `BenchmarkError`
     sweep.py           the rows in this process, in worker processes or on Ray
     sweep_bar.py       the sweep's progress bar (Rich, stderr, drawn only when told)
     saturation.py      which rows measure a queue rather than the cache, and the warning
@@ -31,9 +33,9 @@ The benchmark (`sage llm benchmark --mode sim`):
     plot_ages.py       the plot's panels of block age at hit and at eviction per policy
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router
                        on one clock (docs/fleet.md; its own docstring lists its files)
-    twins/             engine twins, ``--cache-model vllm``: an engine's own cache and scheduler
-                       as a cache model, proven request by request against the real package
-                       (its own docstring lists its files and the registry `TWINS`)
+    twins/             engine twins, ``--cache-model vllm|sglang``: an engine's own cache (and
+                       where it decides hits, its scheduler) as a cache model, proven against
+                       the real package (its own docstring lists its files and the registry `TWINS`)
 
     colocation/        the colocation study: LLM requests and embedding batches on one pool,
                        on the same cache manager and policies (its own docstring lists its files)

@@ -48,10 +48,15 @@ from typing import Any
 
 from engine_adapter.cache.compressed import parse_compress_spec
 from engine_adapter.cache.tiers import WRITE_POLICIES
+from engine_adapter.sim.benchmark_inputs import (
+    DEFAULT_CAPACITY_RATIOS,
+    BenchmarkError,
+    build_workload,
+    capacities_for,
+)
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.saturation import saturation
-from engine_adapter.sim.simulator import UNBOUNDED, min_capacity
-from engine_adapter.sim.sources import load
+from engine_adapter.sim.simulator import CACHE_MODELS, UNBOUNDED
 from engine_adapter.sim.sweep import (
     Executor,
     RowOutcome,
@@ -61,9 +66,8 @@ from engine_adapter.sim.sweep import (
     usable_cores,
 )
 from engine_adapter.sim.sweep_bar import SweepBar, sweep_progress
-from engine_adapter.sim.synthetic import preset, synthetic
 from engine_adapter.sim.twins import TWINS
-from engine_adapter.sim.workloads import Workload, WorkloadError, unique_blocks
+from engine_adapter.sim.workloads import Workload, unique_blocks
 
 __all__ = [
     "DEFAULT_CAPACITY_RATIOS",
@@ -76,131 +80,7 @@ __all__ = [
     "run_sweep",
 ]
 
-DEFAULT_CAPACITY_RATIOS = (0.05, 0.10)
-"""Capacities as fractions of the workload's distinct blocks when none are given."""
-
 REFERENCE_BELADY = "belady"
-
-
-class BenchmarkError(ValueError):
-    """Options the benchmark cannot run with; the message is one line."""
-
-
-def build_workload(
-    *,
-    trace: str | Path | None = None,
-    trace_format: str | None = None,
-    workload: str | None = None,
-    requests: int | None = None,
-    tenants: int | None = None,
-    seed: int = 0,
-    duration: float | None = None,
-    time_scale: float = 0.0,
-    block_size: int | None = None,
-) -> Workload:
-    """The request stream the options describe.
-
-    A trace is streamed (all of it, or its first `requests` records); a generated workload has
-    `requests` requests (1000 by default). With `duration`, only the requests that arrive within
-    that many seconds of the first one are kept (all of them then run to completion). A positive
-    `time_scale` spreads the arrivals: each comes `time_scale` virtual seconds per second of the
-    trace after the first (a trace recorded on a fleet, replayed at a load one engine keeps up with).
-    `block_size` (None: the source's) is the generated workloads' tokens per block; a Mooncake
-    trace's hash ids stand for 512 tokens each, so it refuses any other.
-
-    Raises:
-        BenchmarkError: An unreadable or malformed trace, or a bad workload parameter.
-    """
-    try:
-        if trace is not None:
-            csv = str(trace).removesuffix(".gz").endswith(".csv")
-            source = trace_format or ("azure" if csv else "mooncake")
-            extra = {} if block_size is None or source == "mooncake" else {"block_size": block_size}
-            built = load(source, path=trace, limit=requests, **extra)
-        elif workload in (None, "synthetic"):
-            params: dict[str, Any] = {"requests": requests if requests is not None else 1000, "seed": seed}
-            params.update({} if block_size is None else {"block_size": block_size})
-            if tenants is not None:
-                params["tenants"] = tenants
-            built = synthetic(**params)
-        else:
-            params = {"seed": seed, **({} if block_size is None else {"block_size": block_size})}
-            if tenants is not None:
-                params["tenants"] = tenants
-            built = preset(workload, **params)
-            if requests is not None:
-                built.requests = built.requests[:requests]
-    except WorkloadError as exc:
-        raise BenchmarkError(str(exc)) from None
-    _check_block_size(built, block_size)
-    if duration is not None and built.requests:
-        start = built.requests[0].arrival_s
-        built.requests = [r for r in built.requests if r.arrival_s - start <= duration]
-        built.params = {**built.params, "duration_limit_s": duration}
-    if not built.requests:
-        raise BenchmarkError("the workload has no requests")
-    if time_scale > 0 and time_scale != 1.0:
-        start = built.requests[0].arrival_s
-        built.requests = [
-            replace(r, arrival_s=start + (r.arrival_s - start) * time_scale) for r in built.requests
-        ]
-        built.params = {**built.params, "time_scale": time_scale}
-    return built
-
-
-def _check_block_size(built: Workload, block_size: int | None) -> None:
-    """A workload read with block keys of its own size (a Mooncake trace's 512) refuses another."""
-    if block_size is not None and built.block_size != block_size:
-        raise BenchmarkError(
-            f"--block-size {block_size}: the {built.source} trace's block keys stand for {built.block_size} "
-            "tokens each and it carries no tokens to hash again"
-        )
-
-
-def capacities_for(
-    workload: Workload,
-    capacity_blocks: Sequence[int] | None,
-    capacity_ratios: Sequence[float] | None,
-    cache_model: str,
-) -> list[int]:
-    """Capacities in blocks: the ones given, or `ratio * distinct blocks` (at least 1; the default
-    ratios are raised to what the largest request needs in the radix model).
-
-    Raises:
-        BenchmarkError: A capacity below 1, beyond the workload's distinct blocks, or (radix)
-            below what its largest request needs.
-    """
-    unique = unique_blocks(workload.requests)
-    if capacity_blocks:
-        capacities = [int(c) for c in capacity_blocks]
-        where = "--capacity-blocks"
-    else:
-        ratios = list(capacity_ratios) if capacity_ratios else list(DEFAULT_CAPACITY_RATIOS)
-        for ratio in ratios:
-            if not 0.0 < ratio <= 1.0:
-                raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
-        capacities = [max(1, int(unique * ratio)) for ratio in ratios]
-        where = "--capacity-ratio"
-    # vLLM's pool gives one block to its null block: N blocks hold N-1.
-    need = 1 if cache_model == "flat" else min_capacity(workload) + (cache_model == "vllm")
-    if not capacity_blocks and not capacity_ratios:
-        # The default sizes grow to what the largest request needs, rather than fail.
-        capacities = [min(max(capacity, need), unique) for capacity in capacities]
-    for capacity in capacities:
-        if capacity < 1:
-            raise BenchmarkError(f"{where}: capacity {capacity} blocks is below 1")
-        if capacity > unique:
-            raise BenchmarkError(
-                f"{where}: capacity {capacity} blocks is beyond the workload's {unique} distinct blocks "
-                f"(the unbounded reference row covers that)"
-            )
-        if capacity < need:
-            raise BenchmarkError(
-                f"{where}: capacity {capacity} blocks cannot hold the workload's largest request "
-                f"({need} blocks with its output) in the {cache_model} model; give at least {need} "
-                f"(or --cache-model flat)"
-            )
-    return list(dict.fromkeys(capacities))
 
 
 def _cost_model(
@@ -223,7 +103,7 @@ def _cost_model(
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
-    models = ("radix", "flat", *TWINS)
+    models = (*CACHE_MODELS, *TWINS)
     if cache_model not in models:
         raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: {', '.join(models)}")
     if plot is not None:
@@ -235,8 +115,22 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptiv
             ) from None
     if adaptive_batch and cache_model != "radix":
         raise BenchmarkError(
-            "--adaptive-batch needs --cache-model radix (the flat model keeps no running blocks)"
+            f"--adaptive-batch needs --cache-model radix (not in the {cache_model} model)"
         )
+
+
+def _check_sglang_policies(policies: Sequence[str]) -> None:
+    """The sglang model's policies are SGLang's eviction strategies (``slru:protected_threshold=3``)."""
+    from engine_adapter.sim.twins.sglang_model import parse_sglang_policy
+    from engine_adapter.sim.twins.sglang_radix import eviction_key
+
+    for spec in policies:
+        if spec.split(":", 1)[0] == REFERENCE_BELADY:
+            continue  # the reference rows are left out of the sglang model
+        try:
+            eviction_key(*parse_sglang_policy(spec))
+        except ValueError as exc:
+            raise BenchmarkError(f"--cache-model sglang: {exc}") from None
 
 
 def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executor) -> list[RowOutcome]:
@@ -303,8 +197,9 @@ def _runs(
 
 
 def _online_only(runs: list[RowSpec], cache_model: str) -> list[RowSpec]:
-    """An engine's twin runs what the engine can: no offline reference row."""
-    if cache_model not in TWINS:
+    """An engine's model (a twin, or the sglang cache model) runs what the engine can: no
+    offline reference row (SGLang and vLLM order their evictions themselves)."""
+    if cache_model not in TWINS and cache_model != "sglang":
         return runs
     return [replace(row, index=i) for i, row in enumerate(r for r in runs if r.policy != REFERENCE_BELADY)]
 
@@ -365,8 +260,10 @@ class SimBenchmarkOptions:
         seed: Seed of a generated workload.
         capacity_blocks: Cache sizes in blocks.
         capacity_ratios: Cache sizes as fractions of the distinct blocks (default 0.05, 0.10).
-        cache_model: ``"radix"``, ``"flat"`` or an engine twin (`engine_adapter.sim.twins.TWINS`:
-            ``"vllm"``); a twin's capacities are the engine's pool (vLLM's `num_gpu_blocks`).
+        cache_model: ``"radix"``, ``"flat"``, ``"sglang"`` (SGLang's radix cache in the event loop;
+            its policies are SGLang's eviction strategies) or an engine twin with its own loop
+            (`engine_adapter.sim.twins.TWINS`: ``"vllm"``; its capacities are vLLM's
+            `num_gpu_blocks`). The engines' models have no Belady row.
         duration: Keep only the requests arriving within this many seconds of the first.
         output: Write the result here as JSON.
         plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs
@@ -472,20 +369,12 @@ def run_sweep(**options: Any) -> SweepRun:
     _check_options(opts.mode, opts.cache_model, opts.plot, opts.adaptive_batch)
     costs = _cost_model(opts.cost_model, opts.cost_model_path, opts.host_link, opts.disk_link)
     fleet = _fleet(opts)
-    built = build_workload(
-        trace=opts.trace,
-        trace_format=opts.trace_format,
-        workload=opts.workload,
-        requests=opts.requests,
-        tenants=opts.tenants,
-        seed=opts.seed,
-        duration=opts.duration,
-        time_scale=opts.time_scale,
-        block_size=opts.block_size,
-    )
+    built = _workload(opts)
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
+    if opts.cache_model == "sglang":
+        _check_sglang_policies(opts.policies)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
     runs = _online_only(runs, opts.cache_model)
     wall0 = time.perf_counter()
@@ -511,6 +400,21 @@ def run_sweep(**options: Any) -> SweepRun:
     if opts.plot is not None:
         _plot(result, quantiles, opts.plot)
     return SweepRun(result, quantiles)
+
+
+def _workload(opts: SimBenchmarkOptions) -> Workload:
+    """The workload the options describe (`build_workload`)."""
+    return build_workload(
+        trace=opts.trace,
+        trace_format=opts.trace_format,
+        workload=opts.workload,
+        requests=opts.requests,
+        tenants=opts.tenants,
+        seed=opts.seed,
+        duration=opts.duration,
+        time_scale=opts.time_scale,
+        block_size=opts.block_size,
+    )
 
 
 def _settings(

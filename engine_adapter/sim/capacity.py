@@ -38,7 +38,7 @@ def checked_capacity(
         capacity_blocks = max(1, unique_blocks(workload.requests))
     if capacity_blocks is None or type(capacity_blocks) is not int or capacity_blocks < 1:
         raise ValueError(f"capacity_blocks={capacity_blocks!r} must be a positive number of blocks")
-    if cache_model == "radix" and not unbounded:
+    if cache_model != "flat" and not unbounded:
         need = min_capacity(workload)
         if capacity_blocks < need:
             raise ValueError(

@@ -31,6 +31,9 @@ Cache models (docs/architecture.md, "Simulator"):
   is queued (and when a preempted sequence goes back to the queue) until it is admitted
   (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
   the workload's session as `conversation`).
+- `sglang`: SGLang's own radix cache and retraction (`engine_adapter.sim.twins.sglang_model`):
+  one page per block, the policies are SGLang's eviction strategies, a hit stops one token short
+  of the prompt; its tree is held to SGLang's own (tests_integration/sglang/test_twin.py).
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.
@@ -89,6 +92,7 @@ from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.decode_steps import decode_time, steps_to_next, steps_until
 from engine_adapter.sim.run_state import RunState, SimResult, StepAdmission
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.twins.sglang_model import SGLangModel
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
@@ -103,7 +107,7 @@ __all__ = [
     "simulate",
 ]
 
-CACHE_MODELS = ("radix", "flat")
+CACHE_MODELS = ("radix", "flat", "sglang")
 UNBOUNDED = "unbounded"
 """The reference row's policy name: a cache that never evicts."""
 
@@ -120,7 +124,8 @@ class Simulator:
             ``"unbounded"``: a cache that holds everything and never evicts (the capacity is then
             the workload's distinct blocks and the radix pool grows by the decode blocks).
         capacity_blocks: Cache size in blocks (ignored for ``"unbounded"``).
-        cache_model: ``"radix"`` or ``"flat"``.
+        cache_model: ``"radix"``, ``"flat"`` or ``"sglang"`` (SGLang's radix cache and retraction,
+            `engine_adapter.sim.twins.sglang_model`; `policy` is then an SGLang eviction strategy).
         cost_model: Step times; `CostModel()` when None.
         max_running: Most requests running at once.
         max_prefill_tokens: Prompt tokens one step prefills (one longer prompt runs alone).
@@ -168,6 +173,8 @@ class Simulator:
             raise ValueError("max_running and max_prefill_tokens must be positive")
         if not 0.0 <= protect_queued <= 1.0:
             raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
+        if cache_model == "sglang" and (protect_queued > 0 or compress_on_evict is not None):
+            raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
         self.protect_queued = protect_queued
         self.compiled, self.compress = compiled, compress_on_evict
         self.workload = workload
@@ -189,7 +196,7 @@ class Simulator:
         self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
         self.capacity = checked_capacity(workload, cache_model, self.unbounded, capacity_blocks)
-        self.policy_name = UNBOUNDED if self.unbounded else get_policy_class(policy.split(":", 1)[0]).name
+        self.policy_name = UNBOUNDED if self.unbounded else self._policy_name(policy)
         group_by_tenant = any(r.tenant is not None for r in workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (
             (lambda r: r.tenant) if group_by_tenant else (lambda r: r.session)
@@ -197,17 +204,26 @@ class Simulator:
 
     # ------------------------------------------------------------------ cache models
 
-    def _build_radix(self, lookups: list[Hashable]) -> RadixModel:
+    def _policy_name(self, policy: str) -> str:
+        """The row's policy: sage's registry name, or the SGLang strategy (checked when the model
+        is built, `SGLangModel`)."""
+        name = policy.split(":", 1)[0]
+        return name.strip().lower() if self.cache_model == "sglang" else get_policy_class(name).name
+
+    def _pool_blocks(self) -> int:
+        """The pool: the capacity, or for the unbounded row room for every distinct block and
+        every request's private blocks at once."""
         bs = self.block_size
         num_blocks = self.capacity
         if self.unbounded:
-            # Room for every distinct block and every request's private blocks at once.
-            extra = 0
             for r in self.workload.requests:
                 prompt = max(r.input_len, len(r.block_hashes) * bs)
-                extra += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
-            num_blocks += extra
+                num_blocks += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
+        return num_blocks
 
+    def _build_radix(self, lookups: list[Hashable]) -> RadixModel:
+        bs = self.block_size
+        num_blocks = self._pool_blocks()
         manager = CacheManager(
             BlockAllocator(num_blocks, bs),
             policy=self.policy_spec,
@@ -281,7 +297,7 @@ class Simulator:
             before = st.step
             end_step = self._run_steps(st, batch)
             self._finish(st, end_step)
-            if self.adaptive is not None and st.cache is not None:
+            if self.adaptive is not None and isinstance(st.cache, RadixModel):
                 manager = st.cache.manager
                 self.adaptive.observe(manager.total_evictions, manager.re_prefill_blocks, st.step - before)
 
@@ -298,16 +314,21 @@ class Simulator:
             ends.append(len(lookups))
         self._clock = 0.0
         self.adaptive = AdaptiveBatch(self.max_running) if self.adaptive_batch else None
-        radix = self.cache_model == "radix"
-        cache = self._build_radix(lookups) if radix else None
-        flat = None if radix else FlatModel(self.policy_spec, self.capacity, lookups)
+        cache: RadixModel | SGLangModel | None = None
+        flat = None
+        if self.cache_model == "radix":
+            cache = self._build_radix(lookups)
+        elif self.cache_model == "sglang":
+            cache = SGLangModel(self.policy_spec, self._pool_blocks(), self.block_size)
+        else:
+            flat = FlatModel(self.policy_spec, self.capacity, lookups)
         first_arrival = requests[0].arrival_s if requests else 0.0
         return RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
 
     def _arrive(self, st: RunState) -> None:
         """Queue the requests that have arrived by now."""
         requests = st.requests
-        protect = st.cache.protect if st.cache is not None and self.protect_queued > 0 else None
+        protect = st.cache.protect if isinstance(st.cache, RadixModel) and self.protect_queued > 0 else None
         while st.next_arrival < len(requests) and requests[st.next_arrival].arrival_s <= st.clock:
             sid = st.next_arrival
             r = requests[sid]
@@ -404,7 +425,7 @@ class Simulator:
         seq.tokens = seq.prompt_tokens + seq.decoded
         seq.epoch += 1
         st.waiting.appendleft(seq)
-        if self.protect_queued > 0:
+        if self.protect_queued > 0 and isinstance(st.cache, RadixModel):
             st.cache.protect(seq)
 
     @staticmethod
@@ -449,7 +470,7 @@ class Simulator:
     def _prefetch(self, st: RunState) -> float:
         """Prefetch for the head of the queue (a few requests, within the budget): the loads'
         seconds, which the step's compute hides up to its own length."""
-        assert st.cache is not None
+        assert isinstance(st.cache, RadixModel)  # tiers are the radix model's
         self._clock = st.clock
         host = disk = 0
         for seq in itertools.islice(st.waiting, _PREFETCH_AHEAD):

@@ -287,7 +287,7 @@ def _check_protect_queued(args: BenchmarkArgs) -> None:
             "--protect-queued applies to the simulator; start the engine with --protect-queued instead"
         )
     if args.protect_queued > 0 and args.cache_model is not CacheModel.radix:
-        raise CLIUsageError("--protect-queued needs --cache-model radix (the flat model has no queue)")
+        raise CLIUsageError(f"--protect-queued needs --cache-model radix (not {args.cache_model.value})")
     radix_sim = args.mode is not Mode.engine and args.cache_model is CacheModel.radix
     if args.compress_on_evict is not None and not radix_sim:
         raise CLIUsageError(
@@ -311,7 +311,7 @@ def _tier_plan(args: BenchmarkArgs) -> TierPlan | None:
             "--host-capacity-ratio applies to the simulator; start the engine with --host-kv-cache instead"
         )
     if args.cache_model is not CacheModel.radix:
-        raise CLIUsageError("--host-capacity-ratio needs --cache-model radix (the flat model has no tree)")
+        raise CLIUsageError(f"--host-capacity-ratio needs --cache-model radix (not {args.cache_model.value})")
     for flag, ratio in (("--host-capacity-ratio", host), ("--disk-capacity-ratio", disk)):
         if ratio is not None and not 0.0 < ratio <= 1.0:
             raise CLIUsageError(f"{flag} {ratio:g}: give a ratio in (0, 1]")

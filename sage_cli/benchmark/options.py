@@ -58,6 +58,7 @@ class CacheModel(str, Enum):
     radix = "radix"
     flat = "flat"
     vllm = "vllm"
+    sglang = "sglang"
 
 
 class Arrival(str, Enum):
@@ -228,7 +229,9 @@ CacheModelOpt = Annotated[
         "--cache-model",
         help=(
             "radix: prefix cache (a hit stops at the first miss); flat: independent blocks;"
-            " vllm: vLLM v1's block pool and scheduler (capacities are its num_gpu_blocks)."
+            " vllm: vLLM v1's block pool and scheduler (capacities are its num_gpu_blocks);"
+            " sglang: SGLang's radix cache and retraction (policies: SGLang's lru, lfu, fifo, mru,"
+            " filo, priority, slru)."
         ),
     ),
 ]

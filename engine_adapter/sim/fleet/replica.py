@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 
+from engine_adapter.sim.cache_models import RadixModel
 from engine_adapter.sim.run_state import RunState, SimResult
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.workloads import SimRequest
@@ -39,7 +40,7 @@ class Replica:
         # Every replica's clock starts at the fleet's first arrival, as a lone engine's does.
         self.state.clock = self.state.first_arrival = first_arrival
         cache = self.state.cache
-        if cache is None:
+        if not isinstance(cache, RadixModel):
             raise ValueError("a fleet replica needs the radix cache model")
         self._match = cache.manager.radix.match
         self.routed_tokens = 0

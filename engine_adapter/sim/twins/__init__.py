@@ -13,6 +13,17 @@ object whose ``result`` is the row (`SimResult`) and ``hit_tokens`` each request
 Files: `vllm_pool.py`, `vllm_sched.py`, `vllm_run.py` (above); `vllm_fidelity.py`, a recorded
 vLLM run replayed through the twin request by request; `chats.py`, the token-level multi-turn
 workloads the twins are proven on.
+
+- ``sglang``: SGLang's radix cache, run inside the simulator's own event loop (its admission
+  and retraction follow SGLang's; `engine_adapter.sim.simulator` builds it for
+  ``cache_model="sglang"``), so not a runner here:
+
+    sglang_radix.py   `SGLangRadixTree`: SGLang's `RadixCache` (token or page keys, node splits,
+                      lock references, leaf eviction by SGLang's eviction strategies)
+    sglang_model.py   `SGLangModel`: that tree in SGLang's request life cycle (admission,
+                      checkpoint, retraction), the simulator's ``sglang`` cache model
+
+Importing this package imports no twin module.
 """
 
 from __future__ import annotations

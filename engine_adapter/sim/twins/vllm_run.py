@@ -27,7 +27,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from engine_adapter.sim.cost_model import CostModel
-from engine_adapter.sim.run_state import SimResult
+from engine_adapter.sim.sim_result import SimResult
 from engine_adapter.sim.twins.vllm_pool import BlockPool, FreeKVCacheBlockQueue, chained_hashes
 from engine_adapter.sim.twins.vllm_sched import TwinSequence, VllmSchedulerConfig, VllmTwin
 from engine_adapter.sim.workloads import SimRequest, Workload

@@ -7,7 +7,7 @@ key-number lines they keep every number and lose which key each belongs to. KVzi
 whole context and prunes the lowest replay scores over every layer and head at once, and most of
 what that buys is the budget it gives each head, not which tokens it picks inside one: on
 SmolLM2 at ratio 0.75 a few heads keep (almost) every token, needle lines whole, and most keep
-a few dozen (docs/architecture.md, "Replay presses"). Those heads are properties of the model
+a few dozen (docs/architecture.md, "Replay presses: kvzip and skim"). Those heads are properties of the model
 that any stretch of the context shows, so `skim` replays only a sample of it:
 
 1. `replay_fraction` of the context, past the chat template's prefix and the sinks, in spans of

@@ -1,0 +1,213 @@
+"""The simulator's ``sglang`` cache model: `SGLangRadixTree` (the ``unified`` tree SGLang 0.5.23
+serves with) in SGLang's request life cycle.
+
+A workload's requests carry block keys, not tokens (Mooncake's hash ids, the generator's
+chained keys: equal key, equal content and prefix), so the tree runs at page granularity with one
+page per block: each block key stands for its page of `block_size` tokens, which is exactly
+SGLang's tree at ``page_size = block_size`` (two pages match when their tokens and prefixes do).
+The pool holds `capacity` pages: the tree's pages and the running requests' own pages.
+
+A request's life, as SGLang 0.5.23's scheduler runs it (managers/schedule_batch.py, scheduler):
+
+- Admission: match the prompt, at most ``input_len - 1`` tokens (SGLang keeps one token to
+  compute) cut to whole pages; lock the matched node; the request needs its pages minus the hit.
+  When the free pages fall short the tree evicts (the request's own path locked); when free and
+  evictable pages together fall short it is not admitted (the lock is dropped, the match stays:
+  SGLang matches queued requests every round).
+- After its prefill: its prompt's whole pages enter the tree (insert, then match, lock the new
+  node, unlock the old: SGLang's checkpoint); a partial last page stays the request's own.
+- Decode pages are the request's own (their keys are not in a block-key trace; SGLang would
+  insert the output at finish, so a next turn that repeats the answer hits in SGLang and not here).
+- Finish: its prompt is inserted again (SGLang's checkpoint at release refreshes the path's
+  access time and hit counts) and unlocked; its own pages are freed.
+- Retraction (preemption) when decode cannot get a page: SGLang's order, the running request with
+  the fewest output tokens, then the longest prompt, then the latest in the batch; its path is
+  unlocked and stays cached, its own pages are freed, it re-prefills from the queue.
+
+Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size.
+Not modelled: SGLang's queue orders (``--schedule-policy lpm`` or ``dfs-weight`` reorder the
+waiting queue by cached prefix; the event loop admits first come, first served, SGLang's
+``fcfs``), chunked prefill, and the in-batch prefix checks of its prefill adder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
+
+__all__ = ["SGLangModel", "parse_sglang_policy"]
+
+
+def parse_sglang_policy(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"slru:protected_threshold=3"`` -> ``("slru", {"protected_threshold": 3})``.
+
+    Raises:
+        ValueError: A parameter that is not ``name=integer``.
+    """
+    name, _, params = spec.partition(":")
+    config: dict[str, Any] = {}
+    for item in filter(None, params.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            config[key.strip()] = int(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"bad parameter {item!r} in {spec!r}: want name=integer") from None
+    return name.strip(), config
+
+
+@dataclass(slots=True)
+class _Running:
+    """A running request's share of the pool: its locked node, the tree pages on its path,
+    its own pages, and its tokens at the last reservation."""
+
+    node: RadixNode
+    tree_pages: int
+    own_pages: int
+    tokens: int
+    order: int  # when it (re-)entered the batch: SGLang's last in the batch retracts first
+
+
+class SGLangModel:
+    """SGLang's radix cache and retraction as the event loop's cache model (module docstring).
+
+    Args:
+        policy: An SGLang eviction strategy spec (``"lru"``, ``"slru:protected_threshold=3"``).
+        capacity: Pages (blocks) in the pool.
+        block_size: Tokens per page.
+    """
+
+    loaded = (0, 0)  # no host tier: nothing is loaded back
+
+    def __init__(self, policy: str, capacity: int, block_size: int) -> None:
+        name, config = parse_sglang_policy(policy)
+        self.tree = SGLangRadixTree(1, name, config)  # one block key per page (module docstring)
+        self.capacity = capacity
+        self.block_size = block_size
+        self.running: dict[int, _Running] = {}
+        self._own = 0  # the running requests' own pages
+        self._entered = 0
+        self.evictions = 0
+        self.preemptions = 0
+        self.peak_used = 0
+        self.reprefill = ReprefillTracker()
+        self.latency = LatencyRecorder()
+
+    # ------------------------------------------------------------------ the pool
+
+    def _free_pages(self) -> int:
+        return self.capacity - self.tree.total_size() - self._own
+
+    def _make_room(self, pages: int) -> bool:
+        """Free pages enough for `pages` more, evicting from the tree; False (nothing evicted)
+        when free and evictable pages together fall short."""
+        free = self._free_pages()
+        if free >= pages:
+            return True
+        if free + self.tree.evictable_size < pages:
+            return False
+        start = time.perf_counter()
+        victims = self.tree.evict(pages - free)
+        self.latency.record(time.perf_counter() - start)
+        for node in victims:
+            self.evictions += len(node.key)
+            self.reprefill.on_evicts(node.key)
+        return True
+
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # ------------------------------------------------------------------ the event loop's calls
+
+    def allocate(self, seq: SimSequence) -> int | None:
+        """Hit pages of the prompt, or None when SGLang would not admit it now."""
+        r = seq.request
+        limit = min(len(seq.keys), max(r.input_len - 1, 0) // self.block_size)
+        match = self.tree.match_prefix(seq.keys[:limit])
+        tree = self.tree
+        tree.inc_lock_ref(match.node)
+        if not self._make_room(self._pages(seq.tokens) - match.length):
+            tree.dec_lock_ref(match.node)
+            return None
+        self.reprefill.on_requests(seq.keys[match.length : limit])
+        whole = seq.keys[: min(len(seq.keys), r.input_len // self.block_size)]
+        tree.insert(whole, priority=r.priority or 0)
+        node = tree.match_prefix(whole).node
+        tree.inc_lock_ref(node)
+        tree.dec_lock_ref(match.node)
+        own = self._pages(seq.tokens) - len(whole)
+        self._own += own
+        self.running[seq.sid] = _Running(node, len(whole), own, seq.tokens, self._entered)
+        self._entered += 1
+        self._note_use()
+        return match.length
+
+    def reserve(self, seq: SimSequence, tokens: int) -> bool:
+        """Pages for `tokens` in all; evicts for them, False when the pool cannot give them."""
+        held = self.running[seq.sid]
+        more = self._pages(tokens) - held.tree_pages - held.own_pages
+        if more > 0:
+            if not self._make_room(more):
+                return False
+            held.own_pages += more
+            self._own += more
+            self._note_use()
+        held.tokens = tokens
+        return True
+
+    def select_victims(self, exclude: list[int]) -> list[int]:
+        """The request SGLang retracts first among the running ones not in `exclude`."""
+        skip = set(exclude)
+        candidates = [(sid, held) for sid, held in self.running.items() if sid not in skip]
+        if not candidates:
+            return []
+        sid, _ = min(candidates, key=self._retraction_rank)
+        return [sid]
+
+    def _retraction_rank(self, item: tuple[int, _Running]) -> tuple[int, int, int]:
+        """Smallest first: fewest output tokens, longest prompt, latest in the batch (the
+        output known to the page: the loop reserves at page boundaries)."""
+        _, held = item
+        prompt = held.tree_pages * self.block_size
+        return (held.tokens - prompt, -prompt, -held.order)
+
+    def preempt(self, seq: SimSequence) -> None:
+        held = self.running.pop(seq.sid)
+        self.tree.dec_lock_ref(held.node)
+        self._own -= held.own_pages
+        self.preemptions += 1
+
+    def free(self, seq: SimSequence) -> None:
+        held = self.running.pop(seq.sid)
+        r = seq.request
+        whole = seq.keys[: held.tree_pages]
+        self.tree.insert(whole, priority=r.priority or 0, inserted_len=held.tree_pages)
+        self.tree.dec_lock_ref(held.node)
+        self._own -= held.own_pages
+
+    def _note_use(self) -> None:
+        self.peak_used = max(self.peak_used, self.capacity - self._free_pages())
+
+    # ------------------------------------------------------------------ the row
+
+    def compressed(self) -> dict[str, Any]:
+        return {}  # no compress-on-evict in SGLang
+
+    def regret(self) -> dict[str, Any]:
+        return {}  # SGLang keeps no ghosts or ages: the row's regret fields keep their defaults
+
+    def prefetch_hits(self) -> int:
+        return 0
+
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        """re-prefill rate, memory utilization (peak pages in use / pool, once anything was
+        evicted), evictions (pages), p50 and p99 eviction call (us), preemptions."""
+        p50, p99 = self.latency.quantiles(0.5, 0.99)
+        utilization = self.peak_used / self.capacity if self.evictions else 0.0
+        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions)
