@@ -16,10 +16,15 @@ from typing import Any
 
 from sage_cli.errors import CLIUsageError
 
-__all__ = ["read_log_file"]
+__all__ = ["parse_log_line", "read_log_file"]
 
 
-def _parse_log_line(path: Path, lineno: int, line: str) -> dict[str, Any] | None:
+def parse_log_line(path: Path, lineno: int, line: str) -> dict[str, Any] | None:
+    """One line of a JSON-lines log: its object, None for a blank line.
+
+    Raises:
+        CLIUsageError: A line that is not a JSON object (the message names the file and line).
+    """
     if not line.strip():
         return None
     try:
@@ -46,7 +51,7 @@ def read_log_file(path: Path, tail: int, follow: bool) -> Iterator[dict[str, Any
             if line.strip():
                 last.append((lineno, line))
         for n, line in last:
-            event = _parse_log_line(path, n, line)
+            event = parse_log_line(path, n, line)
             if event is not None:
                 yield event
         if not follow:
@@ -59,7 +64,7 @@ def read_log_file(path: Path, tail: int, follow: bool) -> Iterator[dict[str, Any
                 partial += line
                 if partial.endswith("\n"):
                     lineno += 1
-                    event = _parse_log_line(path, lineno, partial)
+                    event = parse_log_line(path, lineno, partial)
                     partial = ""
                     if event is not None:
                         yield event

@@ -10,12 +10,12 @@ Imports nothing of the engine.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sage_cli.errors import CLIUsageError
+from sage_cli.eviction.log_file import parse_log_line
 
 __all__ = ["eviction_for", "lookup_lines", "read_lookups"]
 
@@ -44,15 +44,9 @@ def read_lookups(path: Path) -> Iterator[dict[str, Any]]:
             raise CLIUsageError(f"cannot read {file}: {exc.strerror or exc}") from None
         with handle:
             for lineno, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise CLIUsageError(f"{file}:{lineno}: not a JSON line") from None
-                if not isinstance(record, dict):
-                    raise CLIUsageError(f"{file}:{lineno}: not a JSON object")
-                yield record
+                record = parse_log_line(file, lineno, line)
+                if record is not None:
+                    yield record
 
 
 def eviction_for(record: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any] | None:
