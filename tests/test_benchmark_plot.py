@@ -91,7 +91,9 @@ def test_the_plot_option_writes_that_figure_as_a_png(tmp_path: Path) -> None:
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (1950, 480)  # the hit-rate panel and two CDFs, 6.5 x 4.8 in at 100 dpi
+    # two rows of 6.5 x 4.8 in at 100 dpi: the hit-rate panel and two TTFT CDFs, then the age
+    # panels (issue 32: block age at hit and at eviction)
+    assert (width, height) == (1950, 960)
 
 
 def _row(policy: str, ttft_p50_s: float, capacity: int = 10) -> dict[str, Any]:

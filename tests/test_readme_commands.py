@@ -56,6 +56,7 @@ SHORTER: dict[str, list[str]] = {
     r"--mode engine": ["--requests", "8"],
     r"--trace mooncake:conversation .*--eviction-policies arc,fifo": ["--requests", "1500"],
     r"--trace mooncake:conversation .*--cache-model flat": ["--requests", "1500"],
+    r"--cache-model sglang .*--trace mooncake:conversation": ["--requests", "1500"],
     r"--trace azure:code": ["--requests", "1500"],
     r"--trace mooncake:conversation --replicas 8": ["--requests", "800", "--jobs", "1"],
     r"--trace mooncake:synthetic --requests 2000": ["--requests", "1000"],  # 0.02 still holds the largest
