@@ -244,7 +244,8 @@ class EvictionStep:
             if store.blocks_kept(len(chain) + 1) > len(chain):  # no block to give back
                 pool.free([leaf.block_id])
                 dropped.append(leaf)
-                dropped_why.append(_then(why, "drop: too short to give a block back when compressed"))
+                if self.explain:
+                    dropped_why.append(_then(why, "drop: too short to give a block back when compressed"))
                 gone += _because(store.drop_under(leaf.key), _UNDER)
                 freed += 1
                 continue
@@ -256,7 +257,8 @@ class EvictionStep:
                 gone += _because(store.drop_under(block.key), _UNDER)
             entry, spare = store.compress(path)
             freed += len(spare)
-            self._compress_event(entry, path, len(spare), reason, _then(why, "compress"))
+            told = None if why is None else _then(why, "compress")  # why: None with explanation off
+            self._compress_event(entry, path, len(spare), reason, told)
         if freed < n:
             gone += _because(store.drop_lru(n - freed), _LRU)
         freed += sum(len(e.blocks) for e, _ in gone)
@@ -270,7 +272,7 @@ class EvictionStep:
             self.accounting.on_evict(list(enumerate(dropped, first_id)), self._radix.num_reclaimable)
         if self.events is not None and (dropped or gone):
             extra = n_dropped - len(dropped)
-            reasons = dropped_why if self.explain else None
+            reasons = dropped_why if self.explain else None  # one record per dropped leaf
             self._write_events(
                 dropped, self._binding.name, reason, decision, reasons, extra=extra, first_id=first_id
             )
@@ -315,7 +317,7 @@ class EvictionStep:
                 "block": format_block_key(leaf.key),
                 "blocks": [format_block_key(b.key) for b in path],
                 "chosen_by": self._binding.name,
-                **({} if why is None or not self.explain else {"explain": why}),
+                **({} if why is None else {"explain": why}),
             },
         )
 
