@@ -10,7 +10,7 @@ Run it in the vLLM venv (scripts/integration_venvs.sh vllm):
 
     py=$(scripts/integration_venvs.sh vllm | tail -n1)
     PYTHONPATH=$PWD $py benchmarks/fidelity.py [--requests 200] [--chats 19] [--pools 32,64,128]
-        [--policy lfu] [--recorded runs.json]
+        [--policy lfu] [--recorded runs.json] [--save runs.json]
 
 `--recorded` replays a run recorded before (twin_run.py's JSON; `--spec` its spec where the JSON
 lacks it) instead of starting vLLM. `--async-scheduling` leaves the scheduler to vLLM's default (async
@@ -86,6 +86,7 @@ def main() -> None:
         action="store_true",
         help="vLLM's default scheduler instead of the synchronous one",
     )
+    parser.add_argument("--save", type=Path, help="keep vLLM's recorded runs here (for --recorded)")
     args = parser.parse_args()
     spec = {
         "script": {"requests": args.requests, "chats": args.chats, "system_tokens": 100, "seed": 0},
@@ -101,6 +102,8 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             recorded = record(spec, args.policy, Path(tmp) / "runs.json")
+        if args.save is not None:
+            args.save.write_text(json.dumps({**recorded, "spec": spec}))
     script = chat_script(**spec["script"])
     limits = {"max_num_seqs": spec["max_num_seqs"], "max_num_batched_tokens": spec["max_num_batched_tokens"]}
     fidelity = replay_engine_runs(script, recorded["runs"], args.policy, **limits)

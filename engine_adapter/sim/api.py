@@ -78,7 +78,13 @@ class Trace:
 
     @classmethod
     def synthetic(
-        cls, *, requests: int = 1000, tenants: int | None = None, seed: int = 0, preset: str | None = None
+        cls,
+        *,
+        requests: int = 1000,
+        tenants: int | None = None,
+        seed: int = 0,
+        preset: str | None = None,
+        block_size: int | None = None,
     ) -> Trace:
         """The seeded generator: multi-turn sessions over shared prefixes, or a named preset
         (``"spec"``: the module spec's workload).
@@ -88,8 +94,18 @@ class Trace:
             tenants: Tenants (default: the generator's).
             seed: The seed: the same seed gives the same requests.
             preset: A preset's name instead of the default generator.
+            block_size: Tokens per block (vLLM's ``--block-size``, SGLang's page size); default:
+                the generator's.
         """
-        return cls({"workload": preset, "requests": requests, "tenants": tenants, "seed": seed})
+        return cls(
+            {
+                "workload": preset,
+                "requests": requests,
+                "tenants": tenants,
+                "seed": seed,
+                "block_size": block_size,
+            }
+        )
 
     def load(self) -> Workload:
         """Read (or generate) the requests now: a `Workload` (its `describe()` sums them up).
@@ -180,8 +196,10 @@ def simulate(
         capacities: Cache sizes in blocks; or
         capacity_ratios: Cache sizes as fractions of the trace's distinct blocks (default 5 %
             and 10 %).
-        cache_model: ``"radix"`` (sage's engine), ``"flat"`` (libCacheSim's model), or an
-            engine twin where one is registered.
+        cache_model: ``"radix"`` (sage's engine), ``"flat"`` (libCacheSim's model),
+            ``"sglang"`` (SGLang's radix cache, queue order and retraction: SGLang's eviction
+            strategies or ``sage-<spec>``; ``schedule_policy="lpm"`` among the options), or an
+            engine twin (``"vllm"``).
         jobs: Worker processes for the rows (1: this process, the default here; None: every
             usable core).
         **options: Any other field of `engine_adapter.sim.benchmark.SimBenchmarkOptions`

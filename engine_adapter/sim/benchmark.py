@@ -114,23 +114,34 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptiv
                 "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
             ) from None
     if adaptive_batch and cache_model != "radix":
-        raise BenchmarkError(
-            f"--adaptive-batch needs --cache-model radix (not in the {cache_model} model)"
-        )
+        raise BenchmarkError(f"--adaptive-batch needs --cache-model radix (not in the {cache_model} model)")
 
 
 def _check_sglang_policies(policies: Sequence[str]) -> None:
-    """The sglang model's policies are SGLang's eviction strategies (``slru:protected_threshold=3``)."""
-    from engine_adapter.sim.twins.sglang_model import parse_sglang_policy
-    from engine_adapter.sim.twins.sglang_radix import eviction_key
+    """The sglang model's policies are SGLang's eviction strategies (``slru:protected_threshold=3``)
+    or sage policies plugged into SGLang (``sage-s3fifo``)."""
+    from engine_adapter.sim.twins.sglang_model import check_sglang_policy
 
     for spec in policies:
         if spec.split(":", 1)[0] == REFERENCE_BELADY:
             continue  # the reference rows are left out of the sglang model
         try:
-            eviction_key(*parse_sglang_policy(spec))
+            check_sglang_policy(spec)
         except ValueError as exc:
             raise BenchmarkError(f"--cache-model sglang: {exc}") from None
+
+
+def _check_schedule_policy(policy: str, cache_model: str) -> None:
+    """A queue order is SGLang's: the sglang model has them (`SCHEDULE_POLICIES`), the others
+    admit first come, first served."""
+    from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES
+
+    if policy not in SCHEDULE_POLICIES:
+        raise BenchmarkError(
+            f"--schedule-policy {policy}: the sglang model has {', '.join(SCHEDULE_POLICIES)}"
+        )
+    if policy != "fcfs" and cache_model != "sglang":
+        raise BenchmarkError(f"--schedule-policy {policy} is SGLang's: it needs --cache-model sglang")
 
 
 def _simulate_rows(context: SweepContext, runs: list[RowSpec], executor: Executor) -> list[RowOutcome]:
@@ -293,6 +304,8 @@ class SimBenchmarkOptions:
             compressed instead of dropped (radix model; "compress or drop"); None: off.
         block_size: Tokens per block of a generated workload (None: its default); a Mooncake
             trace accepts only its 512.
+        schedule_policy: The sglang model's queue order (SGLang's ``--schedule-policy``:
+            ``fcfs``, ``lpm``, ``dfs-weight``); the other models admit first come, first served.
     """
 
     policies: Sequence[str]
@@ -327,6 +340,7 @@ class SimBenchmarkOptions:
     routers: Sequence[str] | None = None
     compress_on_evict: str | None = None
     block_size: int | None = None
+    schedule_policy: str = "fcfs"
 
 
 @dataclass(frozen=True)
@@ -375,10 +389,13 @@ def run_sweep(**options: Any) -> SweepRun:
     tiers = _tier_rows(opts, built)
     if opts.cache_model == "sglang":
         _check_sglang_policies(opts.policies)
+    _check_schedule_policy(opts.schedule_policy, opts.cache_model)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
     runs = _online_only(runs, opts.cache_model)
     wall0 = time.perf_counter()
-    context = SweepContext(built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy)
+    context = SweepContext(
+        built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy, opts.schedule_policy
+    )
     outcomes = _simulate_rows(context, runs, executor)
     rows = [outcome.row for outcome in outcomes]
     run = {
@@ -445,6 +462,7 @@ def _settings(
         "adaptive_batch": opts.adaptive_batch,
         "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
         **({"compress_on_evict": opts.compress_on_evict} if opts.compress_on_evict else {}),
+        **({"schedule_policy": opts.schedule_policy} if opts.cache_model == "sglang" else {}),
     }
 
 

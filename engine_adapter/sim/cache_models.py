@@ -89,6 +89,13 @@ class FlatModel:
     def evictions(self) -> int:
         return self.cache.evictions
 
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        """The row's figures as the radix and sglang models give them (`SGLangModel.stats`):
+        no pool to fill and no preemption, so utilization is 1 once anything was evicted."""
+        p50, p99 = self.latency.quantiles(0.5, 0.99)
+        utilization = 1.0 if self.evictions else 0.0
+        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, 0)
+
     def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
         """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
         request = self.cache.request

@@ -31,9 +31,11 @@ Cache models (docs/architecture.md, "Simulator"):
   is queued (and when a preempted sequence goes back to the queue) until it is admitted
   (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
   the workload's session as `conversation`).
-- `sglang`: SGLang's own radix cache and retraction (`engine_adapter.sim.twins.sglang_model`):
-  one page per block, the policies are SGLang's eviction strategies, a hit stops one token short
-  of the prompt; its tree is held to SGLang's own (tests_integration/sglang/test_twin.py).
+- `sglang`: SGLang's own radix cache, queue order and retraction
+  (`engine_adapter.sim.twins.sglang_model`): one page per block, SGLang's eviction strategies or
+  a sage policy plugged in, a hit stops one token short of the prompt, a retracted request goes to
+  the back of the queue; held to SGLang's own classes (tests_integration/sglang/). Its ``lpm`` and
+  ``dfs-weight`` orders admit by what is cached: there the unbounded row is no strict bound.
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
   arrival order; the running sequences' memory is not modelled.
@@ -41,17 +43,15 @@ Cache models (docs/architecture.md, "Simulator"):
 Belady: in the flat model, `BeladyPolicy` with the whole lookup sequence as its future, which
 is libCacheSim's Belady. In the radix model, `RadixBelady`: an evictable leaf's next use is the
 position of its key's next lookup in the arrival-ordered block lookup sequence, counted from the
-request being served when the block was last inserted or hit; the leaf-only constraint is kept
-(so it is a reference, not a proven optimum).
+request being served when the block was last inserted or hit; leaf-only (a reference, no optimum).
 
 Reference rows (what each one bounds):
 
 - Every row is scored on the same lookup sequence: each request's *first* admission, and first
   admissions happen in arrival order in every row (FCFS; only a preempted sequence jumps the
-  queue, and it has been admitted before). A re-admission after preemption is re-prefill: its
-  uncached tokens cost step time (TTFT, TPOT, throughput, `preemptions`) but it is no lookup, so
-  a sequence finding its own blocks still cached is no hit. Counting it was how a bounded row
-  (Belady, and LRU too) once came out above the unbounded cache on a short Mooncake prefix.
+  queue, and it has been admitted before; SGLang's cache-aware orders excepted). A re-admission
+  after preemption is re-prefill: its uncached tokens cost step time (TTFT, TPOT, throughput,
+  `preemptions`) but it is no lookup, so a sequence finding its own blocks cached is no hit.
 - `unbounded` is an upper bound of every row's `hit_rate` and `block_hits`, in both cache models:
   at a request's first admission a bounded cache holds a subset of the blocks of the requests
   admitted before it, which the unbounded cache holds all of, and a hit is the longest cached
@@ -63,13 +63,9 @@ Reference rows (what each one bounds):
   generated workloads with concurrent requests and preemptions; never when requests run one at
   a time).
 
-Metrics (one definition: docs/architecture.md, "Metrics"): `hit_rate` = prompt tokens served from
-cache / prompt tokens looked up at first admission (``min(hit_blocks * block_size, input_len)``
-for a radix hit; the tokens of each hit block in the flat model); `block_hits / block_lookups`
-the same in blocks (`block_lookups` is the workload's block lookups in every row);
-`re_prefill_rate`, `memory_utilization`, eviction p50/p99 as `CacheManager.stats`; `fairness_score`
-= Jain's index over per-tenant hit rates (per session when the workload has no tenant). Eviction times are
-wall time and include the interpreter: compare them between rows of one run.
+Metrics: one definition, docs/architecture.md, "Metrics" (`block_lookups` is the workload's
+block lookups in every row). Eviction times are wall time and include the interpreter: compare
+them between rows of one run.
 """
 
 from __future__ import annotations
@@ -125,7 +121,8 @@ class Simulator:
             the workload's distinct blocks and the radix pool grows by the decode blocks).
         capacity_blocks: Cache size in blocks (ignored for ``"unbounded"``).
         cache_model: ``"radix"``, ``"flat"`` or ``"sglang"`` (SGLang's radix cache and retraction,
-            `engine_adapter.sim.twins.sglang_model`; `policy` is then an SGLang eviction strategy).
+            `engine_adapter.sim.twins.sglang_model`; `policy` is then an SGLang eviction strategy, or
+            ``sage-<spec>``, a sage policy plugged into SGLang).
         cost_model: Step times; `CostModel()` when None.
         max_running: Most requests running at once.
         max_prefill_tokens: Prompt tokens one step prefills (one longer prompt runs alone).
@@ -143,6 +140,8 @@ class Simulator:
             model's links; with a prefetch budget each step loads ahead for the head of the queue,
             hidden behind its compute up to its length. Ignored by ``"unbounded"``.
         compress_on_evict: Radix model: ``PRESS:RATIO`` compresses evicted chains (None: off).
+        schedule_policy: The sglang model: SGLang's queue order (``fcfs``, ``lpm``,
+            ``dfs-weight``; `engine_adapter.sim.twins.sglang_queue`); the others admit ``fcfs``.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -166,6 +165,7 @@ class Simulator:
         compiled: bool | None = None,
         tiers: TierConfig | None = None,
         compress_on_evict: str | None = None,
+        schedule_policy: str = "fcfs",
     ) -> None:
         if cache_model not in CACHE_MODELS:
             raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
@@ -175,6 +175,9 @@ class Simulator:
             raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
         if cache_model == "sglang" and (protect_queued > 0 or compress_on_evict is not None):
             raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
+        if cache_model != "sglang" and schedule_policy != "fcfs":
+            raise ValueError(f"schedule policy {schedule_policy!r} is SGLang's: needs the sglang model")
+        self.schedule_policy = schedule_policy
         self.protect_queued = protect_queued
         self.compiled, self.compress = compiled, compress_on_evict
         self.workload = workload
@@ -319,7 +322,7 @@ class Simulator:
         if self.cache_model == "radix":
             cache = self._build_radix(lookups)
         elif self.cache_model == "sglang":
-            cache = SGLangModel(self.policy_spec, self._pool_blocks(), self.block_size)
+            cache = SGLangModel(self.policy_spec, self._pool_blocks(), self.block_size, self.schedule_policy)
         else:
             flat = FlatModel(self.policy_spec, self.capacity, lookups)
         first_arrival = requests[0].arrival_s if requests else 0.0
@@ -345,6 +348,8 @@ class Simulator:
         bs = self.block_size
         batch = StepAdmission()
         limit = self.adaptive.current if self.adaptive is not None else self.max_running
+        if isinstance(st.cache, SGLangModel):
+            st.cache.order_waiting(st.waiting, len(st.running) < limit)
         while st.waiting and len(st.running) < limit and batch.prefill_tokens < self.max_prefill_tokens:
             seq = st.waiting[0]
             r = seq.request
@@ -416,7 +421,8 @@ class Simulator:
         return preempted_now
 
     def _preempt(self, st: RunState, seq: SimSequence) -> None:
-        """Preempt a decoding sequence by recompute: back to the head of the queue."""
+        """Preempt a decoding sequence by recompute: back to the head of the queue (SGLang's
+        model: to its back, as SGLang queues a retracted request)."""
         assert st.cache is not None
         del st.running[seq.sid]
         self._stop_decoding(st, seq)
@@ -424,7 +430,8 @@ class Simulator:
         seq.decoded += st.step - seq.start_step  # its prefill token and the decode steps before now
         seq.tokens = seq.prompt_tokens + seq.decoded
         seq.epoch += 1
-        st.waiting.appendleft(seq)
+        requeue = st.waiting.append if isinstance(st.cache, SGLangModel) else st.waiting.appendleft
+        requeue(seq)
         if self.protect_queued > 0 and isinstance(st.cache, RadixModel):
             st.cache.protect(seq)
 
@@ -538,16 +545,9 @@ class Simulator:
         self.ttft_s = st.ttfts
         st.tpots.sort()
         makespan = st.clock - st.first_arrival
-        if st.cache is not None:
-            re_prefill, utilization, evictions, p50, p99, preemptions = st.cache.stats()
-        else:
-            assert st.flat is not None
-            re_prefill = st.flat.reprefill.rate
-            utilization = 1.0 if st.flat.evictions else 0.0
-            evictions = st.flat.evictions
-            q50, q99 = st.flat.latency.quantiles(0.5, 0.99)
-            p50, p99 = q50 * 1e6, q99 * 1e6
-            preemptions = 0
+        model = st.cache if st.cache is not None else st.flat
+        assert model is not None
+        re_prefill, utilization, evictions, p50, p99, preemptions = model.stats()
         rates = [hits / looked for hits, looked in st.group_hits.values() if looked]
         lookups = st.block_lookups or 1
         tiers = self.tiers

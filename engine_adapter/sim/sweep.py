@@ -86,6 +86,7 @@ class SweepContext:
     cost_model: CostModel
     protect_queued: float = 0.0
     write_policy: str = "write_back"  # of the rows with KV tiers
+    schedule_policy: str = "fcfs"  # the sglang model's queue order
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +245,7 @@ def run_row(
         adaptive_batch=spec.adaptive,
         tiers=spec.tiers(context.write_policy),
         compress_on_evict=spec.compress,
+        schedule_policy=context.schedule_policy,
     )
     row = simulator.run().to_dict()
     return RowOutcome(spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s))

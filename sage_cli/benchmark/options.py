@@ -61,6 +61,15 @@ class CacheModel(str, Enum):
     sglang = "sglang"
 
 
+class SchedulePolicy(str, Enum):
+    """SGLang's queue orders the sglang model has (`engine_adapter.sim.twins.sglang_queue`'s
+    `SCHEDULE_POLICIES`; a test keeps them equal)."""
+
+    fcfs = "fcfs"
+    lpm = "lpm"
+    dfs_weight = "dfs-weight"
+
+
 class Arrival(str, Enum):
     poisson = "poisson"
     bursty = "bursty"
@@ -230,9 +239,16 @@ CacheModelOpt = Annotated[
         help=(
             "radix: prefix cache (a hit stops at the first miss); flat: independent blocks;"
             " vllm: vLLM v1's block pool and scheduler (capacities are its num_gpu_blocks);"
-            " sglang: SGLang's radix cache and retraction (policies: SGLang's lru, lfu, fifo, mru,"
-            " filo, priority, slru)."
+            " sglang: SGLang's radix cache, queue order and retraction (policies: SGLang's lru, lfu,"
+            " fifo, mru, filo, priority, slru, or sage-NAME: a sage policy plugged into SGLang)."
         ),
+    ),
+]
+SchedulePolicyOpt = Annotated[
+    SchedulePolicy,
+    typer.Option(
+        "--schedule-policy",
+        help="sglang model: SGLang's queue order (its --schedule-policy); the other models admit fcfs.",
     ),
 ]
 BlockSizeOpt = Annotated[
@@ -515,6 +531,7 @@ class BenchmarkArgs:
     capacity_ratio: CapacityRatioOpt = None
     cache_model: CacheModelOpt = CacheModel.radix
     block_size: BlockSizeOpt = None
+    schedule_policy: SchedulePolicyOpt = SchedulePolicy.fcfs
     protect_queued: ProtectQueuedOpt = 0.0
     compress_on_evict: CompressOnEvictOpt = None
     host_capacity_ratio: HostCapacityRatioOpt = None

@@ -63,6 +63,7 @@ class BenchmarkOptions:
     routers: list[str] | None = None
     compress_on_evict: str | None = None
     block_size: int | None = None
+    schedule_policy: str = "fcfs"
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +105,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOpti
         routers=_routers(args.router),
         compress_on_evict=args.compress_on_evict,
         block_size=args.block_size,
+        schedule_policy=args.schedule_policy.value,
     )
 
 

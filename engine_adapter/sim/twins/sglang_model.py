@@ -24,31 +24,53 @@ A request's life, as SGLang 0.5.23's scheduler runs it (managers/schedule_batch.
   the fewest output tokens, then the longest prompt, then the latest in the batch; its path is
   unlocked and stays cached, its own pages are freed, it re-prefills from the queue.
 
-Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size.
-Not modelled: SGLang's queue orders (``--schedule-policy lpm`` or ``dfs-weight`` reorder the
-waiting queue by cached prefix; the event loop admits first come, first served, SGLang's
-``fcfs``), chunked prefill, and the in-batch prefix checks of its prefill adder.
+- A retracted request goes to the back of the queue (SGLang appends it), where sage's own
+  engine puts a preempted sequence at the head.
+- The queue order (``--schedule-policy``, `SCHEDULE_POLICIES`), at each admission round with the
+  queue not empty and room in the batch (where SGLang's scheduler calls ``calc_priority``):
+  ``fcfs`` keeps arrival order and, under the ``lru`` strategy, refreshes the prefixes of the first
+  128 waiting requests (last first, so the head is the newest) every 32nd round;
+  ``lpm`` (longest prefix match; ``fcfs`` once more than 128 wait) matches every waiting
+  prompt, then sorts by matched tokens (capped at ``input_len - 1``), longest first, stably; a
+  request whose own match is at most 32 tokens and whose prompt shares 32 tokens or more with an
+  earlier waiting one (SGLang's in-batch prefix check, a radix tree of the waiting prompts) goes
+  last; ``dfs-weight`` matches every waiting prompt and orders the queue by a depth-first walk of
+  the tree from the root, heavier subtrees (more waiting requests ending in them) first, a
+  node's own requests after its subtrees'. The matches refresh the tree as SGLang's do.
+- A sage policy plugged into SGLang (``sage-<spec>``, SGLang's own name for it) chooses the
+  tree's victims as `sage_eviction.integrations.sglang` does (`SageVictims`).
+
+Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size; keys
+are pages, so SGLang's token thresholds (the in-batch check's 32 tokens) read as whole pages.
+Not modelled: chunked prefill, the in-batch prefix checks of its prefill adder, priority
+scheduling, and the ``hrrn``, ``lof``, ``random`` and ``routing-key`` orders.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
+from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
-__all__ = ["SGLangModel", "parse_sglang_policy"]
+__all__ = ["SCHEDULE_POLICIES", "SGLangModel", "check_sglang_policy", "parse_sglang_policy"]
 
 
 def parse_sglang_policy(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"slru:protected_threshold=3"`` -> ``("slru", {"protected_threshold": 3})``.
+    """``"slru:protected_threshold=3"`` -> ``("slru", {"protected_threshold": 3})``; a sage
+    policy (``"sage-s3fifo:small_ratio=0.2"``) keeps its whole spec as its name.
 
     Raises:
         ValueError: A parameter that is not ``name=integer``.
     """
+    if spec.strip().lower().startswith(SAGE_PREFIX):
+        return spec.strip(), {}
     name, _, params = spec.partition(":")
     config: dict[str, Any] = {}
     for item in filter(None, params.split(",")):
@@ -60,6 +82,16 @@ def parse_sglang_policy(spec: str) -> tuple[str, dict[str, Any]]:
         if not sep:
             raise ValueError(f"bad parameter {item!r} in {spec!r}: want name=integer") from None
     return name.strip(), config
+
+
+def check_sglang_policy(spec: str) -> None:
+    """Refuse a spec the model cannot run (an unknown SGLang strategy, a bad config, a sage
+    policy sage cannot build online).
+
+    Raises:
+        ValueError: What is wrong, in one line (`PolicyConfigError` for a sage policy).
+    """
+    SGLangRadixTree(1, *parse_sglang_policy(spec), capacity=1)
 
 
 @dataclass(slots=True)
@@ -78,16 +110,20 @@ class SGLangModel:
     """SGLang's radix cache and retraction as the event loop's cache model (module docstring).
 
     Args:
-        policy: An SGLang eviction strategy spec (``"lru"``, ``"slru:protected_threshold=3"``).
+        policy: An SGLang eviction strategy spec (``"lru"``, ``"slru:protected_threshold=3"``) or
+            a sage policy plugged in (``"sage-s3fifo"``).
         capacity: Pages (blocks) in the pool.
         block_size: Tokens per page.
+        schedule_policy: SGLang's queue order, one of `SCHEDULE_POLICIES`.
     """
 
     loaded = (0, 0)  # no host tier: nothing is loaded back
 
-    def __init__(self, policy: str, capacity: int, block_size: int) -> None:
+    def __init__(self, policy: str, capacity: int, block_size: int, schedule_policy: str = "fcfs") -> None:
         name, config = parse_sglang_policy(policy)
-        self.tree = SGLangRadixTree(1, name, config)  # one block key per page (module docstring)
+        # one block key per page (module docstring); a sage policy's capacity: the pool's pages
+        self.tree = SGLangRadixTree(1, name, config, capacity=capacity)
+        self.queue_order = QueueOrder(self.tree, schedule_policy, block_size)
         self.capacity = capacity
         self.block_size = block_size
         self.running: dict[int, _Running] = {}
@@ -124,6 +160,12 @@ class SGLangModel:
         return -(-tokens // self.block_size)
 
     # ------------------------------------------------------------------ the event loop's calls
+
+    def order_waiting(self, waiting: deque[SimSequence], room: bool) -> None:
+        """A round of admission: SGLang's queue order (`QueueOrder`); `room`: the batch has room
+        (SGLang's scheduler returns before ordering when it has none)."""
+        if waiting and room:
+            self.queue_order.order(waiting)
 
     def allocate(self, seq: SimSequence) -> int | None:
         """Hit pages of the prompt, or None when SGLang would not admit it now."""

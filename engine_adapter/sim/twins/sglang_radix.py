@@ -42,6 +42,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX, SageVictims
+
 __all__ = ["EVICTION_POLICIES", "FLAVORS", "Match", "RadixNode", "SGLangRadixTree", "eviction_key"]
 
 Key = tuple[Hashable, ...]
@@ -58,11 +60,28 @@ _ROOT_PRIORITY = -(2**63) + 1  # SGLang's root: -sys.maxsize, below any request'
 class RadixNode:
     """One node: its key (tokens), lock count, hit count, priority and two clock readings."""
 
-    __slots__ = ("children", "created", "hit_count", "key", "last_access", "lock_ref", "parent", "priority")
+    __slots__ = (
+        "children",
+        "created",
+        "hit_count",
+        "id",
+        "key",
+        "last_access",
+        "lock_ref",
+        "parent",
+        "priority",
+    )
 
     def __init__(
-        self, key: Key, parent: RadixNode | None, priority: int, last_access: float, created: float
+        self,
+        key: Key,
+        parent: RadixNode | None,
+        priority: int,
+        last_access: float,
+        created: float,
+        node_id: int = 0,
     ) -> None:
+        self.id = node_id  # SGLang's node ids: what a sage policy inside it is keyed by
         self.children: dict[Hashable, RadixNode] = {}
         self.parent = parent
         self.key = key
@@ -94,6 +113,8 @@ def eviction_key(policy: str, config: dict[str, Any] | None = None) -> Callable[
     """
     config = dict(config or {})
     name = policy.lower()
+    if name.startswith(SAGE_PREFIX):
+        raise ValueError(f"{policy!r} is a sage policy: its victims are the policy's, not a sort key's")
     if name == "slru":
         threshold = int(config.pop("protected_threshold", 2))
         if config:
@@ -129,9 +150,15 @@ class SGLangRadixTree:
 
     Args:
         page_size: Tokens per page (1: token granularity).
-        eviction_policy: One of `EVICTION_POLICIES`.
+        eviction_policy: One of `EVICTION_POLICIES`, or ``sage-<spec>``: a sage policy plugged into
+            SGLang (``sage-s3fifo:small_ratio=0.2``; `SageVictims`; the unified tree only).
         policy_config: The strategy's keyword arguments (``{"protected_threshold": 3}`` for slru).
         flavor: ``"unified"`` or ``"radix_cache"`` (module docstring, "Clock").
+        capacity: A sage policy's capacity where its spec gives none (`SageVictims`).
+
+    Raises:
+        ValueError: A bad page size, tree, policy or config.
+        PolicyConfigError: A sage policy spec sage cannot build.
     """
 
     def __init__(
@@ -140,6 +167,7 @@ class SGLangRadixTree:
         eviction_policy: str = "lru",
         policy_config: dict[str, Any] | None = None,
         flavor: str = "unified",
+        capacity: int | None = None,
     ) -> None:
         if type(page_size) is not int or page_size < 1:
             raise ValueError(f"page_size={page_size!r} must be a positive number of tokens")
@@ -148,8 +176,17 @@ class SGLangRadixTree:
         self.unified = flavor == "unified"
         self.page_size = page_size
         self.eviction_policy = eviction_policy.lower()
-        self._key = eviction_key(eviction_policy, policy_config)
         self._clock = 0.0
+        self._ids = 0
+        self._sage: SageVictims[RadixNode] | None = None
+        if self.eviction_policy.startswith(SAGE_PREFIX):
+            if not self.unified or policy_config:
+                raise ValueError(
+                    f"{eviction_policy}: a sage policy runs in the unified tree, its params in its spec"
+                )
+            self._sage = SageVictims(eviction_policy[len(SAGE_PREFIX) :], lambda: self._clock, capacity)
+        else:
+            self._key = eviction_key(eviction_policy, policy_config)
         self.root = self._new_node((), None, _ROOT_PRIORITY)
         self.root.lock_ref = 1  # the root is never evicted
         self.evictable_size = 0  # tokens in unlocked nodes
@@ -167,7 +204,8 @@ class SGLangRadixTree:
 
     def _new_node(self, key: Key, parent: RadixNode | None, priority: int) -> RadixNode:
         last_access = self._tick()  # SGLang stamps the access time first, then the creation time
-        return RadixNode(key, parent, priority, last_access, self._tick())
+        self._ids += 1
+        return RadixNode(key, parent, priority, last_access, self._tick(), self._ids)
 
     def _aligned(self, tokens: Sequence[Hashable]) -> Key:
         size = len(tokens) // self.page_size * self.page_size
@@ -213,6 +251,8 @@ class SGLangRadixTree:
             at += shared
         if unified:
             self._stamp_path(node)
+        if self._sage is not None:
+            self._sage.matched(node)
         return Match(at, node)
 
     def _stamp_path(self, node: RadixNode) -> None:
@@ -253,11 +293,15 @@ class SGLangRadixTree:
             self.evictable_size += len(leaf.key)
             self._update_leaf(node)
             self._update_leaf(leaf)
+            if self._sage is not None:
+                self._sage.track_up(leaf)
         return at
 
     def evict(self, num_tokens: int) -> list[RadixNode]:
         """Evict candidates in the strategy's order until `num_tokens` are freed (or none is
         left); returns the evicted nodes in order (detached; `RadixNode.path` still works)."""
+        if self._sage is not None:
+            return self._evict_by_sage(self._sage, num_tokens)
         key = self._key
         heap = [(key(n), n) for n in self._leaves]
         heapq.heapify(heap)
@@ -272,6 +316,22 @@ class SGLangRadixTree:
             assert parent is not None
             if not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (key(parent), parent))
+        return evicted
+
+    def _evict_by_sage(self, sage: SageVictims[RadixNode], num_tokens: int) -> list[RadixNode]:
+        """`evict` with the sage policy's victims (`SageVictims`)."""
+        sage.start(self._leaves)
+        evicted: list[RadixNode] = []
+        freed = 0
+        last: RadixNode | None = None
+        while freed < num_tokens:
+            node = sage.next_victim(self._leaves, last)
+            if node is None:
+                break
+            freed += len(node.key)
+            self._delete_leaf(node)
+            evicted.append(node)
+            last = node
         return evicted
 
     def inc_lock_ref(self, node: RadixNode) -> int:
@@ -334,6 +394,8 @@ class SGLangRadixTree:
         child.key = child.key[at:]
         if self.unified:
             child.last_access = self._tick()  # the unified tree stamps the split-off child anew
+        if self._sage is not None:
+            self._sage.track(head)
         return head
 
     def _delete_leaf(self, node: RadixNode) -> None:
