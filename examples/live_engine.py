@@ -35,7 +35,7 @@ def main() -> None:
     socket = resolve_socket(name=name)
     try:
         with ControlClient(socket, timeout=300) as engine:
-            print("engine:", engine.engine()["model"])
+            print("engine:", engine.info().model)  # typed records: sage_cli.records
             # one shared preamble: the second and later prompts find it in the prefix cache
             preamble = "You are a poet who answers in one short line, plainly and without rhyme. "
             for i, topic in enumerate(
@@ -46,12 +46,11 @@ def main() -> None:
                 cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
                 print(f"{i}: {usage['prompt_tokens']} prompt tokens, {cached} from cache")
                 if i == 1:  # hot-swap the policy while the engine serves
-                    swap = engine.set_policy("s3fifo")
-                    old, new = swap["old"]["name"], swap["new"]["name"]
-                    print(f"set-policy: {old} -> {new}, {swap['entries']} cached blocks handed over")
-            stats = engine.eviction_stats()
-            hit_rate, evicted = stats["hit_rate"], stats["total_evictions"]
-            print(f"policy {stats['policy']}: hit rate {hit_rate:.2f}, evictions {evicted}")
+                    swap = engine.swap_policy("s3fifo")
+                    old, new = swap.old["name"], swap.new["name"]
+                    print(f"set-policy: {old} -> {new}, {swap.entries} cached blocks handed over")
+            stats = engine.stats()
+            print(f"policy {stats.policy}: hit rate {stats.hit_rate:.2f}, evictions {stats.total_evictions}")
             victims = [e for e in engine.eviction_logs(1000) if e.get("event") == "evict"]
             if victims:
                 last = victims[-1]

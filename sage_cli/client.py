@@ -16,6 +16,11 @@ sees an httpx exception::
     >>> with ControlClient("/tmp/sage.sock") as client:   # doctest: +SKIP
     ...     client.eviction_stats()["strategy"]
     'LRU'
+
+Two faces of the same API: the JSON methods (``eviction_stats``, ``engine``, ...) return each
+answer as the engine sent it (what ``--json`` prints); the typed ones (``stats``, ``info``,
+``policies``, ``swap_policy``, ``usage``, ``token_policy``) return `sage_cli.records` records
+(``stats().hit_rate``; each keeps the answer in ``raw``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,19 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from sage_cli.records import (
+    CacheUsage,
+    EngineInfo,
+    EvictionStats,
+    Policies,
+    PolicySwap,
+    RecordError,
+    TokenEviction,
+)
 from sage_cli.sse import StreamDecodeError, StreamErrorEvent, json_chunks
 
 __all__ = [
@@ -50,6 +64,7 @@ DEFAULT_TIMEOUT_S = 10.0
 SWAP_TIMEOUT_S = 60.0
 
 JSONObject = dict[str, Any]
+R = TypeVar("R", EvictionStats, EngineInfo, Policies, PolicySwap, CacheUsage, TokenEviction)
 
 
 class SageClientError(Exception):
@@ -222,6 +237,39 @@ class ControlClient:
     def reset_cache(self) -> JSONObject:
         """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
         return self._request("POST", "/v1/cache/reset")
+
+    # -- typed records (sage_cli.records) -------------------------------------------------------
+
+    def stats(self) -> EvictionStats:
+        """The cache's figures as a record (``eviction_stats`` parsed)."""
+        return self._record(EvictionStats, self.eviction_stats())
+
+    def info(self) -> EngineInfo:
+        """The engine as a record (``engine`` parsed)."""
+        return self._record(EngineInfo, self.engine())
+
+    def policies(self) -> Policies:
+        """The active policy and the registry's policies (``eviction_policies`` parsed)."""
+        return self._record(Policies, self.eviction_policies())
+
+    def swap_policy(self, policy: str, params: dict[str, Any] | None = None) -> PolicySwap:
+        """Hot-swap the policy (``set_policy``); the swap as a record."""
+        return self._record(PolicySwap, self.set_policy(policy, params))
+
+    def usage(self) -> CacheUsage:
+        """The pool's use (``cache_usage`` parsed)."""
+        return self._record(CacheUsage, self.cache_usage())
+
+    def token_policy(self) -> TokenEviction:
+        """The token-level policy (``token_eviction`` parsed)."""
+        return self._record(TokenEviction, self.token_eviction())
+
+    @staticmethod
+    def _record(kind: type[R], answer: JSONObject) -> R:
+        try:
+            return kind.from_json(answer)
+        except (RecordError, TypeError) as exc:
+            raise EngineProtocolError(str(exc)) from None
 
     def complete(self, body: dict[str, Any], *, timeout: float | None = None) -> JSONObject:
         """``POST /v1/completions`` without streaming: the whole answer."""

@@ -1,7 +1,7 @@
 """The simulator as a library: a trace, `simulate`, and its `Results` as a table or a plot.
 
-What ``sage llm benchmark --mode sim`` runs, callable from a notebook (the CLI calls the same
-`run_sweep`: one implementation under both):
+What ``sage llm benchmark --mode sim`` runs, callable from a notebook (the CLI calls this
+`simulate`: one implementation under both):
 
     >>> from engine_adapter.sim.api import Trace, simulate
     >>> trace = Trace.shipped("mooncake:conversation")
@@ -26,7 +26,20 @@ from typing import Any
 from engine_adapter.sim.benchmark import BenchmarkError, SweepRun, build_workload, run_sweep
 from engine_adapter.sim.workloads import Workload
 
-__all__ = ["BenchmarkError", "Results", "Trace", "simulate"]
+__all__ = ["TRACE_OPTIONS", "BenchmarkError", "Results", "Trace", "simulate"]
+
+TRACE_OPTIONS = (
+    "trace",
+    "trace_format",
+    "workload",
+    "requests",
+    "tenants",
+    "seed",
+    "duration",
+    "time_scale",
+    "block_size",
+)
+"""The benchmark's options that say where the requests come from (a `Trace`'s `options`)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,13 @@ class Trace:
     """
 
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.options) - set(TRACE_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"not a trace option: {', '.join(unknown)} (trace options: {', '.join(TRACE_OPTIONS)})"
+            )
 
     @classmethod
     def read(

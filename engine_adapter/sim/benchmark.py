@@ -258,7 +258,8 @@ def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | Non
 
 @dataclass(frozen=True, slots=True)
 class SimBenchmarkOptions:
-    """The options of `run_benchmark` (the checked options of `sage_cli.benchmark.BenchmarkOptions`).
+    """The options of `run_sweep` (what ``sage llm benchmark --mode sim`` passes through
+    `engine_adapter.sim.api.simulate`).
 
     Attributes:
         policies: Policy specs (registry names, optionally ``name:k=v``).

@@ -1,21 +1,18 @@
 """``sage llm benchmark`` (``--mode sim``): the policies in the trace-driven simulator.
 
-The checked options go, as keyword arguments, to
-``engine_adapter.sim.benchmark.run_benchmark(**options)``, imported only then: the simulator
-loads for this command alone.
+The checked options go to the simulator's library, ``engine_adapter.sim.api.simulate`` (what a
+notebook calls: one implementation under both), imported only then: the simulator loads for this
+command alone. They are the fields of ``engine_adapter.sim.benchmark.SimBenchmarkOptions``
+(`simulator_options`); the ones that say where the requests come from make its `Trace`.
 
-The contract with the simulator: ``run_benchmark`` takes the keyword arguments of
-`BenchmarkOptions` (see `BenchmarkOptions.as_kwargs`), shows its own progress on stderr, writes
-``output`` (JSON) and ``plot`` (PNG) when they are set, and returns a JSON-able dict with a
-``"results"`` list of flat dicts (one per policy and capacity), which the CLI prints as a table
-(or the whole dict with ``--json``). Its bad-input error, ``BenchmarkError``, is reported as one
-line with exit code 2 (`sage_cli.errors`).
+``simulate`` shows its own progress on stderr, writes ``output`` (JSON) and ``plot`` (PNG) when
+they are set, and returns the benchmark's JSON document, whose ``"results"`` rows the CLI prints
+as a table (or the whole document with ``--json``). Its bad-input error, ``BenchmarkError``, is
+reported as one line with exit code 2 (`sage_cli.errors`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from sage_cli.benchmark.checks import BenchmarkPlan
@@ -24,55 +21,14 @@ from sage_cli.benchmark.table import results_table
 from sage_cli.errors import CLIError, CLIUsageError
 from sage_cli.output import Output
 
-__all__ = ["BenchmarkOptions", "run_in_simulator"]
+__all__ = ["run_in_simulator", "simulator_options"]
 
 
-@dataclass(frozen=True)
-class BenchmarkOptions:
-    """The checked options, as ``run_benchmark`` receives them."""
-
-    policies: list[str]
-    mode: str
-    trace: Path | None
-    trace_format: str | None
-    workload: str | None
-    requests: int | None
-    tenants: int | None
-    seed: int
-    capacity_blocks: list[int] | None
-    capacity_ratios: list[float] | None
-    cache_model: str
-    duration: float | None
-    output: Path | None
-    plot: Path | None
-    cost_model: dict[str, Any] | None
-    cost_model_path: Path | None
-    protect_queued: float = 0.0
-    adaptive_batch: bool = False
-    jobs: int | None = None
-    ray_address: str | None = None
-    host_capacity_ratio: float | None = None
-    host_eviction_policies: list[str] | None = None
-    disk_capacity_ratio: float | None = None
-    host_write_policy: str = "write_back"
-    host_link: str | None = None
-    disk_link: str | None = None
-    time_scale: float = 0.0
-    prefetch_ratio: float = 0.0
-    replicas: list[int] | None = None
-    routers: list[str] | None = None
-    compress_on_evict: str | None = None
-    block_size: int | None = None
-    schedule_policy: str = "fcfs"
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> BenchmarkOptions:
-    """What ``run_benchmark`` receives for these options."""
+def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> dict[str, Any]:
+    """The simulator's options for these arguments: the fields of
+    `engine_adapter.sim.benchmark.SimBenchmarkOptions` (declared there once), as keywords."""
     source = plan.source
-    return BenchmarkOptions(
+    return dict(
         policies=plan.policies,
         mode=args.mode.value,
         trace=source.trace,
@@ -139,11 +95,11 @@ def run_in_simulator(args: BenchmarkArgs, plan: BenchmarkPlan) -> None:
     """Run the plan in the simulator; print its rows as the table (or JSON)."""
     options = simulator_options(args, plan)
     try:
-        from engine_adapter.sim.benchmark import run_benchmark
+        from engine_adapter.sim.api import TRACE_OPTIONS, Trace, simulate
     except ImportError as exc:
-        raise CLIError(
-            f"the benchmark needs engine_adapter.sim.benchmark, which cannot be loaded: {exc}"
-        ) from exc
-    result = run_benchmark(**options.as_kwargs())
-    if isinstance(result, dict):
-        Output(args.json_out).result(result, lambda: results_table(result), wide=True)
+        raise CLIError(f"the benchmark needs engine_adapter.sim.api, which cannot be loaded: {exc}") from exc
+    trace = Trace({key: options.pop(key) for key in TRACE_OPTIONS})
+    policies = options.pop("policies")
+    capacities, ratios = options.pop("capacity_blocks"), options.pop("capacity_ratios")
+    result = simulate(trace, policies, capacities=capacities, capacity_ratios=ratios, **options).raw
+    Output(args.json_out).result(result, lambda: results_table(result), wide=True)
