@@ -165,9 +165,10 @@ def _sage(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
 def test_the_cli_takes_sglangs_queue_order_and_refuses_it_elsewhere(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     args = ["--cache-model", "sglang", "--schedule-policy", "dfs-weight", "--eviction-policies", "sage-lfu"]
-    ok = _sage(*args, "--output", str(out), tmp=tmp_path)
+    ok = _sage(*args, "--page-size", "32", "--output", str(out), tmp=tmp_path)  # SGLang's name
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(out.read_text())["settings"]["schedule_policy"] == "dfs-weight"
+    settings = json.loads(out.read_text())["settings"]
+    assert (settings["schedule_policy"], settings["block_size"]) == ("dfs-weight", 32)
     for bad in (("--schedule-policy", "lpm"), ("--cache-model", "sglang", "--schedule-policy", "hrrn")):
         refused = _sage(*bad, "--eviction-policies", "lru", tmp=tmp_path)
         assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr

@@ -255,9 +255,11 @@ BlockSizeOpt = Annotated[
     int | None,
     typer.Option(
         "--block-size",
+        "--page-size",
         metavar="TOKENS",
         show_default=False,
-        help="Tokens per block of a generated workload (vLLM's --block-size); a Mooncake trace has 512.",
+        help="Tokens per block (page) of a generated workload: vLLM's --block-size, SGLang's"
+        " --page-size; a Mooncake trace has 512.",
     ),
 ]
 HostCapacityRatioOpt = Annotated[
