@@ -37,7 +37,7 @@ def _optional_label(value: object, name: str, where: str) -> str | None:
     raise WorkloadError(f"{where}: {name!r} must be a string, an integer or null, got {shown(value)}")
 
 
-def _mooncake_request(record: object, request_id: int, where: str) -> SimRequest:
+def _mooncake_request(record: object, request_id: int, where: str, canonical: dict[int, int]) -> SimRequest:
     if not isinstance(record, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for name in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -72,10 +72,14 @@ def _mooncake_request(record: object, request_id: int, where: str) -> SimRequest
     priority = record.get("priority", 0)
     if not _is_int(priority):
         raise WorkloadError(f"{where}: 'priority' must be an integer, got {shown(priority)}")
+    # The JSON parser makes a new int object for every occurrence of a hash id; a trace repeats
+    # its ids many times over (every turn of a conversation looks its prefix up again), so each
+    # id is kept as one shared object: 8 bytes per lookup instead of 40.
+    intern = canonical.setdefault
     return SimRequest(
         request_id=request_id,
         arrival_s=timestamp / 1000.0,
-        block_hashes=tuple(hash_ids),
+        block_hashes=tuple([intern(hash_id, hash_id) for hash_id in hash_ids]),
         input_len=input_len,
         output_len=output_len,
         tenant=_optional_label(record.get("tenant"), "tenant", where),
@@ -104,6 +108,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
     """
     check_limit(limit)
     requests: list[SimRequest] = []
+    canonical: dict[int, int] = {}  # hash id -> its one int object, for this read only
     loads = json.loads
     with TraceLines(path) as lines:
         for line in lines if limit != 0 else ():
@@ -116,7 +121,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
                 raise WorkloadError(f"{where}: bad JSON: {exc}") from None
             except RecursionError:
                 raise WorkloadError(f"{where}: bad JSON: nested too deeply") from None
-            requests.append(_mooncake_request(record, len(requests), where))
+            requests.append(_mooncake_request(record, len(requests), where, canonical))
             if limit is not None and len(requests) >= limit:
                 break
         digest = lines.sha256()

@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Iterable, Iterator
+from array import array
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,8 @@ __all__ = [
     "check_float",
     "check_int",
     "check_limit",
+    "lookup_keys",
+    "next_use_positions",
     "sorted_by_arrival",
     "total_block_lookups",
     "unique_blocks",
@@ -107,6 +110,28 @@ def unique_blocks(requests: Iterable[SimRequest]) -> int:
 def total_block_lookups(requests: Iterable[SimRequest]) -> int:
     """Block keys looked up over all requests, repeats included."""
     return sum(len(request.block_hashes) for request in requests)
+
+
+def lookup_keys(requests: Iterable[SimRequest]) -> list[Hashable]:
+    """The block lookup sequence: every request's keys in order, the future an offline policy is
+    given. Built only for the rows that need it (8 bytes a lookup: 160 MB for 2 x 10^7)."""
+    return [key for request in requests for key in request.block_hashes]
+
+
+def next_use_positions(requests: Sequence[SimRequest]) -> array[int]:
+    """For each position of the block lookup sequence (`lookup_keys`), the position of the same
+    key's next lookup, or the sequence's length when there is none: one int64 array (8 bytes a
+    lookup), filled in one pass from the end; memory besides it is one entry per distinct key."""
+    n = total_block_lookups(requests)
+    after = array("q", bytes(8 * n))
+    seen: dict[Hashable, int] = {}
+    position = n
+    for request in reversed(requests):
+        for key in reversed(request.block_hashes):
+            position -= 1
+            after[position] = seen.get(key, n)
+            seen[key] = position
+    return after
 
 
 @dataclass(slots=True)
