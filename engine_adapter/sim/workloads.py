@@ -27,7 +27,11 @@ Sources, one module each:
 
 The trace readers stream the file line by line (`engine_adapter.sim.trace_file`): memory holds
 the parsed requests and one line, never the file's text (a 300 MB Mooncake trace of 200,000
-requests: 86 MB peak RSS, against 673 MB when the text was read whole). The requests are kept
+requests: 86 MB peak RSS, against 673 MB when the text was read whole). A request's keys are a
+tuple of shared key objects, 8 bytes a lookup (the Mooncake reader keeps one object per distinct
+hash id); what a row derives from the lookup stream is built only for the rows that need it
+(`lookup_keys`, the future of an offline policy; `next_use_positions`, the radix Belady's one
+int64 array): docs/performance.md, "Simulator throughput and memory". The requests are kept
 in one list, sorted in place only when the file is not already in arrival order (the Mooncake
 traces are: `sorted_by_arrival`). With `limit`, parsing stops after that many requests; the
 rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is the whole file's
