@@ -226,14 +226,14 @@ def write_generated_trace(path: Path, lookups: int, seed: int = 0) -> int:
     stopping at the request that reaches it) from sage's synthetic generator (its default
     multi-turn conversations with shared system prompts): each generated block becomes a hash id
     of 512 tokens. Returns the block lookups written."""
-    from engine_adapter.sim.synthetic import synthetic
+    from engine_adapter.sim.synthetic import synthetic, synthetic_stream
 
     probe = synthetic(requests=2000, seed=seed)
     per_request = sum(len(r.block_hashes) for r in probe) / len(probe)
     requests = max(1, int(lookups / per_request * 1.02) + 1)
     written = 0
-    with path.open("w", encoding="utf-8") as out:
-        for r in synthetic(requests=requests, seed=seed):
+    with path.open("w", encoding="utf-8") as out:  # streamed: no list of the requests here either
+        for r in synthetic_stream(requests=requests, seed=seed):
             if written >= lookups:
                 break
             record = {

@@ -29,7 +29,7 @@ from engine_adapter.sim import simulator as simulator_module
 from engine_adapter.sim.cache_models import RadixBelady
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import min_capacity, simulate
-from engine_adapter.sim.synthetic import synthetic
+from engine_adapter.sim.synthetic import synthetic, synthetic_stream
 from engine_adapter.sim.workloads import (
     SimRequest,
     Workload,
@@ -180,3 +180,51 @@ def test_a_generated_trace_of_two_million_lookups_runs_an_lru_row_in_bounded_mem
     assert figures["lookups_written"] >= _LOOKUPS and figures["block_lookups"] == figures["lookups_written"]
     assert 0 < figures["block_hits"] < figures["block_lookups"]
     assert figures["peak_rss_bytes"] < _PEAK_BOUND, figures
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    requests=st.integers(1, 80),
+    seed=st.integers(0, 10_000),
+    arrival=st.sampled_from(["poisson", "bursty", "periodic"]),
+    sessions=st.integers(1, 10),
+    turns=st.floats(1.0, 6.0),
+    tenants=st.none() | st.integers(0, 3),
+    max_input_tokens=st.integers(64, 4096),
+)
+def test_the_streamed_generator_gives_the_requests_and_rows_of_the_list(
+    requests: int,
+    seed: int,
+    arrival: str,
+    sessions: int,
+    turns: float,
+    tenants: int | None,
+    max_input_tokens: int,
+) -> None:
+    params: dict[str, Any] = {
+        "requests": requests,
+        "seed": seed,
+        "arrival": arrival,
+        "sessions": sessions,
+        "turns": turns,
+        "max_input_tokens": max_input_tokens,
+        "priority_weights": [1.0, 2.0],
+        **({} if tenants is None else {"tenants": tenants}),  # None: synthetic's one tenant
+    }
+    materialised = synthetic(**params)
+    streamed = list(synthetic_stream(**params))
+    assert streamed == materialised.requests
+    rebuilt = Workload(streamed, materialised.block_size, "synthetic")
+    capacity = min_capacity(materialised)
+    row = simulate(materialised, "lru", capacity, max_running=8).to_dict()
+    again = simulate(rebuilt, "lru", capacity, max_running=8).to_dict()
+    assert {k: v for k, v in again.items() if k not in _TIMINGS} == {
+        k: v for k, v in row.items() if k not in _TIMINGS
+    }
+
+
+def test_the_streamed_generator_checks_its_parameters_before_the_first_request() -> None:
+    with pytest.raises(WorkloadError, match="rate must be > 0"):
+        synthetic_stream(rate=0.0)
+    with pytest.raises(TypeError):
+        synthetic_stream(no_such_param=1)
