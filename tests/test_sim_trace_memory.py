@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import sys
 from bisect import bisect_left
@@ -27,7 +28,8 @@ from hypothesis import strategies as st
 
 from engine_adapter.sim import simulator as simulator_module
 from engine_adapter.sim.cache_models import RadixBelady
-from engine_adapter.sim.mooncake_trace import read_mooncake
+from engine_adapter.sim.mooncake_trace import mooncake_stream, read_mooncake
+from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.simulator import min_capacity, simulate
 from engine_adapter.sim.synthetic import synthetic, synthetic_stream
 from engine_adapter.sim.workloads import (
@@ -228,3 +230,25 @@ def test_the_streamed_generator_checks_its_parameters_before_the_first_request()
         synthetic_stream(rate=0.0)
     with pytest.raises(TypeError):
         synthetic_stream(no_such_param=1)
+
+
+@pytest.mark.parametrize("limit", [None, 0, 1, 500])
+def test_the_streamed_mooncake_reader_gives_the_requests_of_the_list(limit: int | None) -> None:
+    path = shipped_trace("mooncake:conversation")[0]  # gzipped, in arrival order
+    streamed = list(mooncake_stream(path, limit=limit))
+    assert streamed == read_mooncake(path, limit=limit).requests
+    assert len(streamed) == (12031 if limit is None else limit)
+
+
+def test_the_streamed_mooncake_reader_refuses_a_bad_line_when_it_reaches_it(tmp_path: Path) -> None:
+    good = json.dumps({"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}) + "\n"
+    path = tmp_path / "bad.jsonl"
+    path.write_text(good * 2 + '{"timestamp": 1}\n' + good)
+    stream = mooncake_stream(path)
+    assert [r.request_id for r in itertools.islice(stream, 2)] == [0, 1]
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:3: missing field 'input_length'"):
+        next(stream)
+    with pytest.raises(WorkloadError, match="limit must be"):
+        mooncake_stream(path, limit=-1)
+    with pytest.raises(WorkloadError, match="no such file"):
+        mooncake_stream(tmp_path / "absent.jsonl")
