@@ -1,24 +1,26 @@
-"""Simulator throughput: the CLI's rows, the lean path and libCacheSim side by side, and --jobs.
+"""Simulator throughput and memory: sage's radix and flat rows per policy beside libCacheSim.
 
-The target (issue 16, docs/architecture.md "Targets"): a `sage llm benchmark` row (radix model,
-LRU) at >= 1M block lookups/s on the Mooncake conversation trace (288,500 block lookups, 182,790
-distinct blocks), and `--jobs 2` at >= 1.8x the rows per second of `--jobs 1` on 2 cores.
+On one trace (the Mooncake conversation trace by default), per policy at each capacity ratio
+(default 0.05 of the distinct blocks), in the same run:
+- radix / flat: block lookups per second of `engine_adapter.sim.sweep.run_row`, the exact code
+  `sage llm benchmark --cache-model radix|flat` runs for a (policy, capacity) row (the simulator
+  built and run, the row's dict), timed around the call;
+- libCacheSim: the same algorithm's `process_trace` on the same block stream (flat model, unit
+  sizes; the next-request times written into the oracleGeneral file for its Belady), and the
+  ratio flat / libCacheSim, with whether the flat row's misses are libCacheSim's.
+Reading the trace is not timed. libCacheSim (GPL) is a test oracle only: imported here and in
+the differential tests, never by sage.
 
-Per capacity, on the same trace in the same run:
-- CLI row: `engine_adapter.sim.sweep.run_row`, the exact code `sage llm benchmark` runs for a
-  (policy, capacity) row, timed around the call (the simulator built and run, the row's dict);
-- lean: `engine_adapter.sim.simulator.simulate(workload, "lru", capacity)`;
-- libCacheSim: its C LRU's `process_trace` on the same block sequence (flat model, unit sizes);
-- the ratios to libCacheSim, and whether sage's flat LRU has libCacheSim's miss count.
-Then a sweep (`run_benchmark`, the CLI's whole path: every policy of `--sweep-policies` at every
-capacity of `--sweep-ratios`, with the Belady and unbounded reference rows) with jobs=1 and
-jobs=2: rows per second and their ratio, beside the ratio a pure CPU loop gets from 2 processes
-at the same time (the ceiling on a machine that other work shares). Reading the trace is not
-timed. Each per-row figure is the best of `--repeat` runs (the machine is shared: the load
-average is printed with it).
+`--generated N`: the peak resident memory of one lru radix row on a generated trace of N block
+lookups (a Mooncake JSON-lines file written from sage's synthetic generator), read and run in a
+child process as `sage llm benchmark --trace FILE` would; the peak is that child's `ru_maxrss`.
+`--sweep` adds the --jobs figure of issue 16: rows per second of a `run_benchmark` sweep with
+jobs=2 over jobs=1, beside what a pure CPU loop gets from 2 processes at the same time.
 
     python benchmarks/sim_throughput.py
-    python benchmarks/sim_throughput.py --trace path/to/trace.jsonl --ratios 0.05 --repeat 3
+    python benchmarks/sim_throughput.py --policies lru,fifo --ratios 0.01,0.05 --repeat 3
+    python benchmarks/sim_throughput.py --generated 20000000
+    python benchmarks/sim_throughput.py --sweep
     python benchmarks/sim_throughput.py --profile   # cProfile of the CLI path (jobs=1), top 25
 """
 
@@ -28,12 +30,14 @@ import argparse
 import importlib.util
 import json
 import os
-import struct
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 if importlib.util.find_spec("engine_adapter") is None:  # run from a checkout without install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,6 +45,7 @@ if importlib.util.find_spec("engine_adapter") is None:  # run from a checkout wi
 from _machine import machine_line
 
 from engine_adapter.sim.benchmark import run_benchmark
+from engine_adapter.sim.capacity import min_capacity
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import simulate
@@ -48,49 +53,130 @@ from engine_adapter.sim.sweep import RowSpec, SweepContext, run_row
 from engine_adapter.sim.workloads import Workload, unique_blocks
 from sage_eviction.native import core_implementation
 
+_ROOT = str(Path(__file__).resolve().parents[1])
 DEFAULT_TRACE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 )
-TARGET = 1_000_000
+DEFAULT_POLICIES = ("lru", "fifo", "sieve", "s3fifo", "arc", "gdsf", "belady")
 JOBS_TARGET = 1.8
 
 
-def _libcachesim_lru(keys: list[int], capacity: int, folder: Path) -> tuple[float, int] | None:
-    """Wall seconds and misses of libCacheSim's LRU over `keys` (unit-size objects)."""
+LCS_CLASSES = {
+    "lru": "LRU",
+    "fifo": "FIFO",
+    "lfu": "LFU",
+    "sieve": "Sieve",
+    "s3fifo": "S3FIFO",
+    "arc": "ARC",
+    "gdsf": "GDSF",
+    "mq": "MQ",
+    "slru": "SLRU",
+    "belady": "Belady",
+}
+"""sage's policy -> libCacheSim's class of the same algorithm (unit-size objects)."""
+
+
+def _write_oracle_general(keys: np.ndarray, path: Path) -> None:
+    """`keys` as libCacheSim's oracleGeneral records (`<IQIq`: time, id, size 1, the position of
+    the id's next request or -1), the next-request positions computed in one vectorised pass:
+    its Belady reads them from the file."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")  # each id's positions, ascending, one run per id
+    next_access = np.full(n, -1, dtype=np.int64)
+    same = keys[order[1:]] == keys[order[:-1]]
+    next_access[order[:-1][same]] = order[1:][same]
+    records = np.zeros(n, dtype=[("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
+    records["t"] = np.arange(n, dtype=np.uint32)
+    records["id"] = keys
+    records["size"] = 1
+    records["next"] = next_access
+    path.write_bytes(records.tobytes())
+
+
+def _libcachesim(policy: str, path: Path, n: int, capacity: int) -> tuple[float, int] | None:
+    """Wall seconds and misses of libCacheSim's `process_trace` for `policy` over the trace file
+    (None: libCacheSim is not installed or has no such policy)."""
     try:
         import libcachesim as lcs
     except ImportError:
         return None
-    path = folder / "trace.oracleGeneral.bin"
-    if not path.exists():
-        record = struct.Struct("<IQIq")
-        path.write_bytes(b"".join(record.pack(i, key, 1, -1) for i, key in enumerate(keys)))
+    name = LCS_CLASSES.get(policy)
+    if name is None:
+        return None
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-    cache = lcs.LRU(capacity)
+    cache = getattr(lcs, name)(capacity)
     t0 = time.perf_counter()
     miss_ratio, _ = cache.process_trace(reader)
-    return time.perf_counter() - t0, round(miss_ratio * len(keys))
+    return time.perf_counter() - t0, round(miss_ratio * n)
 
 
-def _cli_row(context: SweepContext, capacity: int, repeat: int) -> tuple[float, dict[str, Any]]:
-    """Best wall seconds of the CLI's LRU row at `capacity`, and the row."""
+def _row(context: SweepContext, policy: str, capacity: int, repeat: int) -> tuple[float, dict[str, Any]]:
+    """Best wall seconds of the CLI's row (`sweep.run_row`, the code `sage llm benchmark` runs
+    for one (policy, capacity)) and the row."""
     best, row = float("inf"), {}
     for _ in range(repeat):
         t0 = time.perf_counter()
-        row = run_row(context, RowSpec(0, "lru", capacity)).row
+        row = run_row(context, RowSpec(0, policy, capacity)).row
         best = min(best, time.perf_counter() - t0)
     return best, row
 
 
-def _lean(workload: Workload, capacity: int, repeat: int, **options: Any) -> tuple[float, int, int]:
-    """Best wall seconds of `simulate()` (around the call), block lookups and hits."""
-    best, lookups, hits = float("inf"), 0, 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = simulate(workload, "lru", capacity, **options)
-        best = min(best, time.perf_counter() - t0)
-        lookups, hits = result.block_lookups, result.block_hits
-    return best, lookups, hits
+def _policy_rows(
+    workload: Workload, keys: np.ndarray, ratio: float, policies: list[str], models: list[str], repeat: int
+) -> list[dict[str, Any]]:
+    """Per policy at one capacity: lookups/s of the radix and flat rows and of libCacheSim's
+    `process_trace` on the same block stream, the ratio flat/libCacheSim, and whether the flat
+    row's misses are libCacheSim's."""
+    unique = len(np.unique(keys))
+    capacity = max(1, int(unique * ratio), *([min_capacity(workload)] if "radix" in models else []))
+    contexts = {model: SweepContext(workload, model, CostModel()) for model in models}
+    print(f"\ncapacity {capacity} blocks ({ratio:g} of {unique} distinct blocks)")
+    print(
+        f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'libCS/s':>9} {'flat/libCS':>10} "
+        f"{'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.oracleGeneral.bin"
+        _write_oracle_general(keys, path)
+        for policy in policies:
+            row: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity, "ratio": ratio}
+            for model, context in contexts.items():
+                seconds, figures = _row(context, policy, capacity, repeat)
+                row[f"{model}_s"] = seconds
+                row[f"{model}_lookups_per_s"] = figures["block_lookups"] / seconds
+                row[f"{model}_hit_blocks"] = figures["block_hits"]
+            lcs = _libcachesim(policy, path, len(keys), capacity)
+            row["libcachesim_s"] = lcs[0] if lcs else None
+            row["libcachesim_lookups_per_s"] = len(keys) / lcs[0] if lcs else None
+            flat_rate = row.get("flat_lookups_per_s")
+            row["flat_over_libcachesim"] = (
+                flat_rate / row["libcachesim_lookups_per_s"] if lcs and flat_rate else None
+            )
+            agree = (
+                None
+                if lcs is None or "flat" not in contexts
+                else len(keys) - row["flat_hit_blocks"] == lcs[1]
+            )
+            row["flat_misses_equal_libcachesim"] = agree
+            rows.append(row)
+            ratio_text = f"{row['flat_over_libcachesim']:.3f}" if row["flat_over_libcachesim"] else "n/a"
+            print(
+                f"{policy:>8} {_rate(row.get('radix_lookups_per_s'))} {_rate(flat_rate)} "
+                f"{_rate(row['libcachesim_lookups_per_s'])} {ratio_text:>10} "
+                f"{_hit(row.get('radix_hit_blocks'), len(keys))} "
+                f"{_hit(row.get('flat_hit_blocks'), len(keys)):>8} "
+                f"{'n/a' if agree is None else str(agree):>8}"
+            )
+    return rows
+
+
+def _rate(per_s: float | None) -> str:
+    return f"{per_s / 1e6:>8.3f}M" if per_s else f"{'n/a':>9}"
+
+
+def _hit(hits: int | None, lookups: int) -> str:
+    return f"{hits / lookups:>9.3f}" if hits is not None else f"{'n/a':>9}"
 
 
 def _sweep(trace: Path, policies: list[str], ratios: list[float], jobs: int) -> tuple[float, int]:
@@ -135,120 +221,191 @@ def _profile(trace: Path, ratio: float) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
-def main() -> None:
+def write_generated_trace(path: Path, lookups: int, seed: int = 0) -> int:
+    """Write a Mooncake JSON-lines trace of about `lookups` block lookups (at least that many,
+    stopping at the request that reaches it) from sage's synthetic generator (its default
+    multi-turn conversations with shared system prompts): each generated block becomes a hash id
+    of 512 tokens. Returns the block lookups written."""
+    from engine_adapter.sim.synthetic import synthetic, synthetic_stream
+
+    probe = synthetic(requests=2000, seed=seed)
+    per_request = sum(len(r.block_hashes) for r in probe) / len(probe)
+    requests = max(1, int(lookups / per_request * 1.02) + 1)
+    written = 0
+    with path.open("w", encoding="utf-8") as out:  # streamed: no list of the requests here either
+        for r in synthetic_stream(requests=requests, seed=seed):
+            if written >= lookups:
+                break
+            record = {
+                "timestamp": round(r.arrival_s * 1000.0, 3),
+                "input_length": len(r.block_hashes) * 512,
+                "output_length": r.output_len,
+                "hash_ids": list(r.block_hashes),
+            }
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            written += len(r.block_hashes)
+    return written
+
+
+def _child_row(path: Path, policy: str, ratio: float) -> None:
+    """In the child process: read the trace as `sage llm benchmark --trace` does, run one radix
+    row, and print its figures as one JSON line (the parent reads the child's peak RSS itself)."""
+    t0 = time.perf_counter()
+    workload = read_mooncake(path)
+    read_s = time.perf_counter() - t0
+    unique = unique_blocks(workload.requests)
+    capacity = max(1, int(unique * ratio), min_capacity(workload))
+    t0 = time.perf_counter()
+    result = simulate(workload, policy, capacity)
+    figures = {
+        "requests": len(workload),
+        "unique_blocks": unique,
+        "capacity_blocks": capacity,
+        "block_lookups": result.block_lookups,
+        "block_hits": result.block_hits,
+        "read_s": read_s,
+        "row_s": time.perf_counter() - t0,
+        "implementation": core_implementation(),
+    }
+    print(json.dumps(figures))
+
+
+def generated_row(lookups: int, policy: str = "lru", ratio: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """One radix row of `policy` on a generated trace of about `lookups` block lookups, run in a
+    child process: its figures and its peak resident memory (`ru_maxrss` of that child alone, from
+    `os.wait4`, so this process's own memory does not count)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "generated.jsonl"
+        written = write_generated_trace(path, lookups, seed)
+        size = path.stat().st_size
+        command = [sys.executable, __file__, "--child-row", str(path), "--child-policy", policy]
+        command += ["--child-ratio", str(ratio)]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")])),
+        }
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
+        assert child.stdout is not None
+        out = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            raise SystemExit(f"the child row failed with exit status {child.returncode}")
+    figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    # ru_maxrss is in KiB on Linux, bytes on macOS
+    peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return {
+        "lookups_written": written,
+        "file_bytes": size,
+        "peak_rss_bytes": peak,
+        "policy": policy,
+        **figures,
+    }
+
+
+def _print_generated(figures: dict[str, Any]) -> None:
+    hit = figures["block_hits"] / max(figures["block_lookups"], 1)
+    mib = figures["file_bytes"] / 2**20
+    print(
+        f"generated trace: {figures['lookups_written']:,} block lookups ({figures['requests']:,} requests, "
+        f"{figures['unique_blocks']:,} distinct blocks, {mib:.0f} MiB of JSON lines); "
+        f"one {figures['policy']} radix row at {figures['capacity_blocks']:,} blocks: "
+        f"hit {hit:.3f}, read {figures['read_s']:.1f} s, "
+        f"row {figures['row_s']:.1f} s ({figures['block_lookups'] / figures['row_s'] / 1e6:.3f}M lookups/s); "
+        f"peak RSS of the child {figures['peak_rss_bytes'] / 2**30:.3f} GiB"
+    )
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake JSON-lines trace")
+    parser.add_argument("--ratios", default="0.05", help="capacities as fractions of distinct blocks")
     parser.add_argument(
-        "--ratios", default="0.01,0.05,0.1", help="capacities as fractions of distinct blocks"
+        "--policies", default=",".join(DEFAULT_POLICIES), help="policies of the per-policy rows"
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs per row figure; the best is kept")
+    parser.add_argument("--models", default="radix,flat", help="sage's cache models to time (radix, flat)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row figure; the best is kept")
     parser.add_argument(
         "--sweep-policies", default="lru,lfu,arc", help="policies of the --jobs sweep (at every capacity)"
     )
     parser.add_argument(
         "--sweep-ratios", default="0.05,0.1", help="capacities of the --jobs sweep (fractions of blocks)"
     )
-    parser.add_argument("--no-sweep", action="store_true", help="skip the --jobs 2 over --jobs 1 figure")
+    parser.add_argument("--sweep", action="store_true", help="also time a --jobs 2 sweep against --jobs 1")
+    parser.add_argument(
+        "--generated",
+        type=float,
+        metavar="N",
+        help="only the peak RSS of one lru radix row on a generated "
+        "trace of N block lookups (e.g. 2e7), in a child process",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--profile", action="store_true", help="cProfile the CLI path (jobs=1) and exit")
-    args = parser.parse_args()
+    parser.add_argument("--child-row", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-policy", default="lru", help=argparse.SUPPRESS)
+    parser.add_argument("--child-ratio", type=float, default=0.05, help=argparse.SUPPRESS)
+    return parser.parse_args()
 
-    workload = read_mooncake(args.trace)
-    keys = [key for r in workload.requests for key in r.block_hashes]
-    unique = unique_blocks(workload.requests)
-    ratios = [float(x) for x in args.ratios.split(",")]
+
+def _sweep_figures(args: argparse.Namespace) -> dict[str, Any]:
+    policies = [p.strip() for p in args.sweep_policies.split(",") if p.strip()]
+    ceiling_before = _parallel_ceiling()
+    sweep_ratios = [float(x) for x in args.sweep_ratios.split(",")]
+    one_s, n_rows = _sweep(args.trace, policies, sweep_ratios, 1)
+    two_s, _ = _sweep(args.trace, policies, sweep_ratios, 2)
+    ceiling = min(ceiling_before, _parallel_ceiling())
+    speedup = one_s / two_s
+    verdict = "meets" if speedup >= JOBS_TARGET else "misses"
+    print(
+        f"sweep of {n_rows} rows ({','.join(policies)} + belady + unbounded): --jobs 1 {one_s:.1f} s "
+        f"({n_rows / one_s:.2f} rows/s), --jobs 2 {two_s:.1f} s ({n_rows / two_s:.2f} rows/s): "
+        f"{speedup:.2f}x; {verdict} the target of {JOBS_TARGET}x "
+        f"(a pure CPU loop in 2 processes: {ceiling:.2f}x on this machine now)"
+    )
+    return {
+        "policies": policies,
+        "ratios": sweep_ratios,
+        "rows": n_rows,
+        "jobs1_s": one_s,
+        "jobs2_s": two_s,
+        "speedup": speedup,
+        "cpu_loop_speedup": ceiling,
+    }
+
+
+def main() -> None:
+    args = _arguments()
+    if args.child_row is not None:
+        _child_row(args.child_row, args.child_policy, args.child_ratio)
+        return
     implementation = core_implementation()
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     print(f"machine: {machine_line()}; load average {load[0]:.2f}")
     print(f"implementation: {implementation}")
-    print(
-        f"trace: {args.trace} ({len(workload)} requests, {len(keys)} block lookups, {unique} distinct blocks)"
-    )
-    if args.profile:
-        _profile(args.trace, ratios[-1])
-        return
-
-    context = SweepContext(workload, "radix", CostModel())
-    rows = []
-    print(
-        f"{'capacity':>9} {'CLI row':>9} {'lean':>9} {'libCS':>8} {'CLI row/s':>10} {'lean/s':>9} "
-        f"{'libCS/s':>9} {'CLI/libCS':>9} {'lean/libCS':>10} {'CLI/lean':>8} {'hit':>6} {'flat=lcs':>8}"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        for ratio in ratios:
-            capacity = max(1, int(unique * ratio))
-            cli_s, cli = _cli_row(context, capacity, args.repeat)
-            lean_s, lookups, hits = _lean(workload, capacity, args.repeat)
-            if cli["block_hits"] != hits:
-                raise SystemExit(f"the CLI row and simulate() disagree at {capacity} blocks")
-            _, flat_lookups, flat_hits = _lean(workload, capacity, 1, cache_model="flat")
-            lcs = _libcachesim_lru(keys, capacity, Path(tmp))
-            lcs_s = lcs[0] if lcs else None
-            agree = "n/a" if lcs is None else str(flat_lookups - flat_hits == lcs[1])
-            row = {
-                "capacity_blocks": capacity,
-                "ratio": ratio,
-                "block_lookups": lookups,
-                "cli_row_s": cli_s,
-                "lean_s": lean_s,
-                "libcachesim_s": lcs_s,
-                "cli_lookups_per_s": lookups / cli_s,
-                "lean_lookups_per_s": lookups / lean_s,
-                "libcachesim_lookups_per_s": len(keys) / lcs_s if lcs_s else None,
-                "cli_over_libcachesim": lcs_s / cli_s if lcs_s else None,
-                "lean_over_libcachesim": lcs_s / lean_s if lcs_s else None,
-                "cli_over_lean": lean_s / cli_s,
-                "radix_hit_blocks": hits,
-                "flat_misses_equal_libcachesim": agree,
-            }
-            rows.append(row)
-            lcs_rate = f"{row['libcachesim_lookups_per_s'] / 1e6:>8.2f}M" if lcs_s else f"{'n/a':>9}"
-            print(
-                f"{capacity:>9} {cli_s:>8.3f}s {lean_s:>8.3f}s "
-                f"{(f'{lcs_s:.3f}s' if lcs_s else 'n/a'):>8} "
-                f"{lookups / cli_s / 1e6:>9.3f}M {lookups / lean_s / 1e6:>8.3f}M {lcs_rate} "
-                f"{(row['cli_over_libcachesim'] or 0):>9.3f} {(row['lean_over_libcachesim'] or 0):>10.3f} "
-                f"{row['cli_over_lean']:>8.2f} {hits / lookups:>6.3f} {agree:>8}"
-            )
-    at_5 = min(rows, key=lambda r: abs(r["ratio"] - 0.05))
-    verdict = "meets" if at_5["cli_lookups_per_s"] >= TARGET else "misses"
-    print(
-        f"CLI row, LRU at {at_5['ratio']:g}: {at_5['cli_lookups_per_s'] / 1e6:.3f}M block lookups/s "
-        f"({at_5['cli_row_s']:.2f} s); {verdict} the target of {TARGET / 1e6:.0f}M/s"
-    )
-    sweep: dict[str, Any] | None = None
-    if not args.no_sweep:
-        policies = [p.strip() for p in args.sweep_policies.split(",") if p.strip()]
-        ceiling_before = _parallel_ceiling()
-        sweep_ratios = [float(x) for x in args.sweep_ratios.split(",")]
-        one_s, n_rows = _sweep(args.trace, policies, sweep_ratios, 1)
-        two_s, _ = _sweep(args.trace, policies, sweep_ratios, 2)
-        ceiling = min(ceiling_before, _parallel_ceiling())
-        speedup = one_s / two_s
-        sweep = {
-            "policies": policies,
-            "ratios": sweep_ratios,
-            "rows": n_rows,
-            "jobs1_s": one_s,
-            "jobs2_s": two_s,
-            "speedup": speedup,
-            "cpu_loop_speedup": ceiling,
-        }
-        verdict = "meets" if speedup >= JOBS_TARGET else "misses"
-        print(
-            f"sweep of {n_rows} rows ({','.join(policies)} + belady + unbounded): --jobs 1 {one_s:.1f} s "
-            f"({n_rows / one_s:.2f} rows/s), --jobs 2 {two_s:.1f} s ({n_rows / two_s:.2f} rows/s): "
-            f"{speedup:.2f}x; {verdict} the target of {JOBS_TARGET}x "
-            f"(a pure CPU loop in 2 processes: {ceiling:.2f}x on this machine now)"
-        )
+    figures: dict[str, Any] = {
+        "machine": machine_line(),
+        "load_average": load[0],
+        "implementation": implementation,
+    }
+    if args.generated is not None:
+        figures["generated"] = generated_row(int(args.generated))
+        _print_generated(figures["generated"])
+    else:
+        workload = read_mooncake(args.trace)
+        keys = np.fromiter((key for r in workload.requests for key in r.block_hashes), dtype=np.int64)
+        print(f"trace: {args.trace} ({len(workload)} requests, {len(keys)} block lookups)")
+        if args.profile:
+            _profile(args.trace, float(args.ratios.split(",")[-1]))
+            return
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        figures["rows"] = [
+            row
+            for ratio in (float(x) for x in args.ratios.split(","))
+            for row in _policy_rows(workload, keys, ratio, policies, models, args.repeat)
+        ]
+        figures["sweep"] = _sweep_figures(args) if args.sweep else None
     if args.json:
-        figures = {
-            "machine": machine_line(),
-            "load_average": load[0],
-            "implementation": implementation,
-            "rows": rows,
-            "sweep": sweep,
-        }
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 

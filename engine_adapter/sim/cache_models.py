@@ -18,6 +18,7 @@ from typing import Any
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.workloads import SimRequest, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
@@ -30,25 +31,42 @@ __all__ = ["FlatModel", "RadixBelady", "RadixModel"]
 class RadixBelady(BeladyPolicy):
     """Belady for the radix model: next use by position in the arrival-ordered lookup sequence.
 
-    The simulator sets `cursor` to the position just past the current request's lookups before
-    it allocates; an insert or hit of a key scores it with the key's first occurrence at or after
-    the cursor (never again: evicted first). Scores are not revised between a key's own calls.
+    The simulator calls `serve(keys, end)` with the request being allocated before it allocates:
+    `cursor` is then `end`, the position just past that request's lookups. An insert or hit of a
+    key scores it with the key's first lookup at or after the cursor (never again: evicted
+    first); scores are not revised between a key's own calls. That lookup is found from the key's
+    position in the request being served and the next-use array (`next_use_positions`, one int64
+    per lookup), so no per-key list of positions is held; a key from outside that request (none
+    in the simulator's calls) falls back to an index of every key's positions, built once.
     """
 
-    def __init__(self, lookups: Sequence[Hashable]) -> None:
+    def __init__(self, requests: Sequence[SimRequest]) -> None:
         super().__init__()
-        occurrences: dict[Hashable, list[int]] = {}
-        for position, key in enumerate(lookups):
-            positions = occurrences.get(key)
-            if positions is None:
-                occurrences[key] = [position]
-            else:
-                positions.append(position)
-        self._positions = occurrences
-        self._never = len(lookups)
+        self._requests = requests
+        self._after = next_use_positions(requests)
+        self._never = len(self._after)
+        self._serving: dict[Hashable, int] = {}  # the served request's keys -> their positions
+        self._positions: dict[Hashable, list[int]] | None = None  # the fallback index
         self.cursor = 0
 
+    def serve(self, keys: Sequence[Hashable], end: int) -> None:
+        """The request whose lookups end at `end` (exclusive) is being allocated."""
+        self.cursor = end
+        self._serving = dict(zip(keys, range(end - len(keys), end), strict=True))
+
     def _next(self, key: Hashable) -> int:
+        position = self._serving.get(key)
+        if position is None:
+            return self._next_outside(key)
+        # Its last lookup in the served request (`serve` keeps the last of a repeated key), so the
+        # next one is at or past the cursor.
+        return self._after[position]
+
+    def _next_outside(self, key: Hashable) -> int:
+        if self._positions is None:
+            self._positions = {}
+            for position, looked_up in enumerate(lookup_keys(self._requests)):
+                self._positions.setdefault(looked_up, []).append(position)
         positions = self._positions.get(key)
         if not positions:
             return self._never
@@ -70,16 +88,12 @@ class FlatModel:
     """A `sage_eviction.flat.FlatCache` looked up block by block, with the re-prefill rate and the
     decision times recorded through its hooks."""
 
-    def __init__(self, policy: str, capacity: int, lookups: list[Hashable]) -> None:
+    def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
         self.reprefill = ReprefillTracker()
         self.latency = LatencyRecorder()
-        self.cache = FlatCache(
-            policy,
-            capacity,
-            future=lookups,
-            on_miss=self.reprefill.on_request,
-            on_evict=self._on_evict,
-        )
+        self.cache = FlatCache(policy, capacity, on_miss=self.reprefill.on_request, on_evict=self._on_evict)
+        if isinstance(self.cache.policy, BeladyPolicy):  # only the offline policy needs the future
+            self.cache.policy.set_future(lookup_keys(requests))
 
     def _on_evict(self, victim: Hashable, seconds: float) -> None:
         self.latency.record(seconds)
@@ -151,7 +165,7 @@ class RadixModel:
     def allocate(self, seq: SimSequence) -> int | None:
         """Blocks of the prompt served from cache, or None when it cannot get its blocks now."""
         if self.belady is not None:
-            self.belady.cursor = seq.lookup_end
+            self.belady.serve(seq.keys, seq.lookup_end)
         try:
             alloc = self._allocate(self._request(seq))
         except NoEvictableBlocksError:

@@ -224,7 +224,7 @@ class Simulator:
                 num_blocks += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
         return num_blocks
 
-    def _build_radix(self, lookups: list[Hashable]) -> RadixModel:
+    def _build_radix(self, requests: list[SimRequest]) -> RadixModel:
         bs = self.block_size
         num_blocks = self._pool_blocks()
         manager = CacheManager(
@@ -243,7 +243,7 @@ class Simulator:
                 raise ValueError(
                     f"offline policy {manager.policy_name!r} has no future the radix model can give"
                 )
-            belady = RadixBelady(lookups)
+            belady = RadixBelady(requests)
             manager.radix.set_policy(belady)
         return RadixModel(manager, belady)
 
@@ -310,21 +310,17 @@ class Simulator:
         """The cache model and the empty queues; every request's blocks as one lookup sequence
         (`requests`: a fleet replica's, appended as they are routed; no future for Belady)."""
         requests = self.workload.requests if requests is None else requests
-        lookups: list[Hashable] = []
-        ends: list[int] = []
-        for r in requests:
-            lookups.extend(r.block_hashes)
-            ends.append(len(lookups))
+        ends = list(itertools.accumulate(len(r.block_hashes) for r in requests))  # no list of keys
         self._clock = 0.0
         self.adaptive = AdaptiveBatch(self.max_running) if self.adaptive_batch else None
         cache: RadixModel | SGLangModel | None = None
         flat = None
         if self.cache_model == "radix":
-            cache = self._build_radix(lookups)
+            cache = self._build_radix(requests)
         elif self.cache_model == "sglang":
             cache = SGLangModel(self.policy_spec, self._pool_blocks(), self.block_size, self.schedule_policy)
         else:
-            flat = FlatModel(self.policy_spec, self.capacity, lookups)
+            flat = FlatModel(self.policy_spec, self.capacity, requests)
         first_arrival = requests[0].arrival_s if requests else 0.0
         return RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,7 +27,15 @@ import numpy as np
 from engine_adapter.sim.prefix_model import PrefixBuilder, PrefixModel
 from engine_adapter.sim.workloads import SimRequest, Workload, WorkloadError, check_float, check_int
 
-__all__ = ["ARRIVALS", "PRESETS", "preset", "spec_benchmark", "synthetic", "synthetic_params"]
+__all__ = [
+    "ARRIVALS",
+    "PRESETS",
+    "preset",
+    "spec_benchmark",
+    "synthetic",
+    "synthetic_params",
+    "synthetic_stream",
+]
 
 ARRIVALS = ("poisson", "bursty", "periodic")
 
@@ -167,10 +175,8 @@ def synthetic(
         requests, rate, duration, arrival, burstiness, input_tokens, input_sigma,
         turn_tokens, output_tokens, output_sigma, max_input_tokens, seed,
     )  # fmt: skip
-    if "priority_weights" in prefix:
-        prefix["priority_weights"] = tuple(prefix["priority_weights"])
-    model = PrefixModel(seed=seed, **{"tenants": 1, **prefix})
-    out = _synthetic_requests(traffic, model)
+    model = _prefix_model(seed, prefix)
+    out = list(_synthetic_requests(traffic, model))
     params: dict[str, Any] = {
         field.name: getattr(traffic, field.name) for field in fields(_Traffic) if field.name != "seed"
     }
@@ -179,13 +185,39 @@ def synthetic(
     )
 
 
+def synthetic_stream(**params: Any) -> Iterator[SimRequest]:
+    """The requests `synthetic(**params)` returns, one at a time in arrival order, without the
+    list: what is held is a few numbers per request (the arrivals and lengths, drawn up front)
+    and each open conversation's blocks, not every request's keys (a generated trace of 10^8
+    lookups is written out in bounded memory). The parameters are checked before the first one.
+
+    Raises:
+        WorkloadError: A parameter is out of range.
+        TypeError: A keyword that is neither a parameter of `synthetic` nor a `PrefixModel` field.
+    """
+    bound = inspect.signature(synthetic).bind(**params)
+    bound.apply_defaults()
+    args = bound.arguments
+    prefix = args.pop("prefix")
+    traffic = _Traffic(**args)
+    return _synthetic_requests(traffic, _prefix_model(traffic.seed, prefix))
+
+
+def _prefix_model(seed: int, prefix: dict[str, Any]) -> PrefixModel:
+    """`synthetic`'s prefix model: its seed, one tenant unless told otherwise."""
+    if "priority_weights" in prefix:
+        prefix = {**prefix, "priority_weights": tuple(prefix["priority_weights"])}
+    return PrefixModel(seed=seed, **{"tenants": 1, **prefix})
+
+
 def synthetic_params() -> dict[str, str]:
     """The keyword params `synthetic` takes, with their annotations as strings (for the CLI)."""
     return {**_annotations(synthetic), **{f.name: str(f.type) for f in fields(PrefixModel)}}
 
 
-def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> list[SimRequest]:
-    """The requests: arrivals, lengths and prefixes from separate streams derived from the seed."""
+def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> Iterator[SimRequest]:
+    """The requests in arrival order: arrivals, lengths and prefixes from separate streams derived
+    from the seed, all drawn before the first request is made (so it is a pure function of them)."""
     arrival_rng, length_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(traffic.seed).spawn(3)
     )
@@ -200,7 +232,6 @@ def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> list[SimReques
     builder = PrefixBuilder(model, n, prefix_rng)
     system_tokens = model.system_prompt_tokens
     max_input_tokens = traffic.max_input_tokens
-    out: list[SimRequest] = []
     for i, arrival_s in enumerate(arrivals):
         slot, conversation = builder.slot(i)
         if conversation is not None:
@@ -213,8 +244,7 @@ def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> list[SimReques
             conversation, system = builder.start(slot)
             input_len = min((system_tokens if system else 0) + user_tokens[i], max_input_tokens)
             blocks = builder.first_turn(conversation, system, input_len)
-        out.append(builder.request(i, arrival_s, blocks, input_len, output_lens[i], conversation))
-    return out
+        yield builder.request(i, arrival_s, blocks, input_len, output_lens[i], conversation)
 
 
 # --------------------------------------------------------------------------- presets

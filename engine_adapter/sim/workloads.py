@@ -27,7 +27,11 @@ Sources, one module each:
 
 The trace readers stream the file line by line (`engine_adapter.sim.trace_file`): memory holds
 the parsed requests and one line, never the file's text (a 300 MB Mooncake trace of 200,000
-requests: 86 MB peak RSS, against 673 MB when the text was read whole). The requests are kept
+requests: 86 MB peak RSS, against 673 MB when the text was read whole). A request's keys are a
+tuple of shared key objects, 8 bytes a lookup (the Mooncake reader keeps one object per distinct
+hash id); what a row derives from the lookup stream is built only for the rows that need it
+(`lookup_keys`, the future of an offline policy; `next_use_positions`, the radix Belady's one
+int64 array): docs/performance.md, "Simulator throughput and memory". The requests are kept
 in one list, sorted in place only when the file is not already in arrival order (the Mooncake
 traces are: `sorted_by_arrival`). With `limit`, parsing stops after that many requests; the
 rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is the whole file's
@@ -47,7 +51,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Iterable, Iterator
+from array import array
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +65,8 @@ __all__ = [
     "check_float",
     "check_int",
     "check_limit",
+    "lookup_keys",
+    "next_use_positions",
     "sorted_by_arrival",
     "total_block_lookups",
     "unique_blocks",
@@ -107,6 +114,28 @@ def unique_blocks(requests: Iterable[SimRequest]) -> int:
 def total_block_lookups(requests: Iterable[SimRequest]) -> int:
     """Block keys looked up over all requests, repeats included."""
     return sum(len(request.block_hashes) for request in requests)
+
+
+def lookup_keys(requests: Iterable[SimRequest]) -> list[Hashable]:
+    """The block lookup sequence: every request's keys in order, the future an offline policy is
+    given. Built only for the rows that need it (8 bytes a lookup: 160 MB for 2 x 10^7)."""
+    return [key for request in requests for key in request.block_hashes]
+
+
+def next_use_positions(requests: Sequence[SimRequest]) -> array[int]:
+    """For each position of the block lookup sequence (`lookup_keys`), the position of the same
+    key's next lookup, or the sequence's length when there is none: one int64 array (8 bytes a
+    lookup), filled in one pass from the end; memory besides it is one entry per distinct key."""
+    n = total_block_lookups(requests)
+    after = array("q", bytes(8 * n))
+    seen: dict[Hashable, int] = {}
+    position = n
+    for request in reversed(requests):
+        for key in reversed(request.block_hashes):
+            position -= 1
+            after[position] = seen.get(key, n)
+            seen[key] = position
+    return after
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ the entries held get the first occurrence of their key as their next use.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
@@ -53,7 +54,8 @@ class BeladyPolicy(HeapPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
         self._future: Sequence[Hashable] | None = None
-        self._next_pos: list[int] = []  # position -> next position of the same key, or len(future)
+        # position -> next position of the same key, or len(future): int64s, 8 bytes a lookup
+        self._next_pos: array[int] = array("q")
         self._occurrences: dict[Hashable, list[int]] = {}  # lenient mode only
         self._strict = True
         self._pos = 0  # the position the next call consumes
@@ -72,7 +74,7 @@ class BeladyPolicy(HeapPolicy):
             strict: Whether each call must be for the next key of `keys` (see the module doc).
         """
         n = len(keys)
-        next_pos = [n] * n
+        next_pos = array("q", [n]) * n
         seen: dict[Hashable, int] = {}
         for i in range(n - 1, -1, -1):
             key = keys[i]

@@ -1,0 +1,254 @@
+"""Traces in bounded memory (issue 34, item 3): what a row keeps per block lookup, and its answers.
+
+- `next_use_positions` (Belady's one int64 array over the lookup stream) against a brute-force
+  scan, and the radix model's Belady rows computed from it against the per-key index of positions
+  it replaced (kept here as the reference): the same rows, field for field, timings aside.
+- The Mooncake reader keeps one int object per distinct hash id (the JSON parser makes one per
+  occurrence), with the ids and rows unchanged.
+- A malformed line near the start of a large trace is refused with its line number after reading
+  little of the file (bytes read, from /proc/self/io, not time).
+- Slow: one lru radix row on a generated trace of 2 x 10^6 block lookups, read and run in a child
+  process (`benchmarks/sim_throughput.py --generated`), stays under a peak RSS bound.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import sys
+from bisect import bisect_left
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_adapter.sim import simulator as simulator_module
+from engine_adapter.sim.cache_models import RadixBelady
+from engine_adapter.sim.mooncake_trace import mooncake_stream, read_mooncake
+from engine_adapter.sim.shipped_traces import shipped_trace
+from engine_adapter.sim.simulator import min_capacity, simulate
+from engine_adapter.sim.synthetic import synthetic, synthetic_stream
+from engine_adapter.sim.workloads import (
+    SimRequest,
+    Workload,
+    WorkloadError,
+    lookup_keys,
+    next_use_positions,
+    unique_blocks,
+)
+
+_TIMINGS = {"wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us"}
+
+
+def _requests(blocks: list[list[int]]) -> list[SimRequest]:
+    return [
+        SimRequest(i, float(i), tuple(keys), len(keys) * 16, 4, session=f"s{i % 3}")
+        for i, keys in enumerate(blocks)
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), max_size=6), max_size=12))
+def test_next_use_positions_are_each_lookups_next_occurrence(blocks: list[list[int]]) -> None:
+    requests = _requests(blocks)
+    keys = lookup_keys(requests)
+    n = len(keys)
+    expected = [next((j for j in range(i + 1, n) if keys[j] == keys[i]), n) for i in range(n)]
+    after = next_use_positions(requests)
+    assert after.typecode == "q" and after.itemsize == 8
+    assert list(after) == expected
+
+
+class _IndexedBelady(RadixBelady):
+    """The radix Belady as it was: every key's positions in a list, bisected from the cursor."""
+
+    def __init__(self, requests: Sequence[SimRequest]) -> None:
+        super().__init__(requests)
+        self._index: dict[Hashable, list[int]] = {}
+        for position, key in enumerate(lookup_keys(requests)):
+            self._index.setdefault(key, []).append(position)
+
+    def _next(self, key: Hashable) -> int:
+        positions = self._index.get(key, [])
+        at = bisect_left(positions, self.cursor)
+        return positions[at] if at < len(positions) else self._never
+
+
+def _row(workload: Workload, capacity: int, **options: Any) -> dict[str, Any]:
+    row = simulate(workload, "belady", capacity, **options).to_dict()
+    return {name: value for name, value in row.items() if name not in _TIMINGS}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    requests=st.integers(5, 60),
+    sessions=st.integers(1, 8),
+    fraction=st.sampled_from([0.0, 0.1, 0.3]),
+)
+def test_radix_belady_from_the_next_use_array_gives_the_indexed_rows(
+    seed: int, requests: int, sessions: int, fraction: float
+) -> None:
+    workload = synthetic(requests=requests, seed=seed, sessions=sessions, input_tokens=96.0, turn_tokens=32.0)
+    need = min_capacity(workload)
+    capacity = max(need, int(unique_blocks(workload.requests) * fraction))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulator_module, "RadixBelady", _IndexedBelady)
+        reference = _row(workload, capacity, max_running=4)
+    assert _row(workload, capacity, max_running=4) == reference
+
+
+def test_radix_belady_serves_a_key_the_request_looks_up_twice() -> None:
+    # Key 7 twice in request 0 (positions 0 and 2) and again at 4: from the cursor 3, its next use is 4.
+    belady = RadixBelady(_requests([[7, 8, 7], [9, 7]]))
+    belady.serve((7, 8, 7), 3)
+    assert (belady._next(7), belady._next(8)) == (4, 5)
+    belady.serve((9, 7), 5)  # past the end of the lookups: never again
+    assert (belady._next(7), belady._next(9)) == (5, 5)
+
+
+def test_radix_belady_scores_a_key_outside_the_served_request_by_its_positions() -> None:
+    belady = RadixBelady(_requests([[1, 2], [3, 1], [1]]))
+    belady.serve((1, 2), 2)
+    assert (belady._next(3), belady._next(1), belady._next(99)) == (2, 3, 5)
+
+
+def test_the_mooncake_reader_keeps_one_object_per_hash_id(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    records = [
+        {"timestamp": t, "input_length": 512 * len(ids), "output_length": 4, "hash_ids": ids}
+        for t, ids in enumerate([[100001, 100002], [100001, 100002, 100003], [100003]])
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    requests = read_mooncake(path).requests
+    assert [r.block_hashes for r in requests] == [(100001, 100002), (100001, 100002, 100003), (100003,)]
+    first, second, third = (r.block_hashes for r in requests)
+    assert first[0] is second[0] and first[1] is second[1] and second[2] is third[0]
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io", encoding="ascii") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [("{not json\n", "bad JSON"), ('{"hash_ids": [' + "1," * 700_000 + "1]}\n", "line longer than")],
+)
+def test_a_bad_line_near_the_start_is_refused_without_reading_the_rest(
+    tmp_path: Path, bad: str, message: str
+) -> None:
+    good = json.dumps({"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}) + "\n"
+    path = tmp_path / "big.jsonl"
+    with path.open("w", encoding="utf-8") as out:
+        out.write(good * 3 + bad)
+        out.write(good * 400_000)  # 25 MB after it
+    size = path.stat().st_size
+    before = _bytes_read()
+    with pytest.raises(WorkloadError, match=rf"big\.jsonl:4: {message}"):
+        read_mooncake(path)
+    read = _bytes_read() - before
+    assert read < 4 * 2**20 < size // 6  # the bad line and a buffer or two, not the file
+
+
+def _throughput_benchmark() -> Any:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_throughput.py"
+    sys.path.insert(0, str(path.parent))  # it imports _machine beside it
+    spec = importlib.util.spec_from_file_location("sim_throughput", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Measured (benchmarks/sim_throughput.py --generated 2e6, docs/performance.md, "Simulator throughput
+# and memory"): the child sits at 48 MiB once it has imported the simulator; the row's peak was
+# 169 MiB (63 bytes a lookup above the imports) before the trace's ids were shared and the list of
+# every lookup dropped, and is 143 MiB (50 bytes a lookup) since. The bound, the imports and 56
+# bytes a lookup (157 MiB), holds now with 13 MiB to spare and fails the memory of before.
+_LOOKUPS = 2_000_000
+_PEAK_BOUND = 50 * 2**20 + 56 * _LOOKUPS
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss of a child from os.wait4, in KiB on Linux")
+def test_a_generated_trace_of_two_million_lookups_runs_an_lru_row_in_bounded_memory() -> None:
+    figures = _throughput_benchmark().generated_row(_LOOKUPS)
+    assert figures["lookups_written"] >= _LOOKUPS and figures["block_lookups"] == figures["lookups_written"]
+    assert 0 < figures["block_hits"] < figures["block_lookups"]
+    assert figures["peak_rss_bytes"] < _PEAK_BOUND, figures
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    requests=st.integers(1, 80),
+    seed=st.integers(0, 10_000),
+    arrival=st.sampled_from(["poisson", "bursty", "periodic"]),
+    sessions=st.integers(1, 10),
+    turns=st.floats(1.0, 6.0),
+    tenants=st.none() | st.integers(0, 3),
+    max_input_tokens=st.integers(64, 4096),
+)
+def test_the_streamed_generator_gives_the_requests_and_rows_of_the_list(
+    requests: int,
+    seed: int,
+    arrival: str,
+    sessions: int,
+    turns: float,
+    tenants: int | None,
+    max_input_tokens: int,
+) -> None:
+    params: dict[str, Any] = {
+        "requests": requests,
+        "seed": seed,
+        "arrival": arrival,
+        "sessions": sessions,
+        "turns": turns,
+        "max_input_tokens": max_input_tokens,
+        "priority_weights": [1.0, 2.0],
+        **({} if tenants is None else {"tenants": tenants}),  # None: synthetic's one tenant
+    }
+    materialised = synthetic(**params)
+    streamed = list(synthetic_stream(**params))
+    assert streamed == materialised.requests
+    rebuilt = Workload(streamed, materialised.block_size, "synthetic")
+    capacity = min_capacity(materialised)
+    row = simulate(materialised, "lru", capacity, max_running=8).to_dict()
+    again = simulate(rebuilt, "lru", capacity, max_running=8).to_dict()
+    assert {k: v for k, v in again.items() if k not in _TIMINGS} == {
+        k: v for k, v in row.items() if k not in _TIMINGS
+    }
+
+
+def test_the_streamed_generator_checks_its_parameters_before_the_first_request() -> None:
+    with pytest.raises(WorkloadError, match="rate must be > 0"):
+        synthetic_stream(rate=0.0)
+    with pytest.raises(TypeError):
+        synthetic_stream(no_such_param=1)
+
+
+@pytest.mark.parametrize("limit", [None, 0, 1, 500])
+def test_the_streamed_mooncake_reader_gives_the_requests_of_the_list(limit: int | None) -> None:
+    path = shipped_trace("mooncake:conversation")[0]  # gzipped, in arrival order
+    streamed = list(mooncake_stream(path, limit=limit))
+    assert streamed == read_mooncake(path, limit=limit).requests
+    assert len(streamed) == (12031 if limit is None else limit)
+
+
+def test_the_streamed_mooncake_reader_refuses_a_bad_line_when_it_reaches_it(tmp_path: Path) -> None:
+    good = json.dumps({"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}) + "\n"
+    path = tmp_path / "bad.jsonl"
+    path.write_text(good * 2 + '{"timestamp": 1}\n' + good)
+    stream = mooncake_stream(path)
+    assert [r.request_id for r in itertools.islice(stream, 2)] == [0, 1]
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:3: missing field 'input_length'"):
+        next(stream)
+    with pytest.raises(WorkloadError, match="limit must be"):
+        mooncake_stream(path, limit=-1)
+    with pytest.raises(WorkloadError, match="no such file"):
+        mooncake_stream(tmp_path / "absent.jsonl")
