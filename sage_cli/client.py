@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
+"""Seconds a call waits for the engine's answer unless the client or the call says otherwise."""
 # A hot swap at 1e6 cached blocks is a target of 0.5 s; leave room for a loaded engine.
 SWAP_TIMEOUT_S = 60.0
 
