@@ -247,9 +247,23 @@ def write_generated_trace(path: Path, lookups: int, seed: int = 0) -> int:
     return written
 
 
+def _own_peak_rss() -> int | None:
+    """This process's peak resident memory since its exec (Linux: /proc/self/status's VmHWM),
+    or None elsewhere. Not ru_maxrss: Linux carries a forking parent's peak into the child's
+    across exec, so a child of a large process (a pytest worker) would report the parent's."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    return None
+
+
 def _child_row(path: Path, policy: str, ratio: float) -> None:
     """In the child process: read the trace as `sage llm benchmark --trace` does, run one radix
-    row, and print its figures as one JSON line (the parent reads the child's peak RSS itself)."""
+    row, and print its figures as one JSON line, with its own peak RSS where the system says."""
     t0 = time.perf_counter()
     workload = read_mooncake(path)
     read_s = time.perf_counter() - t0
@@ -266,14 +280,15 @@ def _child_row(path: Path, policy: str, ratio: float) -> None:
         "read_s": read_s,
         "row_s": time.perf_counter() - t0,
         "implementation": core_implementation(),
+        "own_peak_rss_bytes": _own_peak_rss(),
     }
     print(json.dumps(figures))
 
 
 def generated_row(lookups: int, policy: str = "lru", ratio: float = 0.05, seed: int = 0) -> dict[str, Any]:
     """One radix row of `policy` on a generated trace of about `lookups` block lookups, run in a
-    child process: its figures and its peak resident memory (`ru_maxrss` of that child alone, from
-    `os.wait4`, so this process's own memory does not count)."""
+    child process: its figures and its peak resident memory (the child's own VmHWM, so this
+    process's memory does not count; `os.wait4`'s ru_maxrss where there is no /proc)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "generated.jsonl"
         written = write_generated_trace(path, lookups, seed)
@@ -292,8 +307,10 @@ def generated_row(lookups: int, policy: str = "lru", ratio: float = 0.05, seed: 
         if child.returncode != 0:
             raise SystemExit(f"the child row failed with exit status {child.returncode}")
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    # ru_maxrss is in KiB on Linux, bytes on macOS
-    peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    # the child's own peak (VmHWM) where it has one; else ru_maxrss (KiB on Linux, bytes on
+    # macOS), which on Linux also counts this process's peak at the fork
+    own = figures.pop("own_peak_rss_bytes")
+    peak = own if own is not None else usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     return {
         "lookups_written": written,
         "file_bytes": size,

@@ -176,7 +176,7 @@ _PEAK_BOUND = 50 * 2**20 + 56 * _LOOKUPS
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss of a child from os.wait4, in KiB on Linux")
+@pytest.mark.skipif(sys.platform != "linux", reason="the child reads its own peak from /proc/self/status")
 def test_a_generated_trace_of_two_million_lookups_runs_an_lru_row_in_bounded_memory() -> None:
     figures = _throughput_benchmark().generated_row(_LOOKUPS)
     assert figures["lookups_written"] >= _LOOKUPS and figures["block_lookups"] == figures["lookups_written"]
