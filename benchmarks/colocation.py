@@ -21,7 +21,7 @@ system, the spec's system (Algorithms 1-3 as written) on its own row beside it:
     python benchmarks/colocation.py --cell shared:7:3:1.25 --seeds 0,1,2,3,4   # one cell, every system
 
 `--cell COMPUTE:RATIO:LOAD` runs one cell of the grid with every system and prints its
-per-system table (the README's), with each system's preemptions and the decisions its quota
+per-system table (docs/concepts/colocation.md's), with each system's preemptions and the decisions its quota
 made (`quota_limited`: 0 means the quota, Algorithm 2 or the static split that replaces it,
 changed nothing in the run).
 """
@@ -168,7 +168,7 @@ def check_targets(result: dict[str, Any], system: str) -> list[tuple[str, bool, 
 
 
 def cell_table(compute: str, ratio: str, load: float, seeds: list[int], duration: float, policy: str) -> str:
-    """Every system on one cell, averaged over `seeds`, as the README's markdown table."""
+    """Every system on one cell, averaged over `seeds`, as docs/concepts/colocation.md's markdown table."""
     result = run_colocation_benchmark(
         ratios=[ratio], loads=[load], compute=compute, seeds=seeds, duration_s=duration, policy=policy
     )

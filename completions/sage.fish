@@ -49,7 +49,7 @@ complete -c sage -n '__fish_sage_at sage llm benchmark' -l arrival -x -a 'poisso
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l output-length -x -a 'short medium long mixed' -d 'colocation: LLM output tokens, short 50-100, medium 200-500, long 1000-2000, or mixed'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l compute -x -a 'shared split' -d 'colocation: shared (one engine time-slices both) or split (own devices, shared memory)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l seeds -x -d 'colocation: seeds to average over (default: --seed)'
-complete -c sage -n '__fish_sage_at sage llm benchmark' -l systems -x -d 'colocation: systems to compare (default: all; see the README\'s Colocation section)'
+complete -c sage -n '__fish_sage_at sage llm benchmark' -l systems -x -d 'colocation: systems to compare (default: all; see docs/concepts/colocation.md)'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l alpha -x -d 'colocation: objective weight of LLM SLO attainment'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l beta -x -d 'colocation: objective weight of embedding SLO attainment'
 complete -c sage -n '__fish_sage_at sage llm benchmark' -l gamma -x -d 'colocation: objective weight of the completion ratio'

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Compare eviction policies on a real trace
 #
-# The README's Mooncake table from Python: replay the Mooncake conversation trace (shipped with
+# The Mooncake table of docs/benchmarks/comparing-policies.md from Python: replay its trace (shipped with
 # sage) against a few policies at 5 % and 10 % of its distinct blocks, beside the unbounded
 # cache and Belady, then look at the rows as a DataFrame and a plot. A jupytext "percent"
 # script: run it with `python examples/compare_policies.py`, or open it as a notebook

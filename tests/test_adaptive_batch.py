@@ -6,7 +6,7 @@
   decision only at the end of each window; every change recorded.
 - The simulator with `adaptive_batch=True` on a generated workload under memory pressure: the
   limit changes, every change follows the rule, and the figures are the golden ones (fewer
-  preemptions here; see the README's table for the effect on the Mooncake traces).
+  preemptions here; see the table of docs/concepts/observability.md for the effect on the Mooncake traces).
 - `sage llm benchmark --adaptive-batch` prints each policy without and with it side by side,
   and refuses the flat cache model and engine mode in one line.
 """

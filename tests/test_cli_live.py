@@ -1,4 +1,4 @@
-"""The CLI against a live engine, all as real processes: the user's session from the README.
+"""The CLI against a live engine, all as real processes: the user's session from docs/getting-started.md.
 
 `sage llm engine start --detach` on a temporary socket with a small pool; concurrent completions
 with shared prefixes over the socket while `sage llm eviction set-policy` switches the policy

@@ -94,9 +94,10 @@ def test_a_static_partition_under_load_is_limited_by_its_quota() -> None:
 
 @pytest.mark.slow
 def test_sage_quota_decides_nothing_under_shared_compute_at_the_readme_cell() -> None:
-    """The README's shared-compute cell (7:3 at 125 %): sage borrows what embeddings neither use
-    nor wait for, and runs one chunk of at most 32 blocks at a time, so neither its dynamic
-    quota nor the static 70/30 split ever decides; the ablated row is the same run."""
+    """The shared-compute cell of docs/concepts/colocation.md (7:3 at 125 %): sage borrows what
+    embeddings neither use nor wait for, and runs one chunk of at most 32 blocks at a time, so
+    neither its dynamic quota nor the static 70/30 split ever decides; the ablated row is the same
+    run."""
     for seed in (0, 1):
         w = generate(ratio="7:3", load=1.25, compute="shared", duration_s=60, seed=seed)
         sage = run_colocation(w, "sage", compute="shared")

@@ -1,6 +1,7 @@
 """The documentation site (issue 29): `mkdocs build --strict` over mkdocs.yml, its generated
-reference pages current, every public name of the policy library on its API page, and a broken
-link failing the build (so a green build means the links hold).
+reference pages current, every public name of the policy library on its API page, the README's
+sections as its pages (the setup on the home page, the policy table on the policies page), and a
+broken link failing the build (so a green build means the links hold).
 
 Needs the docs extra (mkdocs-material, mkdocstrings-python): without it these fail, never skip.
 """
@@ -59,6 +60,12 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path: Path) -> None
     assert not missing, f"public names without an entry on the API page: {missing}"
     home = re.sub(r"<[^>]+>", "", (tmp_path / "site/index.html").read_text())
     assert "Install and run" in home and "dist loadfile" in home  # the README's two commands
+    assert 'src="img/mooncake.png"' in (tmp_path / "site/index.html").read_text()
+    # the policy table lives in the README; the policies page includes it (a snippet section)
+    policies = (tmp_path / "site/concepts/policies/index.html").read_text()
+    rows = set(re.findall(r"<td><code>(\w+)</code></td>", policies))
+    missing = sorted(set(sage_eviction.available_policies()) - rows)
+    assert not missing, f"policies the site's policy table lacks: {missing}"
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 (sage_eviction/integrations/bridge.py), without any engine: its tolerance of engine replays, its
 all-or-nothing and protected evictions, its put-back of refused victims, and its event log,
 which a fresh policy must replay to the same victims. The engines themselves are tested against
-their real packages in tests_integration/ (README, "Engine integrations")."""
+their real packages in tests_integration/ (docs/integrations.md)."""
 
 from __future__ import annotations
 

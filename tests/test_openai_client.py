@@ -1,6 +1,6 @@
 """The official `openai` client against a real engine process serving the real model.
 
-The client talks to the engine's Unix socket through an httpx transport, as the README shows:
+The client talks to the engine's Unix socket through an httpx transport, as docs/getting-started.md shows:
 completions, chat completions (plain and streamed), stop strings, seeds, usage with cached
 tokens, and the models list. Errors come back as the client's own exception types.
 """

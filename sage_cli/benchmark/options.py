@@ -182,7 +182,7 @@ SystemsOpt = Annotated[
         "--systems",
         metavar="NAME[,NAME...]",
         show_default=False,
-        help="colocation: systems to compare (default: all; see the README's Colocation section).",
+        help="colocation: systems to compare (default: all; see docs/concepts/colocation.md).",
     ),
 ]
 AlphaOpt = Annotated[
