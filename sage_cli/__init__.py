@@ -13,6 +13,7 @@ Layout (a package per command group, as in huggingface_hub's Typer-era ``hf`` CL
     output.py     the one output sink: text, a Rich table, or --json
     errors.py     exceptions to a one-line message and an exit code
     client.py     the control client (httpx over the Unix socket, or TCP) and its exception tree
+    records.py    typed records of the control API's answers (the client's typed methods)
     sse.py        the one reader of event streams (the engine's and vLLM's streamed completions)
     spawn.py      an engine process in the background (--detach, the benchmark's temporary engines)
     paths.py      which engine a command talks to: --socket, --name, $SAGE_SOCKET, $SAGE_NAME

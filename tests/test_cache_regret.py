@@ -16,6 +16,7 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.ghosts import Ghost, GhostSet, ReuseClock, ReuseTimes
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.cache_models import RadixBelady
+from engine_adapter.sim.workloads import SimRequest
 
 BS = 4
 
@@ -25,12 +26,12 @@ def _loop(policy: str, capacity: int, rounds: int) -> CacheManager:
     keys: list[Hashable] = [f"k{i % (capacity + 1)}" for i in range(rounds * (capacity + 1))]
     manager = CacheManager(BlockAllocator(capacity, BS), policy=policy, record_events=False)
     belady = None
-    if policy == "belady":
-        belady = RadixBelady(keys)
+    if policy == "belady":  # the loop's future, one single-block request per key
+        belady = RadixBelady([SimRequest(i, float(i), (key,), BS, 1) for i, key in enumerate(keys)])
         manager.radix.set_policy(belady)
     for position, key in enumerate(keys):
         if belady is not None:
-            belady.cursor = position + 1
+            belady.serve([key], position + 1)
         request = CacheRequest(position, num_tokens=BS, block_keys=[key], recompute_last_token=False)
         manager.allocate(request)
         manager.free_sequence(position, block_keys=[key])

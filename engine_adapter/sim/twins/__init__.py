@@ -22,6 +22,9 @@ workloads the twins are proven on.
                       lock references, leaf eviction by SGLang's eviction strategies)
     sglang_model.py   `SGLangModel`: that tree in SGLang's request life cycle (admission,
                       checkpoint, retraction), the simulator's ``sglang`` cache model
+    sglang_queue.py   `QueueOrder`: SGLang's queue orders (fcfs, lpm, dfs-weight) over that tree
+    sglang_sage.py    `SageVictims`: a sage policy choosing the tree's victims, as sage's
+                      component inside SGLang does (``sage-<spec>``)
 
 Importing this package imports no twin module.
 """
