@@ -13,9 +13,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +23,7 @@ from hypothesis import strategies as st
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.sim.benchmark import build_workload
 from engine_adapter.sim.simulator import Simulator
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.cli_process import benchmark
 
 
 @given(
@@ -95,15 +92,7 @@ def test_simulator_golden_under_memory_pressure() -> None:
 
 
 def _sage(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "SAGE_HOME": str(tmp), "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return benchmark(*args, home=tmp)
 
 
 @pytest.mark.slow

@@ -9,9 +9,7 @@ target that is not in the log, or not a sequence id or block key, is a one-line 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -19,8 +17,8 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.request import CacheRequest
 from sage_cli.eviction.explanations import explain_lines, explain_one_line
+from tests.cli_process import sage
 
-REPO = Path(__file__).resolve().parent.parent
 BS = 4
 
 
@@ -36,14 +34,7 @@ def _write_log(path: Path, *, explain: bool) -> list[dict[str, object]]:
 
 
 def _sage(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SAGE_HOME": str(home), "PYTHONPATH": str(REPO), "COLUMNS": "250"}
-    return subprocess.run(
-        [sys.executable, "-m", "sage_cli", "llm", "eviction", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return sage("llm", "eviction", *args, home=home, timeout=60)
 
 
 def test_explain_and_logs_explain_from_a_file(tmp_path: Path) -> None:

@@ -9,9 +9,7 @@ The random interleavings with everything else the cache does are in test_cache_s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.synthetic import synthetic
+from tests.cli_process import benchmark
 
 BS = 4
 
@@ -165,16 +164,7 @@ def test_the_engine_config_key() -> None:
 
 
 def _sage(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "SAGE_HOME": str(tmp_path / "sage-home")}
-    env.pop("SAGE_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return benchmark(*args, home=tmp_path)
 
 
 @pytest.mark.slow

@@ -6,9 +6,7 @@ schedule_policy.py, and ``--schedule-policy`` through the library and the CLI.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import deque
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -26,8 +24,7 @@ from engine_adapter.sim.twins.sglang_radix import SGLangRadixTree
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_cli.benchmark.options import SchedulePolicy
 from sage_eviction.errors import PolicyConfigError
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli_process import benchmark
 
 
 def _queue(prompts: Sequence[Sequence[Hashable]]) -> deque[SimSequence]:
@@ -150,15 +147,7 @@ def test_the_library_runs_sglang_with_a_sage_policy_and_an_order() -> None:
 
 
 def _sage(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "SAGE_HOME": str(tmp), "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "sage_cli", "llm", "benchmark", "--mode", "sim", "--requests", "80", *args],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return benchmark("--mode", "sim", "--requests", "80", *args, home=tmp)
 
 
 @pytest.mark.slow

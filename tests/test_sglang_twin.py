@@ -6,9 +6,7 @@ out by hand from SGLang 0.5.23's radix_cache.py), its invariants under random op
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,7 @@ from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.twins.sglang_model import SGLangModel, parse_sglang_policy
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 from engine_adapter.sim.workloads import SimRequest, Workload
-
-REPO = Path(__file__).resolve().parents[1]
-
+from tests.cli_process import benchmark
 
 # ---------------------------------------------------------------------- the tree
 
@@ -285,15 +281,7 @@ def test_radix_only_options_are_refused_for_sglang() -> None:
 
 
 def _sage(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "SAGE_HOME": str(tmp), "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "sage_cli", "llm", "benchmark", "--mode", "sim", *args],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return benchmark("--mode", "sim", *args, home=tmp)
 
 
 @pytest.mark.slow

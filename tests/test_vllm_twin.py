@@ -8,9 +8,7 @@ first block. The proof against the real package is tests_integration/vllm/test_t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from engine_adapter.sim.twins.vllm_run import sequence_hashes, simulate_vllm
 from engine_adapter.sim.twins.vllm_sched import TwinSequence, VllmSchedulerConfig, VllmTwin
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_cli.benchmark.options import CacheModel
+from tests.cli_process import benchmark
 
 
 def _run_alone(pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs: int = 4) -> list[int]:
@@ -154,9 +153,7 @@ def test_the_cli_offers_every_cache_model() -> None:
 
 
 def _sage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "SAGE_HOME": str(cwd / "sage-home")}
-    command = [sys.executable, "-m", "sage_cli", "llm", "benchmark", *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return benchmark(*args, home=cwd, timeout=600)
 
 
 @pytest.mark.slow
