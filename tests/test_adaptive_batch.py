@@ -17,13 +17,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_process import benchmark
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.sim.benchmark import build_workload
 from engine_adapter.sim.simulator import Simulator
-from tests.cli_process import benchmark
 
 
 @given(

@@ -12,12 +12,13 @@ import json
 import subprocess
 from pathlib import Path
 
+from cli_process import sage
+
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.request import CacheRequest
 from sage_cli.eviction.explanations import explain_lines, explain_one_line
-from tests.cli_process import sage
 
 BS = 4
 

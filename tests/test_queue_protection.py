@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import benchmark
 from engine_fixtures import started_engine
 
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -22,7 +23,6 @@ from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.synthetic import synthetic
-from tests.cli_process import benchmark
 
 BS = 4
 

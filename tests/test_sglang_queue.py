@@ -12,6 +12,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import pytest
+from cli_process import benchmark
 
 from engine_adapter.sim.api import Trace
 from engine_adapter.sim.api import simulate as simulate_sweep
@@ -24,7 +25,6 @@ from engine_adapter.sim.twins.sglang_radix import SGLangRadixTree
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_cli.benchmark.options import SchedulePolicy
 from sage_eviction.errors import PolicyConfigError
-from tests.cli_process import benchmark
 
 
 def _queue(prompts: Sequence[Sequence[Hashable]]) -> deque[SimSequence]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.twins.sglang_model import SGLangModel, parse_sglang_policy
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 from engine_adapter.sim.workloads import SimRequest, Workload
-from tests.cli_process import benchmark
 
 # ---------------------------------------------------------------------- the tree
 

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_process import benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,6 @@ from engine_adapter.sim.twins.vllm_run import sequence_hashes, simulate_vllm
 from engine_adapter.sim.twins.vllm_sched import TwinSequence, VllmSchedulerConfig, VllmTwin
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_cli.benchmark.options import CacheModel
-from tests.cli_process import benchmark
 
 
 def _run_alone(pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs: int = 4) -> list[int]:
