@@ -53,7 +53,15 @@ cdef extern from "descrobject.h":
     ctypedef struct PyMemberDescrObject:
         PyMemberDef* d_member
 
-__all__ = ["ScoreHeap", "score_into", "select_victims", "sorted_keys"]
+__all__ = [
+    "PolicyOpsCaller",
+    "ScoreHeap",
+    "compiled_policies",
+    "has_compiled_ops",
+    "score_into",
+    "select_victims",
+    "sorted_keys",
+]
 
 cdef double EXACT = 9007199254740992.0  # 2**53: every int up to it is a double
 cdef long long EXACT_INT = (<long long>1) << 53  # (a C constant: a literal this big is a Python int)
@@ -80,3 +88,4 @@ cdef inline bint as_double(PyObject* v, double* out) noexcept:
 include "_core_heap.pxi"
 include "_core_select.pxi"
 include "_core_scoring.pxi"
+include "_core_ops.pxi"

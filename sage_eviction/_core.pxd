@@ -1,0 +1,38 @@
+# The C-level policy interface of sage_eviction's compiled core (issue 34), for other compiled
+# modules: `from sage_eviction._core cimport PolicyOps, ops_for`.
+#
+# A built-in policy's four operations as C functions: the radix cache's compiled core calls them
+# per block without a Python frame. They run over the policy object's own state (the same dicts,
+# sets and queues its Python methods use), so every other method (explain, entries, a hot swap)
+# sees what the C calls did; each mirrors `EvictionPolicy.insert`, `access`, `set_evictable` and
+# `evict(1)` with the class's hooks, line for line (tests/test_policy_ops.py runs both).
+
+
+cdef struct PolicyOps
+
+ctypedef int (*InsertOp)(PolicyOps* ops, object policy, object key, object meta, bint evictable) except -1
+ctypedef int (*AccessOp)(PolicyOps* ops, object policy, object key, object now) except -1
+ctypedef int (*SetEvictableOp)(PolicyOps* ops, object policy, object key, bint evictable) except -1
+# the victim (found[0] = True), or None with found[0] = False when nothing is evictable
+ctypedef object (*EvictOneOp)(PolicyOps* ops, object policy, bint* found)
+
+# The class's hooks (`_on_insert`, `_on_access`, `_on_evictable`, `_pop_victim`), which the four
+# operations of `EvictionPolicy` call after its own bookkeeping.
+ctypedef int (*OnInsertHook)(object policy, object key, object meta, bint evictable) except -1
+ctypedef int (*OnAccessHook)(object policy, object key, object meta) except -1
+ctypedef int (*OnEvictableHook)(object policy, object key, object meta, bint evictable) except -1
+ctypedef object (*PopVictimHook)(object policy)
+
+cdef struct PolicyOps:
+    InsertOp insert
+    AccessOp access
+    SetEvictableOp set_evictable
+    EvictOneOp evict_one
+    OnInsertHook on_insert
+    OnAccessHook on_access
+    OnEvictableHook on_evictable
+    PopVictimHook pop_victim
+
+# The table of `policy` (by its exact class, and only for a policy built to use the compiled
+# core: `policy._compiled`), or NULL: the caller then calls the policy's Python methods.
+cdef PolicyOps* ops_for(object policy) except? NULL
