@@ -11,8 +11,11 @@ evict_explained, check, ...) are the pure-Python ones, over the same attributes.
 
 What is compiled: the per-block loops of a request (match, touch, lock, unlock, the inserts of
 commit and release, eviction with its cascade), the nodes as C structs with typed fields, and
-each `EntryMeta` built without a Python frame. The policy is called through its public methods
-(insert, access, set_evictable, evict), whatever it is.
+each `EntryMeta` built without a Python frame. A built-in policy is called through its table of C
+functions (`sage_eviction._core.PolicyOps`: its insert, access, set_evictable and evict(1) over its
+own state, no Python frame); any other policy (a plugin, a subclass, one built inside
+`native.pure_python()`) through its public methods, with the same results either way
+(tests/test_policy_ops.py, tests/test_compiled_cache.py).
 
 Bounds checks stay on (a caller's short block table raises IndexError as in pure Python).
 """
@@ -27,6 +30,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError
 from sage_eviction import EntryMeta
+
+from sage_eviction._core cimport PolicyOps, ops_for
 
 
 cdef extern from "Python.h":
@@ -109,7 +114,7 @@ cdef object _ONE = 1
 cdef object _ZERO = 0
 
 
-cdef inline void _policy_insert(object policy, object key, object meta, bint evictable) except *:
+cdef inline void _py_insert(object policy, object key, object meta, bint evictable) except *:
     # policy.insert(key, meta, evictable=evictable)
     cdef PyObject* args[4]
     cdef object flag = True if evictable else False
@@ -129,11 +134,11 @@ cdef inline object _call(object policy, object name, object a, object b):
     return PyObject_VectorcallMethod(name, args, 3, NULL)
 
 
-cdef inline void _set_evictable(object policy, object key, bint evictable) except *:
+cdef inline void _py_set_evictable(object policy, object key, bint evictable) except *:
     _call(policy, _SET_EVICTABLE, key, True if evictable else False)
 
 
-cdef inline object _evict_one(object policy):
+cdef inline object _py_evict_one(object policy):
     # policy.evict(1)
     cdef PyObject* args[2]
     args[0] = <PyObject*>policy
@@ -207,7 +212,8 @@ cdef inline CachedBlock _new_block(
 cdef class RadixCore:
     """The state and the hot paths of `RadixCache` (its other methods come from radix_cache.py)."""
 
-    cdef public object policy
+    cdef object _policy
+    cdef PolicyOps* _ops  # the policy's C table, or NULL: its Python methods
     cdef public object num_blocks
     cdef public object max_pinned_ratio
     cdef public Py_ssize_t max_pinned
@@ -226,6 +232,52 @@ cdef class RadixCore:
         self.num_pinned = 0
         self.num_reclaimable = 0
 
+    @property
+    def policy(self):
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy):
+        # a hot swap (`set_policy`) assigns here too: the table follows the policy
+        self._ops = ops_for(policy)
+        self._policy = policy
+
+    @property
+    def policy_calls(self):
+        """How this cache calls its policy: "compiled" (its C table) or "python" (its methods)."""
+        return "compiled" if self._ops != NULL else "python"
+
+    def __reduce__(self):
+        raise TypeError("a compiled radix cache does not pickle (its policy table is a C pointer)")
+
+    # The four policy calls: through the C table when the policy has one, else its methods.
+
+    cdef inline int _policy_insert(self, object key, object meta, bint evictable) except -1:
+        if self._ops != NULL:
+            return self._ops.insert(self._ops, self._policy, key, meta, evictable)
+        _py_insert(self._policy, key, meta, evictable)
+        return 0
+
+    cdef inline int _policy_access(self, object key, object now) except -1:
+        if self._ops != NULL:
+            return self._ops.access(self._ops, self._policy, key, now)
+        _call(self._policy, _ACCESS, key, now)
+        return 0
+
+    cdef inline int _set_evictable(self, object key, bint evictable) except -1:
+        if self._ops != NULL:
+            return self._ops.set_evictable(self._ops, self._policy, key, evictable)
+        _py_set_evictable(self._policy, key, evictable)
+        return 0
+
+    cdef inline object _evict_one(self, bint* found):
+        # the victim (found) or nothing evictable (not found), as policy.evict(1) answers
+        if self._ops != NULL:
+            return self._ops.evict_one(self._ops, self._policy, found)
+        keys = _py_evict_one(self._policy)
+        found[0] = bool(keys)
+        return keys[0] if keys else None
+
     def match(self, keys):
         cdef dict blocks = self._blocks
         cdef list path = []
@@ -241,22 +293,20 @@ cdef class RadixCore:
 
     def touch(self, path, now=None):
         cdef CachedBlock block
-        policy = self.policy
         if now is None:
             now = time.time()
         for block in path:
-            _call(policy, _ACCESS, block.key, now)
+            self._policy_access(block.key, now)
 
     def lock(self, path):
         cdef CachedBlock block
-        policy = self.policy
         for block in path:
             if block.ref_count == 0 and block.pin_count == 0:
                 self.num_reclaimable -= 1
             block.ref_count += 1
             if block.evictable:
                 block.evictable = False
-                _set_evictable(policy, block.key, False)
+                self._set_evictable(block.key, False)
 
     def unlock(self, path):
         cdef CachedBlock block
@@ -269,7 +319,7 @@ cdef class RadixCore:
                 self.num_reclaimable += 1
                 if block.num_children == 0:
                     block.evictable = True
-                    _set_evictable(self.policy, block.key, True)
+                    self._set_evictable(block.key, True)
 
     def reclaimable_in(self, path):
         cdef CachedBlock block
@@ -308,40 +358,40 @@ cdef class RadixCore:
             up.num_children += 1
             if up.evictable:
                 up.evictable = False
-                _set_evictable(self.policy, up.key, False)
+                self._set_evictable(up.key, False)
         block = _new_block(key, block_id, up, meta, sequence_id, 1 if locked else 0)
         blocks[key] = block
         if not locked:
             self.num_reclaimable += 1
         evictable = leaf and not locked
         block.evictable = evictable
-        _policy_insert(self.policy, key, meta, evictable)
+        self._policy_insert(key, meta, evictable)
         return block
 
     def refresh(self, CachedBlock block):
         cdef bint should = block.ref_count == 0 and block.pin_count == 0 and block.num_children == 0
         if block.evictable != should:
             block.evictable = should
-            _set_evictable(self.policy, block.key, should)
+            self._set_evictable(block.key, should)
 
     def evict(self, Py_ssize_t n):
         cdef list victims = []
         if n <= 0:
             return victims, 0.0
-        policy = self.policy
+        policy = self._policy
         cdef dict blocks = self._blocks
         cdef double decision = 0.0
         cdef double t0
         cdef CachedBlock block
         cdef CachedBlock parent
         cdef object found
+        cdef bint any_victim = False
         while len(victims) < n:
             t0 = _perf_counter()
-            keys = _evict_one(policy)
+            key = self._evict_one(&any_victim)
             decision += _perf_counter() - t0
-            if not keys:
+            if not any_victim:
                 break
-            key = keys[0]
             found = blocks.pop(key, None)
             if found is not None:
                 block = <CachedBlock?>found
@@ -359,7 +409,7 @@ cdef class RadixCore:
                 parent.num_children -= 1
                 if parent.num_children == 0 and parent.ref_count == 0 and parent.pin_count == 0:
                     parent.evictable = True
-                    _set_evictable(policy, parent.key, True)
+                    self._set_evictable(parent.key, True)
             victims.append(block)
         return victims, decision
 

@@ -444,6 +444,12 @@ class RadixCache:
             self.remove(block)
         return candidates
 
+    @property
+    def policy_calls(self) -> str:
+        """How this cache calls its policy: "python" (its methods) here; the compiled core's
+        cache says "compiled" where the policy has a table of C functions (`sage_eviction._core`)."""
+        return "python"
+
     def set_policy(self, policy: EvictionPolicy) -> None:
         """Use `policy` from now on; it must already hold exactly the cached blocks."""
         self.policy = policy

@@ -363,6 +363,15 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
     return run_sweep(**options).result
 
 
+def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
+    """Each row policy's path: "compiled" when its calls ran through its C table, else "python"
+    (both when its rows differ, e.g. a radix row and a flat one)."""
+    paths: dict[str, set[str]] = {}
+    for outcome in outcomes:
+        paths.setdefault(str(outcome.row.get("policy")), set()).add(outcome.policy_calls)
+    return {policy: "; ".join(sorted(found)) for policy, found in paths.items()}
+
+
 def run_sweep(**options: Any) -> SweepRun:
     """Run every policy at every capacity on one workload, with the reference rows.
 
@@ -402,6 +411,7 @@ def run_sweep(**options: Any) -> SweepRun:
     run = {
         **executor.describe(len(runs)),
         "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),
+        "policy_calls": _policy_calls(outcomes),
         "wall_s": time.perf_counter() - wall0,
     }
     _set_throughput_impact(rows)

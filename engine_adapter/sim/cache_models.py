@@ -95,6 +95,8 @@ class FlatModel:
         if isinstance(self.cache.policy, BeladyPolicy):  # only the offline policy needs the future
             self.cache.policy.set_future(lookup_keys(requests))
 
+    policy_calls = "python"  # FlatCache calls the policy's methods (sage_eviction/flat.py)
+
     def _on_evict(self, victim: Hashable, seconds: float) -> None:
         self.latency.record(seconds)
         self.reprefill.on_evict(victim)
@@ -234,6 +236,12 @@ class RadixModel:
             "regret_ratio": stats.regret_ratio,
             "age_histograms": [h.to_dict() for h in stats.age_histograms],
         }
+
+    @property
+    def policy_calls(self) -> str:
+        """How the cache calls the policy: "compiled" (its C table) or "python" (its methods)."""
+        calls: str = self.manager.radix.policy_calls
+        return calls
 
     def prefetch_hits(self) -> int:
         stats = self.manager.stats()

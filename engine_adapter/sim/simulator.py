@@ -543,6 +543,7 @@ class Simulator:
         makespan = st.clock - st.first_arrival
         model = st.cache if st.cache is not None else st.flat
         assert model is not None
+        self.policy_calls: str = model.policy_calls  # the run block's: how the policy was called
         re_prefill, utilization, evictions, p50, p99, preemptions = model.stats()
         rates = [hits / looked for hits, looked in st.group_hits.values() if looked]
         lookups = st.block_lookups or 1

@@ -132,13 +132,16 @@ class RowSpec:
 
 @dataclass(frozen=True, slots=True)
 class RowOutcome:
-    """A row's figures (`SimResult.to_dict()`), the implementation of the core that ran it, and
-    its TTFT quantiles at 0, 1, ..., 100 % (seconds; empty when no request got a token)."""
+    """A row's figures (`SimResult.to_dict()`), the implementation of the core that ran it, its
+    TTFT quantiles at 0, 1, ..., 100 % (seconds; empty when no request got a token), and how the
+    cache called the policy: "compiled" (the policy's C table, `sage_eviction._core.PolicyOps`) or
+    "python" (its methods: the pure-Python core, the flat and twin models, a plugin)."""
 
     index: int
     row: dict[str, Any]
     implementation: str
     ttft_quantiles_s: tuple[float, ...] = ()
+    policy_calls: str = "python"
 
 
 def ttft_quantiles(sorted_ttfts: Sequence[float]) -> tuple[float, ...]:
@@ -226,7 +229,11 @@ def run_row(
             protect_queued=context.protect_queued,
         )
         return RowOutcome(
-            spec.index, fleet.result.to_dict(), core_implementation(), ttft_quantiles(fleet.ttft_s)
+            spec.index,
+            fleet.result.to_dict(),
+            core_implementation(),
+            ttft_quantiles(fleet.ttft_s),
+            fleet.policy_calls,
         )
     if context.cache_model in TWINS:  # an engine's twin: its own scheduler on the cost model's clock
         twin = twin_runner(context.cache_model)(
@@ -248,7 +255,9 @@ def run_row(
         schedule_policy=context.schedule_policy,
     )
     row = simulator.run().to_dict()
-    return RowOutcome(spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s))
+    return RowOutcome(
+        spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s), simulator.policy_calls
+    )
 
 
 def run_rows(

@@ -100,6 +100,16 @@ _ROUTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _policy_calls(calls: Any) -> list[str]:
+    """Which rows' policies the cache called through their C tables, and which through Python."""
+    if not isinstance(calls, dict) or not calls:
+        return []
+    in_c = sorted(str(policy) for policy, path in calls.items() if path == "compiled")
+    in_python = sorted(str(policy) for policy, path in calls.items() if path != "compiled")
+    parts = [f"policies called in C: {', '.join(in_c)}"] if in_c else []
+    return parts + ([f"in Python: {', '.join(in_python)}"] if in_python else [])
+
+
 def run_caption(run: Any) -> str | None:
     """How the simulator's rows ran, under the table: the implementation of the core (compiled or
     pure Python) and the executor, e.g. "core: compiled; 2 processes; 4.1 s"."""
@@ -108,6 +118,7 @@ def run_caption(run: Any) -> str | None:
     parts = []
     if run.get("implementation"):
         parts.append(f"core: {run['implementation']}")
+    parts.extend(_policy_calls(run.get("policy_calls")))
     executor = run.get("executor")
     if executor == "ray":
         parts.append(f"Ray tasks at {run.get('ray_address')}")

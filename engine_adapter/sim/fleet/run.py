@@ -77,6 +77,7 @@ class FleetRun:
     replica_results: list[SimResult]
     assignment: list[int]
     ttft_s: list[float]  # every request's TTFT, sorted
+    policy_calls: str = "python"  # how the replicas' caches called the policy (`Simulator.policy_calls`)
 
 
 def simulate_fleet(
@@ -177,7 +178,8 @@ def _replay(
     ttfts = list(heapq.merge(*(replica.state.ttfts for replica in fleet)))
     result = _fleet_row(fleet, rows, ttfts, name, chooser.params, policy, wall)
     result.routed = [len(replica.state.requests) for replica in fleet]
-    return FleetRun(result, rows, assignment, ttfts)
+    calls = "; ".join(sorted({replica.simulator.policy_calls for replica in fleet}))
+    return FleetRun(result, rows, assignment, ttfts, calls)
 
 
 def _fleet_row(

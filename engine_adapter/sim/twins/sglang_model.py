@@ -118,6 +118,7 @@ class SGLangModel:
     """
 
     loaded = (0, 0)  # no host tier: nothing is loaded back
+    policy_calls = "python"  # the tree calls SGLang's strategies and sage's policies in Python
 
     def __init__(self, policy: str, capacity: int, block_size: int, schedule_policy: str = "fcfs") -> None:
         name, config = parse_sglang_policy(policy)
