@@ -57,6 +57,7 @@ __all__ = [
     "PolicyOpsCaller",
     "ScoreHeap",
     "compiled_policies",
+    "flat_lookup",
     "has_compiled_ops",
     "score_into",
     "select_victims",
@@ -89,3 +90,4 @@ include "_core_heap.pxi"
 include "_core_select.pxi"
 include "_core_scoring.pxi"
 include "_core_ops.pxi"
+include "_core_flat.pxi"

@@ -16,12 +16,95 @@ from heapq import heapify as _heapify, heappop as _heappop, heappush as _heappus
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.types import EntryMeta as _EntryMeta
 
+# ---- a default EntryMeta without a Python frame ----------------------------------------------------
+#
+# `insert(key)` without a meta builds `EntryMeta()`: through the dataclass's __init__ (a Python frame
+# filling 16 defaults) it costs more than the rest of a flat miss. Where EntryMeta is a slots
+# dataclass whose fields all have plain defaults (no factory, no __post_init__, plain allocation),
+# the record is allocated and each slot is given the default object, which is what __init__ stores.
+# Anything else falls back to calling EntryMeta().
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t nitems)
+
+cdef Py_ssize_t _default_offsets[32]
+cdef PyObject* _default_values[32]
+cdef Py_ssize_t _num_defaults = -1  # -1: not read yet; 0: call EntryMeta()
+cdef list _default_objects = []  # keeps the default values alive
+
+
+cdef int _read_defaults() except -1:
+    global _num_defaults
+    import dataclasses
+
+    cls = _EntryMeta
+    _num_defaults = 0
+    fields = dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ()
+    if (not fields or len(fields) > 32 or hasattr(cls, "__post_init__") or cls.__new__ is not object.__new__
+            or type(cls).__call__ is not type.__call__ or cls.__init__ is object.__init__):
+        return 0
+    for i, field in enumerate(fields):
+        if field.default is dataclasses.MISSING or not field.init:
+            return 0
+        try:
+            _default_offsets[i] = _offset(cls, field.name)
+        except (KeyError, TypeError):
+            return 0
+        _default_objects.append(field.default)
+        _default_values[i] = <PyObject*>field.default
+    _num_defaults = len(fields)
+    return 0
+
+
+cdef object default_meta():
+    """`EntryMeta()`."""
+    cdef Py_ssize_t i
+    cdef object meta
+    if _num_defaults < 0:
+        _read_defaults()
+    if _num_defaults == 0:
+        return _EntryMeta()
+    meta = PyType_GenericAlloc(<PyTypeObject*>_EntryMeta, 0)
+    for i in range(_num_defaults):
+        Py_INCREF(<object>_default_values[i])  # the slot's reference (fresh slots are NULL)
+        (<PyObject**>((<char*><PyObject*>meta) + _default_offsets[i]))[0] = _default_values[i]
+    return meta
+
+
+def new_default_meta():
+    """`EntryMeta()` as the compiled operations build it (for the tests)."""
+    return default_meta()
+
+
 # ---- the base operations (EvictionPolicy's public methods) ---------------------------------------
+#
+# A registered class's state lives in plain instance attributes (its class defines no descriptor of
+# those names), so they are read and written in the instance's __dict__: one dict operation each,
+# without the generic attribute lookup's walk of the class first (half of an operation's cost).
+
+cdef extern from "Python.h":
+    PyObject** _PyObject_GetDictPtr(object obj)
 
 
-cdef inline int _count_tenant(object policy, object meta, bint hit) except -1:
+cdef inline dict attrs(object obj):
+    """`obj.__dict__` (made now if the instance keeps its attributes inline)."""
+    cdef PyObject** where = _PyObject_GetDictPtr(obj)
+    if where == NULL or where[0] == NULL:
+        return obj.__dict__
+    return <dict>where[0]
+
+
+cdef inline object tick_clock(dict a):
+    # policy._clock += 1
+    clock = a["_clock"] + 1
+    a["_clock"] = clock
+    return clock
+
+
+cdef inline int _count_tenant(dict a, object meta, bint hit) except -1:
     # the `_tenants` counters: [hits, lookups] per tenant
-    cdef dict tenants = policy._tenants
+    cdef dict tenants = a["_tenants"]
     cdef object tenant = meta.tenant
     cdef object counts = tenants.get(tenant)
     if counts is None:
@@ -34,41 +117,44 @@ cdef inline int _count_tenant(object policy, object meta, bint hit) except -1:
 
 
 cdef int base_insert(PolicyOps* ops, object policy, object key, object meta, bint evictable) except -1:
-    cdef dict metas = policy._meta
+    cdef dict a = attrs(policy)
+    cdef dict metas = a["_meta"]
     cdef set evicted
     if key in metas:
         raise DuplicateKeyError(f"{policy.name}: key {key!r} is already in the policy")
     if meta is None:
-        meta = _EntryMeta()
-    policy._clock += 1
+        meta = default_meta()
+    tick_clock(a)
     metas[key] = meta
     if evictable:
-        (<set>policy._evictable).add(key)
-    evicted = policy._evicted
+        (<set>a["_evictable"]).add(key)
+    evicted = a["_evicted"]
     if key in evicted:
         evicted.discard(key)
-        policy._re_prefills += 1
-    _count_tenant(policy, meta, False)
+        a["_re_prefills"] = a["_re_prefills"] + 1
+    _count_tenant(a, meta, False)
     return ops.on_insert(policy, key, meta, evictable)
 
 
 cdef int base_access(PolicyOps* ops, object policy, object key, object now) except -1:
-    cdef object meta = (<dict>policy._meta).get(key)
+    cdef dict a = attrs(policy)
+    cdef object meta = (<dict>a["_meta"]).get(key)
     if meta is None:
         raise UnknownKeyError(f"{policy.name}: access of key {key!r}, which is not in the policy")
-    policy._clock += 1
+    tick_clock(a)
     meta.hits += 1
     meta.last_access = _time.time() if now is None else now
-    _count_tenant(policy, meta, True)
+    _count_tenant(a, meta, True)
     return ops.on_access(policy, key, meta)
 
 
 cdef int base_set_evictable(PolicyOps* ops, object policy, object key, bint evictable) except -1:
-    cdef object meta = (<dict>policy._meta).get(key)
+    cdef dict a = attrs(policy)
+    cdef object meta = (<dict>a["_meta"]).get(key)
     cdef set held
     if meta is None:
         raise UnknownKeyError(f"{policy.name}: set_evictable of key {key!r}, which is not in the policy")
-    held = policy._evictable
+    held = a["_evictable"]
     if evictable:
         if key in held:
             return 0
@@ -82,15 +168,16 @@ cdef int base_set_evictable(PolicyOps* ops, object policy, object key, bint evic
 
 cdef object base_evict_one(PolicyOps* ops, object policy, bint* found):
     # evict(1): the victim leaves the evictable set and the metadata, joins the evicted keys
-    cdef set held = policy._evictable
+    cdef dict a = attrs(policy)
+    cdef set held = a["_evictable"]
     if not held:
         found[0] = False
         return None
     key = ops.pop_victim(policy)
     held.discard(key)
-    del (<dict>policy._meta)[key]
-    (<set>policy._evicted).add(key)
-    policy._evictions += 1
+    del (<dict>a["_meta"])[key]
+    (<set>a["_evicted"]).add(key)
+    a["_evictions"] = a["_evictions"] + 1
     found[0] = True
     return key
 
@@ -279,32 +366,37 @@ cdef inline object _pop_end(object order, bint last):
 
 
 cdef int _recency_on_insert(object policy, object key, object meta, bint evictable) except -1:
-    (<dict>policy._tick)[key] = policy._clock
+    cdef dict a = attrs(policy)
+    (<dict>a["_tick"])[key] = a["_clock"]
     if evictable:
-        policy._queue.order[key] = None
+        a["_queue"].order[key] = None
     return 0
 
 
 cdef int _recency_on_access(object policy, object key, object meta) except -1:
+    cdef dict a
     if policy.touch_on_access:
-        (<dict>policy._tick)[key] = policy._clock
-        if key in <set>policy._evictable:
-            queue_touch(policy._queue, key)
+        a = attrs(policy)
+        (<dict>a["_tick"])[key] = a["_clock"]
+        if key in <set>a["_evictable"]:
+            queue_touch(a["_queue"], key)
     return 0
 
 
 cdef int _recency_on_evictable(object policy, object key, object meta, bint evictable) except -1:
+    cdef dict a = attrs(policy)
     if evictable:
-        queue_add_old(policy._queue, key, (<dict>policy._tick)[key])
+        queue_add_old(a["_queue"], key, (<dict>a["_tick"])[key])
     else:
-        queue_discard(policy._queue, key)
+        queue_discard(a["_queue"], key)
     return 0
 
 
 cdef object _recency_pop_victim(object policy):
-    queue = policy._queue
+    cdef dict a = attrs(policy)
+    queue = a["_queue"]
     key = queue_pop(queue) if queue.side else _pop_end(queue.order, policy.newest_first)
-    del (<dict>policy._tick)[key]
+    del (<dict>a["_tick"])[key]
     return key
 
 

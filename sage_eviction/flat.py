@@ -13,8 +13,12 @@ One request for key k:
   cache is full, then `policy.insert(k)`.
 
 An offline policy (Belady) gets the whole key sequence as `future`. `FlatCache.request` is the
-one loop: `simulate_flat` drives it over a key sequence, and the simulator's flat model over each
-request's blocks, observing misses and evictions through its hooks.
+one loop, and `FlatCache.lookup` runs it over many keys: `simulate_flat` over a key sequence,
+the simulator's flat model over each request's blocks, observing misses and evictions through
+sage's own records (`reprefill`, `latency`) or any hooks. Where the compiled core is built,
+`lookup` is one call into it (`sage_eviction._core.flat_lookup`): `request` per key in C, the
+policy called through its C table when it has one (sage_eviction/native.py); the same counts,
+victims and records (tests/test_flat_lookup.py).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sage_eviction import native
 from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import PolicyStateError
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.belady import BeladyPolicy
 from sage_eviction.registry import create_policy
 
@@ -65,6 +71,9 @@ def _build(policy: EvictionPolicy | str, capacity: int, params: dict[str, Any]) 
 
 
 def _prepare_hook(policy: EvictionPolicy) -> Callable[[Hashable], None] | None:
+    """The policy's `prepare_insert`, or None where it is `EvictionPolicy`'s own (a no-op)."""
+    if getattr(type(policy), "prepare_insert", None) is EvictionPolicy.prepare_insert:
+        return None
     hook = getattr(policy, "prepare_insert", None)
     return hook if callable(hook) else None
 
@@ -79,7 +88,10 @@ class FlatCache:
             ignored by the other policies.
         on_miss: Called with each missed key before the evictions that make room for it.
         on_evict: Called with each victim and the wall seconds of the policy's decision (it is
-            timed only when this is given).
+            timed only when this or `latency` is given).
+        reprefill: Told each miss (before the evictions for it) and each victim, in order: the
+            re-prefill rate (`on_request`, `on_evict`), without a hook call per block.
+        latency: Records the wall seconds of each eviction decision.
         **params: Params for a policy given by name.
 
     Raises:
@@ -94,6 +106,8 @@ class FlatCache:
         future: Sequence[Hashable] | None = None,
         on_miss: Callable[[Hashable], object] | None = None,
         on_evict: Callable[[Hashable, float], None] | None = None,
+        reprefill: ReprefillTracker | None = None,
+        latency: LatencyRecorder | None = None,
         **params: Any,
     ) -> None:
         self.policy = _build(policy, capacity, params)
@@ -113,6 +127,15 @@ class FlatCache:
         self._prepare = _prepare_hook(self.policy)
         self._on_miss = on_miss  # its result, if any, is not used
         self._on_evict = on_evict
+        self.reprefill = reprefill
+        self.latency = latency
+        # one compiled call per `lookup` (chosen once, as a policy chooses: native.py)
+        core = native.core()
+        self._lookup_in_c: Callable[[FlatCache, Iterable[Hashable]], tuple[int, bool]] | None = (
+            None if core is None else core.flat_lookup
+        )
+        self.policy_calls = "compiled" if core is not None and core.has_compiled_ops(self.policy) else "python"
+        """How `lookup` calls the policy: "compiled" (its C table) or "python" (its methods)."""
 
     @property
     def misses(self) -> int:
@@ -138,26 +161,45 @@ class FlatCache:
             policy.access(key, now)
             self.hits += 1
             return True
+        if self.reprefill is not None:
+            self.reprefill.on_request(key)
         if self._on_miss is not None:
             self._on_miss(key)
         if self._prepare is not None:
             self._prepare(key)
         if self._held >= self.capacity:
-            if self._on_evict is None:
-                victims = policy.evict(1)
-            else:
-                start = time.perf_counter()
-                victims = policy.evict(1)
-                seconds = time.perf_counter() - start
-            if not victims:
-                raise PolicyStateError(f"flat cache full ({self.capacity} blocks) and nothing evictable")
-            if self._on_evict is not None:
-                self._on_evict(victims[0], seconds)
-            self.evictions += 1
+            self._evict_one()
         else:
             self._held += 1
         policy.insert(key)
         return False
+
+    def _evict_one(self) -> None:
+        timed = self._on_evict is not None or self.latency is not None
+        start = time.perf_counter() if timed else 0.0
+        victims = self.policy.evict(1)
+        seconds = time.perf_counter() - start if timed else 0.0
+        if not victims:
+            raise PolicyStateError(f"flat cache full ({self.capacity} blocks) and nothing evictable")
+        if self.latency is not None:
+            self.latency.record(seconds)
+        if self.reprefill is not None:
+            self.reprefill.on_evict(victims[0])
+        if self._on_evict is not None:
+            self._on_evict(victims[0], seconds)
+        self.evictions += 1
+
+    def lookup(self, keys: Iterable[Hashable]) -> tuple[int, bool]:
+        """`request` each key in order; returns the hits and whether the last key hit (False
+        for no key). One compiled call where the compiled core is built."""
+        if self._lookup_in_c is not None:
+            return self._lookup_in_c(self, keys)
+        request = self.request
+        hits, last = 0, False
+        for key in keys:
+            last = request(key)
+            hits += last
+        return hits, last
 
     def result(self) -> FlatResult:
         """The counts so far."""
@@ -183,7 +225,5 @@ def simulate_flat(
     """
     keys = keys if isinstance(keys, Sequence) else list(keys)
     cache = FlatCache(policy, capacity, future=keys, **params)
-    request = cache.request
-    for key in keys:
-        request(key)
+    cache.lookup(keys)
     return cache.result()

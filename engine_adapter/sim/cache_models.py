@@ -91,15 +91,14 @@ class FlatModel:
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
         self.reprefill = ReprefillTracker()
         self.latency = LatencyRecorder()
-        self.cache = FlatCache(policy, capacity, on_miss=self.reprefill.on_request, on_evict=self._on_evict)
+        self.cache = FlatCache(policy, capacity, reprefill=self.reprefill, latency=self.latency)
         if isinstance(self.cache.policy, BeladyPolicy):  # only the offline policy needs the future
             self.cache.policy.set_future(lookup_keys(requests))
 
-    policy_calls = "python"  # FlatCache calls the policy's methods (sage_eviction/flat.py)
-
-    def _on_evict(self, victim: Hashable, seconds: float) -> None:
-        self.latency.record(seconds)
-        self.reprefill.on_evict(victim)
+    @property
+    def policy_calls(self) -> str:
+        """How the cache calls the policy: "compiled" (its C table) or "python" (its methods)."""
+        return self.cache.policy_calls
 
     @property
     def evictions(self) -> int:
@@ -114,12 +113,7 @@ class FlatModel:
 
     def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
         """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
-        request = self.cache.request
-        hits = 0
-        last_hit = False
-        for key in keys:
-            last_hit = request(key)
-            hits += last_hit
+        hits, last_hit = self.cache.lookup(keys)
         served = hits * block_size
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
