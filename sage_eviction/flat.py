@@ -134,7 +134,9 @@ class FlatCache:
         self._lookup_in_c: Callable[[FlatCache, Iterable[Hashable]], tuple[int, bool]] | None = (
             None if core is None else core.flat_lookup
         )
-        self.policy_calls = "compiled" if core is not None and core.has_compiled_ops(self.policy) else "python"
+        self.policy_calls = (
+            "compiled" if core is not None and core.has_compiled_ops(self.policy) else "python"
+        )
         """How `lookup` calls the policy: "compiled" (its C table) or "python" (its methods)."""
 
     @property

@@ -97,7 +97,9 @@ META = st.builds(
 # Many inserts and hits on few keys, and most calls on a key the policy holds (a sequence of
 # misses on unknown keys would prove little): a key is drawn as ("held", i), the i-th key held
 # (resolved when the call is made: both twins hold the same keys), or ("any", k), any key.
-_KINDS = ["insert"] * 4 + ["access"] * 5 + ["set_evictable"] * 4 + ["evict"] * 2 + ["remove", "prepare_insert"]
+_KINDS = (
+    ["insert"] * 4 + ["access"] * 5 + ["set_evictable"] * 4 + ["evict"] * 2 + ["remove", "prepare_insert"]
+)
 _TARGET = st.one_of(st.tuples(st.just("held"), st.integers(0, 63)), st.tuples(st.just("any"), KEYS))
 
 
