@@ -110,15 +110,17 @@ def _libcachesim(policy: str, path: Path, n: int, capacity: int) -> tuple[float,
     return time.perf_counter() - t0, round(miss_ratio * n)
 
 
-def _row(context: SweepContext, policy: str, capacity: int, repeat: int) -> tuple[float, dict[str, Any]]:
+def _row(context: SweepContext, policy: str, capacity: int, repeat: int) -> tuple[float, dict[str, Any], str]:
     """Best wall seconds of the CLI's row (`sweep.run_row`, the code `sage llm benchmark` runs
-    for one (policy, capacity)) and the row."""
-    best, row = float("inf"), {}
+    for one (policy, capacity)), the row, and how the cache called the policy ("compiled": its
+    C table; "python": its methods)."""
+    best, row, calls = float("inf"), {}, ""
     for _ in range(repeat):
         t0 = time.perf_counter()
-        row = run_row(context, RowSpec(0, policy, capacity)).row
+        outcome = run_row(context, RowSpec(0, policy, capacity))
         best = min(best, time.perf_counter() - t0)
-    return best, row
+        row, calls = outcome.row, outcome.policy_calls
+    return best, row, calls
 
 
 def _policy_rows(
@@ -133,7 +135,7 @@ def _policy_rows(
     print(f"\ncapacity {capacity} blocks ({ratio:g} of {unique} distinct blocks)")
     print(
         f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'libCS/s':>9} {'flat/libCS':>10} "
-        f"{'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}"
+        f"{'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}  policy calls (radix, flat)"
     )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +144,8 @@ def _policy_rows(
         for policy in policies:
             row: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity, "ratio": ratio}
             for model, context in contexts.items():
-                seconds, figures = _row(context, policy, capacity, repeat)
+                seconds, figures, calls = _row(context, policy, capacity, repeat)
+                row[f"{model}_policy_calls"] = calls
                 row[f"{model}_s"] = seconds
                 row[f"{model}_lookups_per_s"] = figures["block_lookups"] / seconds
                 row[f"{model}_hit_blocks"] = figures["block_hits"]
@@ -166,7 +169,8 @@ def _policy_rows(
                 f"{_rate(row['libcachesim_lookups_per_s'])} {ratio_text:>10} "
                 f"{_hit(row.get('radix_hit_blocks'), len(keys))} "
                 f"{_hit(row.get('flat_hit_blocks'), len(keys)):>8} "
-                f"{'n/a' if agree is None else str(agree):>8}"
+                f"{'n/a' if agree is None else str(agree):>8}  "
+                f"{', '.join(row.get(f'{model}_policy_calls', 'n/a') for model in ('radix', 'flat'))}"
             )
     return rows
 

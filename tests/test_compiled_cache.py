@@ -43,7 +43,7 @@ from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import Workload, unique_blocks
 from sage_eviction import EntryMeta, EvictionPolicy, available_policies
 from sage_eviction.errors import SageEvictionError
-from sage_eviction.native import implementation
+from sage_eviction.native import implementation, load
 
 pytestmark = pytest.mark.skipif(
     CompiledRadixCache is None,
@@ -414,6 +414,11 @@ class TwinManagers(RuleBasedStateMachine):
         assert snapshot(pure) == snapshot(fast)
         assert _events(pure) == _events(fast)
         assert _blocks([b for b in pure.radix.blocks()]) == _blocks([b for b in fast.radix.blocks()])
+        # the compiled cache calls the policy it holds now (after any swap) through its C table
+        core = load("sage_eviction._core")
+        assert core is not None
+        calls = "compiled" if core.has_compiled_ops(fast.policy) else "python"  # (reuse: none)
+        assert (pure.radix.policy_calls, fast.radix.policy_calls) == ("python", calls)
 
 
 def _slow_but(*quick: str) -> Callable[[list[str]], list[Any]]:
