@@ -13,8 +13,10 @@ table with its twin driven through the Python methods, outcome and state after e
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Hashable
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,6 +108,16 @@ def test_belady_without_a_future_and_past_its_end() -> None:
     for op in [("insert", 1, EntryMeta(), True), ("access", 1, 2.0), ("access", 1, 3.0)]:
         _step(compiled, caller, reference, op)
     assert compiled.position == 2
+
+
+def test_a_lenient_skip_gives_held_entries_their_following_use() -> None:
+    # 1's next use (position 2) is skipped by the call for 3: `_refresh` moves it to position 4
+    compiled, caller, reference = _twins("belady")
+    for policy in (compiled, reference):
+        policy.set_future([1, 2, 1, 3, 1], strict=False)
+    for op in [("insert", 1, EntryMeta(), True), ("insert", 3, EntryMeta(), True), ("access", 1, 1.0)]:
+        _step(compiled, caller, reference, op)
+    assert compiled.next_use(1) is None and compiled.position == 5
 
 
 # ---- the other heap policies on the fallback heap ----------------------------------------------
@@ -234,6 +246,29 @@ def test_share_ops_refuses_what_the_c_code_would_bypass() -> None:
     with pytest.raises(TypeError, match="no compiled operations to share"):
         core.share_ops(Hooked, get_policy_class("lru"))  # a table, but no list of what it mirrors
     assert not core.has_compiled_ops(Hooked())
+
+
+REBOUND = """
+from sage_eviction.policies.belady import BeladyPolicy as HeapPolicy
+from engine_adapter.sim.cache_models import RadixBelady
+
+class Rebound(RadixBelady):
+    def insert(self, key, meta=None, *, evictable=True):
+        self._incoming = self._next(key)
+        HeapPolicy.insert(self, key, meta, evictable=evictable)
+"""
+
+
+def test_share_ops_refuses_the_form_over_another_heap_policy(tmp_path: Path) -> None:
+    # the statements of the form, but its `HeapPolicy` is Belady's insert (which consumes the future)
+    path = tmp_path / "rebound.py"
+    path.write_text(REBOUND)
+    spec = importlib.util.spec_from_file_location("rebound", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TypeError, match=r"HeapPolicy in its insert is not sage_eviction\.heap\.HeapPolicy"):
+        _core().share_ops(module.Rebound, get_policy_class("belady"))
 
 
 def test_a_subclass_that_only_rescores_shares_the_table() -> None:
