@@ -322,10 +322,12 @@ def share_ops(subclass, base):
     """Give `subclass` the C operations of the registered built-in class `base`, so that the
     compiled core calls its instances without Python frames (the table is by exact class).
 
-    The rule: the table's C functions must reach every method `subclass` overrides through a
-    Python call. So `subclass` may override what those functions call through Python (`_score`,
-    `_refill`, ...) and add methods of its own, but none of the methods whose bodies they mirror
-    in C (`base`'s operations and hooks, listed per class in this file). One override form is
+    The rule: every method that insert, access, set_evictable or evict(1) runs and that
+    `subclass` overrides must be reached by the table's C functions through a Python call. So
+    `subclass` may override what they call through Python (`_score`, `_refill`, ...), what they
+    never run (`_on_remove`, `explain`, ...) and add methods of its own, but not the methods whose
+    bodies they mirror in C (`base`'s operations and hooks, listed per class in this file; only
+    the classes registered here have such a list, so only they can be shared). One override form is
     recognised: a Belady subclass whose insert and access are `self._incoming = self._next(key)`
     followed by HeapPolicy's method (RadixBelady, engine_adapter/sim/cache_models.py) gets the
     Belady hooks with insert and access that call its `_next` through Python.
@@ -339,7 +341,8 @@ def share_ops(subclass, base):
         _build_table()
     mirrored = _mirrored.get(base)
     if mirrored is None:
-        raise TypeError(f"{getattr(base, '__qualname__', base)!r} has no compiled operations to share")
+        raise TypeError(f"{getattr(base, '__qualname__', base)!r} has no compiled operations to share "
+                        "(no list of the methods its C functions mirror)")
     if not isinstance(subclass, type) or not issubclass(subclass, base) or subclass is base:
         raise TypeError(f"{subclass!r} is not a subclass of {base.__qualname__}")
     if _shared.get(subclass) is base:
