@@ -188,6 +188,7 @@ DEF _MAX_OPS = 32
 cdef PolicyOps _ops[_MAX_OPS]
 cdef Py_ssize_t _num_ops = 0
 cdef dict _ops_index = None  # policy class -> its index in _ops; None until the table is built
+cdef tuple _built_in = ()  # the classes registered with the table (not those given one by share_ops)
 
 
 cdef PolicyOps hooked(OnInsertHook on_insert, OnAccessHook on_access, OnEvictableHook on_evictable,
@@ -218,9 +219,11 @@ cdef int register(object cls, PolicyOps ops) except -1:
 cdef int _build_table() except -1:
     # Lazily, at the first policy asked about: the policies import sage_eviction.base, which
     # imports this module through sage_eviction.native.
-    global _ops_index
+    global _ops_index, _built_in
     _ops_index = {}
     _register_recency()
+    _register_heap()
+    _built_in = tuple(_ops_index)
     return 0
 
 
@@ -235,10 +238,10 @@ cdef PolicyOps* ops_for(object policy) except? NULL:
 
 
 def compiled_policies():
-    """The names of the policies whose operations run in C (their exact classes)."""
+    """The names of the built-in policies whose operations run in C (their exact classes)."""
     if _ops_index is None:
         _build_table()
-    return sorted(cls.name for cls in _ops_index)
+    return sorted(cls.name for cls in _built_in)
 
 
 cdef class PolicyOpsCaller:

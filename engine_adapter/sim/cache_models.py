@@ -19,7 +19,7 @@ from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.workloads import SimRequest, lookup_keys, next_use_positions
-from sage_eviction import EntryMeta
+from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
@@ -254,3 +254,10 @@ class RadixModel:
             stats.p99_eviction_time_us,
             stats.preemptions,
         )
+
+
+# The compiled core calls RadixBelady through BeladyPolicy's C operations, with insert and access
+# that call its `_next` through Python; `share_ops` refuses (TypeError) if its methods stop fitting.
+_core = native.load(native.CORE)
+if _core is not None:
+    _core.share_ops(RadixBelady, BeladyPolicy)
