@@ -120,7 +120,10 @@ def _operation(draw: st.DrawFn) -> tuple[Any, ...]:
 OPERATIONS = st.lists(_operation(), min_size=4, max_size=80)
 
 
-def _key(policy: EvictionPolicy, target: tuple[str, int]) -> int:
+def _key(policy: EvictionPolicy, target: tuple[str, int] | int) -> int:
+    """The key of a drawn target; a plain key (other tests' hand-written calls) is itself."""
+    if not isinstance(target, tuple):
+        return target
     where, value = target
     held = list(policy._meta)
     return held[value % len(held)] if where == "held" and held else value
