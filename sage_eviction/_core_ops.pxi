@@ -135,6 +135,7 @@ cdef int _build_table() except -1:
     _ops_index = {}
     _register_recency()
     _register_levelled()
+    _register_sieve()
     return 0
 
 
