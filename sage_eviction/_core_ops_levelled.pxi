@@ -6,6 +6,20 @@
 # own `_tick`, `_queues`, `_levels` and `_where`.
 
 cdef object _TickQueueType = None  # recency._TickQueue, bound by _register_levelled
+cdef object _OrderedDict = None  # collections.OrderedDict, likewise
+
+
+cdef object _new_tick_queue(object level, object ticks):
+    # `_TickQueue(level, ticks, False)` without running its Python __init__ (LFU opens a level
+    # at every hit): a bare __new__ with the six slots __init__ sets, the same queue
+    queue = _TickQueueType.__new__(_TickQueueType)
+    queue.level = level
+    queue.ticks = ticks
+    queue.newest_first = False
+    queue.order = _OrderedDict()
+    queue.side = []
+    queue.side_live = {}
+    return queue
 
 
 cdef inline object _level_of(object policy, object meta):
@@ -25,7 +39,7 @@ cdef object _levelled_queue_of(object policy, object level):
     cdef list levels
     queue = queues.get(level)
     if queue is None:
-        queue = _TickQueueType(level, policy._tick, False)
+        queue = _new_tick_queue(level, policy._tick)
         queues[level] = queue
         levels = policy._levels
         _heappush(levels, level)
@@ -104,12 +118,14 @@ cdef object _levelled_pop_victim(object policy):
 
 
 cdef int _register_levelled() except -1:
-    global _TickQueueType
+    global _TickQueueType, _OrderedDict
+    from collections import OrderedDict
     from sage_eviction.policies.lfu import LFUPolicy
     from sage_eviction.policies.priority import PriorityPolicy
     from sage_eviction.recency import _TickQueue
 
     _TickQueueType = _TickQueue
+    _OrderedDict = OrderedDict
     cdef PolicyOps ops = hooked(
         _levelled_on_insert, _levelled_on_access, _levelled_on_evictable, _levelled_pop_victim
     )
