@@ -1,7 +1,9 @@
 """The C operations of lfu, priority, sieve and slru on the paths the generic sequences miss.
 
 tests/test_policy_ops.py drives every compiled policy, built with its defaults, by short random
-sequences over twelve keys. Some of these policies' paths need more: SLRU bounds its protected
+sequences over twelve keys; hypothesis keeps most of them short, so some paths of these policies
+are rarely drawn there (a hit at the same priority level, the SIEVE hand on an entry that stops
+being evictable): dense sequences over four keys draw them often. Others need more: SLRU bounds its protected
 segment (and demotes from it) only when given a capacity; the level heap of lfu/priority is
 rebuilt only after 17 stale levels, a level's side heap only after 64 stale entries; and the
 levelled queues call `_level` only when `level_attr` is None. Each test drives a policy through
@@ -44,9 +46,49 @@ def run_both(
     return compiled, outcomes
 
 
+DENSE_KEYS = st.integers(min_value=0, max_value=3)
+# Weighted toward inserts and hits: drawn uniformly, evictions and removals keep the policy
+# nearly empty, and most hits then miss (an unknown key).
+DENSE_KINDS = ["insert"] * 3 + ["access"] * 4 + ["set_evictable"] * 2 + ["evict", "remove"]
+
+
+def _dense_op(kind: str) -> st.SearchStrategy[tuple[Any, ...]]:
+    if kind == "insert":
+        return st.tuples(
+            st.just(kind), DENSE_KEYS, st.builds(EntryMeta, priority=st.integers(0, 1)), st.booleans()
+        )
+    if kind == "access":
+        return st.tuples(st.just(kind), DENSE_KEYS, st.floats(0, 1e6, allow_nan=False))
+    if kind == "set_evictable":
+        return st.tuples(st.just(kind), DENSE_KEYS, st.booleans())
+    if kind == "evict":
+        return st.tuples(st.just(kind), st.integers(1, 2))
+    return st.tuples(st.just(kind), DENSE_KEYS)
+
+
+DENSE = st.lists(st.sampled_from(DENSE_KINDS).flatmap(_dense_op), min_size=10, max_size=80)
+
+
+@pytest.mark.parametrize("name", ["lfu", "priority", "sieve", "slru"])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations=DENSE)
+def test_dense_sequences(name: str, operations: list[tuple[Any, ...]]) -> None:
+    run_both(lambda: create_policy(name), operations)
+
+
+def test_sieve_moves_a_hand_whose_entry_is_pinned_in_c() -> None:
+    # evicting 0 leaves the hand on 1; pinning 1 moves it on to 2, the next victim
+    operations: list[tuple[Any, ...]] = [("insert", key, EntryMeta(), True) for key in range(4)]
+    operations += [("evict", 1), ("set_evictable", 1, False)]
+    sieve, _ = run_both(lambda: create_policy("sieve"), operations)
+    assert sieve.hand == 2
+    _, outcomes = run_both(lambda: create_policy("sieve"), [*operations, ("evict", 1)])
+    assert outcomes[-1] == ("ok", [2])
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    operations=OPERATIONS,
+    operations=DENSE,
     threshold=st.integers(1, 3),
     ratio=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
 )
@@ -79,6 +121,16 @@ def test_slru_demotes_in_c() -> None:
         lambda: create_policy("slru", capacity=2, protected_ratio=0.5), [*operations, ("evict", 3)]
     )
     assert outcomes[-1] == ("ok", [0, 1, 2])
+
+
+def test_slru_hit_moves_a_protected_block_in_c() -> None:
+    # 0 and 1 protected in that order; a hit on 0 makes 1 the protected segment's LRU block
+    operations: list[tuple[Any, ...]] = [("insert", key, EntryMeta(), True) for key in (0, 1)]
+    operations += [("access", key, float(t)) for key in (0, 1) for t in (1, 2)]
+    operations += [("access", 0, 3.0), ("evict", 1)]
+    slru, outcomes = run_both(lambda: create_policy("slru"), operations)
+    assert outcomes[-1] == ("ok", [1])
+    assert slru.segment_of(0) == "protected"
 
 
 def test_lfu_rebuilds_its_level_heap_in_c() -> None:
