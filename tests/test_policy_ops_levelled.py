@@ -1,14 +1,15 @@
 """The C operations of lfu, priority, sieve and slru on the paths the generic sequences miss.
 
-tests/test_policy_ops.py drives every compiled policy, built with its defaults, by short random
-sequences over twelve keys; hypothesis keeps most of them short, so some paths of these policies
-are rarely drawn there (a hit at the same priority level, the SIEVE hand on an entry that stops
-being evictable): dense sequences over four keys draw them often. Others need more: SLRU bounds its protected
-segment (and demotes from it) only when given a capacity; the level heap of lfu/priority is
-rebuilt only after 17 stale levels, a level's side heap only after 64 stale entries; and the
-levelled queues call `_level` only when `level_attr` is None. Each test drives a policy through
-its C table and its twin through the Python methods, step by step, as the generic test does,
-and checks that the path was taken.
+tests/test_policy_ops.py drives every compiled policy, built with its defaults, by sequences over
+twelve keys whose evictions and removals keep the policy nearly empty: most hits miss, and a hit
+at the same priority level, a key made evictable behind a newer one, or the SIEVE hand on an
+entry that stops being evictable are rarely drawn. Dense sequences (four keys, weighted toward
+inserts and hits) draw them often. Other paths need more: SLRU bounds its protected segment (and
+demotes from it) only when given a capacity; the level heap of lfu/priority is rebuilt only after
+17 stale levels, a level's side heap only after 64 stale entries; and the levelled queues call
+`_level` only when `level_attr` is None. Each test drives a policy through its C table and its
+twin through the Python methods, step by step, as the generic test does, and checks that the
+path was taken.
 """
 
 from __future__ import annotations
