@@ -222,6 +222,8 @@ cdef int _build_table() except -1:
     global _ops_index, _built_in
     _ops_index = {}
     _register_recency()
+    _register_levelled()
+    _register_sieve()
     _register_heap()
     _built_in = tuple(_ops_index)
     return 0

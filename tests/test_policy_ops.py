@@ -46,20 +46,27 @@ def build(name: str) -> EvictionPolicy:
     return create_policy(name, **params)
 
 
-def state(value: Any, depth: int = 0) -> Any:
+def state(value: Any, depth: int = 0, seen: dict[int, int] | None = None) -> Any:
     """A comparable picture of `value`: containers by content and order, objects by their
-    attributes (slots and __dict__), anything compiled by its pickled state."""
-    assert depth < 12, "state() recursed too deep"
+    attributes (slots and __dict__), anything compiled by its pickled state. An object met
+    again (a linked node's neighbour, a queue held in two dicts) is pictured by the number of
+    its first picture, so cycles end and both sides must share the same objects."""
+    assert depth < 64, "state() recursed too deep"
+    seen = {} if seen is None else seen
     if isinstance(value, (int, float, str, bytes, bool, type(None))):
         return value
     if isinstance(value, (OrderedDict, dict)):
-        return (type(value).__name__, [(state(k, depth + 1), state(v, depth + 1)) for k, v in value.items()])
+        pairs = [(state(k, depth + 1, seen), state(v, depth + 1, seen)) for k, v in value.items()]
+        return (type(value).__name__, pairs)
     if isinstance(value, (set, frozenset)):
         return (type(value).__name__, sorted(map(repr, value)))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [state(v, depth + 1) for v in value])
+        return (type(value).__name__, [state(v, depth + 1, seen) for v in value])
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, state(dataclasses.asdict(value), depth + 1))
+        return (type(value).__name__, state(dataclasses.asdict(value), depth + 1, seen))
+    if id(value) in seen:
+        return ("seen", seen[id(value)])
+    seen[id(value)] = len(seen)
     fields: dict[str, Any] = {}
     for klass in type(value).__mro__:
         for slot in getattr(klass, "__slots__", ()):
@@ -68,8 +75,8 @@ def state(value: Any, depth: int = 0) -> Any:
     fields.update(getattr(value, "__dict__", {}))
     if not fields and hasattr(value, "__reduce_ex__"):
         reduced = value.__reduce_ex__(2)
-        return (type(value).__name__, state(reduced[2] if len(reduced) > 2 else reduced[1], depth + 1))
-    return (type(value).__name__, state(fields, depth + 1))
+        return (type(value).__name__, state(reduced[2] if len(reduced) > 2 else reduced[1], depth + 1, seen))
+    return (type(value).__name__, state(fields, depth + 1, seen))
 
 
 def policy_state(policy: EvictionPolicy) -> Any:
