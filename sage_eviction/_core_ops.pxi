@@ -134,6 +134,7 @@ cdef int _build_table() except -1:
     global _ops_index
     _ops_index = {}
     _register_recency()
+    _register_ghosts()
     return 0
 
 
