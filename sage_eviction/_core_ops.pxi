@@ -225,6 +225,7 @@ cdef int _build_table() except -1:
     _register_levelled()
     _register_sieve()
     _register_heap()
+    _register_ghosts()
     _built_in = tuple(_ops_index)
     return 0
 
