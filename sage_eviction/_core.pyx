@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # distutils: extra_compile_args = -O3 -ffp-contract=off
-"""The compiled core of sage_eviction: the score heap and the sequence-level victim choice.
+"""The compiled core of sage_eviction: the score heap, the sequence-level victim choice, the
+built-in policies' operations as C functions (`PolicyOps`) and the flat cache's lookup loop.
 
 Each piece mirrors a pure-Python reference that stays the fallback (sage_eviction/native.py
 picks): `ScoreHeap` is `sage_eviction.heap._ListHeap`, `select_victims` is
@@ -10,9 +11,15 @@ that is not NaN, an int or bool within 2**53); anything else makes them answer "
 (False or None) and the caller runs the pure-Python code, so results never differ
 (tests/test_native_core.py runs both side by side).
 
-Three parts, each in its own include file (one extension module, so they share this file's C
+The parts, each in its own include file (one extension module, so they share this file's C
 helpers): `_core_heap.pxi` (the score heap and `sorted_keys`), `_core_select.pxi`
-(`select_victims`) and `_core_scoring.pxi` (`score_into`, a hot swap into a heap policy).
+(`select_victims`), `_core_scoring.pxi` (`score_into`, a hot swap into a heap policy),
+`_core_ops.pxi` (the table of the policies' C operations, `EvictionPolicy`'s own bookkeeping in C,
+the recency queues; declared for other compiled modules in `_core.pxd`) with one file per family
+of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve, slru;
+`_core_ops_heap.pxi`: gdsf, slo, predictive, belady and `share_ops`; `_core_ops_ghosts.pxi`:
+s3fifo, arc, mq), and `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call). Each
+mirrors its Python reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py).
 
 `-ffp-contract=off`: no fused multiply-add, so the candidate keys are the very doubles Python's
 own arithmetic gives.
@@ -61,6 +68,7 @@ __all__ = [
     "has_compiled_ops",
     "score_into",
     "select_victims",
+    "share_ops",
     "sorted_keys",
 ]
 
