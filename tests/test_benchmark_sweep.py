@@ -37,10 +37,17 @@ from sage_eviction.native import PURE_ENV, core_implementation
 # Fields that time the run on the wall clock: the only ones an executor may change.
 WALL_FIELDS = ("wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us")
 
-HAS_RAY = subprocess.run(
-    [sys.executable, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('ray') is None)"],
-    check=False,
-).returncode == 0
+HAS_RAY = (
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util, sys; sys.exit(importlib.util.find_spec('ray') is None)",
+        ],
+        check=False,
+    ).returncode
+    == 0
+)
 
 
 def sage(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -141,10 +148,13 @@ def test_the_implementation_is_in_the_json_and_under_the_table(tmp_path: Path, t
     args = ("--trace", str(trace), "--eviction-policies", "lru", "--capacity-blocks", "40", "--jobs", "2")
     pure = sage(*args, "--json", cwd=tmp_path, env={PURE_ENV: "1"})
     assert pure.returncode == 0, pure.stderr
-    assert json.loads(pure.stdout)["run"]["implementation"] == f"pure-python ({PURE_ENV}=1)"
+    run = json.loads(pure.stdout)["run"]
+    assert run["implementation"] == f"pure-python ({PURE_ENV}=1)"
+    assert run["policy_calls"] == {"lru": "python", "belady": "python", "unbounded": "python"}
     table = sage(*args, cwd=tmp_path, env={PURE_ENV: "1"})
     assert table.returncode == 0, table.stderr
-    assert f"core: pure-python ({PURE_ENV}=1); 2 processes;" in " ".join(table.stdout.split())
+    caption = f"core: pure-python ({PURE_ENV}=1); in Python: belady, lru, unbounded; 2 processes;"
+    assert caption in " ".join(table.stdout.split())
 
 
 @pytest.mark.slow
@@ -173,9 +183,16 @@ def test_ray_without_ray_installed_names_the_extra(tmp_path: Path) -> None:
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n", encoding="utf-8")
     path = os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])
-    proc = sage("--workload", "synthetic", "--requests", "10", "--ray", "local", cwd=tmp_path, env={
-        "PYTHONPATH": path
-    })
+    proc = sage(
+        "--workload",
+        "synthetic",
+        "--requests",
+        "10",
+        "--ray",
+        "local",
+        cwd=tmp_path,
+        env={"PYTHONPATH": path},
+    )
     assert_one_line_error(proc, "--ray needs Ray", "pip install 'sage-kv[ray]'")
 
 

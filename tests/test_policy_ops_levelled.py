@@ -70,7 +70,10 @@ def _dense_op(kind: str) -> st.SearchStrategy[tuple[Any, ...]]:
 DENSE = st.lists(st.sampled_from(DENSE_KINDS).flatmap(_dense_op), min_size=10, max_size=80)
 
 
-@pytest.mark.parametrize("name", ["lfu", "priority", "sieve", "slru"])
+# the quick loop keeps lfu; the full run all four
+@pytest.mark.parametrize(
+    "name", ["lfu", *(pytest.param(n, marks=pytest.mark.slow) for n in ("priority", "sieve", "slru"))]
+)
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=DENSE)
 def test_dense_sequences(name: str, operations: list[tuple[Any, ...]]) -> None:
@@ -87,6 +90,7 @@ def test_sieve_moves_a_hand_whose_entry_is_pinned_in_c() -> None:
     assert outcomes[-1] == ("ok", [2])
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     operations=DENSE,
