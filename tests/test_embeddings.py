@@ -220,6 +220,7 @@ def test_the_endpoint_answers_in_openai_format(client: TestClient, engine: Engin
         ({"input": [{"text": "x"}]}, "input 0 must be"),
         ({}, "'input' is required"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "encoding_format": ""}, "encoding_format"),  # found by the OpenAPI fuzz
         ({"input": "x", "dimensions": 8}, "dimensions"),
         ({"input": "x", "slo_deadline_ms": -1}, "slo_deadline_ms"),
         ({"input": "x", "slo_deadline_ms": "soon"}, "slo_deadline_ms"),

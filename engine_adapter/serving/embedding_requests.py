@@ -38,7 +38,8 @@ class EmbeddingRequest:
     def __init__(self, body: dict[str, Any], served_model: str) -> None:
         self.model = check_model(body, served_model)
         self.inputs = _embedding_inputs(body)
-        encoding = opt_str(body, "encoding_format") or "float"
+        encoding = opt_str(body, "encoding_format")
+        encoding = "float" if encoding is None else encoding  # absent or null; "" is refused
         if encoding not in ("float", "base64"):
             raise bad_value("encoding_format", f"must be 'float' or 'base64', got {encoding!r:.40}")
         self.encoding_format = encoding
