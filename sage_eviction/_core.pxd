@@ -1,11 +1,21 @@
 # The C-level policy interface of sage_eviction's compiled core (issue 34), for other compiled
-# modules: `from sage_eviction._core cimport PolicyOps, ops_for`.
+# modules: `from sage_eviction._core cimport PolicyOps, ops_for` (and `monotonic_seconds`, the
+# clock both cores time the policy's decisions with).
 #
 # A built-in policy's four operations as C functions: the radix cache's compiled core calls them
 # per block without a Python frame. They run over the policy object's own state (the same dicts,
 # sets and queues its Python methods use), so every other method (explain, entries, a hot swap)
 # sees what the C calls did; each mirrors `EvictionPolicy.insert`, `access`, `set_evictable` and
 # `evict(1)` with the class's hooks, line for line (tests/test_policy_ops.py runs both).
+
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef inline double monotonic_seconds() noexcept nogil:
+    # time.perf_counter's clock on Linux, without a Python call (the policies' decision times)
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
 cdef struct PolicyOps

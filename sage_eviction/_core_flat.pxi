@@ -7,9 +7,6 @@
 # and `on_evict`, `LatencyRecorder.record`), the cache's counters kept in C and written back
 # when the loop ends or raises (what the Python loop would have left).
 
-from sage_eviction.errors import PolicyStateError as _PolicyStateError
-
-
 cdef inline int _reprefill_request(object tracker, object key) except -1:
     # ReprefillTracker.on_request
     cdef set evicted = tracker._evicted
@@ -108,7 +105,7 @@ cdef class _FlatLoop:
     cdef int _evict_one(self) except -1:
         # FlatCache._evict_one
         cdef bint timed = self.on_evict is not None or self.latency is not None
-        cdef double start = _clock() if timed else 0.0
+        cdef double start = monotonic_seconds() if timed else 0.0
         cdef double seconds
         cdef bint found = True
         if self.ops != NULL:
@@ -117,9 +114,9 @@ cdef class _FlatLoop:
             victims = self.policy.evict(1)
             found = bool(victims)
             victim = victims[0] if found else None
-        seconds = _clock() - start if timed else 0.0
+        seconds = monotonic_seconds() - start if timed else 0.0
         if not found:
-            raise _PolicyStateError(f"flat cache full ({self.capacity} blocks) and nothing evictable")
+            raise PolicyStateError(f"flat cache full ({self.capacity} blocks) and nothing evictable")
         if self.latency is not None:
             _latency_record(self.latency, seconds)
         if self.reprefill is not None:
@@ -128,22 +125,6 @@ cdef class _FlatLoop:
             self.on_evict(victim, seconds)
         self.evictions += 1
         return 0
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    cdef struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clk_id, timespec* tp)
-    int CLOCK_MONOTONIC
-
-
-cdef inline double _clock() noexcept nogil:
-    # time.perf_counter's clock on Linux, without a Python call
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
 def flat_lookup(cache, keys):

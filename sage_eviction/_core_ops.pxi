@@ -13,7 +13,7 @@
 import time as _time
 from heapq import heapify as _heapify, heappop as _heappop, heappush as _heappush
 
-from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
+from sage_eviction.errors import DuplicateKeyError, PolicyStateError, UnknownKeyError
 from sage_eviction.types import EntryMeta as _EntryMeta
 
 # ---- a default EntryMeta without a Python frame ----------------------------------------------------

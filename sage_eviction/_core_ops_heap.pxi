@@ -11,9 +11,6 @@
 # heap.py calls it: it is the method subclasses write, and `share_ops` relies on that.
 
 from bisect import bisect_left as _bisect_left
-
-from sage_eviction.errors import PolicyStateError
-
 from operator import getitem as _getitem
 
 cdef object _ListHeap = None  # sage_eviction.heap._ListHeap, bound by _register_heap

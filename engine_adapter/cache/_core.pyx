@@ -26,12 +26,11 @@ import types
 
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from engine_adapter.cache.errors import BlockStateError, CacheInvariantError
 from sage_eviction import EntryMeta
 
-from sage_eviction._core cimport PolicyOps, ops_for
+from sage_eviction._core cimport PolicyOps, monotonic_seconds, ops_for
 
 
 cdef extern from "Python.h":
@@ -144,13 +143,6 @@ cdef inline object _py_evict_one(object policy):
     args[0] = <PyObject*>policy
     args[1] = <PyObject*>_ONE
     return PyObject_VectorcallMethod(_EVICT, args, 2, NULL)
-
-
-cdef inline double _perf_counter() noexcept nogil:
-    # time.perf_counter's clock on Linux, without a Python call
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
 cdef object _fmt(object key):
@@ -387,9 +379,9 @@ cdef class RadixCore:
         cdef object found
         cdef bint any_victim = False
         while len(victims) < n:
-            t0 = _perf_counter()
+            t0 = monotonic_seconds()
             key = self._evict_one(&any_victim)
-            decision += _perf_counter() - t0
+            decision += monotonic_seconds() - t0
             if not any_victim:
                 break
             found = blocks.pop(key, None)
