@@ -5,6 +5,8 @@ On one trace (the Mooncake conversation trace by default), per policy at each ca
 - radix / flat: block lookups per second of `engine_adapter.sim.sweep.run_row`, the exact code
   `sage llm benchmark --cache-model radix|flat` runs for a (policy, capacity) row (the simulator
   built and run, the row's dict), timed around the call;
+- cache: the flat cache alone (`sage_eviction.flat.simulate_flat`) on the same block stream, no
+  event loop around it: what `process_trace` does, and the ratio cache / libCacheSim;
 - libCacheSim: the same algorithm's `process_trace` on the same block stream (flat model, unit
   sizes; the next-request times written into the oracleGeneral file for its Belady), and the
   ratio flat / libCacheSim, with whether the flat row's misses are libCacheSim's.
@@ -51,6 +53,7 @@ from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.sweep import RowSpec, SweepContext, run_row
 from engine_adapter.sim.workloads import Workload, unique_blocks
+from sage_eviction.flat import simulate_flat
 from sage_eviction.native import core_implementation
 
 _ROOT = str(Path(__file__).resolve().parents[1])
@@ -123,6 +126,17 @@ def _row(context: SweepContext, policy: str, capacity: int, repeat: int) -> tupl
     return best, row, calls
 
 
+def _flat_cache(stream: list[int], policy: str, capacity: int, repeat: int) -> tuple[float, int]:
+    """Best wall seconds and hits of the flat cache alone (`simulate_flat`) on the block stream:
+    sage's counterpart of `process_trace`, with no event loop around it (Belady gets its future)."""
+    best, hits = float("inf"), 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = simulate_flat(stream, policy, capacity)
+        best, hits = min(best, time.perf_counter() - t0), result.hits
+    return best, hits
+
+
 def _policy_rows(
     workload: Workload, keys: np.ndarray, ratio: float, policies: list[str], models: list[str], repeat: int
 ) -> list[dict[str, Any]]:
@@ -134,9 +148,10 @@ def _policy_rows(
     contexts = {model: SweepContext(workload, model, CostModel()) for model in models}
     print(f"\ncapacity {capacity} blocks ({ratio:g} of {unique} distinct blocks)")
     print(
-        f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'libCS/s':>9} {'flat/libCS':>10} "
-        f"{'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}  policy calls (radix, flat)"
+        f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'cache/s':>9} {'libCS/s':>9} {'flat/libCS':>10} "
+        f"{'cache/libCS':>11} {'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}  policy calls (radix, flat)"
     )
+    stream = keys.tolist()  # the block stream as the flat cache alone replays it (Python ints)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.oracleGeneral.bin"
@@ -149,12 +164,17 @@ def _policy_rows(
                 row[f"{model}_s"] = seconds
                 row[f"{model}_lookups_per_s"] = figures["block_lookups"] / seconds
                 row[f"{model}_hit_blocks"] = figures["block_hits"]
+            row["cache_s"], row["cache_hits"] = _flat_cache(stream, policy, capacity, repeat)
+            row["cache_lookups_per_s"] = len(stream) / row["cache_s"]
             lcs = _libcachesim(policy, path, len(keys), capacity)
             row["libcachesim_s"] = lcs[0] if lcs else None
             row["libcachesim_lookups_per_s"] = len(keys) / lcs[0] if lcs else None
             flat_rate = row.get("flat_lookups_per_s")
             row["flat_over_libcachesim"] = (
                 flat_rate / row["libcachesim_lookups_per_s"] if lcs and flat_rate else None
+            )
+            row["cache_over_libcachesim"] = (
+                row["cache_lookups_per_s"] / row["libcachesim_lookups_per_s"] if lcs else None
             )
             agree = (
                 None
@@ -164,9 +184,11 @@ def _policy_rows(
             row["flat_misses_equal_libcachesim"] = agree
             rows.append(row)
             ratio_text = f"{row['flat_over_libcachesim']:.3f}" if row["flat_over_libcachesim"] else "n/a"
+            cache_ratio = f"{row['cache_over_libcachesim']:.3f}" if row["cache_over_libcachesim"] else "n/a"
             print(
                 f"{policy:>8} {_rate(row.get('radix_lookups_per_s'))} {_rate(flat_rate)} "
-                f"{_rate(row['libcachesim_lookups_per_s'])} {ratio_text:>10} "
+                f"{_rate(row['cache_lookups_per_s'])} "
+                f"{_rate(row['libcachesim_lookups_per_s'])} {ratio_text:>10} {cache_ratio:>11} "
                 f"{_hit(row.get('radix_hit_blocks'), len(keys))} "
                 f"{_hit(row.get('flat_hit_blocks'), len(keys)):>8} "
                 f"{'n/a' if agree is None else str(agree):>8}  "

@@ -4,10 +4,12 @@ from collections.abc import Hashable, Iterable
 from typing import Any
 
 __all__ = [
+    "FlatState",
     "PolicyOpsCaller",
     "ScoreHeap",
     "compiled_policies",
     "flat_lookup",
+    "flat_state_policies",
     "has_compiled_ops",
     "score_into",
     "select_victims",
@@ -52,3 +54,30 @@ def has_compiled_ops(policy: Any) -> bool: ...
 def share_ops(subclass: type, base: type) -> None: ...
 def new_default_meta() -> Any: ...
 def flat_lookup(cache: Any, keys: Iterable[Hashable]) -> tuple[int, bool]: ...
+def flat_state_policies() -> list[str]: ...
+
+class FlatState:
+    capacity: int
+    held: int
+    requests: int
+    hits: int
+    evictions: int
+    re_prefilled: int
+    policy_name: str
+    victims: list[int] | None
+    evicted_waiting: int
+    def __init__(
+        self,
+        policy: Any,
+        capacity: int,
+        *,
+        reprefill: Any = None,
+        latency: Any = None,
+        record_victims: bool = False,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object) -> bool: ...
+    def keys(self) -> list[int]: ...
+    def replay_latency(self, times: Iterable[float]) -> None: ...
+    def request(self, key: int) -> bool: ...
+    def lookup(self, keys: Iterable[int]) -> tuple[int, bool]: ...

@@ -18,8 +18,9 @@ helpers): `_core_heap.pxi` (the score heap and `sorted_keys`), `_core_select.pxi
 the recency queues; declared for other compiled modules in `_core.pxd`) with one file per family
 of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve, slru;
 `_core_ops_heap.pxi`: gdsf, slo, predictive, belady and `share_ops`; `_core_ops_ghosts.pxi`:
-s3fifo, arc, mq), and `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call). Each
-mirrors its Python reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py).
+s3fifo, arc, mq), `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call) and
+`_core_flat_state.pxi` (`FlatState`: the flat cache with int64 keys and its policy's state in C
+arrays, for lru, fifo, mru, filo and sieve). Each mirrors its Python reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py).
 
 `-ffp-contract=off`: no fused multiply-add, so the candidate keys are the very doubles Python's
 own arithmetic gives.
@@ -61,10 +62,12 @@ cdef extern from "descrobject.h":
         PyMemberDef* d_member
 
 __all__ = [
+    "FlatState",
     "PolicyOpsCaller",
     "ScoreHeap",
     "compiled_policies",
     "flat_lookup",
+    "flat_state_policies",
     "has_compiled_ops",
     "score_into",
     "select_victims",
@@ -103,3 +106,4 @@ include "_core_ops_sieve.pxi"
 include "_core_ops_heap.pxi"
 include "_core_ops_ghosts.pxi"
 include "_core_flat.pxi"
+include "_core_flat_state.pxi"

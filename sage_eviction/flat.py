@@ -19,6 +19,14 @@ sage's own records (`reprefill`, `latency`) or any hooks. Where the compiled cor
 `lookup` is one call into it (`sage_eviction._core.flat_lookup`): `request` per key in C, the
 policy called through its C table when it has one (sage_eviction/native.py); the same counts,
 victims and records (tests/test_flat_lookup.py).
+
+With `int_keys=True` (the keys are ints within int64, as the simulator's block keys are) and no
+per-block hooks, a policy of `_core.flat_state_policies()` (lru, fifo, mru, filo, sieve) runs with
+its state in C too (`sage_eviction._core.FlatState`: an int64 hash table and a linked list, the
+re-prefill tracker's evicted keys in a second table), which removes the Python containers'
+operations that are most of the cost of the other paths (docs/performance.md). The policy object
+then stays empty: it names the policy, and the cache's `keys()` gives the held keys; the counts, victims and
+records are the other paths' (tests/test_flat_state.py).
 """
 
 from __future__ import annotations
@@ -78,6 +86,11 @@ def _prepare_hook(policy: EvictionPolicy) -> Callable[[Hashable], None] | None:
     return hook if callable(hook) else None
 
 
+def _has_state_in_c(core: Any, policy: EvictionPolicy) -> bool:
+    """Whether `core.FlatState` runs `policy` (its exact, compiled, built-in class)."""
+    return type(policy).name in core.flat_state_policies() and bool(core.has_compiled_ops(policy))
+
+
 class FlatCache:
     """A cache of `capacity` independent unit-size blocks ordered by `policy`: the one flat loop.
 
@@ -92,6 +105,8 @@ class FlatCache:
         reprefill: Told each miss (before the evictions for it) and each victim, in order: the
             re-prefill rate (`on_request`, `on_evict`), without a hook call per block.
         latency: Records the wall seconds of each eviction decision.
+        int_keys: The keys are ints within int64: the policy's state may then live in C (module
+            docstring); a key that is not such an int raises TypeError or OverflowError.
         **params: Params for a policy given by name.
 
     Raises:
@@ -108,6 +123,7 @@ class FlatCache:
         on_evict: Callable[[Hashable, float], None] | None = None,
         reprefill: ReprefillTracker | None = None,
         latency: LatencyRecorder | None = None,
+        int_keys: bool = False,
         **params: Any,
     ) -> None:
         self.policy = _build(policy, capacity, params)
@@ -134,10 +150,19 @@ class FlatCache:
         self._lookup_in_c: Callable[[FlatCache, Iterable[Hashable]], tuple[int, bool]] | None = (
             None if core is None else core.flat_lookup
         )
+        self._state: Any = None  # the cache with the policy's state in C (`_core.FlatState`)
+        hooked = on_miss is not None or on_evict is not None  # a hook per block: the Python loop
+        if int_keys and core is not None and not hooked and _has_state_in_c(core, self.policy):
+            self._state = core.FlatState(self.policy, capacity, reprefill=reprefill, latency=latency)
         self.policy_calls = (
-            "compiled" if core is not None and core.has_compiled_ops(self.policy) else "python"
+            "c-state"
+            if self._state is not None
+            else "compiled"
+            if core is not None and core.has_compiled_ops(self.policy)
+            else "python"
         )
-        """How `lookup` calls the policy: "compiled" (its C table) or "python" (its methods)."""
+        """How `lookup` runs the policy: "c-state" (in C, its state in C arrays), "compiled" (its
+        C table over its Python state) or "python" (its methods)."""
 
     @property
     def misses(self) -> int:
@@ -145,10 +170,25 @@ class FlatCache:
         return self.requests - self.hits
 
     def __len__(self) -> int:
-        return len(self.policy)
+        return len(self.policy) if self._state is None else len(self._state)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.policy
+        return key in self.policy if self._state is None else key in self._state
+
+    def keys(self) -> frozenset[Hashable]:
+        """The held keys."""
+        if self._state is None:
+            return frozenset(self.policy.peek(len(self.policy)))
+        return frozenset(self._state.keys())
+
+    def _counts_from_state(self) -> None:
+        state = self._state
+        self.requests, self.hits, self.evictions, self._held = (
+            state.requests,
+            state.hits,
+            state.evictions,
+            state.held,
+        )
 
     def request(self, key: Hashable) -> bool:
         """Look `key` up; returns whether it was a hit. A miss is admitted, evicting one block
@@ -157,6 +197,11 @@ class FlatCache:
         Raises:
             PolicyStateError: The cache is full and the policy has nothing evictable.
         """
+        if self._state is not None:
+            try:
+                return bool(self._state.request(key))
+            finally:
+                self._counts_from_state()
         policy = self.policy
         self.requests = now = self.requests + 1
         if key in policy:
@@ -194,6 +239,12 @@ class FlatCache:
     def lookup(self, keys: Iterable[Hashable]) -> tuple[int, bool]:
         """`request` each key in order; returns the hits and whether the last key hit (False
         for no key). One compiled call where the compiled core is built."""
+        if self._state is not None:
+            try:
+                hits_last: tuple[int, bool] = self._state.lookup(keys)
+                return hits_last
+            finally:
+                self._counts_from_state()
         if self._lookup_in_c is not None:
             return self._lookup_in_c(self, keys)
         request = self.request
@@ -226,6 +277,9 @@ def simulate_flat(
         Requests, hits, misses and evictions.
     """
     keys = keys if isinstance(keys, Sequence) else list(keys)
-    cache = FlatCache(policy, capacity, future=keys, **params)
+    int_keys = not (set(map(type, keys)) - {int}) and all(
+        -(2**63) <= k < 2**63 for k in (min(keys, default=0), max(keys, default=0))
+    )
+    cache = FlatCache(policy, capacity, future=keys, int_keys=int_keys, **params)
     cache.lookup(keys)
     return cache.result()

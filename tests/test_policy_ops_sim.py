@@ -92,10 +92,14 @@ def test_the_run_block_and_the_caption_say_which_path_ran(workload: Workload) ->
     capacity = _capacity(workload)
     radix = run_row(SweepContext(workload, "radix", CostModel()), RowSpec(0, "lru", capacity))
     flat = run_row(SweepContext(workload, "flat", CostModel()), RowSpec(1, "lru", capacity))
-    assert (radix.policy_calls, flat.policy_calls) == ("compiled", "compiled")
+    assert (radix.policy_calls, flat.policy_calls) == ("compiled", "c-state")
     with native.pure_python():  # the policy built for the row has no table: its methods are called
         pure = run_row(SweepContext(workload, "flat", CostModel()), RowSpec(2, "lru", capacity))
     assert pure.policy_calls == "python"
     assert _figures(pure.row) == _figures(flat.row)
     run = {"implementation": "compiled", "policy_calls": {"lru": "compiled", "gdsf": "python"}}
     assert run_caption(run) == "core: compiled; policies called in C: lru; in Python: gdsf"
+    run["policy_calls"] = {"lru": "c-state; compiled", "fifo": "c-state", "gdsf": "compiled; python"}
+    assert run_caption(run) == (
+        "core: compiled; policies in C with their state: fifo; called in C: lru; in Python: gdsf"
+    )

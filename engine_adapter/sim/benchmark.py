@@ -364,8 +364,9 @@ def run_benchmark(**options: Any) -> dict[str, Any]:
 
 
 def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
-    """Each row policy's path: "compiled" when its calls ran through its C table, else "python"
-    (both when its rows differ, e.g. a radix row and a flat one)."""
+    """Each row policy's path: "c-state" when it ran in C with its state (the flat cache's
+    `FlatState`), "compiled" when its calls ran through its C table, else "python" (joined when
+    its rows differ, e.g. a radix row and a flat one)."""
     paths: dict[str, set[str]] = {}
     for outcome in outcomes:
         paths.setdefault(str(outcome.row.get("policy")), set()).add(outcome.policy_calls)

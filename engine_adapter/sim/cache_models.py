@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
@@ -91,13 +92,20 @@ class FlatModel:
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
         self.reprefill = ReprefillTracker()
         self.latency = LatencyRecorder()
-        self.cache = FlatCache(policy, capacity, reprefill=self.reprefill, latency=self.latency)
+        self.cache = FlatCache(
+            policy,
+            capacity,
+            reprefill=self.reprefill,
+            latency=self.latency,
+            int_keys=_int64_keys(requests),
+        )
         if isinstance(self.cache.policy, BeladyPolicy):  # only the offline policy needs the future
             self.cache.policy.set_future(lookup_keys(requests))
 
     @property
     def policy_calls(self) -> str:
-        """How the cache calls the policy: "compiled" (its C table) or "python" (its methods)."""
+        """How the cache runs the policy: "c-state" (in C, its state in C arrays), "compiled" (its
+        C table) or "python" (its methods)."""
         return self.cache.policy_calls
 
     @property
@@ -118,6 +126,21 @@ class FlatModel:
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
         return hits, max(served, 0)
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def _int64_keys(requests: Sequence[SimRequest]) -> bool:
+    """Whether every block key is an int within int64 (every shipped source's are: Mooncake hash
+    ids, the generators' counters), so the flat cache may keep its policy's state in C."""
+
+    def keys() -> Iterator[Any]:
+        return itertools.chain.from_iterable(r.block_hashes for r in requests)
+
+    if set(map(type, keys())) - {int}:
+        return False
+    return min(keys(), default=0) in _INT64 and max(keys(), default=0) in _INT64
 
 
 def _cache_request(seq: SimSequence) -> CacheRequest:

@@ -134,8 +134,10 @@ class RowSpec:
 class RowOutcome:
     """A row's figures (`SimResult.to_dict()`), the implementation of the core that ran it, its
     TTFT quantiles at 0, 1, ..., 100 % (seconds; empty when no request got a token), and how the
-    cache called the policy: "compiled" (the policy's C table, `sage_eviction._core.PolicyOps`) or
-    "python" (its methods: the pure-Python core, the flat and twin models, a plugin)."""
+    cache called the policy: "c-state" (in C with its state in C arrays: the flat model's
+    `sage_eviction._core.FlatState`), "compiled" (the policy's C table,
+    `sage_eviction._core.PolicyOps`) or "python" (its methods: the pure-Python core, the twin
+    models, a plugin)."""
 
     index: int
     row: dict[str, Any]

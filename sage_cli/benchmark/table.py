@@ -101,13 +101,21 @@ _ROUTED_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 
 def _policy_calls(calls: Any) -> list[str]:
-    """Which rows' policies the cache called through their C tables, and which through Python."""
+    """Which rows' policies ran in C with their state in C ("c-state", the flat cache's
+    `FlatState`), which the cache called through their C tables ("compiled", or both), and which
+    through Python (any row of the policy)."""
     if not isinstance(calls, dict) or not calls:
         return []
-    in_c = sorted(str(policy) for policy, path in calls.items() if path == "compiled")
-    in_python = sorted(str(policy) for policy, path in calls.items() if path != "compiled")
-    parts = [f"policies called in C: {', '.join(in_c)}"] if in_c else []
-    return parts + ([f"in Python: {', '.join(in_python)}"] if in_python else [])
+    groups: dict[str, list[str]] = {"state": [], "table": [], "python": []}
+    for policy, path in sorted(calls.items(), key=lambda item: str(item[0])):
+        paths = set(str(path).split("; "))
+        group = "state" if paths == {"c-state"} else "table" if paths <= {"c-state", "compiled"} else "python"
+        groups[group].append(str(policy))
+    labels = {"state": "policies in C with their state", "table": "called in C", "python": "in Python"}
+    parts = [f"{labels[group]}: {', '.join(names)}" for group, names in groups.items() if names]
+    if groups["table"] and not groups["state"]:
+        parts[0] = "policies " + parts[0]
+    return parts
 
 
 def run_caption(run: Any) -> str | None:
