@@ -4,12 +4,14 @@
 # `flat_lookup` calls a policy through its C table, but over the policy's own Python containers,
 # whose dict and set operations are most of the cost (docs/performance.md). Here the state is C
 # arrays: the keys are int64 (the simulator's block keys are ints), held in an open-addressing
-# table (key -> node), the nodes in an intrusive doubly linked list (head: newest), and the
-# re-prefill tracker's evicted keys in a second table. The policies whose whole decision is a
-# place in that list (lru, fifo, mru, filo, sieve) run here; `FlatCache.request` per key, line for
-# line, with each policy's Python hooks as the reference (tests/test_flat_state.py runs both).
+# table (key -> node, _core_i64map.pxi), the nodes in intrusive doubly linked lists (head:
+# newest), the ghosts as FIFOs of keys (_core_flat_lists.pxi), and the re-prefill tracker's
+# evicted keys in a second table. The policies whose whole decision is a place in one list (lru,
+# fifo, mru, filo, sieve) and the adaptive queues (s3fifo, arc) run here: `FlatCache.request`
+# per key, line for line, with each policy's Python hooks as the reference
+# (tests/test_flat_state.py runs both).
 
-from libc.stdint cimport INT64_MIN, int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free, malloc
 
 
@@ -24,10 +26,14 @@ cdef enum _Kind:
     K_MRU = 2
     K_FILO = 3
     K_SIEVE = 4
+    K_S3FIFO = 5
+    K_ARC = 6
 
-cdef int64_t _FREE = INT64_MIN  # a free slot's key; the key INT64_MIN itself is kept aside
-cdef int64_t _ABSENT = -1  # what a lookup of a missing key gives (every value is >= 0)
-
+cdef int _S3_SMALL = 0  # s3fifo's queues
+cdef int _S3_MAIN = 1
+cdef unsigned char _S3_MAX_FREQ = 3
+cdef int _T1 = 0  # arc's lists
+cdef int _T2 = 1
 
 cdef extern from *:
     """
@@ -72,137 +78,6 @@ cdef double _tick_seconds():
     return _seconds_per_tick
 
 
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    # splitmix64's finaliser: block ids are often consecutive, and linear probing needs spread
-    x ^= x >> 30
-    x *= <uint64_t>0xbf58476d1ce4e5b9ULL
-    x ^= x >> 27
-    x *= <uint64_t>0x94d049bb133111ebULL
-    x ^= x >> 31
-    return x
-
-
-cdef struct I64Map:
-    # int64 keys (-> int64 values >= 0 when `vals` is not NULL; a set without), open addressing
-    # with linear probing and backward-shift deletion (no tombstones: a long run of inserts and
-    # deletes keeps its probe lengths). A set costs 8 bytes a slot, a map 16.
-    int64_t* keys  # _FREE: a free slot
-    int64_t* vals
-    Py_ssize_t mask
-    Py_ssize_t size
-    bint holds_min  # the key INT64_MIN (which marks free slots) is held
-    int64_t min_val
-
-
-cdef int _map_init(I64Map* m, Py_ssize_t slots, bint with_values) except -1:
-    cdef Py_ssize_t n = 16
-    cdef Py_ssize_t i
-    while n < slots:
-        n <<= 1
-    m.keys = <int64_t*>malloc(n * sizeof(int64_t))
-    m.vals = <int64_t*>malloc(n * sizeof(int64_t)) if with_values else NULL
-    if m.keys == NULL or (with_values and m.vals == NULL):
-        _map_free(m)
-        raise MemoryError()
-    for i in range(n):
-        m.keys[i] = _FREE
-    m.mask = n - 1
-    m.size = 0
-    m.holds_min = False
-    m.min_val = _ABSENT
-    return 0
-
-
-cdef void _map_free(I64Map* m) noexcept:
-    free(m.keys)
-    free(m.vals)
-    m.keys = m.vals = NULL
-
-
-cdef inline Py_ssize_t _map_slot(I64Map* m, int64_t key) noexcept nogil:
-    # the slot holding `key` (not INT64_MIN), or the free slot where it would go
-    cdef Py_ssize_t i = <Py_ssize_t>(_mix(<uint64_t>key) & <uint64_t>m.mask)
-    while m.keys[i] != _FREE and m.keys[i] != key:
-        i = (i + 1) & m.mask
-    return i
-
-
-cdef inline int64_t _map_get(I64Map* m, int64_t key) noexcept nogil:
-    # the value of `key` (0 for a key of a set), or _ABSENT
-    cdef Py_ssize_t i
-    if key == _FREE:
-        return m.min_val if m.holds_min else _ABSENT
-    i = _map_slot(m, key)
-    if m.keys[i] == _FREE:
-        return _ABSENT
-    return m.vals[i] if m.vals != NULL else 0
-
-
-cdef int _map_grow(I64Map* m) except -1:
-    cdef I64Map old = m[0]
-    cdef Py_ssize_t i, j
-    _map_init(m, (old.mask + 1) * 2, old.vals != NULL)
-    for i in range(old.mask + 1):
-        if old.keys[i] != _FREE:
-            j = _map_slot(m, old.keys[i])
-            m.keys[j] = old.keys[i]
-            if m.vals != NULL:
-                m.vals[j] = old.vals[i]
-    m.size = old.size
-    m.holds_min = old.holds_min
-    m.min_val = old.min_val
-    _map_free(&old)
-    return 0
-
-
-cdef int _map_put(I64Map* m, int64_t key, int64_t val) except -1:
-    cdef Py_ssize_t i
-    if key == _FREE:
-        m.size += not m.holds_min
-        m.holds_min = True
-        m.min_val = val
-        return 0
-    i = _map_slot(m, key)
-    if m.keys[i] == _FREE:
-        if (m.size + 1) * 4 > (m.mask + 1) * 3:  # keep the load under 3/4
-            _map_grow(m)
-            i = _map_slot(m, key)
-        m.size += 1
-        m.keys[i] = key
-    if m.vals != NULL:
-        m.vals[i] = val
-    return 0
-
-
-cdef bint _map_del(I64Map* m, int64_t key) noexcept nogil:
-    # remove `key`; whether it was there. The entries after it in its run move back into the
-    # hole when their home slot is not cyclically between the hole and where they sit.
-    cdef Py_ssize_t i, j, home
-    if key == _FREE:
-        if not m.holds_min:
-            return False
-        m.holds_min = False
-        m.size -= 1
-        return True
-    i = _map_slot(m, key)
-    if m.keys[i] == _FREE:
-        return False
-    j = i
-    while True:
-        j = (j + 1) & m.mask
-        if m.keys[j] == _FREE:
-            break
-        home = <Py_ssize_t>(_mix(<uint64_t>m.keys[j]) & <uint64_t>m.mask)
-        if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
-            m.keys[i] = m.keys[j]
-            if m.vals != NULL:
-                m.vals[i] = m.vals[j]
-            i = j
-    m.keys[i] = _FREE
-    m.size -= 1
-    return True
-
-
 cdef inline int64_t _as_key(object key) except? -1:
     # an int key as int64, as a dict would find it (a bool or an int-like object by its index);
     # a float, a string, a tuple: TypeError; beyond int64: OverflowError
@@ -217,14 +92,16 @@ cdef dict _state_kinds = None  # the policy classes whose state runs here -> the
 cdef dict _kinds():
     global _state_kinds
     if _state_kinds is None:
+        from sage_eviction.policies.arc import ARCPolicy
         from sage_eviction.policies.fifo import FIFOPolicy
         from sage_eviction.policies.filo import FILOPolicy
         from sage_eviction.policies.lru import LRUPolicy
         from sage_eviction.policies.mru import MRUPolicy
+        from sage_eviction.policies.s3fifo import S3FIFOPolicy
         from sage_eviction.policies.sieve import SIEVEPolicy
 
         _state_kinds = {LRUPolicy: K_LRU, FIFOPolicy: K_FIFO, MRUPolicy: K_MRU, FILOPolicy: K_FILO,
-                        SIEVEPolicy: K_SIEVE}
+                        SIEVEPolicy: K_SIEVE, S3FIFOPolicy: K_S3FIFO, ARCPolicy: K_ARC}
     return _state_kinds
 
 
@@ -252,8 +129,18 @@ cdef class FlatState:
     cdef int64_t* node_key
     cdef int32_t* newer  # toward the head (the newest)
     cdef int32_t* older  # toward the tail (the oldest)
-    cdef unsigned char* visited  # sieve's bits
-    cdef int32_t head, tail, hand  # -1: none (hand: the next sweep starts at the tail)
+    cdef unsigned char* bits  # sieve's visited bit; s3fifo's frequency (0..3)
+    cdef unsigned char* where  # s3fifo's queue of the node (_SMALL or _MAIN)
+    cdef Ends q[2]  # the list (s3fifo: its small queue), and s3fifo's main queue
+    cdef int32_t hand  # sieve's hand, -1: the next sweep starts at the tail
+    # s3fifo and arc (the methods below): the sizes of the two queues (s3fifo: small and
+    # main; arc: T1 and T2), s3fifo's sizes and threshold, arc's target p, a ghost hit that
+    # `prepare_insert` saw (arc: from B1 = 1 or B2 = 2), the ghosts (s3fifo's G; arc's B1, B2)
+    cdef Py_ssize_t n_small, n_main, small_size, main_size
+    cdef int move_threshold, pending_ghost
+    cdef bint has_evicted, pending_replace
+    cdef double p
+    cdef Ghosts ghosts, ghosts2
     cdef object tracker, latency
     cdef double tick  # seconds a tick of `sage_ticks`
     # the decision times of this call, written into `latency` when it returns (`_flush_latency`):
@@ -267,8 +154,10 @@ cdef class FlatState:
         self.evicted.keys = self.evicted.vals = NULL
         self.node_key = NULL
         self.newer = self.older = NULL
-        self.visited = NULL
+        self.bits = self.where = NULL
         self.lat_ring = NULL
+        _ghosts_clear(&self.ghosts)
+        _ghosts_clear(&self.ghosts2)
 
     def __init__(self, policy, Py_ssize_t capacity, *, reprefill=None, latency=None,
                  bint record_victims=False):
@@ -291,10 +180,20 @@ cdef class FlatState:
         self.node_key = <int64_t*>malloc(capacity * sizeof(int64_t))
         self.newer = <int32_t*>malloc(capacity * sizeof(int32_t))
         self.older = <int32_t*>malloc(capacity * sizeof(int32_t))
-        self.visited = <unsigned char*>calloc(capacity, 1)
-        if self.node_key == NULL or self.newer == NULL or self.older == NULL or self.visited == NULL:
+        self.bits = <unsigned char*>calloc(capacity, 1)
+        self.where = <unsigned char*>calloc(capacity, 1)
+        if (self.node_key == NULL or self.newer == NULL or self.older == NULL or self.bits == NULL
+                or self.where == NULL):
             raise MemoryError()
-        self.head = self.tail = self.hand = -1
+        self.q[0].head = self.q[0].tail = self.q[1].head = self.q[1].tail = self.hand = -1
+        if kind == K_S3FIFO:
+            self.small_size = policy._small_size
+            self.main_size = policy._main_size
+            self.move_threshold = policy.move_threshold
+            _ghosts_init(&self.ghosts, policy._ghost_size)
+        elif kind == K_ARC:  # the directory keeps |B1| <= c and |B1| + |B2| <= 2c: never full
+            _ghosts_init(&self.ghosts, 2 * capacity + 1)
+            _ghosts_init(&self.ghosts2, 2 * capacity + 1)
         self.tracker = reprefill
         self.latency = latency
         self.tick = _tick_seconds() if latency is not None else 0.0
@@ -311,8 +210,11 @@ cdef class FlatState:
         free(self.node_key)
         free(self.newer)
         free(self.older)
-        free(self.visited)
+        free(self.bits)
+        free(self.where)
         free(self.lat_ring)
+        _ghosts_free(&self.ghosts)
+        _ghosts_free(&self.ghosts2)
 
     def __reduce__(self):
         raise TypeError("a FlatState's policy lives in C memory: it cannot be pickled")
@@ -329,67 +231,234 @@ cdef class FlatState:
         return self.evicted.size
 
     def keys(self):
-        """The held keys from the tail (the oldest place in the list) to the head."""
+        """The held keys from the tail (the oldest place in the list) to the head (s3fifo: its
+        small queue's, then its main queue's)."""
         cdef list out = []
-        cdef int32_t node = self.tail
-        while node != -1:
-            out.append(self.node_key[node])
-            node = self.newer[node]
+        cdef int32_t node
+        for queue in range(2):
+            node = self.q[queue].tail
+            while node != -1:
+                out.append(self.node_key[node])
+                node = self.newer[node]
         return out
 
-    # ---- the list -------------------------------------------------------------------------------
+    # ---- the list ---------------------------------------------------------------------------------
 
-    cdef inline void _link_head(self, int32_t node) noexcept:
-        self.newer[node] = -1
-        self.older[node] = self.head
-        if self.head == -1:
-            self.tail = node
-        else:
-            self.newer[self.head] = node
-        self.head = node
+    cdef inline void _link(self, int queue, int32_t node) noexcept:
+        _link_head(self.newer, self.older, &self.q[queue], node)
 
-    cdef inline void _unlink(self, int32_t node) noexcept:
-        cdef int32_t newer = self.newer[node]
-        cdef int32_t older = self.older[node]
-        if self.hand == node:
-            self.hand = newer
-        if newer == -1:
-            self.head = older
-        else:
-            self.older[newer] = older
-        if older == -1:
-            self.tail = newer
-        else:
-            self.newer[older] = newer
+    cdef inline void _unlink_from(self, int queue, int32_t node) noexcept:
+        if self.hand == node:  # sieve: a hand resting on a leaving entry moves to its newer one
+            self.hand = self.newer[node]
+        _unlink(self.newer, self.older, &self.q[queue], node)
 
     # ---- the policies ---------------------------------------------------------------------------
 
     cdef inline void _hit(self, int32_t node) noexcept:
         # the policy's access: lru and mru move the entry to the head (newest tick), sieve sets
-        # its bit, fifo and filo change nothing
+        # its bit, s3fifo counts up to 3, fifo and filo change nothing
         if self.kind == K_LRU or self.kind == K_MRU:
-            if node != self.head:
-                self._unlink(node)
-                self._link_head(node)
+            if node != self.q[0].head:
+                self._unlink_from(0, node)
+                self._link(0, node)
         elif self.kind == K_SIEVE:
-            self.visited[node] = 1
+            self.bits[node] = 1
+        elif self.kind == K_S3FIFO:
+            self._s3fifo_hit(node)
+        elif self.kind == K_ARC:
+            self._arc_hit(node)
 
-    cdef inline int32_t _pop_victim(self) noexcept:
-        # the policy's `_pop_victim` (the cache is full, so the list is not empty)
+    cdef int32_t _pop_victim(self) except -1:
+        # the policy's `_pop_victim` (the cache is full, so a queue is not empty): the victim's
+        # node, out of its queue and of the index
         cdef int32_t node
-        if self.kind == K_MRU or self.kind == K_FILO:
-            node = self.head
-        elif self.kind == K_SIEVE:
-            node = self.hand if self.hand != -1 else self.tail
-            while self.visited[node]:
-                self.visited[node] = 0
-                node = self.newer[node] if self.newer[node] != -1 else self.tail
-            self.hand = self.newer[node]
+        if self.kind == K_S3FIFO:
+            node = self._s3fifo_victim()
+        elif self.kind == K_ARC:
+            node = self._arc_victim()
         else:
-            node = self.tail
-        self._unlink(node)
+            if self.kind == K_MRU or self.kind == K_FILO:
+                node = self.q[0].head
+            elif self.kind == K_SIEVE:
+                node = self.hand if self.hand != -1 else self.q[0].tail
+                while self.bits[node]:
+                    self.bits[node] = 0
+                    node = self.newer[node] if self.newer[node] != -1 else self.q[0].tail
+                self.hand = self.newer[node]
+            else:
+                node = self.q[0].tail
+            self._unlink_from(0, node)
         _map_del(&self.index, self.node_key[node])
         return node
+
+    cdef int _admit(self, int32_t node) except -1:
+        # the policy's `_on_insert` for a new node (its key set); s3fifo picks its queue
+        cdef int queue = 0
+        self.bits[node] = 0
+        if self.kind == K_S3FIFO:
+            queue = self._s3fifo_queue_for_new()
+        elif self.kind == K_ARC:
+            queue = self._arc_queue_for_new()
+        self.where[node] = queue
+        self._link(queue, node)
+        return 0
+
+    # ---- S3-FIFO (s3fifo.py: _on_insert, _pop_victim, _evict_small, _evict_main) -------------
+
+    cdef inline void _s3fifo_hit(self, int32_t node) noexcept:
+        if self.bits[node] < _S3_MAX_FREQ:
+            self.bits[node] += 1
+
+    cdef int _s3fifo_queue_for_new(self) except -1:
+        # the ghost hit that `prepare_insert` saw, or the warm-up rule, sends it to main
+        cdef bint to_main = self.pending_ghost != 0
+        self.pending_ghost = 0
+        if not to_main and not self.has_evicted and self.n_small >= self.small_size:
+            to_main = True
+        if to_main:
+            self.n_main += 1
+            return _S3_MAIN
+        self.n_small += 1
+        return _S3_SMALL
+
+    cdef int32_t _s3fifo_evict_small(self) except -2:
+        # the small queue's tail, moving the frequent ones to main; -1 when it empties first
+        cdef int32_t node
+        cdef int64_t key
+        while self.q[_S3_SMALL].tail != -1:
+            node = self.q[_S3_SMALL].tail
+            self._unlink_from(_S3_SMALL, node)
+            self.n_small -= 1
+            if self.bits[node] >= self.move_threshold:
+                self.bits[node] = 0
+                self.where[node] = _S3_MAIN
+                self.n_main += 1
+                self._link(_S3_MAIN, node)
+                continue
+            key = self.node_key[node]
+            if self.ghosts.capacity > 0 and _map_get(&self.ghosts.index, key) == _ABSENT:
+                _ghosts_push(&self.ghosts, key)
+            return node
+        return -1
+
+    cdef int32_t _s3fifo_evict_main(self) noexcept:
+        # the main queue's tail; one hit or more goes back to the head with one fewer
+        cdef int32_t node
+        while True:
+            node = self.q[_S3_MAIN].tail
+            self._unlink_from(_S3_MAIN, node)
+            if self.bits[node] >= 1:
+                self.bits[node] -= 1
+                self._link(_S3_MAIN, node)
+                continue
+            self.n_main -= 1
+            return node
+
+    cdef int32_t _s3fifo_victim(self) except -1:
+        cdef int32_t node
+        self.has_evicted = True
+        while True:
+            if self.q[_S3_MAIN].head != -1 and (self.n_main > self.main_size or self.q[_S3_SMALL].head == -1):
+                return self._s3fifo_evict_main()
+            if self.q[_S3_SMALL].head != -1:
+                node = self._s3fifo_evict_small()
+                if node != -1:
+                    return node
+                continue  # everything in the small queue moved to main
+            return self._s3fifo_evict_main()
+
+    # ---- ARC (sage_eviction/policies/arc.py: prepare_insert, _on_insert, _on_access, _pop_victim,
+    # _replace): T1 and T2 are the two lists (head: MRU), B1 and B2 the two ghost FIFOs
+
+    cdef inline void _arc_hit(self, int32_t node) noexcept:
+        # case I: to the MRU end of T2
+        if self.where[node] == _T1:
+            self.where[node] = _T2
+            self.n_small -= 1
+            self.n_main += 1
+            self._unlink_from(_T1, node)
+            self._link(_T2, node)
+        elif node != self.q[_T2].head:
+            self._unlink_from(_T2, node)
+            self._link(_T2, node)
+
+    cdef void _arc_adapt(self, int ghost) noexcept:
+        cdef double b1 = <double>_ghosts_len(&self.ghosts)
+        cdef double b2 = <double>_ghosts_len(&self.ghosts2)
+        if ghost == 1:
+            self.p = min(self.p + max(b2 / b1, 1.0), <double>self.capacity)
+        else:
+            self.p = max(self.p - max(b1 / b2, 1.0), 0.0)
+
+    cdef int _arc_prepare(self, int64_t key) except -1:
+        # cases II and III seen before the evictions: p adapts, the ghost leaves its list, and the
+        # next eviction is the hit's REPLACE
+        if _map_get(&self.ghosts.index, key) != _ABSENT:
+            self._arc_adapt(1)
+            _ghosts_pop(&self.ghosts, key)
+            self.pending_ghost = 1
+        elif _map_get(&self.ghosts2.index, key) != _ABSENT:
+            self._arc_adapt(2)
+            _ghosts_pop(&self.ghosts2, key)
+            self.pending_ghost = 2
+        else:
+            self.pending_ghost = 0
+        self.pending_replace = self.pending_ghost != 0
+        return 0
+
+    cdef int _arc_queue_for_new(self) except -1:
+        # a ghost hit enters T2; a new key T1, the ghost lists trimmed to the directory's bounds
+        cdef int ghost = self.pending_ghost
+        cdef Py_ssize_t c = self.capacity
+        cdef Py_ssize_t b1 = _ghosts_len(&self.ghosts)
+        cdef Py_ssize_t b2 = _ghosts_len(&self.ghosts2)
+        self.pending_ghost = 0
+        self.pending_replace = False
+        if ghost:
+            self.n_main += 1
+            return _T2
+        if self.n_small + b1 >= c and b1:
+            _ghosts_pop(&self.ghosts, self.ghosts.key[self.ghosts.ends.tail])
+        elif self.n_small + self.n_main + b1 + b2 >= 2 * c and b2:
+            _ghosts_pop(&self.ghosts2, self.ghosts2.key[self.ghosts2.ends.tail])
+        self.n_small += 1
+        return _T1
+
+    cdef int32_t _arc_replace(self, bint in_b2) except -1:
+        # REPLACE: the LRU entry of T1 or T2 leaves for its ghost list
+        cdef int32_t node
+        cdef double n1 = <double>self.n_small
+        if self.q[_T1].head != -1 and (n1 > self.p or (in_b2 and n1 == self.p) or self.q[_T2].head == -1):
+            node = self.q[_T1].tail
+            self._unlink_from(_T1, node)
+            self.n_small -= 1
+            _ghosts_push(&self.ghosts, self.node_key[node])
+        else:
+            node = self.q[_T2].tail
+            self._unlink_from(_T2, node)
+            self.n_main -= 1
+            _ghosts_push(&self.ghosts2, self.node_key[node])
+        return node
+
+    cdef int32_t _arc_victim(self) except -1:
+        cdef int32_t node
+        cdef Py_ssize_t c = self.capacity
+        cdef Py_ssize_t b1 = _ghosts_len(&self.ghosts)
+        cdef Py_ssize_t b2 = _ghosts_len(&self.ghosts2)
+        if self.pending_replace:  # cases II and III: the ghost hit's REPLACE
+            self.pending_replace = False
+            return self._arc_replace(self.pending_ghost == 2)
+        if self.n_small + b1 >= c:  # case IV.A: L1 holds c keys
+            if self.n_small >= c and self.q[_T1].head != -1:
+                node = self.q[_T1].tail  # T1 alone is full: its LRU block leaves without a ghost
+                self._unlink_from(_T1, node)
+                self.n_small -= 1
+                return node
+            if b1:
+                _ghosts_pop(&self.ghosts, self.ghosts.key[self.ghosts.ends.tail])
+        elif self.n_small + self.n_main + b1 + b2 >= 2 * c and b2:  # case IV.B
+            _ghosts_pop(&self.ghosts2, self.ghosts2.key[self.ghosts2.ends.tail])
+        return self._arc_replace(False)
 
     # ---- FlatCache.request ----------------------------------------------------------------------
 
@@ -421,14 +490,17 @@ cdef class FlatState:
             return 1
         if self.tracker is not None and _map_del(&self.evicted, key):
             self.re_prefilled += 1
+        if self.kind == K_S3FIFO:  # its prepare_insert: out of the ghosts before the evictions
+            self.pending_ghost = _ghosts_pop(&self.ghosts, key)
+        elif self.kind == K_ARC:
+            self._arc_prepare(key)
         if self.held >= self.capacity:
             self._evict_into(&node)
         else:
             node = <int32_t>self.held
             self.held += 1
         self.node_key[node] = key
-        self.visited[node] = 0
-        self._link_head(node)
+        self._admit(node)
         _map_put(&self.index, key, node)
         return 0
 

@@ -1,18 +1,19 @@
 """The flat cache with its policy's state in C (`sage_eviction._core.FlatState`) against Python.
 
-`FlatCache(int_keys=True)` runs lru, fifo, mru, filo and sieve in C over an int64 hash table and a
-linked list, the re-prefill tracker's evicted keys in a second table. Its twin is the pure-Python
-`FlatCache` (built inside `native.pure_python()`: the Python loop and the policy's own methods):
-on hypothesis-drawn int key streams (negative keys, int64's ends, repeats; given in chunks as the
-simulator gives a request's blocks) both must give the same hits per chunk, the same victims in
-the same order, the same held keys, counts and re-prefills, and the latency record's count and ring
-shape; the write of the decision times into the record is held to `LatencyRecorder.record` value
-for value. The simulator's flat rows on that path are the pure-Python rows, and `simulate_flat`
-takes it for int keys.
+`FlatCache(int_keys=True)` runs lru, fifo, mru, filo, sieve, s3fifo and arc in C over an int64
+hash table and linked lists, the re-prefill tracker's evicted keys in a second table. Its twin is
+the pure-Python `FlatCache` (built inside `native.pure_python()`: the Python loop and the
+policy's own methods): on hypothesis-drawn int key streams (negative keys, int64's ends, repeats;
+given in chunks as the simulator gives a request's blocks) and on long seeded skewed streams,
+both must give the same hits per chunk, the same victims in the same order, the same held keys,
+counts and re-prefills, and the latency record's count and ring shape; the write of the decision
+times into the record is held to `LatencyRecorder.record` value for value. The simulator's flat
+rows on that path are the pure-Python rows, and `simulate_flat` takes it for int keys.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from sage_eviction.registry import create_policy
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 
-STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve")
+STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc")
 LOW, HIGH = -(2**63), 2**63 - 1
 KEYS = st.one_of(st.integers(-3, 30), st.sampled_from([LOW, LOW + 1, HIGH, HIGH - 1, 0]))
 STREAMS = st.lists(st.lists(KEYS, min_size=0, max_size=12), min_size=1, max_size=30)
@@ -110,6 +111,24 @@ def test_the_state_in_c_is_the_python_policy(
     assert state._state.evicted_waiting == len(reference.reprefill._evicted)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("policy", STATE_POLICIES)
+@pytest.mark.parametrize("capacity", [3, 20, 64])
+def test_long_skewed_streams_agree(policy: str, capacity: int) -> None:
+    """Seeded streams long and wide enough for what small ones rarely reach: S3-FIFO's small
+    queue above one block and its warm-up after the first eviction, ARC's target moving both
+    ways with full ghost lists, sieve's hand going round many times."""
+    rng = random.Random(capacity)
+    hot = [rng.randrange(-(2**40), 2**40) for _ in range(capacity * 2)]  # reused keys
+    keys = [rng.choice(hot) if rng.random() < 0.6 else rng.randrange(10 * capacity) for _ in range(6000)]
+    state = _state_cache(policy, capacity)
+    reference, reference_victims = _python_cache(policy, capacity)
+    for at in range(0, len(keys), 17):
+        chunk = keys[at : at + 17]
+        assert state.lookup(tuple(chunk)) == reference.lookup(chunk)
+    assert state._state.victims is not None
+    assert _picture(state, state._state.victims) == _picture(reference, reference_victims)
+
+
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     window=st.integers(1, 6),
@@ -149,7 +168,7 @@ def test_keys_that_are_not_int64_are_refused_and_nothing_is_lost() -> None:
 
 def test_which_caches_keep_the_policys_state_in_c() -> None:
     assert FlatCache("lru", 4).policy_calls == "compiled"  # the keys were not said to be ints
-    assert FlatCache("arc", 4, int_keys=True).policy_calls == "compiled"  # no state in C for arc
+    assert FlatCache("slru", 4, int_keys=True).policy_calls == "compiled"  # no state in C for slru
     hooked = FlatCache("lru", 4, int_keys=True, on_evict=lambda key, seconds: None)
     assert hooked.policy_calls == "compiled"  # a hook per block wants the Python loop
     plugin = type("PluginLRU", (LRUPolicy,), {"name": "plugin-lru"})()
