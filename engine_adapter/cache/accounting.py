@@ -18,7 +18,7 @@ import structlog
 from engine_adapter.cache.ages import AgeHistograms, HistogramSnapshot
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
-from engine_adapter.cache.ghosts import Ghost, GhostSet
+from engine_adapter.cache.ghosts import Ghost, GhostRecord, GhostSet
 from engine_adapter.cache.lookup_log import LookupLog
 
 __all__ = ["THRASHING_THRESHOLD", "AccountingStats", "CacheAccounting"]
@@ -167,23 +167,27 @@ class CacheAccounting:
             log.info("thrashing over", regret_ratio=round(ratio, 4), threshold=THRASHING_THRESHOLD)
         self.thrashing = thrashing
 
-    def on_evict(self, victims: Sequence[tuple[int, CachedBlock]], kept: int) -> None:
-        """Dropped victims with their eviction ids (those of their ``evict`` events), `kept`
-        reclaimable blocks staying: their ages, and each a ghost."""
+    def on_evict(self, victims: Sequence[CachedBlock], eviction_ids: Sequence[int], kept: int) -> None:
+        """One eviction call's dropped victims with their eviction ids (those of their ``evict``
+        events), `kept` reclaimable blocks staying: their ages, and each a ghost (the call's
+        shared fields once, an id and a tenant per victim: no object per victim)."""
+        if not victims:
+            return
         now, policy = self._clock(), self._binding.name
-        stamp = self.ghosts.stamp()
+        call = GhostSet.eviction(now, self.ghosts.stamp(), kept, policy)
         by_tenant: dict[str | None, list[float]] = {}
-        ghosts: list[tuple[Hashable, Ghost]] = []
-        for eviction_id, block in victims:
+        records: list[tuple[Hashable, GhostRecord]] = []
+        for eviction_id, block in zip(eviction_ids, victims, strict=True):
             meta = block.meta
-            ages = by_tenant.get(meta.tenant)
+            tenant = meta.tenant
+            ages = by_tenant.get(tenant)
             if ages is None:
-                ages = by_tenant[meta.tenant] = []
+                ages = by_tenant[tenant] = []
             ages.append(now - meta.created_at)
-            ghosts.append((block.key, Ghost(eviction_id, now, stamp, kept, policy, meta.tenant)))
+            records.append((block.key, (eviction_id, tenant, call)))
         for tenant, values in by_tenant.items():
             self.ages.observe_many("age_at_eviction_seconds", policy, tenant, values)
-        self.ghosts.add_many(ghosts)
+        self.ghosts.add_records(records)
 
     def forget(self) -> None:
         """A cache reset: the ghosts go (what comes back was not evicted); counts stay."""

@@ -286,6 +286,11 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         with self.lock:
             return self._running.reserve_tokens(sequence_id, num_tokens)
 
+    def reserve_tokens_many(self, wants: Sequence[tuple[int, int]]) -> int:
+        """`reserve_tokens` of each (id, tokens) in turn, one lock: how many got theirs before a None."""
+        with self.lock:
+            return self._running.reserve_many(wants)
+
     def touch_sequence(self, sequence_id: int) -> None:
         """Record that a running sequence made progress (for preemption order)."""
         with self.lock:
@@ -339,10 +344,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         block_keys: Sequence[Hashable] | None = None,
         num_computed_tokens: int | None = None,
     ) -> int:
-        """Preempt a running sequence by recompute: like `free_sequence`, and counted.
-
-        Its full blocks stay cached, so its re-prefill can hit. Returns blocks newly cached.
-        """
+        """Preempt a running sequence by recompute: like `free_sequence`, and counted; its full
+        blocks stay cached, so its re-prefill can hit. Returns blocks newly cached."""
         with self.lock:
             added = self._running.release(sequence_id, token_ids, block_keys, num_computed_tokens, True)
             self._metrics.preemptions += 1

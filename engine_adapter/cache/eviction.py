@@ -199,11 +199,11 @@ class EvictionStep:
         self._count(len(victims), reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped])
         if self.accounting is not None:
-            numbered = list(enumerate(victims, first_id))
+            ids: Sequence[int] = range(first_id, first_id + len(victims))
             if dropped is not victims:
                 gone = {id(b) for b in dropped}
-                numbered = [(i, b) for i, b in numbered if id(b) in gone]
-            self.accounting.on_evict(numbered, self._radix.num_reclaimable)
+                ids = [i for i, b in zip(ids, victims, strict=True) if id(b) in gone]
+            self.accounting.on_evict(dropped, ids, self._radix.num_reclaimable)
         if self.events is not None:
             self._write_events(victims, policy_name, reason, decision, reasons, first_id=first_id)
         return len(victims)
@@ -269,7 +269,8 @@ class EvictionStep:
         self._count(n_dropped, reason, decision, pending)
         self._reprefill.on_evicts([b.key for b in dropped] + [k for e, _ in gone for k in e.keys])
         if self.accounting is not None:
-            self.accounting.on_evict(list(enumerate(dropped, first_id)), self._radix.num_reclaimable)
+            ids = range(first_id, first_id + len(dropped))
+            self.accounting.on_evict(dropped, ids, self._radix.num_reclaimable)
         if self.events is not None and (dropped or gone):
             extra = n_dropped - len(dropped)
             reasons = dropped_why if self.explain else None  # one record per dropped leaf

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Ghost", "GhostSet", "ReuseClock", "ReuseTimes"]
+__all__ = ["Ghost", "GhostRecord", "GhostSet", "ReuseClock", "ReuseTimes"]
 
 _RUN = 1024
 """Positions per run of `ReuseClock`'s marks (a query counts one run's bytes, sums the rest)."""
@@ -170,7 +170,7 @@ class ReuseTimes:
 
 @dataclass(slots=True)
 class Ghost:
-    """An evicted block remembered.
+    """An evicted block remembered (what `GhostSet.lookup` and `peek` give back).
 
     Attributes:
         eviction_id: Its eviction's number (the cache's count of evicted blocks, 1 first; the
@@ -190,6 +190,30 @@ class Ghost:
     tenant: str | None
 
 
+class _Eviction:
+    """What the victims of one eviction call share: its time, the clock's position, the blocks
+    kept and the policy. The set stores one of these per call and, per victim, only the tuple
+    (eviction id, tenant, this), so that an eviction of many blocks builds no object per victim
+    (a `Ghost` is made only when a lookup finds one)."""
+
+    __slots__ = ("evicted_at", "kept", "policy", "stamp")
+
+    def __init__(self, evicted_at: float, stamp: int, kept: int, policy: str) -> None:
+        self.evicted_at = evicted_at
+        self.stamp = stamp
+        self.kept = kept
+        self.policy = policy
+
+
+GhostRecord = tuple[int, "str | None", _Eviction]
+"""A ghost as stored: its eviction id, its tenant, its eviction call's shared fields."""
+
+
+def _ghost(record: GhostRecord) -> Ghost:
+    eviction_id, tenant, call = record
+    return Ghost(eviction_id, call.evicted_at, call.stamp, call.kept, call.policy, tenant)
+
+
 class GhostSet:
     """At most `capacity` evicted keys, oldest dropped first, and the clocks of the lookups.
 
@@ -207,7 +231,7 @@ class GhostSet:
         self.capacity = capacity
         self.times = ReuseTimes(horizon)  # every lookup: reuse times
         self._counted = ReuseClock(horizon)  # hits and ghost misses: regrets
-        self._ghosts: OrderedDict[Hashable, Ghost] = OrderedDict()
+        self._ghosts: OrderedDict[Hashable, GhostRecord] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ghosts)
@@ -219,8 +243,10 @@ class GhostSet:
         regret = self._counted
         if not regret.room(n):
             remap = regret.compact()
-            for ghost in self._ghosts.values():
-                ghost.stamp = remap(ghost.stamp)
+            # each eviction call's stamp once, however many of its victims are still ghosts
+            calls = {id(call): call for _, _, call in self._ghosts.values()}
+            for call in calls.values():
+                call.stamp = remap(call.stamp)
 
     def lookup(
         self, keys: Sequence[Hashable], n_hit: int
@@ -228,16 +254,26 @@ class GhostSet:
         """A lookup of `keys` that hit the first `n_hit`: the hits' reuse times (`ReuseTimes`),
         and for each missed key that was a ghost its index, its ghost (removed) and whether its
         return is a regret. Hits and ghost misses count for later regrets, in order."""
-        self._room(len(keys))
+        n = len(keys)
+        self._room(n)
         regret = self._counted
-        regret.access_many(keys[:n_hit])
+        if n_hit:
+            regret.access_many(keys[:n_hit])
         ghosts: list[tuple[int, Ghost, bool]] = []
-        pop = self._ghosts.pop
-        for i in range(n_hit, len(keys)):
-            ghost = pop(keys[i], None)
-            if ghost is not None:  # counted from its eviction, before this lookup of it
-                ghosts.append((i, ghost, regret.distinct_since(ghost.stamp) < ghost.kept))
-                regret.access(keys[i])
+        records = self._ghosts
+        # most lookups miss no ghost: one set intersection (a C loop) says which keys to visit
+        back = records.keys() & keys[n_hit:] if n > n_hit and records else None
+        if back:
+            pop = records.pop
+            for i in range(n_hit, n):
+                key = keys[i]
+                if key not in back:
+                    continue
+                record = pop(key, None)  # None: a key given twice, popped the first time
+                if record is not None:  # counted from its eviction, before this lookup of it
+                    call = record[2]
+                    ghosts.append((i, _ghost(record), regret.distinct_since(call.stamp) < call.kept))
+                    regret.access(key)
         return self.times.access_many(keys, n_hit), ghosts
 
     def stamp(self) -> int:
@@ -246,21 +282,29 @@ class GhostSet:
 
     def add(self, key: Hashable, ghost: Ghost) -> None:
         """`key` was evicted (a ghost again if it already was, with the new eviction)."""
-        self.add_many(((key, ghost),))
+        call = _Eviction(ghost.evicted_at, ghost.stamp, ghost.kept, ghost.policy)
+        self.add_records(((key, (ghost.eviction_id, ghost.tenant, call)),))
 
-    def add_many(self, evicted: Sequence[tuple[Hashable, Ghost]]) -> None:
-        """`add` of each (key, ghost), in order."""
-        ghosts, capacity = self._ghosts, self.capacity
+    def add_records(self, evicted: Sequence[tuple[Hashable, GhostRecord]]) -> None:
+        """`add` of each (key, record), in order; a record is (eviction id, tenant, the
+        eviction call's shared fields from `eviction`)."""
+        ghosts = self._ghosts
         pop, popitem = ghosts.pop, ghosts.popitem
-        for key, ghost in evicted:
+        for key, record in evicted:
             pop(key, None)
-            ghosts[key] = ghost
-        while len(ghosts) > capacity:
+            ghosts[key] = record
+        for _ in range(len(ghosts) - self.capacity):
             popitem(last=False)
+
+    @staticmethod
+    def eviction(evicted_at: float, stamp: int, kept: int, policy: str) -> _Eviction:
+        """The shared fields of one eviction call's ghosts (for `add_records`)."""
+        return _Eviction(evicted_at, stamp, kept, policy)
 
     def peek(self, key: Hashable) -> Ghost | None:
         """The ghost of `key`, left in place, or None."""
-        return self._ghosts.get(key)
+        record = self._ghosts.get(key)
+        return None if record is None else _ghost(record)
 
     def clear(self) -> None:
         """Forget every ghost (a cache reset: what comes back then was not evicted)."""

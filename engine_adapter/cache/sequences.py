@@ -215,6 +215,15 @@ class RunningSequences:
             seq.num_tokens = num_tokens
         return new_ids
 
+    def reserve_many(self, wants: Sequence[tuple[int, int]]) -> int:
+        """`reserve_tokens` of each (sequence id, tokens) in order, stopping at the first that
+        gets None (nothing changed for it or after it); returns how many got their blocks."""
+        reserve = self.reserve_tokens
+        for done, (sequence_id, num_tokens) in enumerate(wants):
+            if reserve(sequence_id, num_tokens) is None:
+                return done
+        return len(wants)
+
     def touch(self, sequence_id: int) -> None:
         """Record that a running sequence made progress (for preemption order)."""
         seq = self.get(sequence_id)

@@ -168,6 +168,7 @@ class RadixModel:
         self._allocate = manager.allocate
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
+        self._reserve_many = manager.reserve_tokens_many
         self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
         # tokens a sequence admitted on a compressed prefix stands for beyond what its cache holds
         self._shrink: dict[int, int] = {}
@@ -217,6 +218,13 @@ class RadixModel:
 
     def reserve(self, seq: SimSequence, tokens: int) -> bool:
         return self._reserve(seq.sid, tokens - self._shrink.get(seq.sid, 0)) is not None
+
+    def reserve_many(self, wants: Sequence[tuple[SimSequence, int]]) -> int:
+        """`reserve` of each (sequence, tokens) in order in one call to the manager (a decode
+        step's growth), up to the first that cannot get its block; returns how many did."""
+        shrink = self._shrink
+        done: int = self._reserve_many([(seq.sid, tokens - shrink.get(seq.sid, 0)) for seq, tokens in wants])
+        return done
 
     def select_victims(self, exclude: list[int]) -> list[int]:
         victims: list[int] = self.manager.select_preemption_victims(1, exclude=exclude)

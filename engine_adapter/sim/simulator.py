@@ -76,6 +76,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
@@ -85,7 +86,13 @@ from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
-from engine_adapter.sim.decode_steps import decode_time, steps_to_next, steps_until
+from engine_adapter.sim.decode_steps import (
+    decode_time,
+    grow_decoding,
+    reserve_each,
+    steps_to_next,
+    steps_until,
+)
 from engine_adapter.sim.run_state import RunState, SimResult, StepAdmission
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_model import SGLangModel
@@ -393,28 +400,16 @@ class Simulator:
 
     def _grow_decoding(self, st: RunState, admitted: list[SimSequence]) -> bool:
         """Decoding sequences that need a new block in this step get it first (radix), preempting
-        others by the policy's choice when the pool is short; True when anything was preempted."""
-        preempted_now = False
-        while st.needs and st.needs[0][0] <= st.step:
-            target, sid, epoch = heapq.heappop(st.needs)
-            seq = st.running.get(sid)
-            if seq is None or seq.epoch != epoch:
-                continue
-            cache = st.cache
-            assert cache is not None
-            while not cache.reserve(seq, seq.tokens + target - seq.start_step):
-                victims = cache.select_victims([sid, *(a.sid for a in admitted)])
-                preempted_now = True
-                if not victims:
-                    self._preempt(st, seq)  # nothing else to take from: it waits and re-prefills
-                    break
-                for victim in victims:
-                    self._preempt(st, st.running[victim])
-            else:
-                nxt = target + self.block_size
-                if nxt <= seq.start_step + seq.request.output_len - seq.decoded - 1:
-                    heapq.heappush(st.needs, (nxt, sid, epoch))
-        return preempted_now
+        others by the policy's choice when the pool is short; True when anything was preempted
+        (`decode_steps.grow_decoding`: the step's needs in one call to the cache model)."""
+        cache = st.cache
+        if cache is None:  # the flat model: no block needs
+            return False
+        many = cache.reserve_many if isinstance(cache, RadixModel) else partial(reserve_each, cache.reserve)
+        exclude = [a.sid for a in admitted]
+        return grow_decoding(
+            st.needs, st.running, st.step, self.block_size, cache, many, exclude, partial(self._preempt, st)
+        )
 
     def _preempt(self, st: RunState, seq: SimSequence) -> None:
         """Preempt a decoding sequence by recompute: back to the head of the queue (SGLang's
