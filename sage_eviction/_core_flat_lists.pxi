@@ -111,3 +111,100 @@ cdef int _ghosts_push(Ghosts* g, int64_t key) except -1:
     _link_head(g.newer, g.older, &g.ends, slot)
     _map_put(&g.index, key, slot)
     return 0
+
+
+cdef struct FarHeap:
+    # nodes by (next use, push), the farthest next use on top and, among equal ones (never used
+    # again), the earliest push: the order of Belady's lazy heap of (-next use, push, key) items,
+    # held here as one entry per node whose priority is updated in place
+    int32_t* heap  # node indices, a binary heap
+    int32_t* at  # node -> its index in `heap`
+    int64_t* next_use
+    int64_t* push
+    Py_ssize_t size
+
+
+cdef int _far_init(FarHeap* h, Py_ssize_t nodes) except -1:
+    h.heap = <int32_t*>malloc(nodes * sizeof(int32_t))
+    h.at = <int32_t*>malloc(nodes * sizeof(int32_t))
+    h.next_use = <int64_t*>malloc(nodes * sizeof(int64_t))
+    h.push = <int64_t*>malloc(nodes * sizeof(int64_t))
+    h.size = 0
+    if h.heap == NULL or h.at == NULL or h.next_use == NULL or h.push == NULL:
+        raise MemoryError()
+    return 0
+
+
+cdef void _far_clear(FarHeap* h) noexcept:
+    h.heap = h.at = NULL
+    h.next_use = h.push = NULL
+    h.size = 0
+
+
+cdef void _far_free(FarHeap* h) noexcept:
+    free(h.heap)
+    free(h.at)
+    free(h.next_use)
+    free(h.push)
+    _far_clear(h)
+
+
+cdef inline bint _far_before(FarHeap* h, int32_t a, int32_t b) noexcept nogil:
+    # whether node `a` leaves before node `b`
+    return h.next_use[a] > h.next_use[b] or (h.next_use[a] == h.next_use[b] and h.push[a] < h.push[b])
+
+
+cdef inline void _far_place(FarHeap* h, Py_ssize_t i, int32_t node) noexcept nogil:
+    h.heap[i] = node
+    h.at[node] = <int32_t>i
+
+
+cdef void _far_up(FarHeap* h, Py_ssize_t i) noexcept nogil:
+    cdef int32_t node = h.heap[i]
+    cdef Py_ssize_t parent
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _far_before(h, node, h.heap[parent]):
+            break
+        _far_place(h, i, h.heap[parent])
+        i = parent
+    _far_place(h, i, node)
+
+
+cdef void _far_down(FarHeap* h, Py_ssize_t i) noexcept nogil:
+    cdef int32_t node = h.heap[i]
+    cdef Py_ssize_t child
+    while True:
+        child = 2 * i + 1
+        if child >= h.size:
+            break
+        if child + 1 < h.size and _far_before(h, h.heap[child + 1], h.heap[child]):
+            child += 1
+        if not _far_before(h, h.heap[child], node):
+            break
+        _far_place(h, i, h.heap[child])
+        i = child
+    _far_place(h, i, node)
+
+
+cdef void _far_set(FarHeap* h, int32_t node, int64_t next_use, int64_t push, bint held) noexcept nogil:
+    # a new node (held False) or a held one's new priority (its next use only grows, its push too)
+    h.next_use[node] = next_use
+    h.push[node] = push
+    if not held:
+        _far_place(h, h.size, node)
+        h.size += 1
+        _far_up(h, h.size - 1)
+    else:
+        _far_up(h, h.at[node])
+        _far_down(h, h.at[node])
+
+
+cdef int32_t _far_pop(FarHeap* h) noexcept nogil:
+    # the top node, out of the heap (the heap is not empty)
+    cdef int32_t top = h.heap[0]
+    h.size -= 1
+    if h.size > 0:
+        _far_place(h, 0, h.heap[h.size])
+        _far_down(h, 0)
+    return top

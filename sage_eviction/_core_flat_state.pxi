@@ -28,6 +28,7 @@ cdef enum _Kind:
     K_SIEVE = 4
     K_S3FIFO = 5
     K_ARC = 6
+    K_BELADY = 7
 
 cdef int _S3_SMALL = 0  # s3fifo's queues
 cdef int _S3_MAIN = 1
@@ -93,6 +94,7 @@ cdef dict _kinds():
     global _state_kinds
     if _state_kinds is None:
         from sage_eviction.policies.arc import ARCPolicy
+        from sage_eviction.policies.belady import BeladyPolicy
         from sage_eviction.policies.fifo import FIFOPolicy
         from sage_eviction.policies.filo import FILOPolicy
         from sage_eviction.policies.lru import LRUPolicy
@@ -101,7 +103,8 @@ cdef dict _kinds():
         from sage_eviction.policies.sieve import SIEVEPolicy
 
         _state_kinds = {LRUPolicy: K_LRU, FIFOPolicy: K_FIFO, MRUPolicy: K_MRU, FILOPolicy: K_FILO,
-                        SIEVEPolicy: K_SIEVE, S3FIFOPolicy: K_S3FIFO, ARCPolicy: K_ARC}
+                        SIEVEPolicy: K_SIEVE, S3FIFOPolicy: K_S3FIFO, ARCPolicy: K_ARC,
+                        BeladyPolicy: K_BELADY}
     return _state_kinds
 
 
@@ -141,6 +144,13 @@ cdef class FlatState:
     cdef bint has_evicted, pending_replace
     cdef double p
     cdef Ghosts ghosts, ghosts2
+    # belady: its future (the keys, checked as its strict mode checks them; each position's next
+    # use, the policy's own array), the position the next call consumes, and the nodes by next use
+    cdef object future
+    cdef const long long[::1] next_pos
+    cdef Py_ssize_t pos, never
+    cdef int64_t pushes, incoming
+    cdef FarHeap far
     cdef object tracker, latency
     cdef double tick  # seconds a tick of `sage_ticks`
     # the decision times of this call, written into `latency` when it returns (`_flush_latency`):
@@ -158,6 +168,7 @@ cdef class FlatState:
         self.lat_ring = NULL
         _ghosts_clear(&self.ghosts)
         _ghosts_clear(&self.ghosts2)
+        _far_clear(&self.far)
 
     def __init__(self, policy, Py_ssize_t capacity, *, reprefill=None, latency=None,
                  bint record_victims=False):
@@ -194,6 +205,13 @@ cdef class FlatState:
         elif kind == K_ARC:  # the directory keeps |B1| <= c and |B1| + |B2| <= 2c: never full
             _ghosts_init(&self.ghosts, 2 * capacity + 1)
             _ghosts_init(&self.ghosts2, 2 * capacity + 1)
+        elif kind == K_BELADY:
+            if policy._future is None or not policy._strict or policy.position:
+                raise TypeError("belady's state in C needs its whole future set, strict, unread")
+            self.future = policy._future
+            self.next_pos = policy._next_pos
+            self.never = policy._never
+            _far_init(&self.far, capacity)
         self.tracker = reprefill
         self.latency = latency
         self.tick = _tick_seconds() if latency is not None else 0.0
@@ -215,6 +233,7 @@ cdef class FlatState:
         free(self.lat_ring)
         _ghosts_free(&self.ghosts)
         _ghosts_free(&self.ghosts2)
+        _far_free(&self.far)
 
     def __reduce__(self):
         raise TypeError("a FlatState's policy lives in C memory: it cannot be pickled")
@@ -235,6 +254,8 @@ cdef class FlatState:
         small queue's, then its main queue's)."""
         cdef list out = []
         cdef int32_t node
+        if self.kind == K_BELADY:  # no list: the heap's nodes, in heap order
+            return [self.node_key[self.far.heap[i]] for i in range(self.far.size)]
         for queue in range(2):
             node = self.q[queue].tail
             while node != -1:
@@ -267,6 +288,9 @@ cdef class FlatState:
             self._s3fifo_hit(node)
         elif self.kind == K_ARC:
             self._arc_hit(node)
+        elif self.kind == K_BELADY:
+            self.pushes += 1
+            _far_set(&self.far, node, self.incoming, self.pushes, True)
 
     cdef int32_t _pop_victim(self) except -1:
         # the policy's `_pop_victim` (the cache is full, so a queue is not empty): the victim's
@@ -276,6 +300,8 @@ cdef class FlatState:
             node = self._s3fifo_victim()
         elif self.kind == K_ARC:
             node = self._arc_victim()
+        elif self.kind == K_BELADY:
+            node = _far_pop(&self.far)
         else:
             if self.kind == K_MRU or self.kind == K_FILO:
                 node = self.q[0].head
@@ -299,6 +325,10 @@ cdef class FlatState:
             queue = self._s3fifo_queue_for_new()
         elif self.kind == K_ARC:
             queue = self._arc_queue_for_new()
+        elif self.kind == K_BELADY:  # in the heap by its next use, in no list
+            self.pushes += 1
+            _far_set(&self.far, node, self.incoming, self.pushes, False)
+            return 0
         self.where[node] = queue
         self._link(queue, node)
         return 0
@@ -478,11 +508,28 @@ cdef class FlatState:
         self.evictions += 1
         return 0
 
+    cdef int _belady_consume(self, int64_t key) except -1:
+        # BeladyPolicy._consume in strict mode, then its commit: the call takes the next position
+        # of the future, whose next use scores the key (`incoming`)
+        cdef Py_ssize_t pos = self.pos
+        if pos >= self.never:
+            raise PolicyStateError(
+                f"belady: call for key {key!r} past the end of the future ({self.never} lookups)")
+        expected = self.future[pos]
+        if _as_key(expected) != key:
+            raise PolicyStateError(f"belady: the calls diverge from the future at position {pos}: "
+                                   f"expected key {expected!r}, got {key!r}")
+        self.incoming = self.next_pos[pos]
+        self.pos = pos + 1
+        return 0
+
     cdef int request_key(self, int64_t key) except -1:
         # 1 for a hit, 0 for a miss (admitted)
         cdef int64_t found
         cdef int32_t node
         self.requests += 1
+        if self.kind == K_BELADY:
+            self._belady_consume(key)
         found = _map_get(&self.index, key)
         if found != _ABSENT:
             self._hit(<int32_t>found)

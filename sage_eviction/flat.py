@@ -87,8 +87,11 @@ def _prepare_hook(policy: EvictionPolicy) -> Callable[[Hashable], None] | None:
 
 
 def _has_state_in_c(core: Any, policy: EvictionPolicy) -> bool:
-    """Whether `core.FlatState` runs `policy` (its exact, compiled, built-in class)."""
-    return type(policy).name in core.flat_state_policies() and bool(core.has_compiled_ops(policy))
+    """Whether `core.FlatState` runs `policy` (its exact, compiled, built-in class; Belady with
+    its whole future set, strict, as the flat cache sets it)."""
+    if type(policy).name not in core.flat_state_policies() or not core.has_compiled_ops(policy):
+        return False
+    return not isinstance(policy, BeladyPolicy) or (policy.has_strict_future and policy.position == 0)
 
 
 class FlatCache:

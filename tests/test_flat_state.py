@@ -26,6 +26,7 @@ from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import native
+from sage_eviction.errors import PolicyStateError
 from sage_eviction.flat import FlatCache, simulate_flat
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.lru import LRUPolicy
@@ -33,7 +34,7 @@ from sage_eviction.registry import create_policy
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 
-STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc")
+STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "belady")
 LOW, HIGH = -(2**63), 2**63 - 1
 KEYS = st.one_of(st.integers(-3, 30), st.sampled_from([LOW, LOW + 1, HIGH, HIGH - 1, 0]))
 STREAMS = st.lists(st.lists(KEYS, min_size=0, max_size=12), min_size=1, max_size=30)
@@ -50,9 +51,14 @@ def test_the_core_runs_the_policies_this_file_tests() -> None:
     assert _core().flat_state_policies() == sorted(STATE_POLICIES)
 
 
-def _state_cache(policy: str, capacity: int) -> FlatCache:
+def _state_cache(policy: str, capacity: int, future: list[int]) -> FlatCache:
     cache = FlatCache(
-        policy, capacity, reprefill=ReprefillTracker(), latency=LatencyRecorder(window=4), int_keys=True
+        policy,
+        capacity,
+        future=future,  # belady's (the others ignore it)
+        reprefill=ReprefillTracker(),
+        latency=LatencyRecorder(window=4),
+        int_keys=True,
     )
     assert cache.policy_calls == "c-state"
     cache._state = _core().FlatState(
@@ -61,12 +67,13 @@ def _state_cache(policy: str, capacity: int) -> FlatCache:
     return cache
 
 
-def _python_cache(policy: str, capacity: int) -> tuple[FlatCache, list[Any]]:
+def _python_cache(policy: str, capacity: int, future: list[int]) -> tuple[FlatCache, list[Any]]:
     victims: list[Any] = []
     with native.pure_python():
         cache = FlatCache(
             policy,
             capacity,
+            future=future,
             reprefill=ReprefillTracker(),
             latency=LatencyRecorder(window=4),
             on_evict=lambda victim, seconds: victims.append(victim),
@@ -96,8 +103,9 @@ def _picture(cache: FlatCache, victims: list[Any]) -> dict[str, Any]:
 def test_the_state_in_c_is_the_python_policy(
     policy: str, chunks: list[list[int]], capacity: int, by_key: bool
 ) -> None:
-    state = _state_cache(policy, capacity)
-    reference, reference_victims = _python_cache(policy, capacity)
+    future = [key for chunk in chunks for key in chunk]
+    state = _state_cache(policy, capacity, future)
+    reference, reference_victims = _python_cache(policy, capacity, future)
     for chunk in chunks:
         if by_key:  # `request` one key at a time, as `lookup` does inside
             assert [state.request(k) for k in chunk] == [reference.request(k) for k in chunk]
@@ -120,8 +128,8 @@ def test_long_skewed_streams_agree(policy: str, capacity: int) -> None:
     rng = random.Random(capacity)
     hot = [rng.randrange(-(2**40), 2**40) for _ in range(capacity * 2)]  # reused keys
     keys = [rng.choice(hot) if rng.random() < 0.6 else rng.randrange(10 * capacity) for _ in range(6000)]
-    state = _state_cache(policy, capacity)
-    reference, reference_victims = _python_cache(policy, capacity)
+    state = _state_cache(policy, capacity, keys)
+    reference, reference_victims = _python_cache(policy, capacity, keys)
     for at in range(0, len(keys), 17):
         chunk = keys[at : at + 17]
         assert state.lookup(tuple(chunk)) == reference.lookup(chunk)
@@ -179,6 +187,15 @@ def test_which_caches_keep_the_policys_state_in_c() -> None:
         counted = ReprefillTracker()
         counted.on_evict(3)
         FlatCache("lru", 4, int_keys=True, reprefill=counted)
+    assert FlatCache("belady", 4, int_keys=True).policy_calls == "compiled"  # no future: no state in C
+    strayed = FlatCache("belady", 2, future=[1, 2, 3], int_keys=True)
+    assert strayed.policy_calls == "c-state"
+    assert strayed.lookup((1, 2)) == (0, False)
+    with pytest.raises(PolicyStateError, match="diverge from the future at position 2: expected key 3"):
+        strayed.request(4)
+    assert strayed.request(3) is False
+    with pytest.raises(PolicyStateError, match="past the end of the future"):
+        strayed.request(3)
     with pytest.raises(TypeError, match="cannot be pickled"):
         import pickle
 

@@ -25,6 +25,7 @@ from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.belady import BeladyPolicy
+from sage_eviction.registry import get_policy_class, parse_policy_spec
 
 __all__ = ["FlatModel", "RadixBelady", "RadixModel"]
 
@@ -92,15 +93,15 @@ class FlatModel:
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
         self.reprefill = ReprefillTracker()
         self.latency = LatencyRecorder()
+        offline = get_policy_class(parse_policy_spec(policy)[0]).offline
         self.cache = FlatCache(
             policy,
             capacity,
+            future=lookup_keys(requests) if offline else None,  # only the offline policy needs it
             reprefill=self.reprefill,
             latency=self.latency,
             int_keys=_int64_keys(requests),
         )
-        if isinstance(self.cache.policy, BeladyPolicy):  # only the offline policy needs the future
-            self.cache.policy.set_future(lookup_keys(requests))
 
     @property
     def policy_calls(self) -> str:

@@ -96,6 +96,11 @@ class BeladyPolicy(HeapPolicy):
         self._rebuild()
 
     @property
+    def has_strict_future(self) -> bool:
+        """Whether a future is set and each call must be its next key (strict mode)."""
+        return self._future is not None and self._strict
+
+    @property
     def position(self) -> int:
         """The position in the future that the next insert or access consumes."""
         return self._pos
