@@ -7,7 +7,7 @@
 # table (key -> node, _core_i64map.pxi), the nodes in intrusive doubly linked lists (head:
 # newest), the ghosts as FIFOs of keys (_core_flat_lists.pxi), and the re-prefill tracker's
 # evicted keys in a second table. The policies whose whole decision is a place in one list (lru,
-# fifo, mru, filo, sieve) and the adaptive queues (s3fifo, arc) run here: `FlatCache.request`
+# fifo, mru, filo, sieve), the adaptive queues (s3fifo, arc) and belady run here: `FlatCache.request`
 # per key, line for line, with each policy's Python hooks as the reference
 # (tests/test_flat_state.py runs both).
 
