@@ -61,6 +61,7 @@ cdef extern from "descrobject.h":
         PyMemberDef* d_member
 
 __all__ = [
+    "KeySet",
     "PolicyOpsCaller",
     "ScoreHeap",
     "compiled_policies",
@@ -97,6 +98,7 @@ cdef inline bint as_double(PyObject* v, double* out) noexcept:
 include "_core_heap.pxi"
 include "_core_select.pxi"
 include "_core_scoring.pxi"
+include "_core_keyset.pxi"
 include "_core_ops.pxi"
 include "_core_ops_levelled.pxi"
 include "_core_ops_sieve.pxi"

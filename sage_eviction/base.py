@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.handover import EntryHandover
+from sage_eviction.keyset import new_key_set
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.sequence_level import SequenceLevelInterface
 from sage_eviction.types import EntryMeta, EvictionStrategy
@@ -71,7 +72,8 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._meta: dict[Hashable, EntryMeta] = {}
         self._evictable: set[Hashable] = set()
         self._clock = 0  # logical time: one tick per insert or access
-        self._evicted: set[Hashable] = set()  # evicted and not yet requested again
+        # evicted and not yet requested again: compact for int keys (sage_eviction/keyset.py)
+        self._evicted: Any = new_key_set()
         self._evictions = 0
         self._re_prefills = 0
         self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups]
