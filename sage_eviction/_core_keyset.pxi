@@ -211,12 +211,15 @@ cdef class KeySet:
 
 
 # The C operations that update a set of evicted keys: a compiled `KeySet` through its C methods,
-# anything else (the reference `PyKeySet`, a plain set a subclass put there) through its own.
+# anything else (the reference `PyKeySet`, a plain set a subclass put there) through its own;
+# None (a policy's after `stop_recording_evicted`) records nothing.
 
 cdef inline bint evicted_discard(object keys, object key) except -1:
     """Discard `key` from the evicted keys; True when it was there (a re-prefill)."""
     if type(keys) is KeySet:
         return (<KeySet>keys).discard_key(key)
+    if keys is None:
+        return False
     if key in keys:
         keys.discard(key)
         return True
@@ -226,5 +229,6 @@ cdef inline bint evicted_discard(object keys, object key) except -1:
 cdef inline int evicted_add(object keys, object key) except -1:
     if type(keys) is KeySet:
         return (<KeySet>keys).add_key(key)
-    keys.add(key)
+    if keys is not None:
+        keys.add(key)
     return 0

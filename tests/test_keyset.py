@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_eviction import native
+from sage_eviction import get_policy_class, native
 from sage_eviction.keyset import PyKeySet, new_key_set
 from sage_eviction.metrics import ReprefillTracker
 
@@ -81,8 +82,58 @@ def test_many_consecutive_ids_grow_and_shrink() -> None:
 
 
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_deletions_in_probe_runs_that_wrap_around_the_table() -> None:
+    """Up to 7 keys in the first table (16 slots, so runs of probes often wrap from the last
+    slot to the first), discarded one at a time in random orders: every other key stays found."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        keys = rng.sample(range(-50, 200), rng.randint(2, 7))
+        held = _core.KeySet(keys)
+        left = set(keys)
+        for key in rng.sample(keys, len(keys)):
+            held.discard(key)
+            left.discard(key)
+            assert all((k in held) == (k in left) for k in keys), (keys, key)
+        assert len(held) == 0
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
 def test_compact_where_the_core_is_used() -> None:
     assert type(new_key_set()) is _core.KeySet
     assert type(ReprefillTracker()._evicted) is _core.KeySet
     with native.pure_python():
         assert type(new_key_set()) is PyKeySet
+
+
+@pytest.mark.parametrize("path", ["python", "c_table"])
+def test_a_policy_that_stops_recording_evicted_keys_evicts_the_same(path: str) -> None:
+    """The simulator's radix rows count re-prefills in the cache's tracker and stop the
+    policy's own record: same victims, no keys held, no re-prefills counted by the policy."""
+    if path == "c_table" and _core is None:
+        pytest.skip("the compiled core is not built")
+    policies = [get_policy_class("lru")(), get_policy_class("lru")()]
+    policies[1].stop_recording_evicted()
+    victims = []
+    for policy in policies:
+        calls = _core.PolicyOpsCaller(policy) if path == "c_table" else policy
+        for key in (1, 2, 3):
+            calls.insert(key)
+        first = calls.evict(2)
+        calls.insert(1)  # evicted, requested again
+        victims.append((first, calls.evict(1)))
+    assert victims[0] == victims[1] == ([1, 2], [3])
+    assert policies[0]._re_prefills == 1 and set(policies[0]._evicted) == {2, 3}
+    assert policies[1]._re_prefills == 0 and policies[1]._evicted is None
+
+
+def test_a_radix_row_keeps_the_evicted_keys_once() -> None:
+    from engine_adapter.sim.capacity import min_capacity
+    from engine_adapter.sim.simulator import Simulator
+    from engine_adapter.sim.synthetic import synthetic
+
+    workload = synthetic(requests=50, seed=1)
+    sim = Simulator(workload, "lru", min_capacity(workload))
+    st = sim.start_run()
+    sim.advance(st, float("inf"))
+    assert st.cache is not None and st.cache.manager.policy._evicted is None
+    assert len(st.cache.manager._metrics.reprefill._evicted) > 0

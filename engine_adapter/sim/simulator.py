@@ -246,6 +246,7 @@ class Simulator:
                 )
             belady = RadixBelady(requests)
             manager.radix.set_policy(belady)
+        manager.policy.stop_recording_evicted()  # the row's re-prefills are the manager's own
         return RadixModel(manager, belady)
 
     def _now(self) -> float:
