@@ -182,12 +182,14 @@ def _throughput_benchmark() -> Any:
 
 
 # Measured (benchmarks/sim_throughput.py --generated 2e6, docs/performance.md, "Simulator throughput
-# and memory"): the child sits at 48 MiB once it has imported the simulator; the row's peak was
-# 169 MiB (63 bytes a lookup above the imports) before the trace's ids were shared and the list of
-# every lookup dropped, and is 143 MiB (50 bytes a lookup) since. The bound, the imports and 56
-# bytes a lookup (157 MiB), holds now with 13 MiB to spare and fails the memory of before.
+# and memory" and "Traces as arrays"): the child sits at about 50 MiB once it has imported the
+# simulator; the row's peak was 169 MiB (63 bytes a lookup above the imports) before issue 34,
+# 143 MiB (50 bytes a lookup) once the ids were shared, and is 116 MiB (35 bytes a lookup) with
+# the trace as arrays, the evicted keys compact and held once, and a window of the queue as
+# objects. The bound, the imports and 40 bytes a lookup (126 MiB), holds now with 10 MiB to spare
+# and fails the memory of before.
 _LOOKUPS = 2_000_000
-_PEAK_BOUND = 50 * 2**20 + 56 * _LOOKUPS
+_PEAK_BOUND = 50 * 2**20 + 40 * _LOOKUPS
 
 
 @pytest.mark.slow

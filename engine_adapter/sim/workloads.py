@@ -27,15 +27,17 @@ Sources, one module each:
 
 The trace readers stream the file line by line (`engine_adapter.sim.trace_file`): memory holds
 the parsed requests and one line, never the file's text (a 300 MB Mooncake trace of 200,000
-requests: 86 MB peak RSS, against 673 MB when the text was read whole). A request's keys are a
-tuple of shared key objects, 8 bytes a lookup (the Mooncake reader keeps one object per distinct
-hash id); what a row derives from the lookup stream is built only for the rows that need it
-(`lookup_keys`, the future of an offline policy; `next_use_positions`, the radix Belady's one
-int64 array): docs/performance.md, "Simulator throughput and memory". The requests are kept
-in one list, sorted in place only when the file is not already in arrival order (the Mooncake
-traces are: `sorted_by_arrival`). With `limit`, parsing stops after that many requests; the
-rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is the whole file's
-digest whatever the limit.
+requests: 86 MB peak RSS, against 673 MB when the text was read whole). The Mooncake reader
+fills a `RequestTable` (`engine_adapter.sim.request_table`): every request's keys in one int32
+or int64 array, its fields as columns, each `SimRequest` built when asked for; the other sources
+return a list of `SimRequest`s. What a row derives from the lookup stream is computed from the
+table's arrays where there is one, and built only for the rows that need it (`lookup_keys`, the
+future of an offline policy; `next_use_positions`, the radix Belady's one int64 array):
+docs/performance.md, "Simulator throughput and memory" and "Traces as arrays". Requests are
+sorted only when the file is not already in arrival order (the Mooncake traces are:
+`sorted_by_arrival`, `RequestTable.sorted_by_arrival`). With `limit`, parsing stops after that
+many requests; the rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is
+the whole file's digest whatever the limit.
 
 Bad input raises `WorkloadError` (a `ValueError`) with a one-line message; for a file it
 reads ``path:line: what is wrong``, values from the file cut short. That includes a line nested
