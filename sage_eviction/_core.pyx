@@ -18,8 +18,9 @@ helpers): `_core_heap.pxi` (the score heap and `sorted_keys`), `_core_select.pxi
 the recency queues; declared for other compiled modules in `_core.pxd`) with one file per family
 of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve, slru;
 `_core_ops_heap.pxi`: gdsf, slo, predictive, belady and `share_ops`; `_core_ops_ghosts.pxi`:
-s3fifo, arc, mq), and `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call). Each
-mirrors its Python reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py).
+s3fifo, arc, mq), `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call) and
+`_core_keyset.pxi` (`KeySet`, the compact set of evicted keys). Each mirrors its Python reference
+(tests/test_policy_ops*.py, tests/test_flat_lookup.py, tests/test_keyset.py).
 
 `-ffp-contract=off`: no fused multiply-add, so the candidate keys are the very doubles Python's
 own arithmetic gives.
