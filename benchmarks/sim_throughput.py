@@ -15,7 +15,8 @@ the differential tests, never by sage.
 
 `--generated N`: the peak resident memory of one lru radix row on a generated trace of N block
 lookups (a Mooncake JSON-lines file written from sage's synthetic generator), read and run in a
-child process as `sage llm benchmark --trace FILE` would; the peak is that child's `ru_maxrss`.
+child process as `sage llm benchmark --trace FILE` would; the peak is that child's own `VmHWM`,
+with the bytes of the trace's arrays (`RequestTable.nbytes`) beside it.
 `--sweep` adds the --jobs figure of issue 16: rows per second of a `run_benchmark` sweep with
 jobs=2 over jobs=1, beside what a pure CPU loop gets from 2 processes at the same time.
 
@@ -306,6 +307,7 @@ def _child_row(path: Path, policy: str, ratio: float) -> None:
         "read_s": read_s,
         "row_s": time.perf_counter() - t0,
         "implementation": core_implementation(),
+        "trace_array_bytes": nbytes() if (nbytes := getattr(workload.requests, "nbytes", None)) else None,
         "own_peak_rss_bytes": _own_peak_rss(),
     }
     print(json.dumps(figures))
@@ -356,6 +358,11 @@ def _print_generated(figures: dict[str, Any]) -> None:
         f"hit {hit:.3f}, read {figures['read_s']:.1f} s, "
         f"row {figures['row_s']:.1f} s ({figures['block_lookups'] / figures['row_s'] / 1e6:.3f}M lookups/s); "
         f"peak RSS of the child {figures['peak_rss_bytes'] / 2**30:.3f} GiB"
+        + (
+            f" (the trace's arrays {arrays / 2**20:.0f} MiB)"
+            if (arrays := figures.get("trace_array_bytes"))
+            else ""
+        )
     )
 
 

@@ -21,8 +21,10 @@ of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve,
 s3fifo, arc, mq), `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call) and
 `_core_flat_state.pxi` (`FlatState`: the flat cache with int64 keys and its policy's state in C
 arrays, for lru, fifo, mru, filo, sieve, s3fifo, arc and belady, over the int64 tables of
-`_core_i64map.pxi` and the lists and ghosts of `_core_flat_lists.pxi`). Each mirrors its Python
-reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py).
+`_core_i64map.pxi` and the lists and ghosts of `_core_flat_lists.pxi`), and `_core_keyset.pxi`
+(`KeySet`, the compact set of evicted keys, over the same int64 table). Each mirrors its Python
+reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py, tests/test_flat_state.py,
+tests/test_keyset.py).
 
 `-ffp-contract=off`: no fused multiply-add, so the candidate keys are the very doubles Python's
 own arithmetic gives.
@@ -65,6 +67,7 @@ cdef extern from "descrobject.h":
 
 __all__ = [
     "FlatState",
+    "KeySet",
     "PolicyOpsCaller",
     "ScoreHeap",
     "compiled_policies",
@@ -102,12 +105,13 @@ cdef inline bint as_double(PyObject* v, double* out) noexcept:
 include "_core_heap.pxi"
 include "_core_select.pxi"
 include "_core_scoring.pxi"
+include "_core_i64map.pxi"
+include "_core_keyset.pxi"
 include "_core_ops.pxi"
 include "_core_ops_levelled.pxi"
 include "_core_ops_sieve.pxi"
 include "_core_ops_heap.pxi"
 include "_core_ops_ghosts.pxi"
 include "_core_flat.pxi"
-include "_core_i64map.pxi"
 include "_core_flat_lists.pxi"
 include "_core_flat_state.pxi"

@@ -9,9 +9,7 @@
 
 cdef inline int _reprefill_request(object tracker, object key) except -1:
     # ReprefillTracker.on_request
-    cdef set evicted = tracker._evicted
-    if key in evicted:
-        evicted.discard(key)
+    if evicted_discard(tracker._evicted, key):
         tracker.re_prefilled += 1
     return 0
 
@@ -19,7 +17,7 @@ cdef inline int _reprefill_request(object tracker, object key) except -1:
 cdef inline int _reprefill_evict(object tracker, object key) except -1:
     # ReprefillTracker.on_evict
     tracker.evictions += 1
-    (<set>tracker._evicted).add(key)
+    evicted_add(tracker._evicted, key)
     return 0
 
 

@@ -1,6 +1,7 @@
 # int64 keys in open-addressing tables: `I64Map` (a map to int64 values >= 0, or a set).
-# Part of sage_eviction/_core.pyx, included before the flat cache's state (_core_flat_state.pxi),
-# which keeps its keys, its ghosts and the re-prefill tracker's evicted keys in them.
+# Part of sage_eviction/_core.pyx, included before the compact key set (_core_keyset.pxi, the
+# evicted keys of the policies and the re-prefill tracker) and the flat cache's state
+# (_core_flat_state.pxi: its keys, its ghosts and its evicted keys): the core's one hash table.
 
 from libc.stdint cimport INT64_MIN, int64_t, uint64_t
 from libc.stdlib cimport free, malloc

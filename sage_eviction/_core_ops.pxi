@@ -119,7 +119,6 @@ cdef inline int _count_tenant(dict a, object meta, bint hit) except -1:
 cdef int base_insert(PolicyOps* ops, object policy, object key, object meta, bint evictable) except -1:
     cdef dict a = attrs(policy)
     cdef dict metas = a["_meta"]
-    cdef set evicted
     if key in metas:
         raise DuplicateKeyError(f"{policy.name}: key {key!r} is already in the policy")
     if meta is None:
@@ -128,9 +127,7 @@ cdef int base_insert(PolicyOps* ops, object policy, object key, object meta, bin
     metas[key] = meta
     if evictable:
         (<set>a["_evictable"]).add(key)
-    evicted = a["_evicted"]
-    if key in evicted:
-        evicted.discard(key)
+    if evicted_discard(a["_evicted"], key):
         a["_re_prefills"] = a["_re_prefills"] + 1
     _count_tenant(a, meta, False)
     return ops.on_insert(policy, key, meta, evictable)
@@ -176,7 +173,7 @@ cdef object base_evict_one(PolicyOps* ops, object policy, bint* found):
     key = ops.pop_victim(policy)
     held.discard(key)
     del (<dict>a["_meta"])[key]
-    (<set>a["_evicted"]).add(key)
+    evicted_add(a["_evicted"], key)
     a["_evictions"] = a["_evictions"] + 1
     found[0] = True
     return key

@@ -22,11 +22,12 @@ victims and records (tests/test_flat_lookup.py).
 
 With `int_keys=True` (the keys are ints within int64, as the simulator's block keys are) and no
 per-block hooks, a policy of `_core.flat_state_policies()` (lru, fifo, mru, filo, sieve, s3fifo,
-arc; belady given its future here) runs with its state in C too (`sage_eviction._core.FlatState`: an int64 hash table and a linked list, the
-re-prefill tracker's evicted keys in a second table), which removes the Python containers'
-operations that are most of the cost of the other paths (docs/performance.md). The policy object
-then stays empty: it names the policy, and the cache's `keys()` gives the held keys; the counts, victims and
-records are the other paths' (tests/test_flat_state.py).
+arc; belady given its future here) runs with its state in C too (`sage_eviction._core.FlatState`:
+an int64 hash table, linked lists, ghosts, a heap, the re-prefill tracker's evicted keys in a
+second table), which removes the Python containers' operations that are most of the cost of the
+other paths (docs/performance.md). The policy object then stays empty: it names the policy, and
+the cache's `keys()` gives the held keys; the counts, victims and records are the other paths'
+(tests/test_flat_state.py).
 """
 
 from __future__ import annotations

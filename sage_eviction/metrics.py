@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
+from sage_eviction.keyset import new_key_set
 from sage_eviction.types import EvictionMetrics
 
 __all__ = [
@@ -57,13 +59,15 @@ class ReprefillTracker:
     """Counts evicted keys that come back.
 
     A key is counted once per eviction: evicted, requested again (and so recomputed), it adds
-    one to `re_prefilled`; evicted again, it may count again.
+    one to `re_prefilled`; evicted again, it may count again. The evicted keys not yet requested
+    again are a `KeySet` (sage_eviction/keyset.py): 16 to 32 bytes an int key where the compiled
+    core is used, against about 80 in a set of int objects.
     """
 
     __slots__ = ("_evicted", "evictions", "re_prefilled")
 
     def __init__(self) -> None:
-        self._evicted: set[Hashable] = set()
+        self._evicted: Any = new_key_set()
         self.evictions = 0
         self.re_prefilled = 0
 
@@ -80,14 +84,9 @@ class ReprefillTracker:
     def on_requests(self, keys: Iterable[Hashable]) -> int:
         """`on_request` of each key (one call for a request's missed blocks); returns how many
         were re-prefills."""
-        evicted = self._evicted
-        if not evicted:
-            return 0
-        back = evicted.intersection(keys)
-        if back:
-            evicted.difference_update(back)
-            self.re_prefilled += len(back)
-        return len(back)
+        back: int = self._evicted.remove_present(keys)
+        self.re_prefilled += back
+        return back
 
     def on_request(self, key: Hashable) -> bool:
         """A key was requested; returns True when it had been evicted (a re-prefill)."""

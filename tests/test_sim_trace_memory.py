@@ -3,8 +3,8 @@
 - `next_use_positions` (Belady's one int64 array over the lookup stream) against a brute-force
   scan, and the radix model's Belady rows computed from it against the per-key index of positions
   it replaced (kept here as the reference): the same rows, field for field, timings aside.
-- The Mooncake reader keeps one int object per distinct hash id (the JSON parser makes one per
-  occurrence), with the ids and rows unchanged.
+- The Mooncake reader holds the hash ids in one integer array (`RequestTable`), with the ids and
+  rows unchanged.
 - A malformed line near the start of a large trace is refused with its line number after reading
   little of the file (bytes read, from /proc/self/io, not time).
 - Slow: one lru radix row on a generated trace of 2 x 10^6 block lookups, read and run in a child
@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from engine_adapter.sim import simulator as simulator_module
 from engine_adapter.sim.cache_models import RadixBelady
 from engine_adapter.sim.mooncake_trace import mooncake_stream, read_mooncake
+from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.simulator import min_capacity, simulate
 from engine_adapter.sim.synthetic import synthetic, synthetic_stream
@@ -117,7 +118,9 @@ def test_radix_belady_scores_a_key_outside_the_served_request_by_its_positions()
     assert (belady._next(3), belady._next(1), belady._next(99)) == (2, 3, 5)
 
 
-def test_the_mooncake_reader_keeps_one_object_per_hash_id(tmp_path: Path) -> None:
+def test_the_mooncake_reader_holds_the_ids_in_one_integer_array(tmp_path: Path) -> None:
+    """The ids of every request in one int32 array (int64 once an id needs it), no object per id
+    or per request; the requests read back as before."""
     path = tmp_path / "trace.jsonl"
     records = [
         {"timestamp": t, "input_length": 512 * len(ids), "output_length": 4, "hash_ids": ids}
@@ -125,9 +128,21 @@ def test_the_mooncake_reader_keeps_one_object_per_hash_id(tmp_path: Path) -> Non
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     requests = read_mooncake(path).requests
+    assert isinstance(requests, RequestTable)
     assert [r.block_hashes for r in requests] == [(100001, 100002), (100001, 100002, 100003), (100003,)]
-    first, second, third = (r.block_hashes for r in requests)
-    assert first[0] is second[0] and first[1] is second[1] and second[2] is third[0]
+    assert requests._keys.typecode == "i" and list(requests._keys) == [
+        100001,
+        100002,
+        100001,
+        100002,
+        100003,
+        100003,
+    ]
+    records[1]["hash_ids"] = [100001, 2**40, 100003]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    wide = read_mooncake(path).requests
+    assert isinstance(wide, RequestTable) and wide._keys.typecode == "q"
+    assert [r.block_hashes for r in wide] == [(100001, 100002), (100001, 2**40, 100003), (100003,)]
 
 
 def _bytes_read() -> int:
@@ -167,12 +182,14 @@ def _throughput_benchmark() -> Any:
 
 
 # Measured (benchmarks/sim_throughput.py --generated 2e6, docs/performance.md, "Simulator throughput
-# and memory"): the child sits at 48 MiB once it has imported the simulator; the row's peak was
-# 169 MiB (63 bytes a lookup above the imports) before the trace's ids were shared and the list of
-# every lookup dropped, and is 143 MiB (50 bytes a lookup) since. The bound, the imports and 56
-# bytes a lookup (157 MiB), holds now with 13 MiB to spare and fails the memory of before.
+# and memory" and "Traces as arrays"): the child sits at about 50 MiB once it has imported the
+# simulator; the row's peak was 169 MiB (63 bytes a lookup above the imports) before issue 34,
+# 143 MiB (50 bytes a lookup) once the ids were shared, and is 116 MiB (35 bytes a lookup) with
+# the trace as arrays, the evicted keys compact and held once, and a window of the queue as
+# objects. The bound, the imports and 40 bytes a lookup (126 MiB), holds now with 10 MiB to spare
+# and fails the memory of before.
 _LOOKUPS = 2_000_000
-_PEAK_BOUND = 50 * 2**20 + 56 * _LOOKUPS
+_PEAK_BOUND = 50 * 2**20 + 40 * _LOOKUPS
 
 
 @pytest.mark.slow

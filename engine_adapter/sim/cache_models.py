@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_left
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.workloads import SimRequest, lookup_keys, next_use_positions
+from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
@@ -100,7 +99,7 @@ class FlatModel:
             future=lookup_keys(requests) if offline else None,  # only the offline policy needs it
             reprefill=self.reprefill,
             latency=self.latency,
-            int_keys=_int64_keys(requests),
+            int_keys=int64_keys(requests),
         )
 
     @property
@@ -127,21 +126,6 @@ class FlatModel:
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
         return hits, max(served, 0)
-
-
-_INT64 = range(-(2**63), 2**63)
-
-
-def _int64_keys(requests: Sequence[SimRequest]) -> bool:
-    """Whether every block key is an int within int64 (every shipped source's are: Mooncake hash
-    ids, the generators' counters), so the flat cache may keep its policy's state in C."""
-
-    def keys() -> Iterator[Any]:
-        return itertools.chain.from_iterable(r.block_hashes for r in requests)
-
-    if set(map(type, keys())) - {int}:
-        return False
-    return min(keys(), default=0) in _INT64 and max(keys(), default=0) in _INT64
 
 
 def _cache_request(seq: SimSequence) -> CacheRequest:

@@ -5,7 +5,9 @@ One JSON object per line (docs/architecture.md, "Simulator"): `timestamp` (ms fr
 start), `input_length`, `output_length`, `hash_ids` (prefix-chained block keys of
 `MOONCAKE_BLOCK_SIZE` tokens each, the last block possibly partial); optional `tenant`,
 `session` and `priority`. The file is streamed line by line (`engine_adapter.sim.trace_file`);
-a malformed line is a one-line `WorkloadError` ``path:line: what is wrong``.
+a malformed line is a one-line `WorkloadError` ``path:line: what is wrong``, the lines after it
+unread. `read_mooncake` fills a `RequestTable` record by record (the hash ids in one int32 or
+int64 array, no object per request or per id); `mooncake_stream` yields `SimRequest`s.
 
 Pure Python; imports the workload records and the trace-file reader only.
 """
@@ -17,8 +19,9 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.trace_file import TraceLines, WorkloadError, shown
-from engine_adapter.sim.workloads import SimRequest, Workload, check_limit, sorted_by_arrival
+from engine_adapter.sim.workloads import SimRequest, Workload, check_limit
 
 __all__ = ["MOONCAKE_BLOCK_SIZE", "mooncake_stream", "read_mooncake"]
 
@@ -39,7 +42,13 @@ def _optional_label(value: object, name: str, where: str) -> str | None:
     raise WorkloadError(f"{where}: {name!r} must be a string, an integer or null, got {shown(value)}")
 
 
-def _mooncake_request(record: object, request_id: int, where: str, canonical: dict[int, int]) -> SimRequest:
+_Fields = tuple[float, list[int], int, int, "str | None", int, "str | None"]
+"""A record's fields as `RequestTable.add` takes them after the request id: arrival (s), hash
+ids, input and output lengths, tenant, priority, session."""
+
+
+def _mooncake_fields(record: object, where: str) -> _Fields:
+    """A record's fields, checked; a malformed one is a `WorkloadError` ``where: ...``."""
     if not isinstance(record, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for name in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -74,20 +83,9 @@ def _mooncake_request(record: object, request_id: int, where: str, canonical: di
     priority = record.get("priority", 0)
     if not _is_int(priority):
         raise WorkloadError(f"{where}: 'priority' must be an integer, got {shown(priority)}")
-    # The JSON parser makes a new int object for every occurrence of a hash id; a trace repeats
-    # its ids many times over (every turn of a conversation looks its prefix up again), so each
-    # id is kept as one shared object: 8 bytes per lookup instead of 40.
-    intern = canonical.setdefault
-    return SimRequest(
-        request_id=request_id,
-        arrival_s=timestamp / 1000.0,
-        block_hashes=tuple([intern(hash_id, hash_id) for hash_id in hash_ids]),
-        input_len=input_len,
-        output_len=output_len,
-        tenant=_optional_label(record.get("tenant"), "tenant", where),
-        priority=priority,
-        session=_optional_label(record.get("session"), "session", where),
-    )
+    tenant = _optional_label(record.get("tenant"), "tenant", where)
+    session = _optional_label(record.get("session"), "session", where)
+    return (timestamp / 1000.0, hash_ids, input_len, output_len, tenant, priority, session)
 
 
 def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
@@ -109,13 +107,16 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
         WorkloadError: The file cannot be read or a line is malformed (``path:line: ...``).
     """
     check_limit(limit)
+    table = RequestTable()
     with TraceLines(path) as lines:
-        requests = list(_requests(lines, limit)) if limit != 0 else []
+        if limit != 0:
+            for request_id, fields in enumerate(_records(lines, limit)):
+                table.add(request_id, *fields)
         digest = lines.sha256()
-    if not requests and limit != 0:
+    if not table and limit != 0:
         raise WorkloadError(f"{path}: no requests in the file")
     return Workload(
-        requests=sorted_by_arrival(requests),
+        requests=table.sorted_by_arrival(),
         block_size=MOONCAKE_BLOCK_SIZE,
         source="mooncake",
         path=str(path),
@@ -144,8 +145,22 @@ def mooncake_stream(path: str | Path, *, limit: int | None = None) -> Iterator[S
 
 
 def _requests(lines: TraceLines, limit: int | None) -> Iterator[SimRequest]:
-    """The requests of the lines in file order, at most `limit`; blank lines skipped."""
-    canonical: dict[int, int] = {}  # hash id -> its one int object (`_mooncake_request`)
+    """The requests of the lines in file order, at most `limit`, each a `SimRequest`."""
+    # The JSON parser makes a new int object for every occurrence of a hash id; a trace repeats
+    # its ids many times over (every turn of a conversation looks its prefix up again), so a
+    # consumer that keeps the keys keeps one shared object per id.
+    canonical: dict[int, int] = {}
+    intern = canonical.setdefault
+    for request_id, (arrival, hash_ids, input_len, output_len, tenant, priority, session) in enumerate(
+        _records(lines, limit)
+    ):
+        keys = tuple([intern(hash_id, hash_id) for hash_id in hash_ids])
+        yield SimRequest(request_id, arrival, keys, input_len, output_len, tenant, priority, session)
+
+
+def _records(lines: TraceLines, limit: int | None) -> Iterator[_Fields]:
+    """The records of the lines in file order, at most `limit`; blank lines skipped. Each line
+    is parsed when the iteration reaches it: a malformed one stops it, the rest unread."""
     loads = json.loads
     count = 0
     for line in lines:
@@ -158,7 +173,7 @@ def _requests(lines: TraceLines, limit: int | None) -> Iterator[SimRequest]:
             raise WorkloadError(f"{where}: bad JSON: {exc}") from None
         except RecursionError:
             raise WorkloadError(f"{where}: bad JSON: nested too deeply") from None
-        yield _mooncake_request(record, count, where, canonical)
+        yield _mooncake_fields(record, where)
         count += 1
         if limit is not None and count >= limit:
             return

@@ -93,10 +93,11 @@ from engine_adapter.sim.decode_steps import (
     steps_to_next,
     steps_until,
 )
-from engine_adapter.sim.run_state import RunState, SimResult, StepAdmission
+from engine_adapter.sim.request_table import RequestTable
+from engine_adapter.sim.run_state import RunRequests, RunState, SimResult, StepAdmission, run_requests
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_model import SGLangModel
-from engine_adapter.sim.workloads import SimRequest, Workload
+from engine_adapter.sim.workloads import SimRequest, Workload, any_tenant, request_ends
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
 from sage_eviction.policies.belady import BeladyPolicy
@@ -207,7 +208,7 @@ class Simulator:
         self.policy_spec = "lru" if self.unbounded else policy
         self.capacity = checked_capacity(workload, cache_model, self.unbounded, capacity_blocks)
         self.policy_name = UNBOUNDED if self.unbounded else self._policy_name(policy)
-        group_by_tenant = any(r.tenant is not None for r in workload.requests)
+        group_by_tenant = any_tenant(workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (
             (lambda r: r.tenant) if group_by_tenant else (lambda r: r.session)
         )
@@ -231,7 +232,7 @@ class Simulator:
                 num_blocks += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
         return num_blocks
 
-    def _build_radix(self, requests: list[SimRequest]) -> RadixModel:
+    def _build_radix(self, requests: RunRequests) -> RadixModel:
         bs = self.block_size
         num_blocks = self._pool_blocks()
         manager = CacheManager(
@@ -252,6 +253,7 @@ class Simulator:
                 )
             belady = RadixBelady(requests)
             manager.radix.set_policy(belady)
+        manager.policy.stop_recording_evicted()  # the row's re-prefills are the manager's own
         return RadixModel(manager, belady)
 
     def _now(self) -> float:
@@ -292,7 +294,7 @@ class Simulator:
             if not st.running and not st.waiting:
                 if st.next_arrival >= len(st.requests):
                     break
-                st.clock = st.requests[st.next_arrival].arrival_s
+                st.clock = st.arrival_s(st.next_arrival)
                 continue
             batch = self._admit(st)
             if self.prefetch:
@@ -313,11 +315,11 @@ class Simulator:
 
     # ------------------------------------------------------------------ the steps of a run
 
-    def start_run(self, requests: list[SimRequest] | None = None) -> RunState:
+    def start_run(self, requests: RunRequests | None = None) -> RunState:
         """The cache model and the empty queues; every request's blocks as one lookup sequence
         (`requests`: a fleet replica's, appended as they are routed; no future for Belady)."""
-        requests = self.workload.requests if requests is None else requests
-        ends = list(itertools.accumulate(len(r.block_hashes) for r in requests))  # no list of keys
+        requests = run_requests(self.workload.requests) if requests is None else requests
+        ends = request_ends(requests)  # no list of keys
         self._clock = 0.0
         self.adaptive = AdaptiveBatch(self.max_running) if self.adaptive_batch else None
         cache: RadixModel | SGLangModel | None = None
@@ -329,18 +331,15 @@ class Simulator:
         else:
             flat = FlatModel(self.policy_spec, self.capacity, requests)
         first_arrival = requests[0].arrival_s if requests else 0.0
-        return RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
+        st = RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
+        if isinstance(requests, RequestTable) and self.cache_model != "sglang" and not self.protect_queued:
+            st.queue_window = self.max_running + _PREFETCH_AHEAD + 1  # more than a step admits
+        return st
 
     def _arrive(self, st: RunState) -> None:
         """Queue the requests that have arrived by now."""
-        requests = st.requests
         protect = st.cache.protect if isinstance(st.cache, RadixModel) and self.protect_queued > 0 else None
-        while st.next_arrival < len(requests) and requests[st.next_arrival].arrival_s <= st.clock:
-            sid = st.next_arrival
-            r = requests[sid]
-            seq = SimSequence(r, sid, self.block_size, self._group_of(r), st.ends[sid])
-            st.waiting.append(seq)
-            st.next_arrival += 1
+        for seq in st.queue_arrivals(self.block_size, self._group_of):
             if protect is not None:
                 self._clock = st.clock
                 protect(seq)
@@ -452,9 +451,7 @@ class Simulator:
             k = steps_to_next(st.finishes, st.needs, st.running, step)
             if not st.waiting:
                 arrival = (
-                    st.requests[st.next_arrival].arrival_s
-                    if st.next_arrival < len(st.requests)
-                    else self.horizon
+                    st.arrival_s(st.next_arrival) if st.next_arrival < len(st.requests) else self.horizon
                 )
                 if arrival is not None:
                     k = steps_until(self.cost, arrival, st.clock, st.decoding, st.context_sum, step, k)

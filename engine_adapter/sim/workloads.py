@@ -27,15 +27,17 @@ Sources, one module each:
 
 The trace readers stream the file line by line (`engine_adapter.sim.trace_file`): memory holds
 the parsed requests and one line, never the file's text (a 300 MB Mooncake trace of 200,000
-requests: 86 MB peak RSS, against 673 MB when the text was read whole). A request's keys are a
-tuple of shared key objects, 8 bytes a lookup (the Mooncake reader keeps one object per distinct
-hash id); what a row derives from the lookup stream is built only for the rows that need it
-(`lookup_keys`, the future of an offline policy; `next_use_positions`, the radix Belady's one
-int64 array): docs/performance.md, "Simulator throughput and memory". The requests are kept
-in one list, sorted in place only when the file is not already in arrival order (the Mooncake
-traces are: `sorted_by_arrival`). With `limit`, parsing stops after that many requests; the
-rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is the whole file's
-digest whatever the limit.
+requests: 86 MB peak RSS, against 673 MB when the text was read whole). The Mooncake reader
+fills a `RequestTable` (`engine_adapter.sim.request_table`): every request's keys in one int32
+or int64 array, its fields as columns, each `SimRequest` built when asked for; the other sources
+return a list of `SimRequest`s. What a row derives from the lookup stream is computed from the
+table's arrays where there is one, and built only for the rows that need it (`lookup_keys`, the
+future of an offline policy; `next_use_positions`, the radix Belady's one int64 array):
+docs/performance.md, "Simulator throughput and memory" and "Traces as arrays". Requests are
+sorted only when the file is not already in arrival order (the Mooncake traces are:
+`sorted_by_arrival`, `RequestTable.sorted_by_arrival`). With `limit`, parsing stops after that
+many requests; the rest of the file is only hashed (in 256 KiB chunks), so `Workload.sha256` is
+the whole file's digest whatever the limit.
 
 Bad input raises `WorkloadError` (a `ValueError`) with a one-line message; for a file it
 reads ``path:line: what is wrong``, values from the file cut short. That includes a line nested
@@ -54,7 +56,7 @@ import math
 from array import array
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from engine_adapter.sim.trace_file import WorkloadError
 
@@ -65,8 +67,12 @@ __all__ = [
     "check_float",
     "check_int",
     "check_limit",
+    "RequestColumns",
+    "any_tenant",
+    "int64_keys",
     "lookup_keys",
     "next_use_positions",
+    "request_ends",
     "sorted_by_arrival",
     "total_block_lookups",
     "unique_blocks",
@@ -103,8 +109,34 @@ class SimRequest:
     token_ids: tuple[int, ...] | None = None
 
 
+@runtime_checkable
+class RequestColumns(Protocol):
+    """Requests held as columns (`engine_adapter.sim.request_table.RequestTable`): what the
+    functions below derive from the lookup stream, computed from its arrays."""
+
+    def unique_blocks(self) -> int: ...
+    def total_block_lookups(self) -> int: ...
+    def lookup_keys(self) -> list[Hashable]: ...
+    def next_use_positions(self) -> array[int]: ...
+    def request_ends(self) -> array[int]: ...
+    def summary(self) -> dict[str, Any]: ...
+    def has_tenants(self) -> bool: ...
+    def int64_keys(self) -> bool: ...
+
+
+class RequestList(Protocol):
+    """What a run keeps of its requests (`RunState.requests`): a list, a fleet replica's that
+    grows as requests are routed to it, or a workload's `RequestTable`."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> SimRequest: ...
+    def append(self, request: SimRequest, /) -> None: ...
+
+
 def unique_blocks(requests: Iterable[SimRequest]) -> int:
     """Distinct block keys over all requests (the compulsory misses of an unbounded cache)."""
+    if isinstance(requests, RequestColumns):
+        return requests.unique_blocks()
     seen: set[Hashable] = set()
     for request in requests:
         seen.update(request.block_hashes)
@@ -113,19 +145,44 @@ def unique_blocks(requests: Iterable[SimRequest]) -> int:
 
 def total_block_lookups(requests: Iterable[SimRequest]) -> int:
     """Block keys looked up over all requests, repeats included."""
+    if isinstance(requests, RequestColumns):
+        return requests.total_block_lookups()
     return sum(len(request.block_hashes) for request in requests)
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def int64_keys(requests: Iterable[SimRequest]) -> bool:
+    """Whether every block key is an int within int64 (every shipped source's are: Mooncake hash
+    ids, the generators' counters), so the flat cache may keep its policy's state in C. A
+    `RequestTable` knows from its key array; a list is looked over once."""
+    if isinstance(requests, RequestColumns):
+        return requests.int64_keys()
+
+    def keys() -> Iterator[Any]:
+        return itertools.chain.from_iterable(r.block_hashes for r in requests)
+
+    if set(map(type, keys())) - {int}:
+        return False
+    return min(keys(), default=0) in _INT64 and max(keys(), default=0) in _INT64
 
 
 def lookup_keys(requests: Iterable[SimRequest]) -> list[Hashable]:
     """The block lookup sequence: every request's keys in order, the future an offline policy is
     given. Built only for the rows that need it (8 bytes a lookup: 160 MB for 2 x 10^7)."""
+    if isinstance(requests, RequestColumns):
+        return requests.lookup_keys()
     return [key for request in requests for key in request.block_hashes]
 
 
 def next_use_positions(requests: Sequence[SimRequest]) -> array[int]:
     """For each position of the block lookup sequence (`lookup_keys`), the position of the same
     key's next lookup, or the sequence's length when there is none: one int64 array (8 bytes a
-    lookup), filled in one pass from the end; memory besides it is one entry per distinct key."""
+    lookup), filled in one pass from the end; memory besides it is one entry per distinct key.
+    A `RequestTable` computes it from its key array (a stable sort)."""
+    if isinstance(requests, RequestColumns):
+        return requests.next_use_positions()
     n = total_block_lookups(requests)
     after = array("q", bytes(8 * n))
     seen: dict[Hashable, int] = {}
@@ -145,7 +202,9 @@ class Workload:
     Iterating yields the `SimRequest`s in arrival order; `len()` is their number.
 
     Attributes:
-        requests: The requests, sorted by `arrival_s`.
+        requests: The requests, sorted by `arrival_s`: a list of `SimRequest`s, or a
+            `RequestTable` (the trace readers': the keys in one integer array, the fields as
+            columns, each `SimRequest` built when asked for).
         block_size: Tokens that one block key stands for.
         source: `"mooncake"`, `"azure"`, `"synthetic"` or a preset name.
         path: The trace file, for the file sources.
@@ -153,7 +212,7 @@ class Workload:
         sha256: Digest of the trace file, for the file sources.
     """
 
-    requests: list[SimRequest]
+    requests: Sequence[SimRequest]
     block_size: int
     source: str
     path: str | None = None
@@ -169,8 +228,7 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         """The `{"workload": {...}}` part of the benchmark's JSON output."""
         requests = self.requests
-        arrivals = [r.arrival_s for r in requests]
-        return {
+        head = {
             "source": self.source,
             "path": self.path,
             "sha256": self.sha256,
@@ -179,12 +237,32 @@ class Workload:
             "requests": len(requests),
             "unique_blocks": unique_blocks(requests),
             "total_block_lookups": total_block_lookups(requests),
+        }
+        if isinstance(requests, RequestColumns):
+            return {**head, **requests.summary()}
+        arrivals = [r.arrival_s for r in requests]
+        return {
+            **head,
             "prompt_tokens": sum(r.input_len for r in requests),
             "output_tokens": sum(r.output_len for r in requests),
             "duration_s": (arrivals[-1] - arrivals[0]) if arrivals else 0.0,
             "tenants": len({r.tenant for r in requests if r.tenant is not None}),
             "sessions": len({r.session for r in requests if r.session is not None}),
         }
+
+
+def any_tenant(requests: Iterable[SimRequest]) -> bool:
+    """Whether some request has a tenant."""
+    if isinstance(requests, RequestColumns):
+        return requests.has_tenants()
+    return any(r.tenant is not None for r in requests)
+
+
+def request_ends(requests: Sequence[SimRequest]) -> array[int]:
+    """Each request's end in the block lookup sequence (the running sum of its lengths)."""
+    if isinstance(requests, RequestColumns):
+        return requests.request_ends()
+    return array("q", itertools.accumulate(len(r.block_hashes) for r in requests))
 
 
 def sorted_by_arrival(requests: list[SimRequest]) -> list[SimRequest]:

@@ -1,0 +1,139 @@
+"""The compact set of evicted keys (`sage_eviction.keyset`, the compiled `_core.KeySet`) against a
+Python set: the same answers for every sequence of add, discard, in, len, remove_present and
+clear, ints near the table's edges (0, negatives, int64's ends, beyond int64) and other keys."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_eviction import get_policy_class, native
+from sage_eviction.keyset import PyKeySet, new_key_set
+from sage_eviction.metrics import ReprefillTracker
+
+_core = native.load(native.CORE)
+IMPLEMENTATIONS = [PyKeySet] + ([_core.KeySet] if _core is not None else [])
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+keys = st.one_of(
+    st.integers(0, 40),  # few distinct keys: the same ones added and discarded again
+    st.sampled_from([INT64_MIN, INT64_MIN + 1, INT64_MAX, -1, 2**63, -(2**63) - 1, True, False]),
+    st.integers(INT64_MIN, INT64_MAX),
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.text(max_size=2),
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), keys),
+        st.tuples(st.just("discard"), keys),
+        st.tuples(st.just("in"), keys),
+        st.tuples(st.just("remove_present"), st.lists(keys, max_size=6)),
+        st.tuples(st.just("clear"), st.none()),
+    ),
+    max_size=300,
+)
+
+
+@pytest.mark.parametrize("cls", IMPLEMENTATIONS, ids=lambda c: c.__module__)
+@settings(max_examples=150, deadline=None)
+@given(ops=operations)
+def test_same_answers_as_a_set(cls: type, ops: list[tuple[str, object]]) -> None:
+    held = cls()
+    reference: set[object] = set()
+    for op, arg in ops:
+        if op == "add":
+            held.add(arg)
+            reference.add(arg)
+        elif op == "discard":
+            held.discard(arg)
+            reference.discard(arg)
+        elif op == "in":
+            assert (arg in held) == (arg in reference)
+        elif op == "remove_present":
+            back = reference.intersection(arg)  # type: ignore[call-overload]
+            reference.difference_update(back)
+            assert held.remove_present(arg) == len(back)
+        else:
+            held.clear()
+            reference.clear()
+        assert len(held) == len(reference)
+        assert bool(held) == bool(reference)
+    assert held == reference
+    assert pickle.loads(pickle.dumps(held)) == reference
+    assert copy.deepcopy(held) == reference
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_many_consecutive_ids_grow_and_shrink() -> None:
+    """Consecutive ids (a trace's) through several doublings, then discarded in another order:
+    the backward-shift deletion keeps every remaining key findable."""
+    held = _core.KeySet()
+    n = 50_000
+    held.update(range(n))
+    assert len(held) == n and all(k in held for k in range(0, n, 7))
+    assert held.remove_present(range(0, n, 2)) == n // 2
+    assert all((k in held) == (k % 2 == 1) for k in range(n))
+    assert held.table_bytes() <= 32 * n  # 8 bytes a slot, load above a quarter
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_deletions_in_probe_runs_that_wrap_around_the_table() -> None:
+    """Up to 7 keys in the first table (16 slots, so runs of probes often wrap from the last
+    slot to the first), discarded one at a time in random orders: every other key stays found."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        keys = rng.sample(range(-50, 200), rng.randint(2, 7))
+        held = _core.KeySet(keys)
+        left = set(keys)
+        for key in rng.sample(keys, len(keys)):
+            held.discard(key)
+            left.discard(key)
+            assert all((k in held) == (k in left) for k in keys), (keys, key)
+        assert len(held) == 0
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_compact_where_the_core_is_used() -> None:
+    assert type(new_key_set()) is _core.KeySet
+    assert type(ReprefillTracker()._evicted) is _core.KeySet
+    with native.pure_python():
+        assert type(new_key_set()) is PyKeySet
+
+
+@pytest.mark.parametrize("path", ["python", "c_table"])
+def test_a_policy_that_stops_recording_evicted_keys_evicts_the_same(path: str) -> None:
+    """The simulator's radix rows count re-prefills in the cache's tracker and stop the
+    policy's own record: same victims, no keys held, no re-prefills counted by the policy."""
+    if path == "c_table" and _core is None:
+        pytest.skip("the compiled core is not built")
+    policies = [get_policy_class("lru")(), get_policy_class("lru")()]
+    policies[1].stop_recording_evicted()
+    victims = []
+    for policy in policies:
+        calls = _core.PolicyOpsCaller(policy) if path == "c_table" else policy
+        for key in (1, 2, 3):
+            calls.insert(key)
+        first = calls.evict(2)
+        calls.insert(1)  # evicted, requested again
+        victims.append((first, calls.evict(1)))
+    assert victims[0] == victims[1] == ([1, 2], [3])
+    assert policies[0]._re_prefills == 1 and set(policies[0]._evicted) == {2, 3}
+    assert policies[1]._re_prefills == 0 and policies[1]._evicted is None
+
+
+def test_a_radix_row_keeps_the_evicted_keys_once() -> None:
+    from engine_adapter.sim.capacity import min_capacity
+    from engine_adapter.sim.simulator import Simulator
+    from engine_adapter.sim.synthetic import synthetic
+
+    workload = synthetic(requests=50, seed=1)
+    sim = Simulator(workload, "lru", min_capacity(workload))
+    st = sim.start_run()
+    sim.advance(st, float("inf"))
+    assert st.cache is not None and st.cache.manager.policy._evicted is None
+    assert len(st.cache.manager._metrics.reprefill._evicted) > 0
