@@ -27,8 +27,11 @@ What lives where (docs/architecture.md, "Policy interface"):
 - `metrics`: the metric definitions; `flat`: a flat (independent blocks) cache driver,
   exported as `Cache` (``Cache("lru", 1000).request(key)`` is a hit or a miss, as a libCacheSim
   cache's ``get``) with `simulate_flat` over a key sequence.
-- `native` and `_core` (Cython, optional): the compiled score heap and `select_victims`, and
-  the switch between them and the pure-Python reference.
+- `keyset`: the set of evicted keys not yet requested again (`new_key_set`: the compiled
+  `KeySet` of int64 keys, or its set-based reference).
+- `native` and `_core` (Cython, optional): the compiled score heap, `select_victims`, the
+  policies' C operations, the flat cache's loop and its state in C, and the switch between them
+  and the pure-Python reference.
 - `integrations/`: sage's policies inside vLLM, SGLang and LMCache.
 """
 

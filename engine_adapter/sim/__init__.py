@@ -3,6 +3,7 @@
 Workloads (what a run replays):
 
     workloads.py       the records every source returns (`SimRequest`, `Workload`) and their checks
+    request_table.py   `RequestTable`: a workload's requests as arrays (keys, offsets, columns)
     trace_file.py      trace files as a stream of lines (and their sha256); `WorkloadError`
     mooncake_trace.py  `read_mooncake`: the native JSON-lines format
     azure_trace.py     `read_azure`: the Azure CSV, with prefixes from the prefix model
