@@ -73,6 +73,7 @@ __all__ = [
     "compiled_policies",
     "flat_lookup",
     "flat_state_policies",
+    "flat_state_runs",
     "has_compiled_ops",
     "score_into",
     "select_victims",

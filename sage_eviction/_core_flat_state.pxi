@@ -113,6 +113,15 @@ def flat_state_policies():
     return sorted(cls.name for cls in _kinds())
 
 
+def flat_state_runs(policy):
+    """Whether a `FlatState` runs `policy`: its exact class is one of `flat_state_policies()`,
+    built for the compiled core, and belady has its whole future set, strict, unread."""
+    kind = _kinds().get(type(policy))
+    if kind is None or getattr(policy, "_compiled", False) is not True:
+        return False
+    return kind != K_BELADY or (policy.has_strict_future and policy.position == 0)
+
+
 cdef class FlatState:
     """A flat cache of `capacity` blocks with int64 keys, its policy's state in C.
 
@@ -172,10 +181,11 @@ cdef class FlatState:
 
     def __init__(self, policy, Py_ssize_t capacity, *, reprefill=None, latency=None,
                  bint record_victims=False):
-        kind = _kinds().get(type(policy))
-        if kind is None or getattr(policy, "_compiled", False) is not True:
-            raise TypeError(f"policy {type(policy).__qualname__} has no state in C "
-                            f"(those that do: {', '.join(flat_state_policies())})")
+        if not flat_state_runs(policy):
+            raise TypeError(f"policy {type(policy).__qualname__} has no state in C (those that do: "
+                            f"{', '.join(flat_state_policies())}; belady with its whole future set, "
+                            f"strict, unread)")
+        kind = _kinds()[type(policy)]
         if len(policy):
             raise ValueError(f"the policy already holds {len(policy)} entries; a flat cache starts empty")
         if reprefill is not None and (reprefill.evictions or reprefill.re_prefilled):
@@ -206,8 +216,6 @@ cdef class FlatState:
             _ghosts_init(&self.ghosts, 2 * capacity + 1)
             _ghosts_init(&self.ghosts2, 2 * capacity + 1)
         elif kind == K_BELADY:
-            if policy._future is None or not policy._strict or policy.position:
-                raise TypeError("belady's state in C needs its whole future set, strict, unread")
             self.future = policy._future
             self.next_pos = policy._next_pos
             self.never = policy._never

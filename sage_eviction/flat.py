@@ -44,7 +44,7 @@ from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 from sage_eviction.policies.belady import BeladyPolicy
 from sage_eviction.registry import create_policy
 
-__all__ = ["FlatCache", "FlatResult", "simulate_flat"]
+__all__ = ["FlatCache", "FlatResult", "int64_keys", "simulate_flat"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +87,15 @@ def _prepare_hook(policy: EvictionPolicy) -> Callable[[Hashable], None] | None:
     return hook if callable(hook) else None
 
 
-def _has_state_in_c(core: Any, policy: EvictionPolicy) -> bool:
-    """Whether `core.FlatState` runs `policy` (its exact, compiled, built-in class; Belady with
-    its whole future set, strict, as the flat cache sets it)."""
-    if type(policy).name not in core.flat_state_policies() or not core.has_compiled_ops(policy):
+_INT64 = range(-(2**63), 2**63)
+
+
+def int64_keys(keys: Sequence[Any]) -> bool:
+    """Whether every key is an int within int64 (what `FlatCache(int_keys=True)` asks): the
+    types in one pass, then the two ends."""
+    if set(map(type, keys)) - {int}:
         return False
-    return not isinstance(policy, BeladyPolicy) or (policy.has_strict_future and policy.position == 0)
+    return min(keys, default=0) in _INT64 and max(keys, default=0) in _INT64
 
 
 class FlatCache:
@@ -156,7 +159,7 @@ class FlatCache:
         )
         self._state: Any = None  # the cache with the policy's state in C (`_core.FlatState`)
         hooked = on_miss is not None or on_evict is not None  # a hook per block: the Python loop
-        if int_keys and core is not None and not hooked and _has_state_in_c(core, self.policy):
+        if int_keys and core is not None and not hooked and core.flat_state_runs(self.policy):
             self._state = core.FlatState(self.policy, capacity, reprefill=reprefill, latency=latency)
         self.policy_calls = (
             "c-state"
@@ -281,9 +284,6 @@ def simulate_flat(
         Requests, hits, misses and evictions.
     """
     keys = keys if isinstance(keys, Sequence) else list(keys)
-    int_keys = not (set(map(type, keys)) - {int}) and all(
-        -(2**63) <= k < 2**63 for k in (min(keys, default=0), max(keys, default=0))
-    )
-    cache = FlatCache(policy, capacity, future=keys, int_keys=int_keys, **params)
+    cache = FlatCache(policy, capacity, future=keys, int_keys=int64_keys(keys), **params)
     cache.lookup(keys)
     return cache.result()

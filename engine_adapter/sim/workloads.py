@@ -45,8 +45,8 @@ deeper than the JSON parser recurses (``bad JSON: nested too deeply``) and a CSV
 the `csv` module's limit. `check_int`, `check_float` and `check_limit` are the parameter checks
 the sources share.
 
-Pure Python; imports only `engine_adapter.sim.trace_file`, never torch or the rest of
-`engine_adapter`.
+Pure Python; imports only `engine_adapter.sim.trace_file` and `sage_eviction.flat` (its int64
+key check), never torch or the rest of `engine_adapter`.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from engine_adapter.sim.trace_file import WorkloadError
+from sage_eviction.flat import int64_keys as flat_int64_keys
 
 __all__ = [
     "SimRequest",
@@ -150,22 +151,14 @@ def total_block_lookups(requests: Iterable[SimRequest]) -> int:
     return sum(len(request.block_hashes) for request in requests)
 
 
-_INT64 = range(-(2**63), 2**63)
-
-
 def int64_keys(requests: Iterable[SimRequest]) -> bool:
     """Whether every block key is an int within int64 (every shipped source's are: Mooncake hash
     ids, the generators' counters), so the flat cache may keep its policy's state in C. A
-    `RequestTable` knows from its key array; a list is looked over once."""
+    `RequestTable` knows from its key array; a list's keys are looked over once
+    (`sage_eviction.flat.int64_keys`)."""
     if isinstance(requests, RequestColumns):
         return requests.int64_keys()
-
-    def keys() -> Iterator[Any]:
-        return itertools.chain.from_iterable(r.block_hashes for r in requests)
-
-    if set(map(type, keys())) - {int}:
-        return False
-    return min(keys(), default=0) in _INT64 and max(keys(), default=0) in _INT64
+    return flat_int64_keys(lookup_keys(requests))
 
 
 def lookup_keys(requests: Iterable[SimRequest]) -> list[Hashable]:
