@@ -5,6 +5,7 @@ from typing import Any
 
 __all__ = [
     "FlatState",
+    "KEYSET_DENSE_LIMIT",
     "KeySet",
     "PolicyOpsCaller",
     "ScoreHeap",
@@ -84,6 +85,8 @@ class FlatState:
     def replay_latency(self, times: Iterable[float]) -> None: ...
     def request(self, key: int) -> bool: ...
     def lookup(self, keys: Iterable[int]) -> tuple[int, bool]: ...
+
+KEYSET_DENSE_LIMIT: int
 
 class KeySet:
     def __init__(self, keys: Iterable[Hashable] = ...) -> None: ...

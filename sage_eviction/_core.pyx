@@ -66,6 +66,7 @@ cdef extern from "descrobject.h":
         PyMemberDef* d_member
 
 __all__ = [
+    "KEYSET_DENSE_LIMIT",
     "FlatState",
     "KeySet",
     "PolicyOpsCaller",

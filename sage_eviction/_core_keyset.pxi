@@ -9,25 +9,42 @@
 # raw int64 in the core's one open-addressing table (`I64Map` in set mode, _core_i64map.pxi:
 # linear probing, backward-shift deletion, a load of at most 3/4): 8 bytes a slot, 11 to 21
 # bytes a key, no object. Any other key (a tuple, a string, an int beyond int64) goes to a plain
-# Python set beside it. A key compares as Python compares it for ints and bools (True is 1); a
+# Python set beside it. Ints in [0, KEYSET_DENSE_LIMIT) are bits of a bitmap instead, grown to
+# the largest such key held: a trace's block ids (Mooncake's hash ids, the generated traces') are
+# dense from 0, so 15 M of them take 2 MB of bits where the table would take 256 MB; the limit
+# bounds what a few sparse small keys can cost (16 MiB). Hashed keys (the engine's chained block
+# hashes, the synthetic workloads') are spread over int64 and land in the table. A key compares as Python compares it for ints and bools (True is 1); a
 # float equal to an int is a different key here (it is in the Python part), which no cache's
 # keys are.
 
 
+from libc.stdlib cimport realloc
+from libc.string cimport memset
+
+cdef int64_t _DENSE_LIMIT = 1 << 27  # keys in [0, this) are bits (a bitmap of at most 16 MiB)
+KEYSET_DENSE_LIMIT = _DENSE_LIMIT
+
+
 cdef class KeySet:
-    """A set of hashable keys; ints within int64 held as raw int64 (11 to 21 bytes a key).
+    """A set of hashable keys; ints in [0, 2^27) as bits, other ints within int64 as raw int64
+    (11 to 21 bytes a key).
 
     The methods of a `set` that the re-prefill bookkeeping uses: `add`, `discard`, `in`, `len`,
     `clear`, `update`, iteration, `remove_present` (discard each key held, return how many were),
     and `==` with another `KeySet` or a set. Pickles and deep-copies as its keys."""
 
     cdef I64Map _ints  # set mode; no table (keys NULL) before the first int key
+    cdef uint64_t* _bits  # the keys in [0, _DENSE_LIMIT): bit k of word k >> 6; NULL: none yet
+    cdef Py_ssize_t _words  # words of _bits (a power of two)
+    cdef Py_ssize_t _bit_count  # bits set
     cdef set _others
 
     def __cinit__(self):
         self._ints.keys = self._ints.vals = NULL
         self._ints.size = 0
         self._ints.holds_min = False
+        self._bits = NULL
+        self._words = self._bit_count = 0
         self._others = set()
 
     def __init__(self, keys=()):
@@ -35,6 +52,7 @@ cdef class KeySet:
 
     def __dealloc__(self):
         _map_free(&self._ints)
+        free(self._bits)
 
     cdef inline bint _as_int(self, object key, int64_t* out) except -1:
         # True with the key's int64 when it belongs in the table
@@ -49,14 +67,48 @@ cdef class KeySet:
         return True
 
     cdef inline bint _find(self, int64_t value) noexcept:
+        if 0 <= value < _DENSE_LIMIT:
+            return (value >> 6) < self._words and (self._bits[value >> 6] >> (value & 63)) & 1
         return self._ints.keys != NULL and _map_get(&self._ints, value) != _ABSENT
 
+    cdef int _grow_bits(self, int64_t value) except -1:
+        # words for keys up to `value`, doubling (the new words zero)
+        cdef Py_ssize_t words = self._words or 16
+        cdef uint64_t* bits
+        while words <= (value >> 6):
+            words <<= 1
+        bits = <uint64_t*>realloc(self._bits, words * sizeof(uint64_t))
+        if bits == NULL:
+            raise MemoryError()
+        memset(bits + self._words, 0, (words - self._words) * sizeof(uint64_t))
+        self._bits, self._words = bits, words
+        return 0
+
     cdef int _add_int(self, int64_t value) except -1:
+        cdef uint64_t bit
+        if 0 <= value < _DENSE_LIMIT:
+            if (value >> 6) >= self._words:
+                self._grow_bits(value)
+            bit = (<uint64_t>1) << (value & 63)
+            if not self._bits[value >> 6] & bit:
+                self._bits[value >> 6] |= bit
+                self._bit_count += 1
+            return 0
         if self._ints.keys == NULL:
             _map_init(&self._ints, 16, False)
         return _map_put(&self._ints, value, 0)
 
     cdef bint _discard_int(self, int64_t value) noexcept:
+        cdef uint64_t bit
+        if 0 <= value < _DENSE_LIMIT:
+            if (value >> 6) >= self._words:
+                return False
+            bit = (<uint64_t>1) << (value & 63)
+            if not self._bits[value >> 6] & bit:
+                return False
+            self._bits[value >> 6] &= ~bit
+            self._bit_count -= 1
+            return True
         return self._ints.keys != NULL and _map_del(&self._ints, value)
 
     cdef int add_key(self, object key) except -1:
@@ -95,7 +147,7 @@ cdef class KeySet:
     def remove_present(self, keys):
         """Discard each of `keys` that is held; returns how many were (each once)."""
         cdef Py_ssize_t count = 0
-        if self._ints.size == 0 and not self._others:
+        if self._ints.size == 0 and self._bit_count == 0 and not self._others:
             return 0
         for key in keys:
             if self.discard_key(key):
@@ -106,21 +158,30 @@ cdef class KeySet:
         _map_free(&self._ints)
         self._ints.size = 0
         self._ints.holds_min = False
+        free(self._bits)
+        self._bits = NULL
+        self._words = self._bit_count = 0
         self._others.clear()
 
     def __contains__(self, key):
         return self.has_key(key)
 
     def __len__(self):
-        return self._ints.size + len(self._others)
+        return self._ints.size + self._bit_count + len(self._others)
 
     def __bool__(self):
-        return self._ints.size > 0 or bool(self._others)
+        return self._ints.size > 0 or self._bit_count > 0 or bool(self._others)
 
     def __iter__(self):
-        # a snapshot: the ints in slot order (INT64_MIN, kept aside, first), then the other keys
-        cdef Py_ssize_t i
+        # a snapshot: the bitmap's keys ascending, the table's ints in slot order (INT64_MIN,
+        # kept aside, first), then the other keys
+        cdef Py_ssize_t i, b
         cdef list keys = []
+        for i in range(self._words if self._bit_count else 0):
+            if self._bits[i]:
+                for b in range(64):
+                    if (self._bits[i] >> b) & 1:
+                        keys.append(i * 64 + b)
         if self._ints.keys != NULL:
             if self._ints.holds_min:
                 keys.append(_FREE)
@@ -142,8 +203,9 @@ cdef class KeySet:
         return f"KeySet({len(self)} keys)"
 
     def table_bytes(self):
-        """Bytes of the int64 table (the Python part not counted)."""
-        return 0 if self._ints.keys == NULL else (self._ints.mask + 1) * sizeof(int64_t)
+        """Bytes of the int64 table and the bitmap (the Python part not counted)."""
+        table = 0 if self._ints.keys == NULL else (self._ints.mask + 1) * sizeof(int64_t)
+        return table + self._words * sizeof(uint64_t)
 
 
 # The C operations that update a set of evicted keys: a compiled `KeySet` through its C methods,

@@ -4,8 +4,9 @@ A policy's `_evicted` (sage_eviction/base.py) and the cache accounting's
 `ReprefillTracker._evicted` (sage_eviction/metrics.py) grow with every distinct block a trace
 evicts and never requests again: on a generated trace of 10^8 lookups, about 15 M keys each. A
 Python set costs about 45 bytes a key and keeps the key's int object alive (32 bytes more); the
-compiled core's `KeySet` (sage_eviction/_core_keyset.pxi) holds ints within int64 as raw int64 in
-one open-addressing table, 16 to 32 bytes a key, and any other key in a Python set beside it.
+compiled core's `KeySet` (sage_eviction/_core_keyset.pxi) holds a trace's dense block ids (ints in
+[0, 2^27)) as bits of a bitmap, 1 bit per id up to the largest; other ints within int64 as raw
+int64 in one open-addressing table, 11 to 21 bytes a key; and any other key in a Python set beside it.
 
 `new_key_set()` returns the compiled one where the core is used (sage_eviction/native.py, so
 `SAGE_PURE_PYTHON=1` and `native.pure_python()` pick the reference) and `PyKeySet` otherwise:

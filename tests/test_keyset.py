@@ -20,9 +20,11 @@ _core = native.load(native.CORE)
 IMPLEMENTATIONS = [PyKeySet] + ([_core.KeySet] if _core is not None else [])
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+DENSE = 2**27  # the compiled set's bitmap holds [0, DENSE) (checked below: KEYSET_DENSE_LIMIT)
 keys = st.one_of(
     st.integers(0, 40),  # few distinct keys: the same ones added and discarded again
     st.sampled_from([INT64_MIN, INT64_MIN + 1, INT64_MAX, -1, 2**63, -(2**63) - 1, True, False]),
+    st.sampled_from([63, 64, 65, 127, 128, 1023, 1024, 1025, DENSE - 1, DENSE, DENSE + 1]),  # bitmap edges
     st.integers(INT64_MIN, INT64_MAX),
     st.tuples(st.integers(0, 3), st.integers(0, 3)),
     st.text(max_size=2),
@@ -70,15 +72,34 @@ def test_same_answers_as_a_set(cls: type, ops: list[tuple[str, object]]) -> None
 
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
 def test_many_consecutive_ids_grow_and_shrink() -> None:
-    """Consecutive ids (a trace's) through several doublings, then discarded in another order:
-    the backward-shift deletion keeps every remaining key findable."""
+    """Consecutive ids past the bitmap (in the table) through several doublings, then discarded
+    in another order: the backward-shift deletion keeps every remaining key findable."""
     held = _core.KeySet()
     n = 50_000
-    held.update(range(n))
-    assert len(held) == n and all(k in held for k in range(0, n, 7))
-    assert held.remove_present(range(0, n, 2)) == n // 2
-    assert all((k in held) == (k % 2 == 1) for k in range(n))
+    ids = range(DENSE, DENSE + n)
+    held.update(ids)
+    assert len(held) == n and all(k in held for k in ids[::7])
+    assert held.remove_present(ids[::2]) == n // 2
+    assert all((k in held) == (k % 2 == 1) for k in ids)
     assert held.table_bytes() <= 32 * n  # 8 bytes a slot, load above a quarter
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_dense_ids_take_a_bit_each() -> None:
+    """A trace's ids, dense from 0, are bits (the 10^8-lookup trace's 15 M evicted ids: 2 MB, not
+    a 256 MB table); a hashed key beside them still goes to the table, and both are found."""
+    assert _core.KEYSET_DENSE_LIMIT == DENSE
+    held = _core.KeySet()
+    n = 1_000_000
+    held.update(range(n))
+    assert held.table_bytes() <= n // 8 * 2  # bits, doubled at most
+    held.add(DENSE)  # the first key past the bitmap: the table's
+    held.add(-5)
+    assert held.table_bytes() <= n // 8 * 2 + 16 * 8
+    assert len(held) == n + 2 and DENSE in held and -5 in held and n - 1 in held and n not in held
+    assert held.remove_present([0, 0, n - 1, DENSE, DENSE + 1]) == 3
+    assert len(held) == n - 1 and 0 not in held and 1 in held and DENSE not in held
+    assert sorted(held)[:3] == [-5, 1, 2]
 
 
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
@@ -87,7 +108,7 @@ def test_deletions_in_probe_runs_that_wrap_around_the_table() -> None:
     slot to the first), discarded one at a time in random orders: every other key stays found."""
     rng = random.Random(0)
     for _ in range(3000):
-        keys = rng.sample(range(-50, 200), rng.randint(2, 7))
+        keys = rng.sample(range(DENSE - 50, DENSE + 200), rng.randint(2, 7))  # mostly the table's
         held = _core.KeySet(keys)
         left = set(keys)
         for key in rng.sample(keys, len(keys)):
