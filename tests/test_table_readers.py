@@ -76,7 +76,9 @@ def _azure_list(path: Path, model: PrefixModel, limit: int | None = None) -> lis
     names = [name.strip() for name in rows[0]]
     i_time, i_in, i_out = (names.index(n) for n in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
     days: dict[str, int] = {}
-    stamps, input_lens, output_lens = [], [], []
+    stamps: list[tuple[int, float]] = []
+    input_lens: list[int] = []
+    output_lens: list[int] = []
     for row in rows[1:]:
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
@@ -532,3 +534,16 @@ def test_a_hundred_thousand_requests_are_read_or_generated_in_bounded_memory(
     figures = peak_rss(kind, 100_000, tmp_path)
     assert figures["requests"] == 100_000 and figures["lookups"] > 6 * 10**6
     assert figures["peak"] - figures["base"] < _BYTES_A_LOOKUP * figures["lookups"], figures
+
+
+def test_a_turn_that_reaches_the_longest_prompt_exactly_still_extends_its_conversation() -> None:
+    """The boundary of `max_input_tokens` (inclusive), which random lengths seldom hit exactly:
+    the second turn's natural length taken as the limit."""
+    params: dict[str, Any] = {"requests": 2, "sessions": 1, "turns": 100.0, "seed": 3}
+    free = synthetic(**params, max_input_tokens=10**6).requests
+    assert [r.session for r in free] == ["s0", "s0"] and free[0].input_len < free[1].input_len
+    params["max_input_tokens"] = free[1].input_len
+    bounded = synthetic(**params).requests
+    assert list(bounded) == list(free) == _synthetic_list(**params)
+    params["max_input_tokens"] -= 1  # one token short: a new conversation
+    assert [r.session for r in synthetic(**params).requests] == ["s0", "s1"]
