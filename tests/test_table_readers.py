@@ -478,9 +478,9 @@ def _kept(build: Any) -> tuple[Any, int]:
 def test_an_azure_table_keeps_under_a_bound_the_list_exceeds(tmp_path: Path) -> None:
     """Per lookup the table keeps its 4-byte key and a share of ~60 bytes of columns a request;
     the list kept an 8-byte pointer, a tuple and a `SimRequest` per request and an int object
-    per distinct key. Measured (3,000 rows, ~57 lookups each): the table 5.7 bytes a lookup,
+    per distinct key. Measured (2,000 rows, ~57 lookups each): the table 5.7 bytes a lookup,
     the list 24.5; the bound, 8, sits between."""
-    path = _azure_like(tmp_path / "azure.csv", 3_000, mean_tokens=900.0)
+    path = _azure_like(tmp_path / "azure.csv", 2_000, mean_tokens=900.0)
     model = PrefixModel()
     workload, table_bytes = _kept(lambda: read_azure(path, prefix_model=model))
     lookups = total_block_lookups(workload.requests)
@@ -517,11 +517,11 @@ def peak_rss(kind: str, requests: int, folder: Path) -> dict[str, int]:
     return figures
 
 
-# Measured (python -c "...peak_rss('azure', 100_000, ...)", 10^5 requests): reading the
-# Azure-like trace peaked 47 MiB above the imports (7.9 bytes a lookup, 6.2 x 10^6 lookups) with
-# the table, 161 MiB (27.1) with the list; generating synthetic(requests=10^5) 76 MiB (6.1 bytes a
-# lookup, 13.1 x 10^6 lookups) with the table, 201 MiB (16.1) with the list. The bound, 11 bytes
-# a lookup, holds with room and fails the lists.
+# Measured with `peak_rss(kind, 100_000, folder)` (PYTHONPATH=.:tests, 10^5 requests), above the
+# child's RSS after its imports: reading the Azure-like trace (6.2 x 10^6 lookups) 46 MiB, 7.8
+# bytes a lookup, with the table; 161 MiB, 27.1, with the list it replaced. Generating
+# synthetic(requests=10^5) (13.1 x 10^6 lookups) 78 MiB, 6.3 bytes a lookup; 201 MiB, 16.1, with
+# the list. The bound, 11 bytes a lookup, holds with room and fails both lists.
 _BYTES_A_LOOKUP = 11
 
 
