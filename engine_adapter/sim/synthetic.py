@@ -182,9 +182,8 @@ def synthetic(
     )  # fmt: skip
     model = _prefix_model(seed, prefix)
     out = RequestTable()
-    add = out.add
     for turn in _synthetic_turns(traffic, model):
-        add(*turn)
+        out.add(*turn)
     params: dict[str, Any] = {
         field.name: getattr(traffic, field.name) for field in fields(_Traffic) if field.name != "seed"
     }
