@@ -114,7 +114,8 @@ def test_a_workload_as_a_table_gives_the_rows_of_the_list(
     requests: int, seed: int, tenants: int | None, policy: str, cache_model: str
 ) -> None:
     params: dict[str, Any] = {"requests": requests, "seed": seed, "priority_weights": [1.0, 2.0]}
-    listed = synthetic(**params, **({} if tenants is None else {"tenants": tenants}))
+    generated = synthetic(**params, **({} if tenants is None else {"tenants": tenants}))  # a table
+    listed = Workload(list(generated.requests), generated.block_size, generated.source)
     table = Workload(RequestTable.of(listed.requests), listed.block_size, listed.source)
     _same_rows(listed, table, policy, cache_model, max_running=8)
 
@@ -156,7 +157,8 @@ def test_the_queue_holds_a_window_of_a_tables_arrivals_and_the_row_is_the_lists(
     most the window (the rest are indices), from the list every arrival; the rows are equal."""
     from engine_adapter.sim.simulator import Simulator
 
-    listed = synthetic(requests=400, seed=5)
+    generated = synthetic(requests=400, seed=5)  # a table since issue 34; the list made here
+    listed = Workload(list(generated.requests), generated.block_size, generated.source)
     table = Workload(RequestTable.of(listed.requests), listed.block_size, listed.source)
     capacity = max(min_capacity(listed), unique_blocks(listed.requests) // 4)
     longest = {}

@@ -3,7 +3,14 @@
 The CSV has arrival times and lengths only (`TIMESTAMP`, `ContextTokens`, `GeneratedTokens`,
 any order, other columns ignored), so a seeded `PrefixModel` supplies the prefix structure.
 The file is streamed line by line (`engine_adapter.sim.trace_file`); a malformed row is a
-one-line `WorkloadError` ``path:line: what is wrong``.
+one-line `WorkloadError` ``path:line: what is wrong``, the rows after it unread.
+
+Memory: the rows are parsed into four typed arrays as the file streams by (a timestamp's day and
+seconds, the two lengths: 28 bytes a row, no object per row), then the prefix model fills a
+`RequestTable` from them (every request's keys in one int32 or int64 array). The rows are read
+whole before the first key is drawn because the model's seeded draws are sized by the number of
+requests (`PrefixBuilder`), and the arrivals are measured from the earliest timestamp, which
+the last row may hold.
 
 Pure Python and numpy; imports the workload records, the prefix model and the trace-file reader.
 """
@@ -12,19 +19,23 @@ from __future__ import annotations
 
 import csv
 import re
+from array import array
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
 from engine_adapter.sim.prefix_model import PrefixModel, apply_prefix_model
 from engine_adapter.sim.trace_file import TraceLines, WorkloadError, csv_rows, shown
-from engine_adapter.sim.workloads import Workload, check_limit, sorted_by_arrival
+from engine_adapter.sim.workloads import Workload, check_limit
 
 __all__ = ["AZURE_COLUMNS", "read_azure"]
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 """The columns an Azure trace must have."""
 
+
+_INT64_MAX = 2**63 - 1
+"""The largest length the table's int64 columns hold."""
 
 _AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)")
 
@@ -63,11 +74,39 @@ def _azure_columns(header: list[str] | None, path: str | Path) -> tuple[int, int
 
 @dataclass(slots=True)
 class _AzureRows:
-    """The columns the reader keeps of an Azure trace, row by row."""
+    """The columns the reader keeps of an Azure trace, row by row, as typed arrays (no object
+    per row): a timestamp as its day ordinal and seconds into the day (`_azure_time`)."""
 
-    stamps: list[tuple[int, float]] = field(default_factory=list)
-    input_lens: list[int] = field(default_factory=list)
-    output_lens: list[int] = field(default_factory=list)
+    days: array[int] = field(default_factory=lambda: array("q"))
+    seconds: array[float] = field(default_factory=lambda: array("d"))
+    input_lens: array[int] = field(default_factory=lambda: array("q"))
+    output_lens: array[int] = field(default_factory=lambda: array("q"))
+
+    def __len__(self) -> int:
+        return len(self.days)
+
+    def arrivals(self) -> array[float]:
+        """Seconds after the earliest timestamp, rounded to the trace's 100 ns, row by row: in
+        Python floats as a list of the rows' stamps had them (numpy rounds differently)."""
+        days, seconds = self.days, self.seconds
+        first_day = min(days, default=0)
+        first_s = min((s for d, s in zip(days, seconds, strict=True) if d == first_day), default=0.0)
+        return array(
+            "d", (round((d - first_day) * 86400 + s - first_s, 7) for d, s in zip(days, seconds, strict=True))
+        )
+
+
+def _length(row: list[str], column: int, name: str, where: str) -> int:
+    """A row's ContextTokens or GeneratedTokens: an integer within [0, 2^63)."""
+    try:
+        value = int(row[column])
+    except ValueError:
+        raise WorkloadError(f"{where}: {name} must be an integer, got {shown(row[column])}") from None
+    if value < 0:
+        raise WorkloadError(f"{where}: {name} is negative ({value})")
+    if value > _INT64_MAX:
+        raise WorkloadError(f"{where}: {name} is too large ({shown(value)})")
+    return value
 
 
 def _read_azure_rows(lines: TraceLines, path: str | Path, limit: int | None) -> _AzureRows:
@@ -84,21 +123,16 @@ def _read_azure_rows(lines: TraceLines, path: str | Path, limit: int | None) -> 
         if len(row) != width:
             raise WorkloadError(f"{where}: {len(row)} fields, the header has {width}")
         try:
-            out.stamps.append(_azure_time(row[i_time], days))
+            day, seconds = _azure_time(row[i_time], days)
         except ValueError:
             raise WorkloadError(f"{where}: bad TIMESTAMP {shown(row[i_time])}") from None
-        for name, column, lens in (
-            ("ContextTokens", i_context, out.input_lens),
-            ("GeneratedTokens", i_generated, out.output_lens),
-        ):
-            try:
-                value = int(row[column])
-            except ValueError:
-                raise WorkloadError(f"{where}: {name} must be an integer, got {shown(row[column])}") from None
-            if value < 0:
-                raise WorkloadError(f"{where}: {name} is negative ({value})")
-            lens.append(value)
-        if limit is not None and len(out.stamps) >= limit:
+        input_len = _length(row, i_context, "ContextTokens", where)
+        output_len = _length(row, i_generated, "GeneratedTokens", where)
+        out.days.append(day)
+        out.seconds.append(seconds)
+        out.input_lens.append(input_len)
+        out.output_lens.append(output_len)
+        if limit is not None and len(out) >= limit:
             break
     return out
 
@@ -118,7 +152,8 @@ def read_azure(
         limit: Read at most this many rows (in file order).
 
     Returns:
-        The workload, sorted by arrival; `request_id` is the row's index in the file.
+        The workload, sorted by arrival (a `RequestTable`); `request_id` is the row's index in
+        the file.
 
     Raises:
         WorkloadError: The file cannot be read or a row is malformed (``path:line: ...``).
@@ -128,13 +163,12 @@ def read_azure(
     with TraceLines(path) as lines:
         rows = _read_azure_rows(lines, path, limit)
         digest = lines.sha256()
-    if not rows.stamps and limit != 0:
+    if not rows and limit != 0:
         raise WorkloadError(f"{path}: no rows after the header")
-    first_day, first_s = min(rows.stamps, default=(0, 0.0))
-    arrivals = [round((day - first_day) * 86400 + s - first_s, 7) for day, s in rows.stamps]
-    requests = apply_prefix_model(model, arrivals, rows.input_lens, rows.output_lens)
+    table = apply_prefix_model(model, rows.arrivals(), rows.input_lens, rows.output_lens)
+    del rows  # the columns are in the table now
     return Workload(
-        requests=sorted_by_arrival(requests),
+        requests=table.sorted_by_arrival(),
         block_size=model.block_size,
         source="azure",
         path=str(path),

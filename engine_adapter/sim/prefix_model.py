@@ -6,7 +6,12 @@ times and lengths only, `apply_prefix_model`) and the synthetic generator
 fresh integer keys in order of creation, so a stream is a pure function of the seed and the
 inputs.
 
-Pure Python and numpy; imports the workload records only.
+A turn comes out as its request's fields (`Turn`), which a `RequestTable` takes as they are
+(`apply_prefix_model`, `synthetic`) and a `SimRequest` is built from (`synthetic_stream`): what
+is held besides the table is each open conversation's blocks (at most `sessions` of them), never
+a request's keys once it is in the table.
+
+Pure Python and numpy; imports the workload records and the request table only.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.trace_file import WorkloadError
 from engine_adapter.sim.workloads import SimRequest, check_float, check_int
 
-__all__ = ["Conversation", "PrefixBuilder", "PrefixModel", "apply_prefix_model"]
+__all__ = ["Conversation", "PrefixBuilder", "PrefixModel", "Turn", "apply_prefix_model"]
+
+Turn = tuple[int, float, tuple[int, ...], int, int, "str | None", int, "str | None"]
+"""A request's fields in the order `SimRequest` and `RequestTable.add` take them: request id,
+arrival (s), block keys, input and output lengths, tenant, priority, session."""
 
 
 def _zipf_weights(n: int, skew: float) -> np.ndarray:
@@ -124,7 +134,7 @@ class PrefixBuilder:
     """Runs a `PrefixModel` over a stream of requests (the Azure reader and `synthetic`).
 
     Per request: `slot()`; then `start()` and `first_turn()` for a new conversation, or
-    `next_turn()` for an open one; then `request()`.
+    `next_turn()` for an open one; then `turn()` (its fields) or `request()` (a `SimRequest`).
     """
 
     def __init__(self, model: PrefixModel, n_requests: int, rng: np.random.Generator) -> None:
@@ -197,6 +207,23 @@ class PrefixBuilder:
         conversation.blocks = previous + self.fresh(n - len(previous))
         return conversation.blocks
 
+    def turn(
+        self,
+        index: int,
+        arrival_s: float,
+        blocks: tuple[int, ...],
+        input_len: int,
+        output_len: int,
+        conversation: Conversation,
+    ) -> Turn:
+        """Count the turn against its conversation (the next request's slot depends on it) and
+        give the request's fields, for a table to take without a `SimRequest` made."""
+        conversation.turns_left -= 1
+        conversation.input_len = input_len
+        conversation.output_len = output_len
+        c = conversation
+        return (index, arrival_s, blocks, input_len, output_len, c.tenant, c.priority, c.session)
+
     def request(
         self,
         index: int,
@@ -206,27 +233,19 @@ class PrefixBuilder:
         output_len: int,
         conversation: Conversation,
     ) -> SimRequest:
-        conversation.turns_left -= 1
-        conversation.input_len = input_len
-        conversation.output_len = output_len
-        return SimRequest(
-            request_id=index,
-            arrival_s=arrival_s,
-            block_hashes=blocks,
-            input_len=input_len,
-            output_len=output_len,
-            tenant=conversation.tenant,
-            priority=conversation.priority,
-            session=conversation.session,
-        )
+        """`turn()` as a `SimRequest` (the streamed generator's)."""
+        return SimRequest(*self.turn(index, arrival_s, blocks, input_len, output_len, conversation))
 
 
 def apply_prefix_model(
     model: PrefixModel, arrivals: Sequence[float], input_lens: Sequence[int], output_lens: Sequence[int]
-) -> list[SimRequest]:
-    """Requests with given arrivals and lengths (Azure), their prefixes drawn from `model`."""
+) -> RequestTable:
+    """Requests with given arrivals and lengths (Azure), their prefixes drawn from `model`, in
+    the order given: each request's keys go into the table as its turn is drawn, so what is held
+    is the table's arrays and the open conversations' blocks, not a tuple of keys per request."""
     builder = PrefixBuilder(model, len(arrivals), np.random.default_rng(model.seed))
-    requests = []
+    table = RequestTable()
+    add = table.add
     for i, (arrival_s, input_len, output_len) in enumerate(
         zip(arrivals, input_lens, output_lens, strict=True)
     ):
@@ -236,5 +255,5 @@ def apply_prefix_model(
             blocks = builder.first_turn(conversation, system, input_len)
         else:
             blocks = builder.next_turn(conversation, input_len)
-        requests.append(builder.request(i, arrival_s, blocks, input_len, output_len, conversation))
-    return requests
+        add(*builder.turn(i, arrival_s, blocks, input_len, output_len, conversation))
+    return table

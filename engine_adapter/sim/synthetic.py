@@ -9,9 +9,13 @@ lognormal new tokens (mean `turn_tokens`), so it extends the previous prompt's b
 that would exceed `max_input_tokens` opens a new conversation instead. Outputs are lognormal
 (mean `output_tokens`, at least 1). Arrivals, lengths and prefixes use separate random streams
 derived from `seed`, so changing the rate does not change the prefixes.
-Both return a `Workload` (`engine_adapter.sim.workloads`) like the trace readers.
+Both return a `Workload` (`engine_adapter.sim.workloads`) like the trace readers, its requests a
+`RequestTable` filled request by request (every key in one int32 or int64 array, no
+`SimRequest` or tuple of keys per request held); `synthetic_stream` yields the same requests as
+`SimRequest`s one at a time.
 
-Pure Python and numpy; imports neither torch nor the rest of `engine_adapter`.
+Pure Python and numpy; imports the workload records, the request table and the prefix model,
+neither torch nor the rest of `engine_adapter`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapter.sim.prefix_model import PrefixBuilder, PrefixModel
+from engine_adapter.sim.prefix_model import PrefixBuilder, PrefixModel, Turn
+from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.workloads import SimRequest, Workload, WorkloadError, check_float, check_int
 
 __all__ = [
@@ -165,7 +170,7 @@ def synthetic(
             `priority_weights`); `tenants` defaults to 1 here (a single tenant `"t0"`).
 
     Returns:
-        The workload, sorted by arrival.
+        The workload, sorted by arrival (a `RequestTable`).
 
     Raises:
         WorkloadError: A parameter is out of range.
@@ -176,7 +181,9 @@ def synthetic(
         turn_tokens, output_tokens, output_sigma, max_input_tokens, seed,
     )  # fmt: skip
     model = _prefix_model(seed, prefix)
-    out = list(_synthetic_requests(traffic, model))
+    out = RequestTable()
+    for turn in _synthetic_turns(traffic, model):
+        out.add(*turn)
     params: dict[str, Any] = {
         field.name: getattr(traffic, field.name) for field in fields(_Traffic) if field.name != "seed"
     }
@@ -200,7 +207,7 @@ def synthetic_stream(**params: Any) -> Iterator[SimRequest]:
     args = bound.arguments
     prefix = args.pop("prefix")
     traffic = _Traffic(**args)
-    return _synthetic_requests(traffic, _prefix_model(traffic.seed, prefix))
+    return (SimRequest(*turn) for turn in _synthetic_turns(traffic, _prefix_model(traffic.seed, prefix)))
 
 
 def _prefix_model(seed: int, prefix: dict[str, Any]) -> PrefixModel:
@@ -215,9 +222,11 @@ def synthetic_params() -> dict[str, str]:
     return {**_annotations(synthetic), **{f.name: str(f.type) for f in fields(PrefixModel)}}
 
 
-def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> Iterator[SimRequest]:
-    """The requests in arrival order: arrivals, lengths and prefixes from separate streams derived
-    from the seed, all drawn before the first request is made (so it is a pure function of them)."""
+def _synthetic_turns(traffic: _Traffic, model: PrefixModel) -> Iterator[Turn]:
+    """The requests' fields in arrival order: arrivals, lengths and prefixes from separate streams
+    derived from the seed, all drawn before the first request is made (so it is a pure function
+    of them). Each turn is counted against its conversation before it is yielded, so a consumer
+    that keeps no request (a table, the stream) sees the same sequence."""
     arrival_rng, length_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(traffic.seed).spawn(3)
     )
@@ -244,7 +253,7 @@ def _synthetic_requests(traffic: _Traffic, model: PrefixModel) -> Iterator[SimRe
             conversation, system = builder.start(slot)
             input_len = min((system_tokens if system else 0) + user_tokens[i], max_input_tokens)
             blocks = builder.first_turn(conversation, system, input_len)
-        yield builder.request(i, arrival_s, blocks, input_len, output_lens[i], conversation)
+        yield builder.turn(i, arrival_s, blocks, input_len, output_lens[i], conversation)
 
 
 # --------------------------------------------------------------------------- presets
@@ -284,7 +293,7 @@ def spec_benchmark(
         seed: Seed of the draws.
 
     Returns:
-        The workload, sorted by arrival.
+        The workload, sorted by arrival (a `RequestTable`).
     """
     params: dict[str, Any] = {
         "sequences": sequences,
@@ -327,7 +336,7 @@ def _spec_requests(
     block_size: int,
     tenants: int,
     seed: int,
-) -> list[SimRequest]:
+) -> RequestTable:
     """The accesses of `spec_benchmark`, in arrival order (its docstring)."""
     rng = np.random.default_rng(seed)
     priority_of = rng.integers(0, priorities, size=sequences).tolist()
@@ -335,21 +344,21 @@ def _spec_requests(
     sequence_of = np.repeat(np.arange(sequences), count_of)
     arrivals = rng.uniform(0.0, duration, size=len(sequence_of))
     order = np.argsort(arrivals, kind="stable")
-    blocks = [tuple(range(i * blocks_per_sequence, (i + 1) * blocks_per_sequence)) for i in range(sequences)]
     input_len = blocks_per_sequence * block_size
-    return [
-        SimRequest(
-            request_id=request_id,
-            arrival_s=float(arrivals[k]),
-            block_hashes=blocks[seq],
-            input_len=input_len,
-            output_len=output_tokens,
-            tenant=f"t{seq % tenants}" if tenants else None,
-            priority=priority_of[seq],
-            session=f"seq{seq}",
+    table = RequestTable()
+    for request_id, (k, seq) in enumerate(zip(order.tolist(), sequence_of[order].tolist(), strict=True)):
+        first = seq * blocks_per_sequence
+        table.add(
+            request_id,
+            float(arrivals[k]),
+            range(first, first + blocks_per_sequence),
+            input_len,
+            output_tokens,
+            f"t{seq % tenants}" if tenants else None,
+            priority_of[seq],
+            f"seq{seq}",
         )
-        for request_id, (k, seq) in enumerate(zip(order.tolist(), sequence_of[order].tolist(), strict=True))
-    ]
+    return table
 
 
 PRESETS: dict[str, Callable[..., Workload]] = {"spec": spec_benchmark}

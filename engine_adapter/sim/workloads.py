@@ -27,12 +27,14 @@ Sources, one module each:
 
 The trace readers stream the file line by line (`engine_adapter.sim.trace_file`): memory holds
 the parsed requests and one line, never the file's text (a 300 MB Mooncake trace of 200,000
-requests: 86 MB peak RSS, against 673 MB when the text was read whole). The Mooncake reader
-fills a `RequestTable` (`engine_adapter.sim.request_table`): every request's keys in one int32
-or int64 array, its fields as columns, each `SimRequest` built when asked for; the other sources
-return a list of `SimRequest`s. What a row derives from the lookup stream is computed from the
-table's arrays where there is one, and built only for the rows that need it (`lookup_keys`, the
-future of an offline policy; `next_use_positions`, the radix Belady's one int64 array):
+requests: 86 MB peak RSS, against 673 MB when the text was read whole). The readers and the
+generators fill a `RequestTable` (`engine_adapter.sim.request_table`): every request's keys in
+one int32 or int64 array, its fields as columns, each `SimRequest` built when asked for (the
+Azure reader and the generators from the prefix model's turns, no `SimRequest` or tuple of keys
+per request held); `mooncake_stream` and `synthetic_stream` yield `SimRequest`s one at a time.
+What a row derives from the lookup stream is computed from the table's arrays where there is
+one, and built only for the rows that need it (`lookup_keys`, the future of an offline policy;
+`next_use_positions`, the radix Belady's one int64 array):
 docs/performance.md, "Simulator throughput and memory" and "Traces as arrays". Requests are
 sorted only when the file is not already in arrival order (the Mooncake traces are:
 `sorted_by_arrival`, `RequestTable.sorted_by_arrival`). With `limit`, parsing stops after that
