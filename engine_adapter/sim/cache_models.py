@@ -112,6 +112,17 @@ class FlatModel:
     def evictions(self) -> int:
         return self.cache.evictions
 
+    @property
+    def state(self) -> Any:
+        """The cache's `sage_eviction._core.FlatState` when it runs "c-state", else None: what the
+        compiled flat loop (`engine_adapter.sim.flat_run`) looks the requests up in."""
+        return self.cache._state
+
+    def sync_counts(self) -> None:
+        """Read the cache's counts back from its `FlatState` after lookups made there directly
+        (as `FlatCache.lookup` does after each of its own)."""
+        self.cache._counts_from_state()
+
     def stats(self) -> tuple[float, float, int, float, float, int]:
         """The row's figures as the radix and sglang models give them (`SGLangModel.stats`):
         no pool to fill and no preemption, so utilization is 1 once anything was evicted."""

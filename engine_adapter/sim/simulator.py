@@ -83,6 +83,7 @@ from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
+from engine_adapter.sim import flat_run
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
@@ -199,6 +200,7 @@ class Simulator:
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
         self.horizon: float | None = None  # a fleet's next arrival (`advance`); None alone
+        self.event_loop = "python"  # "compiled" after a `run` in `flat_run`'s compiled loop
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -276,7 +278,10 @@ class Simulator:
     def _run(self) -> SimResult:
         wall0 = time.perf_counter()
         st = self.start_run()
-        self.advance(st, math.inf)
+        if flat_run.compiled_run(self, st):  # a flat row in one compiled call, where it can
+            self.event_loop = "compiled"
+        else:
+            self.advance(st, math.inf)
         if self.progress is not None and st.finished % self.progress_every:
             self.progress(st.finished)
         self._clock = st.clock
