@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_adapter.sim import flat_run
+from engine_adapter.sim.cache_models import window_quantiles
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.request_table import RequestTable
@@ -33,6 +34,7 @@ from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import native
+from sage_eviction.metrics import LatencyRecorder
 
 STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "belady")
 TIMINGS = ("wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us")
@@ -215,6 +217,45 @@ def test_the_prefill_limit_is_reached_exactly() -> None:
     for limit, steps in ((32, [2, 2, 2]), (33, [3, 1, 2]), (16, [1] * 6), (1, [1] * 6)):
         ttfts = _same(workload, "lru", 4, max_prefill_tokens=limit).sim.ttft_s
         assert [ttfts.count(t) for t in sorted(set(ttfts))] == steps
+
+
+def test_a_step_and_a_decode_stretch_to_the_bit() -> None:
+    """Golden figures from the cost model itself. Three prompts prefilled in one step (41 tokens,
+    batch 3): their TTFT is `step_time`'s float, whose attention term rounds differently in
+    another order. Then binary-fraction costs: a decode stretch ends exactly on the next arrival
+    (at 1.0: the prefill's 0.25 and six decode steps of 0.125), which is admitted at once."""
+    attention = CostModel(
+        prefill_base_s=0.0, prefill_per_token_s=0.0, prefill_attn_s=1.1e-3, decode_base_s=0.0
+    )
+    three = [SimRequest(i, 0.0, (i,), 13 if i == 2 else 14, 1) for i in range(3)]
+    fast = _same(Workload(three, block_size=16, source="synthetic"), "fifo", 8, cost_model=attention)
+    step = attention.step_time(prefill_tokens=41, prefill_batch=3)
+    assert [t.hex() for t in fast.sim.ttft_s] == [step.hex()] * 3
+    binary = CostModel(
+        prefill_base_s=0.25,
+        prefill_per_token_s=0.0,
+        prefill_attn_s=0.0,
+        decode_base_s=0.125,
+        decode_per_seq_s=0.0,
+        decode_per_context_token_s=0.0,
+    )
+    two = [SimRequest(0, 0.0, (1,), 16, 20), SimRequest(1, 1.0, (2,), 16, 1)]
+    fast = _same(Workload(two, block_size=16, source="synthetic"), "lru", 8, cost_model=binary)
+    assert fast.sim.ttft_s == [0.25, 0.25]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.floats(0.0, 1e-3) | st.sampled_from([0.0, 1e-7, 2e-7]), max_size=40),
+    window=st.integers(1, 16),
+    qs=st.lists(st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]) | st.floats(0.0, 1.0), min_size=1, max_size=3),
+)
+def test_the_flat_rows_quantiles_are_the_recorders(times: list[float], window: int, qs: list[float]) -> None:
+    """`FlatModel.stats` takes the decision times' quantiles by partition: `quantiles`' floats."""
+    recorder = LatencyRecorder(window)
+    for seconds in times:
+        recorder.record(seconds)
+    assert [q.hex() for q in window_quantiles(recorder, *qs)] == [q.hex() for q in recorder.quantiles(*qs)]
 
 
 def _mooncake(requests: int) -> Workload:

@@ -38,7 +38,9 @@ Cache models (docs/architecture.md, "Simulator"):
   ``dfs-weight`` orders admit by what is cached: there the unbounded row is no strict bound.
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
-  arrival order; the running sequences' memory is not modelled.
+  arrival order; the running sequences' memory is not modelled. A plain `run` whose flat cache
+  keeps its policy's state in C runs this loop in one compiled call (`engine_adapter.sim.flat_run`,
+  `event_loop` "compiled"): the same row.
 
 Belady: in the flat model, `BeladyPolicy` with the whole lookup sequence as its future, which
 is libCacheSim's Belady. In the radix model, `RadixBelady`: an evictable leaf's next use is the
