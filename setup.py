@@ -18,6 +18,8 @@ NATIVE_MODULES: dict[str, str] = {
     "sage_eviction._core": "sage_eviction/_core.pyx",  # the score heap and select_victims
     # the radix cache's hot paths (mirrors engine_adapter/cache/radix_cache.py)
     "engine_adapter.cache._core": "engine_adapter/cache/_core.pyx",
+    # the simulator's flat row in one call (mirrors Simulator.run's event loop for the flat model)
+    "engine_adapter.sim._flat_run": "engine_adapter/sim/_flat_run.pyx",
 }
 
 

@@ -8,6 +8,7 @@
 # sees what the C calls did; each mirrors `EvictionPolicy.insert`, `access`, `set_evictable` and
 # `evict(1)` with the class's hooks, line for line (tests/test_policy_ops.py runs both).
 
+from libc.stdint cimport int64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
@@ -46,3 +47,14 @@ cdef struct PolicyOps:
 # The table of `policy` (by its exact class, and only for a policy built to use the compiled
 # core: `policy._compiled`), or NULL: the caller then calls the policy's Python methods.
 cdef PolicyOps* ops_for(object policy) except? NULL
+
+
+# The flat cache with its policy's state in C (`FlatState`, _core_flat_state.pxi) for a compiled
+# caller (the simulator's flat event loop, engine_adapter/sim/_flat_run.pyx): `FlatState.lookup`
+# of `n` int64 keys, no Python object per key. The re-prefill tracker and the latency record are
+# told once per run, as `lookup` tells them once per call: `flat_state_open` before the first
+# lookup, `flat_state_close` after the last (in a `finally`). Returns whether the last key hit
+# (0 for no key), the hits in `hits[0]`; TypeError for an object that is not a FlatState.
+cdef int flat_state_open(object state) except -1
+cdef int flat_state_lookup(object state, const int64_t* keys, Py_ssize_t n, Py_ssize_t* hits) except -1
+cdef int flat_state_close(object state) except -1

@@ -38,7 +38,9 @@ Cache models (docs/architecture.md, "Simulator"):
   ``dfs-weight`` orders admit by what is cached: there the unbounded row is no strict bound.
 - `flat`: blocks independent, a cache of `capacity` blocks with forced admission, exactly
   `sage_eviction.flat.FlatCache` (the model libCacheSim simulates), looked up block by block in
-  arrival order; the running sequences' memory is not modelled.
+  arrival order; the running sequences' memory is not modelled. A plain `run` whose flat cache
+  keeps its policy's state in C runs this loop in one compiled call (`engine_adapter.sim.flat_run`,
+  `event_loop` "compiled"): the same row.
 
 Belady: in the flat model, `BeladyPolicy` with the whole lookup sequence as its future, which
 is libCacheSim's Belady. In the radix model, `RadixBelady`: an evictable leaf's next use is the
@@ -83,6 +85,7 @@ from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
+from engine_adapter.sim import flat_run
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
@@ -199,6 +202,7 @@ class Simulator:
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
         self.horizon: float | None = None  # a fleet's next arrival (`advance`); None alone
+        self.event_loop = "python"  # "compiled" after a `run` in `flat_run`'s compiled loop
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -276,7 +280,10 @@ class Simulator:
     def _run(self) -> SimResult:
         wall0 = time.perf_counter()
         st = self.start_run()
-        self.advance(st, math.inf)
+        if flat_run.compiled_run(self, st):  # a flat row in one compiled call, where it can
+            self.event_loop = "compiled"
+        else:
+            self.advance(st, math.inf)
         if self.progress is not None and st.finished % self.progress_every:
             self.progress(st.finished)
         self._clock = st.clock
