@@ -178,6 +178,11 @@ class LatencyRecorder:
         """The q-quantile of the recent window."""
         return percentile(sorted(self._ring), q)
 
+    def times(self) -> Sequence[float]:
+        """The window's decision times (seconds; oldest first until the window is full, then in
+        ring order): read them, do not change them."""
+        return self._ring
+
     def quantiles(self, *qs: float) -> list[float]:
         """Several quantiles with one sort."""
         ordered = sorted(self._ring)

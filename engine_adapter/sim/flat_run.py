@@ -65,21 +65,22 @@ def _int64(values: object) -> Ints:
 
 
 def _table_columns(table: RequestTable, by_tenant: bool) -> FlatColumns:
-    """A table's own columns, no copy but the group codes. It reads the table's arrays directly
-    (request_table.py has no public accessor for them): a `SimRequest` built per request is
+    """A table's own columns, no copy but the group codes: a `SimRequest` built per request is
     what this loop exists to avoid."""
-    keys = table._keys
-    labels = table._tenants if by_tenant else table._sessions
-    codes = np.frombuffer(labels.codes, dtype=np.intc).astype(np.int64)
-    codes[codes < 0] = len(labels.names)  # None: one group after the labels
+    keys = table.key_array()
+    assert keys is not None  # int keys: the flat cache runs "c-state" only then
+    labels, n_labels = table.label_codes(by_tenant)
+    codes = labels.astype(np.int64)
+    codes[codes < 0] = n_labels  # None: one group after the labels
+    input_len, output_len = table.lengths()
     return FlatColumns(
-        keys=np.frombuffer(keys, dtype=np.int32) if keys.typecode == "i" else _int64(keys),
+        keys=keys,
         ends=_int64(table.request_ends()),
         arrivals=table.arrivals(),
-        input_len=_int64(table._input),
-        output_len=_int64(table._output),
+        input_len=input_len,
+        output_len=output_len,
         groups=codes,
-        n_groups=len(labels.names) + 1,
+        n_groups=n_labels + 1,
     )
 
 

@@ -221,12 +221,22 @@ class RequestTable(Sequence[SimRequest]):
             return self
         return self.take(np.argsort(arrivals, kind="stable").tolist())
 
-    def _key_array(self) -> np.ndarray | None:
+    def key_array(self) -> np.ndarray | None:
         """The keys as a numpy view (no copy), or None when they are not integers."""
         keys = self._keys
         if not isinstance(keys, array):
             return None
         return np.frombuffer(keys, dtype=np.int32 if keys.typecode == "i" else np.int64)
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every request's input and output lengths as int64 views (no copy), in table order."""
+        return np.frombuffer(self._input, dtype=np.int64), np.frombuffer(self._output, dtype=np.int64)
+
+    def label_codes(self, tenants: bool) -> tuple[np.ndarray, int]:
+        """Every request's tenant (`tenants`) or session as a code (a view, no copy), -1 for
+        None, and the number of distinct labels (the codes are 0 to that, less one)."""
+        labels = self._tenants if tenants else self._sessions
+        return np.frombuffer(labels.codes, dtype=np.intc), len(labels.names)
 
     def int64_keys(self) -> bool:
         """Whether every key is an int within int64: the keys are an int array."""
@@ -237,7 +247,7 @@ class RequestTable(Sequence[SimRequest]):
 
     def unique_blocks(self) -> int:
         """Distinct keys: a bitmap where the keys are small non-negative ints, else a sort."""
-        keys = self._key_array()
+        keys = self.key_array()
         if keys is None:
             return len(set(self._keys))
         if len(keys) == 0:
@@ -257,7 +267,7 @@ class RequestTable(Sequence[SimRequest]):
     def next_use_positions(self) -> array[int]:
         """For each lookup, the position of the same key's next lookup, else the number of
         lookups: one int64 array, from a stable sort of the keys (`workloads.next_use_positions`)."""
-        keys = self._key_array()
+        keys = self.key_array()
         n = len(self._keys)
         if keys is None:
             return next_use_positions(list(self))
