@@ -18,7 +18,7 @@ import structlog
 from engine_adapter.cache.ages import AgeHistograms, HistogramSnapshot
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
-from engine_adapter.cache.ghosts import Ghost, GhostRecord, GhostSet
+from engine_adapter.cache.ghosts import Ghost, GhostRecord, new_ghost_set
 from engine_adapter.cache.lookup_log import LookupLog
 
 __all__ = ["THRASHING_THRESHOLD", "AccountingStats", "CacheAccounting"]
@@ -73,6 +73,8 @@ class CacheAccounting:
         policy: Names the active policy (it changes with hot swaps).
         ghost_factor: The ghost set keeps ``ghost_factor * capacity`` evicted keys (> 0).
         lookup_log: Where per-lookup records go, or None (off).
+        int_keys: Every block key is an int64: the ghost set in C where built
+            (`ghosts.new_ghost_set`; the same figures either way).
     """
 
     def __init__(
@@ -82,11 +84,12 @@ class CacheAccounting:
         policy: _Named,
         ghost_factor: float = 2.0,
         lookup_log: LookupLog | None = None,
+        int_keys: bool = False,
     ) -> None:
         if not ghost_factor > 0:
             raise ValueError(f"ghost_factor={ghost_factor!r} must be positive")
         n_ghosts = max(1, round(ghost_factor * capacity))
-        self.ghosts = GhostSet(n_ghosts, horizon=max(n_ghosts, capacity))
+        self.ghosts = new_ghost_set(n_ghosts, max(n_ghosts, capacity), int_keys)
         self.ages = AgeHistograms()
         self.lookup_log = lookup_log
         self._clock = clock
@@ -174,7 +177,7 @@ class CacheAccounting:
         if not victims:
             return
         now, policy = self._clock(), self._binding.name
-        call = GhostSet.eviction(now, self.ghosts.stamp(), kept, policy)
+        call = self.ghosts.eviction(now, self.ghosts.stamp(), kept, policy)
         by_tenant: dict[str | None, list[float]] = {}
         records: list[tuple[Hashable, GhostRecord]] = []
         for eviction_id, block in zip(eviction_ids, victims, strict=True):
