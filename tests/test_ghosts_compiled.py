@@ -53,6 +53,7 @@ OPS = st.lists(
             st.lists(st.tuples(KEYS, st.sampled_from([None, "a", "b"])), min_size=1, max_size=9),
             st.integers(0, 9),
             st.sampled_from(["lru", "arc"]),
+            st.booleans(),  # add_many (the accounting's call) or add_records
         ),
         st.tuples(st.just("peek"), KEYS),
         st.tuples(st.just("clear")),
@@ -78,7 +79,15 @@ def _step(ghosts: Any, op: tuple[Any, ...], clock: list[float], ids: list[int]) 
         for key, tenant in op[1]:
             ids[0] += 1
             records.append((key, (ids[0], tenant, call)))
-        ghosts.add_records(records)
+        if op[4]:
+            keys, ids, tenants = (
+                [k for k, _ in records],
+                [r[0] for _, r in records],
+                [r[1] for _, r in records],
+            )
+            ghosts.add_many(keys, ids, tenants, call)
+        else:
+            ghosts.add_records(records)
         return ghosts.stamp()
     if kind == "peek":
         return ghosts.peek(op[1]), op[1] in ghosts

@@ -294,6 +294,26 @@ cdef class IntGhostSet:
             if c >= 0:
                 self._release(c)
 
+    def add_many(self, keys, eviction_ids, tenants, call) -> None:
+        """GhostSet.add_many: one eviction call's victims (keys, eviction ids and tenants in the
+        same order), sharing `call`; no tuple per victim."""
+        cdef Py_ssize_t n = len(keys), i
+        cdef int64_t* buf
+        cdef int32_t c
+        if len(eviction_ids) != n or len(tenants) != n:
+            raise ValueError("add_many: keys, eviction ids and tenants differ in length")
+        if not n:
+            return
+        buf = self._keys(keys, n)
+        c = self._new_call(call)
+        self.calls.ghosts[c] += 1  # held while the loop uses it
+        try:
+            for i in range(n):
+                tenant = tenants[i]
+                self._push(buf[i], eviction_ids[i], 0 if tenant is None else self._tenant_id(tenant), c)
+        finally:
+            self._release(c)
+
     @staticmethod
     def eviction(evicted_at, stamp, kept, policy):
         """The shared fields of one eviction call's ghosts (for `add_records`)."""

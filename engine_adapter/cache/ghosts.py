@@ -30,6 +30,7 @@ nothing per ghost a Python object). Imports nothing of the cache.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -313,6 +314,16 @@ class GhostSet:
         for _ in range(len(ghosts) - self.capacity):
             popitem(last=False)
 
+    def add_many(
+        self, keys: Sequence[Hashable], ids: Sequence[int], tenants: Sequence[str | None], call: _Eviction
+    ) -> None:
+        """`add_records` of one eviction call's victims: each key with its eviction id (`ids`) and
+        tenant (the same order), all sharing `call` (from `eviction`)."""
+        if not len(keys) == len(ids) == len(tenants):
+            raise ValueError("add_many: keys, eviction ids and tenants differ in length")
+        records = zip(ids, tenants, itertools.repeat(call), strict=False)  # repeat: no end
+        self.add_records(list(zip(keys, records, strict=True)))
+
     @staticmethod
     def eviction(evicted_at: float, stamp: int, kept: int, policy: str) -> _Eviction:
         """The shared fields of one eviction call's ghosts (for `add_records`)."""
@@ -349,6 +360,9 @@ class GhostStore(Protocol):
     def stamp(self) -> int: ...
     def add(self, key: Hashable, ghost: Ghost) -> None: ...
     def add_records(self, evicted: Sequence[tuple[Hashable, GhostRecord]]) -> None: ...
+    def add_many(
+        self, keys: Sequence[Hashable], ids: Sequence[int], tenants: Sequence[str | None], call: _Eviction
+    ) -> None: ...
     def eviction(self, evicted_at: float, stamp: int, kept: int, policy: str) -> _Eviction: ...
     def peek(self, key: Hashable) -> Ghost | None: ...
     def clear(self) -> None: ...
