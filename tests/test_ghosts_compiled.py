@@ -105,10 +105,11 @@ def test_ghost_sets_agree_step_by_step(compiled: Any, capacity: int, horizon: in
         assert _step(fast, op, *state_f) == _step(reference, op, *state_r), (i, op)
         assert len(fast) == len(reference)
         assert fast.stamp() == reference.stamp()
+        assert fast.calls_held == len({id(record[2]) for record in reference._ghosts.values()})
     assert fast.capacity == reference.capacity and fast.times.horizon == reference.times.horizon
 
 
-@settings(deadline=None)
+@settings(deadline=None, max_examples=100)  # compactions with old stamps need a few examples
 @given(
     horizon=st.integers(1, 10),
     ops=st.lists(st.tuples(st.lists(KEYS, max_size=12), st.integers(0, 90)), max_size=40),
@@ -144,6 +145,32 @@ def test_reuse_times_agree_through_halvings(compiled: Any, horizon: int, ops: li
         assert fast.access_many(keys, n_timed) == reference.access_many(keys, n_timed)
         if keys:
             assert fast.access(keys[0]) == reference.access(keys[0])
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3, 7])
+def test_remap_of_every_stamp_at_a_compaction(compiled: Any, horizon: int) -> None:
+    """Every stamp from before a compaction maps as the reference's remap maps it (keys cycling
+    over more than `horizon`, so that some are forgotten and some positions are not a key's last)."""
+    reference, fast = ReuseClock(horizon), compiled.IntReuseClock(horizon)
+    i = 0
+    while reference.room(1):
+        reference.access(i % (horizon + 2))
+        fast.access(i % (horizon + 2))
+        i += 1
+    assert not fast.room(1)
+    remap_r, remap_f = reference.compact(), fast.compact()
+    assert [remap_f(s) for s in range(-2, i + 2)] == [remap_r(s) for s in range(-2, i + 2)]
+    assert [fast.distinct_since(s) for s in range(-1, 12)] == [reference.distinct_since(s) for s in range(-1, 12)]
+
+
+def test_a_lookup_that_exactly_fills_the_clock(compiled: Any) -> None:
+    """The clock compacts only when a lookup would not fit: one that fills it to the last
+    position does not, and the ghost's stamp (0 here, -1 after a compaction) says which."""
+    for ghosts in (GhostSet(4, 1), compiled.IntGhostSet(4, 1)):
+        ghosts.add_many([100], [1], [None], ghosts.eviction(0.0, ghosts.stamp(), 1, "lru"))
+        ghosts.lookup(list(range(71)), 71)  # 71 of the clock's 8 * 1 + 64 positions
+        _, found = ghosts.lookup([100], 0)
+        assert [(i, ghost.stamp, regret) for i, ghost, regret in found] == [(0, 0, False)]
 
 
 def test_the_compiled_set_refuses_what_it_cannot_hold(compiled: Any) -> None:

@@ -126,6 +126,12 @@ cdef class IntGhostSet:
     def __len__(self) -> int:
         return _ghosts_len(&self.fifo)
 
+    @property
+    def calls_held(self) -> int:
+        """Eviction calls with a ghost still held: the call table's entries in use (a call's
+        entry is freed with its last ghost, so this never exceeds `len`)."""
+        return self.calls.used - self.calls.num_spare
+
     def __contains__(self, key) -> bool:
         return self._slot(key) != _ABSENT
 
