@@ -5,25 +5,43 @@
 # the same whichever runs.
 
 from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free, qsort, realloc
 from libc.string cimport memset
 
 cdef enum:
     _RUN = 1024  # positions per run of the marks (ghosts._RUN)
 
 
-cdef int _map_items(I64Map* m, int64_t* keys, int64_t* vals) noexcept:
-    # every (key, value) of `m` into the two arrays (m.size of each), in slot order
+cdef struct Pair:
+    int64_t position
+    int64_t key
+
+
+cdef int _by_position(const void* a, const void* b) noexcept nogil:
+    cdef int64_t x = (<const Pair*>a).position, y = (<const Pair*>b).position
+    return (x > y) - (x < y)
+
+
+cdef void _map_each(I64Map* m, int64_t* per_run, Pair* pairs, int64_t start) noexcept:
+    # over the (key, position) entries of a clock's map: count them per run of positions
+    # (`per_run`), or copy those at or after `start` into `pairs` (in slot order)
     cdef Py_ssize_t i, n = 0
-    for i in range(m.mask + 1):
-        if m.keys[i] != _FREE:
-            keys[n] = m.keys[i]
-            vals[n] = m.vals[i]
+    cdef int64_t key, position
+    for i in range(m.mask + 2):
+        if i <= m.mask:
+            if m.keys[i] == _FREE:
+                continue
+            key, position = m.keys[i], m.vals[i]
+        elif m.holds_min:  # the key INT64_MIN, kept aside
+            key, position = _FREE, m.min_val
+        else:
+            break
+        if per_run != NULL:
+            per_run[position // _RUN] += 1
+        elif position >= start:
+            pairs[n].position = position
+            pairs[n].key = key
             n += 1
-    if m.holds_min:
-        keys[n] = _FREE
-        vals[n] = m.min_val
-    return 0
 
 
 cdef int64_t _select(int64_t* a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
@@ -179,45 +197,46 @@ cdef class IntReuseClock:
 
     cdef int _compact(self) except -1:
         # ReuseClock.compact: the `horizon` most recent keys (positions are distinct: one key
-        # each) by a pass over the positions instead of a sort, renumbered from 0
-        cdef Py_ssize_t n = self.last.size, i, k = 0, now = self.now
-        cdef int64_t* keys = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-        cdef int64_t* pos = <int64_t*>malloc((n + 1) * sizeof(int64_t))
-        cdef int64_t* key_at = <int64_t*>malloc((now + 1) * sizeof(int64_t))
-        cdef uint8_t* held = <uint8_t*>calloc(now + 1, 1)
+        # each), renumbered from 0. Only the runs of positions that hold them are gathered and
+        # sorted (a count of keys per run says which): scratch of about `horizon` pairs, not of
+        # every key the clock remembers (up to 8 * horizon)
+        cdef Py_ssize_t n_runs = self.now // _RUN + 1, r, total = 0, k, i
+        cdef int64_t* per_run = <int64_t*>calloc(n_runs, sizeof(int64_t))
+        cdef Pair* pairs = NULL
+        cdef int64_t* keys = NULL
         try:
-            if keys == NULL or pos == NULL or key_at == NULL or held == NULL:
+            if per_run == NULL:
                 raise MemoryError()
-            _map_items(&self.last, keys, pos)
-            for i in range(n):
-                key_at[pos[i]] = keys[i]
-                held[pos[i]] = 1
+            _map_each(&self.last, per_run, NULL, 0)
+            r = n_runs
+            while r > 0 and total < self.horizon:
+                r -= 1
+                total += per_run[r]
+            pairs = <Pair*>malloc((total + 1) * sizeof(Pair))
+            if pairs == NULL:
+                raise MemoryError()
+            _map_each(&self.last, NULL, pairs, r * _RUN)
+            qsort(pairs, total, sizeof(Pair), _by_position)
+            k = min(total, self.horizon)
             free(self.old)
-            self.old = <int64_t*>malloc((min(n, self.horizon) + 1) * sizeof(int64_t))
-            if self.old == NULL:
+            self.old = <int64_t*>malloc((k + 1) * sizeof(int64_t))
+            keys = <int64_t*>malloc((k + 1) * sizeof(int64_t))
+            if self.old == NULL or keys == NULL:
                 raise MemoryError()
-            i = now - 1
-            while i >= 0 and k < self.horizon:  # newest first, then reversed below
-                if held[i]:
-                    self.old[k] = i
-                    keys[k] = key_at[i]
-                    k += 1
-                i -= 1
-            for i in range(k // 2):
-                self.old[i], self.old[k - 1 - i] = self.old[k - 1 - i], self.old[i]
-                keys[i], keys[k - 1 - i] = keys[k - 1 - i], keys[i]
+            for i in range(k):  # the newest k, oldest first
+                self.old[i] = pairs[total - k + i].position
+                keys[i] = pairs[total - k + i].key
             self.n_old, self.dropped = k, k == self.horizon
             _map_free(&self.last)
             _map_init(&self.last, 2 * k, True)
-            memset(self.marks, 0, now)
+            memset(self.marks, 0, self.now)
             memset(self.runs, 0, (self.cap // _RUN + 1) * sizeof(int64_t))
             self.now = 0
             self._access_many(keys, k)
         finally:
+            free(per_run)
+            free(pairs)
             free(keys)
-            free(pos)
-            free(key_at)
-            free(held)
         return 0
 
     cdef int64_t _remap(self, int64_t stamp) noexcept:
@@ -292,28 +311,28 @@ cdef class IntReuseTimes:
         return out
 
     cdef int _halve(self) except -1:
-        # keep the keys at or after the median position (ReuseTimes: its dict comprehension)
-        cdef Py_ssize_t n = self.last.size, i
+        # keep the keys at or after the median position (ReuseTimes: its dict comprehension),
+        # deleting the others in place: scratch of one position per key, no second table
+        cdef I64Map* m = &self.last
+        cdef Py_ssize_t n = m.size, i, j = 0
         cdef int64_t cut
-        cdef Py_ssize_t slots
-        cdef int64_t* keys = <int64_t*>malloc(n * sizeof(int64_t))
-        cdef int64_t* pos = <int64_t*>malloc(n * sizeof(int64_t))
-        cdef int64_t* sel = <int64_t*>malloc(n * sizeof(int64_t))
-        try:
-            if keys == NULL or pos == NULL or sel == NULL:
-                raise MemoryError()
-            _map_items(&self.last, keys, pos)
-            for i in range(n):
-                sel[i] = pos[i]
-            cut = _select(sel, n, n // 2)
-            slots = self.last.mask + 1
-            _map_free(&self.last)
-            _map_init(&self.last, slots, True)  # the same size: it fills again to 2 * horizon
-            for i in range(n):
-                if pos[i] >= cut:
-                    _map_put(&self.last, keys[i], pos[i])
-        finally:
-            free(keys)
-            free(pos)
-            free(sel)
+        cdef int64_t* sel = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+        if sel == NULL:
+            raise MemoryError()
+        for i in range(m.mask + 1):
+            if m.keys[i] != _FREE:
+                sel[j] = m.vals[i]
+                j += 1
+        if m.holds_min:
+            sel[j] = m.min_val
+        cut = _select(sel, n, n // 2)
+        free(sel)
+        if m.holds_min and m.min_val < cut:
+            _map_del(m, _FREE)
+        i = 0
+        while i <= m.mask:  # a deletion shifts a later entry into slot i: look at it again
+            if m.keys[i] != _FREE and m.vals[i] < cut:
+                _map_del(m, m.keys[i])
+            else:
+                i += 1
         return 0
