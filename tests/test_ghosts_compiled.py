@@ -134,6 +134,55 @@ def test_reuse_clocks_agree_through_compactions(compiled: Any, horizon: int, ops
             assert fast.distinct_since(stamp) == reference.distinct_since(stamp), stamp
 
 
+WIDE_KEYS = st.integers(0, 700)
+
+
+@settings(deadline=None)
+@given(
+    capacity=st.integers(100, 400),
+    horizon=st.integers(130, 300),
+    ops=st.lists(
+        st.tuples(st.lists(WIDE_KEYS, max_size=150), st.integers(0, 150), st.lists(WIDE_KEYS, max_size=60)),
+        max_size=30,
+    ),
+)
+def test_ghost_sets_agree_across_runs_of_positions(
+    compiled: Any, capacity: int, horizon: int, ops: list[Any]
+) -> None:
+    """Clocks of 8 * horizon + 64 > 1024 positions: counts that sum whole runs of marks, and
+    compactions whose kept keys span several runs."""
+    reference, fast = GhostSet(capacity, horizon), compiled.IntGhostSet(capacity, horizon)
+    for step, (keys, n_hit, evicted) in enumerate(ops):
+        keys = list(dict.fromkeys(keys))
+        assert fast.lookup(keys, min(n_hit, len(keys))) == reference.lookup(keys, min(n_hit, len(keys)))
+        for ghosts in (reference, fast):
+            call = ghosts.eviction(float(step), ghosts.stamp(), n_hit, "lru")
+            ghosts.add_many(evicted, list(range(len(evicted))), [None] * len(evicted), call)
+        assert len(fast) == len(reference) and fast.stamp() == reference.stamp()
+
+
+@settings(deadline=None)
+@given(
+    horizon=st.integers(130, 300),
+    ops=st.lists(st.tuples(st.lists(WIDE_KEYS, max_size=150), st.integers(0, 3000)), max_size=30),
+)
+def test_reuse_clocks_agree_across_runs_of_positions(compiled: Any, horizon: int, ops: list[Any]) -> None:
+    """Counts that sum whole runs of 1024 marks, from every stamp taken (remapped as needed)."""
+    reference, fast = ReuseClock(horizon), compiled.IntReuseClock(horizon)
+    stamps: list[int] = []
+    for keys, probe in ops:
+        keys = list(dict.fromkeys(keys))
+        if not reference.room(len(keys)):
+            remap = reference.compact()
+            fast.compact()
+            stamps = [remap(s) for s in stamps]
+        stamps.append(reference.stamp())
+        reference.access_many(keys)
+        fast.access_many(keys)
+        for stamp in [*stamps, probe]:
+            assert fast.distinct_since(stamp) == reference.distinct_since(stamp), stamp
+
+
 @settings(deadline=None)
 @given(
     horizon=st.integers(1, 8),
