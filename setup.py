@@ -20,7 +20,13 @@ NATIVE_MODULES: dict[str, str] = {
     "engine_adapter.cache._core": "engine_adapter/cache/_core.pyx",
     # the simulator's flat row in one call (mirrors Simulator.run's event loop for the flat model)
     "engine_adapter.sim._flat_run": "engine_adapter/sim/_flat_run.pyx",
+    # the regret ghost set for int64 keys (mirrors engine_adapter/cache/ghosts.py's GhostSet)
+    "engine_adapter.cache._ghosts": "engine_adapter/cache/_ghosts.pyx",
 }
+
+INCLUDE_PATH = ["sage_eviction"]
+"""Where a source's `include` looks after its own folder: the policies' core's int64 table and
+lists (sage_eviction/_core_i64map.pxi, _core_flat_lists.pxi) serve the ghost set too, one source."""
 
 
 class OptionalBuildExt(build_ext):
@@ -56,7 +62,8 @@ def _extensions() -> list[object]:
         Extension(name, [source], extra_compile_args=["-O3"]) for name, source in NATIVE_MODULES.items()
     ]
     directives = {"boundscheck": False, "wraparound": False}
-    return list(cythonize(modules, language_level=3, compiler_directives=directives))
+    built = cythonize(modules, language_level=3, compiler_directives=directives, include_path=INCLUDE_PATH)
+    return list(built)
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

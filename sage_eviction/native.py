@@ -32,9 +32,14 @@ PURE_ENV = "SAGE_PURE_PYTHON"
 CORE = "sage_eviction._core"
 """The policies' compiled core (sage_eviction/_core.pyx): the score heap and `select_victims`."""
 
-NATIVE_MODULES: tuple[str, ...] = (CORE, "engine_adapter.cache._core", "engine_adapter.sim._flat_run")
-"""Every compiled module of the core: the policies', the radix cache's and the simulator's flat
-row loop. Names only: this
+NATIVE_MODULES: tuple[str, ...] = (
+    CORE,
+    "engine_adapter.cache._core",
+    "engine_adapter.cache._ghosts",
+    "engine_adapter.sim._flat_run",
+)
+"""Every compiled module of the core: the policies', the radix cache's, its ghost set's for int64
+keys and the simulator's flat row loop. Names only: this
 package imports nothing from engine_adapter; `load` imports a module by name when asked."""
 
 _loaded: dict[str, ModuleType | None] = {}

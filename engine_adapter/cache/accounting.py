@@ -18,7 +18,7 @@ import structlog
 from engine_adapter.cache.ages import AgeHistograms, HistogramSnapshot
 from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
-from engine_adapter.cache.ghosts import Ghost, GhostRecord, GhostSet
+from engine_adapter.cache.ghosts import Ghost, new_ghost_set
 from engine_adapter.cache.lookup_log import LookupLog
 
 __all__ = ["THRASHING_THRESHOLD", "AccountingStats", "CacheAccounting"]
@@ -73,6 +73,8 @@ class CacheAccounting:
         policy: Names the active policy (it changes with hot swaps).
         ghost_factor: The ghost set keeps ``ghost_factor * capacity`` evicted keys (> 0).
         lookup_log: Where per-lookup records go, or None (off).
+        int_keys: Every block key is an int64: the ghost set in C where built
+            (`ghosts.new_ghost_set`; the same figures either way).
     """
 
     def __init__(
@@ -82,11 +84,12 @@ class CacheAccounting:
         policy: _Named,
         ghost_factor: float = 2.0,
         lookup_log: LookupLog | None = None,
+        int_keys: bool = False,
     ) -> None:
         if not ghost_factor > 0:
             raise ValueError(f"ghost_factor={ghost_factor!r} must be positive")
         n_ghosts = max(1, round(ghost_factor * capacity))
-        self.ghosts = GhostSet(n_ghosts, horizon=max(n_ghosts, capacity))
+        self.ghosts = new_ghost_set(n_ghosts, max(n_ghosts, capacity), int_keys)
         self.ages = AgeHistograms()
         self.lookup_log = lookup_log
         self._clock = clock
@@ -174,20 +177,28 @@ class CacheAccounting:
         if not victims:
             return
         now, policy = self._clock(), self._binding.name
-        call = GhostSet.eviction(now, self.ghosts.stamp(), kept, policy)
+        call = self.ghosts.eviction(now, self.ghosts.stamp(), kept, policy)
+        metas = [block.meta for block in victims]
+        tenants = [meta.tenant for meta in metas]
+        ages = [now - meta.created_at for meta in metas]
+        if tenants.count(tenants[0]) == len(tenants):  # one tenant, the usual case: one histogram
+            self.ages.observe_many("age_at_eviction_seconds", policy, tenants[0], ages)
+        else:
+            self._observe_by_tenant("age_at_eviction_seconds", policy, tenants, ages)
+        self.ghosts.add_many([block.key for block in victims], eviction_ids, tenants, call)
+
+    def _observe_by_tenant(
+        self, kind: str, policy: str, tenants: list[str | None], values: list[float]
+    ) -> None:
+        """`observe_many` of each tenant's values, tenants in order of first appearance."""
         by_tenant: dict[str | None, list[float]] = {}
-        records: list[tuple[Hashable, GhostRecord]] = []
-        for eviction_id, block in zip(eviction_ids, victims, strict=True):
-            meta = block.meta
-            tenant = meta.tenant
-            ages = by_tenant.get(tenant)
-            if ages is None:
-                ages = by_tenant[tenant] = []
-            ages.append(now - meta.created_at)
-            records.append((block.key, (eviction_id, tenant, call)))
-        for tenant, values in by_tenant.items():
-            self.ages.observe_many("age_at_eviction_seconds", policy, tenant, values)
-        self.ghosts.add_records(records)
+        for tenant, value in zip(tenants, values, strict=True):
+            group = by_tenant.get(tenant)
+            if group is None:
+                group = by_tenant[tenant] = []
+            group.append(value)
+        for tenant, group in by_tenant.items():
+            self.ages.observe_many(kind, policy, tenant, group)
 
     def forget(self) -> None:
         """A cache reset: the ghosts go (what comes back was not evicted); counts stay."""

@@ -88,15 +88,14 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         clock: Time source (a virtual clock in simulation).
         protect_queued: Fraction of the pool that the cached prefixes of waiting requests may
             hold protected from eviction (`protect_queued_prefix`); 0 turns it off.
-        explain: Each eviction event says why its victim went (O(n) per victim; see
-            `engine_adapter.cache.explain`). May be switched at any time.
-        compiled: The radix cache's hot paths in C (`engine_adapter.cache._core`) or in
-            pure Python; None: compiled when built and not `SAGE_PURE_PYTHON`. Same results.
+        explain: Each eviction event says why its victim went (O(n) a victim, `explain`); switchable.
+        compiled: The radix cache's hot paths in C (`_core`) or Python; None: C when built. Same results.
         tiers: Host and disk tiers under the pool (`TierConfig`, capacities in blocks); None or
             ``host_blocks=0``: none, an evicted block is dropped.
         compress_on_evict: ``PRESS:RATIO`` (or a `CompressSpec`): an evicted chain is compacted
             in place instead of dropped (`compressed`, the methods in `compress_front`); None: off.
         ghost_factor: The regret ghost set keeps this many times the pool's blocks (`accounting`).
+        int_keys: Every block key is an int64 (the simulator checks): the regret ghost set in C.
         lookup_log: Where each admitted lookup's record goes (`lookup_log`); None: off.
 
     Attributes:
@@ -124,6 +123,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         tiers: TierConfig | None = None,
         compress_on_evict: CompressSpec | str | None = None,
         ghost_factor: float = 2.0,
+        int_keys: bool = False,
         lookup_log: LookupLog | None = None,
     ) -> None:
         if block_size is None:
@@ -149,7 +149,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             self.events = event_log if event_log is not None else EvictionEventLog()
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
-        acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log)
+        acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)
         metrics = self._metrics = CacheMetrics(acct)  # lookups, preemptions; evictions count in the step
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)

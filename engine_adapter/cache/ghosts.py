@@ -23,17 +23,35 @@ content (a prompt's fresh blocks) from hiding regrets. The distinct count is a `
 over these lookups, exact up to its horizon; `ReuseTimes` counts every lookup (the reuse
 distance at a hit: block lookups since the block's previous lookup).
 
-Imports nothing of the cache.
+`new_ghost_set` gives this module's `GhostSet` or, where every key is an int64 and the compiled
+core is built, its twin in C (`engine_adapter.cache._ghosts.IntGhostSet`: same API, same results,
+nothing per ghost a Python object). Imports nothing of the cache.
 """
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
-__all__ = ["Ghost", "GhostRecord", "GhostSet", "ReuseClock", "ReuseTimes"]
+from sage_eviction import native
+
+__all__ = [
+    "GHOSTS_CORE",
+    "Ghost",
+    "GhostRecord",
+    "GhostSet",
+    "GhostStore",
+    "ReuseClock",
+    "ReuseTimes",
+    "new_ghost_set",
+]
+
+GHOSTS_CORE = "engine_adapter.cache._ghosts"
+"""The compiled ghost set for int64 keys (engine_adapter/cache/_ghosts.pyx)."""
 
 _RUN = 1024
 """Positions per run of `ReuseClock`'s marks (a query counts one run's bytes, sums the rest)."""
@@ -296,6 +314,16 @@ class GhostSet:
         for _ in range(len(ghosts) - self.capacity):
             popitem(last=False)
 
+    def add_many(
+        self, keys: Sequence[Hashable], ids: Sequence[int], tenants: Sequence[str | None], call: _Eviction
+    ) -> None:
+        """`add_records` of one eviction call's victims: each key with its eviction id (`ids`) and
+        tenant (the same order), all sharing `call` (from `eviction`)."""
+        if not len(keys) == len(ids) == len(tenants):
+            raise ValueError("add_many: keys, eviction ids and tenants differ in length")
+        records = zip(ids, tenants, itertools.repeat(call), strict=False)  # repeat: no end
+        self.add_records(list(zip(keys, records, strict=True)))
+
     @staticmethod
     def eviction(evicted_at: float, stamp: int, kept: int, policy: str) -> _Eviction:
         """The shared fields of one eviction call's ghosts (for `add_records`)."""
@@ -309,3 +337,45 @@ class GhostSet:
     def clear(self) -> None:
         """Forget every ghost (a cache reset: what comes back then was not evicted)."""
         self._ghosts.clear()
+
+
+class _Horizon(Protocol):
+    @property
+    def horizon(self) -> int: ...
+
+
+class GhostStore(Protocol):
+    """What the accounting uses of a ghost set: `GhostSet`'s API, which the compiled
+    `IntGhostSet` has too."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def times(self) -> _Horizon: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: Hashable) -> bool: ...
+    def lookup(
+        self, keys: Sequence[Hashable], n_hit: int
+    ) -> tuple[list[int | None], list[tuple[int, Ghost, bool]]]: ...
+    def stamp(self) -> int: ...
+    def add(self, key: Hashable, ghost: Ghost) -> None: ...
+    def add_records(self, evicted: Sequence[tuple[Hashable, GhostRecord]]) -> None: ...
+    def add_many(
+        self, keys: Sequence[Hashable], ids: Sequence[int], tenants: Sequence[str | None], call: _Eviction
+    ) -> None: ...
+    def eviction(self, evicted_at: float, stamp: int, kept: int, policy: str) -> _Eviction: ...
+    def peek(self, key: Hashable) -> Ghost | None: ...
+    def clear(self) -> None: ...
+
+
+def new_ghost_set(capacity: int, horizon: int, int_keys: bool = False) -> GhostStore:
+    """A ghost set of `capacity` keys (`GhostSet`'s arguments): the compiled one when the caller
+    knows every key is an int64 (`int_keys`) and the core is built (not `SAGE_PURE_PYTHON`, not
+    inside `native.pure_python()`), else `GhostSet`. A non-int key given to the compiled one
+    raises TypeError or OverflowError, so the flag is a promise, checked once by the caller
+    (the simulator asks `workloads.int64_keys`)."""
+    if int_keys and native.implementation(GHOSTS_CORE) == "compiled":
+        module = native.load(GHOSTS_CORE)
+        if module is not None:
+            return cast(GhostStore, module.IntGhostSet(capacity, horizon))
+    return GhostSet(capacity, horizon)

@@ -100,7 +100,7 @@ from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState, SimResult, StepAdmission, run_requests
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_model import SGLangModel
-from engine_adapter.sim.workloads import SimRequest, Workload, any_tenant, request_ends
+from engine_adapter.sim.workloads import SimRequest, Workload, any_tenant, int64_keys, request_ends
 from sage_eviction import get_policy_class
 from sage_eviction.metrics import jain_fairness, percentile
 from sage_eviction.policies.belady import BeladyPolicy
@@ -248,6 +248,7 @@ class Simulator:
             compiled=self.compiled,
             tiers=self.tiers,
             compress_on_evict=None if self.unbounded else self.compress,
+            int_keys=int64_keys(self.workload.requests),  # the whole workload's: a fleet's replica grows
         )
         belady = None
         if manager.policy.offline:
