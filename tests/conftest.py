@@ -9,6 +9,14 @@ A green CI run means the things it claims to test were tested. With ``SAGE_REQUI
 not built or an extra, the real model or a program the suite needs is not installed; and a test
 that skips for any reason outside `ALLOWED_SKIPS` (no GPU here, a property a policy declares)
 fails instead. Without it (a developer's partial install) those tests skip as before.
+
+The engines the tests build in-process run float32 on every CPU (`_float32_engines`): ``auto``
+picks bfloat16 on a CPU with AMX or AVX512-BF16 (the product's choice, docs/performance.md,
+"Precision"), and the tests that hold the engine's batched, paged decoding to an oracle (the
+decoder stepped alone, transformers, kvpress) compare greedy tokens exactly, which float32 keeps
+and bfloat16's rounding does not (a batched and an unbatched bf16 step differ in the last bits).
+The machines this suite runs on vary in kind; tests/test_model_precision.py tests ``auto`` and
+bfloat16 with explicit flags and dtypes.
 """
 
 from __future__ import annotations
@@ -36,6 +44,25 @@ def pytest_configure(config: pytest.Config) -> None:
     HYPOTHESIS_PROFILE says otherwise; the full run keeps `ci`'s."""
     if "not slow" in (config.option.markexpr or "") and "HYPOTHESIS_PROFILE" not in os.environ:
         settings.load_profile("dev")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _float32_engines() -> Iterator[None]:
+    """``auto`` resolves to float32 in this process whatever the CPU (module docstring): the
+    engine's `precision.auto_dtype` reads the CPU's flags through `cpu_flags`, here without the
+    native-bf16 ones. A test that needs bfloat16 asks for it by name."""
+    from engine_adapter.model import precision
+
+    original = precision.cpu_flags
+
+    def flags_without_bf16(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+        return frozenset(flag for flag in original(cpuinfo) if not precision.has_native_bf16({flag}))
+
+    precision.cpu_flags = flags_without_bf16
+    try:
+        yield
+    finally:
+        precision.cpu_flags = original
 
 
 REQUIRE_ALL = os.environ.get("SAGE_REQUIRE_ALL") == "1"
