@@ -104,11 +104,16 @@ def _label(operation: Any) -> str:
 
 
 def _strategies(operation: Any) -> list[tuple[Any, bool]]:
-    """(cases, positive): schema-valid cases and, where the schema can be broken, schema-violating
-    ones (as schemathesis' own parametrize draws both)."""
+    """(cases, positive): the document's own examples, schema-valid cases and, where the schema
+    can be broken, schema-violating ones (as schemathesis' own runner draws them: its examples,
+    then its fuzzing phase). The examples make each operation reach the engine at least once
+    whatever the fuzz draws: PUT /v1/eviction/token's policy is one of the names or any string,
+    and 25 drawn strings can all miss the names."""
     from schemathesis.generation import GenerationMode
 
+    examples = [(cases, True) for cases in operation.schema.get_strategies_from_examples(operation)]
     return [
+        *examples,
         (operation.as_strategy(GenerationMode.POSITIVE), True),
         (operation.as_strategy(GenerationMode.NEGATIVE), False),
     ]
