@@ -51,6 +51,7 @@ from engine_adapter.sim.benchmark import run_benchmark
 from engine_adapter.sim.capacity import min_capacity
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.mooncake_trace import read_mooncake
+from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.sweep import RowSpec, SweepContext, run_row
 from engine_adapter.sim.workloads import Workload, unique_blocks
@@ -58,9 +59,8 @@ from sage_eviction.flat import simulate_flat
 from sage_eviction.native import core_implementation
 
 _ROOT = str(Path(__file__).resolve().parents[1])
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
-)
+DEFAULT_TRACE = shipped_trace("mooncake:conversation")[0]
+"""The Mooncake conversation trace shipped in the package (gzipped; the reader takes it as it is)."""
 DEFAULT_POLICIES = ("lru", "fifo", "sieve", "s3fifo", "arc", "gdsf", "belady")
 JOBS_TARGET = 1.8
 

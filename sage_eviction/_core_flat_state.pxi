@@ -6,10 +6,10 @@
 # arrays: the keys are int64 (the simulator's block keys are ints), held in an open-addressing
 # table (key -> node, _core_i64map.pxi), the nodes in intrusive doubly linked lists (head:
 # newest), the ghosts as FIFOs of keys (_core_flat_lists.pxi), and the re-prefill tracker's
-# evicted keys in a second table. The policies whose whole decision is a place in one list (lru,
-# fifo, mru, filo, sieve), the adaptive queues (s3fifo, arc) and belady run here: `FlatCache.request`
-# per key, line for line, with each policy's Python hooks as the reference
-# (tests/test_flat_state.py runs both).
+# evicted keys in a `KeySet` (_core_keyset.pxi: a trace's dense ids as bits, other ints in a
+# table). The policies whose whole decision is a place in one list (lru, fifo, mru, filo, sieve),
+# the adaptive queues (s3fifo, arc) and belady run here: `FlatCache.request` per key, line for
+# line, with each policy's Python hooks as the reference (tests/test_flat_state.py runs both).
 
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free, malloc
@@ -137,7 +137,7 @@ cdef class FlatState:
     cdef readonly str policy_name
     cdef readonly list victims
     cdef I64Map index  # key -> node
-    cdef I64Map evicted  # the keys evicted and not requested since -> 0
+    cdef KeySet evicted  # the keys evicted and not requested since (a trace's dense ids as bits)
     cdef int64_t* node_key
     cdef int32_t* newer  # toward the head (the newest)
     cdef int32_t* older  # toward the tail (the oldest)
@@ -171,7 +171,6 @@ cdef class FlatState:
 
     def __cinit__(self):
         self.index.keys = self.index.vals = NULL
-        self.evicted.keys = self.evicted.vals = NULL
         self.node_key = NULL
         self.newer = self.older = NULL
         self.bits = self.where = NULL
@@ -198,7 +197,7 @@ cdef class FlatState:
         self.policy_name = policy.name
         self.capacity = capacity
         _map_init(&self.index, capacity * 2, True)
-        _map_init(&self.evicted, 1024, False)
+        self.evicted = KeySet()
         self.node_key = <int64_t*>malloc(capacity * sizeof(int64_t))
         self.newer = <int32_t*>malloc(capacity * sizeof(int32_t))
         self.older = <int32_t*>malloc(capacity * sizeof(int32_t))
@@ -233,7 +232,6 @@ cdef class FlatState:
 
     def __dealloc__(self):
         _map_free(&self.index)
-        _map_free(&self.evicted)
         free(self.node_key)
         free(self.newer)
         free(self.older)
@@ -256,7 +254,7 @@ cdef class FlatState:
     @property
     def evicted_waiting(self):
         """Keys evicted and not requested since (the re-prefill tracker's set, kept here)."""
-        return self.evicted.size
+        return len(self.evicted)
 
     def keys(self):
         """The held keys from the tail (the oldest place in the list) to the head (s3fifo: its
@@ -511,7 +509,7 @@ cdef class FlatState:
         if timed:
             self._note_latency(<double>(sage_ticks() - start) * self.tick)
         if self.tracker is not None:
-            _map_put(&self.evicted, victim, 0)
+            self.evicted._add_int(victim)
         if self.victims is not None:
             self.victims.append(victim)
         self.evictions += 1
@@ -544,7 +542,7 @@ cdef class FlatState:
             self._hit(<int32_t>found)
             self.hits += 1
             return 1
-        if self.tracker is not None and _map_del(&self.evicted, key):
+        if self.tracker is not None and self.evicted._discard_int(key):
             self.re_prefilled += 1
         if self.kind == K_S3FIFO:  # its prepare_insert: out of the ghosts before the evictions
             self.pending_ghost = _ghosts_pop(&self.ghosts, key)
