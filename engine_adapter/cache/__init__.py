@@ -26,7 +26,10 @@ front down (docs/architecture.md, "Cache core"):
     accounting.py       CacheAccounting: ages, regret, thrashing and the lookup records
     ages.py             AgeHistograms: block age at hit and eviction, reuse distance, per policy
                         and tenant
-    ghosts.py           GhostSet, ReuseClock: recently evicted keys, distinct blocks since
+    ghosts.py           GhostSet, ReuseClock: recently evicted keys, distinct blocks since;
+                        new_ghost_set picks the compiled one for int64 keys
+    _ghosts.pyx         IntGhostSet: the ghost set and its clocks in C for int64 keys (optional;
+                        ghosts.py is the reference and the fallback)
     lookup_log.py       LookupLog: one JSON line per lookup (--lookup-log), rotated
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy

@@ -144,9 +144,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             max_pinned_ratio=max_pinned_ratio,
             compiled=compiled,
         )
-        self.events: EvictionEventLog | None = None
-        if record_events:
-            self.events = event_log if event_log is not None else EvictionEventLog()
+        self.events = (event_log if event_log is not None else EvictionEventLog()) if record_events else None
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)

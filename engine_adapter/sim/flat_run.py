@@ -16,26 +16,47 @@ fleet drives its replicas through `advance`, which stays the Python loop).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from engine_adapter.sim.workloads import any_tenant, request_ends
 from sage_eviction import native
 
-if TYPE_CHECKING:
-    from engine_adapter.sim.simulator import Simulator
-
-__all__ = ["FlatColumns", "compiled_loop", "compiled_run", "flat_columns"]
+__all__ = ["FlatColumns", "LoopSettings", "compiled_loop", "compiled_run", "flat_columns"]
 
 LOOP_MODULE = "engine_adapter.sim._flat_run"
 
 Ints = npt.NDArray[np.int64]
+
+
+class LoopSettings(Protocol):
+    """What the loop reads of the `Simulator` that runs it (a protocol: the simulator imports
+    this module, not the other way round)."""
+
+    @property
+    def cache_model(self) -> str: ...
+    @property
+    def horizon(self) -> float | None: ...
+    @property
+    def cost(self) -> CostModel: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_running(self) -> int: ...
+    @property
+    def max_prefill_tokens(self) -> int: ...
+    @property
+    def progress(self) -> Callable[[int], None] | None: ...
+    @property
+    def progress_every(self) -> int: ...
 
 
 def compiled_loop() -> ModuleType | None:
@@ -113,7 +134,7 @@ def flat_columns(requests: RunRequests) -> FlatColumns:
     return _list_columns(requests, by_tenant)
 
 
-def compiled_run(sim: Simulator, st: RunState) -> bool:
+def compiled_run(sim: LoopSettings, st: RunState) -> bool:
     """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
     as `Simulator.advance(st, math.inf)` leaves it for `Simulator.row`; False (nothing done)
     when the Python loop must run."""
@@ -131,7 +152,7 @@ def compiled_run(sim: Simulator, st: RunState) -> bool:
     return True
 
 
-def _call(loop: ModuleType, sim: Simulator, st: RunState, columns: FlatColumns) -> None:
+def _call(loop: ModuleType, sim: LoopSettings, st: RunState, columns: FlatColumns) -> None:
     """One call into the loop, its figures written into `st`."""
     assert st.flat is not None
     n, groups = len(columns.arrivals), columns.n_groups
