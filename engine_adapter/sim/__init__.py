@@ -22,6 +22,7 @@ The run (one policy at one capacity):
     sim_result.py      `SimResult`: the row a run ends with (every cache model writes it)
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
     cache_models.py    the radix model (the real `CacheManager`) and the flat model
+    flat_run.py        a flat row's whole run in one compiled call (`_flat_run.pyx`), same row
 
 The benchmark (`sage llm benchmark --mode sim`):
 
