@@ -100,7 +100,7 @@ def _azure_list(path: Path, model: PrefixModel, limit: int | None = None) -> lis
             blocks = builder.first_turn(conversation, system, input_len)
         else:
             blocks = builder.next_turn(conversation, input_len)
-        requests.append(builder.request(i, arrival_s, blocks, input_len, output_len, conversation))
+        requests.append(SimRequest(*builder.turn(i, arrival_s, blocks, input_len, output_len, conversation)))
     return sorted_by_arrival(requests)
 
 
@@ -148,7 +148,7 @@ def _synthetic_list(**params: Any) -> list[SimRequest]:
             conversation, system = builder.start(slot)
             input_len = min((model.system_prompt_tokens if system else 0) + user[i], t.max_input_tokens)
             blocks = builder.first_turn(conversation, system, input_len)
-        requests.append(builder.request(i, arrival_s, blocks, input_len, out[i], conversation))
+        requests.append(SimRequest(*builder.turn(i, arrival_s, blocks, input_len, out[i], conversation)))
     return requests
 
 

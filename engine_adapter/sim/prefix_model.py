@@ -25,7 +25,7 @@ import numpy as np
 
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.trace_file import WorkloadError
-from engine_adapter.sim.workloads import SimRequest, check_float, check_int
+from engine_adapter.sim.workloads import check_float, check_int
 
 __all__ = ["Conversation", "PrefixBuilder", "PrefixModel", "Turn", "apply_prefix_model"]
 
@@ -134,7 +134,7 @@ class PrefixBuilder:
     """Runs a `PrefixModel` over a stream of requests (the Azure reader and `synthetic`).
 
     Per request: `slot()`; then `start()` and `first_turn()` for a new conversation, or
-    `next_turn()` for an open one; then `turn()` (its fields) or `request()` (a `SimRequest`).
+    `next_turn()` for an open one; then `turn()` (its fields; `SimRequest(*turn)` is its request).
     """
 
     def __init__(self, model: PrefixModel, n_requests: int, rng: np.random.Generator) -> None:
@@ -223,18 +223,6 @@ class PrefixBuilder:
         conversation.output_len = output_len
         c = conversation
         return (index, arrival_s, blocks, input_len, output_len, c.tenant, c.priority, c.session)
-
-    def request(
-        self,
-        index: int,
-        arrival_s: float,
-        blocks: tuple[int, ...],
-        input_len: int,
-        output_len: int,
-        conversation: Conversation,
-    ) -> SimRequest:
-        """`turn()` as a `SimRequest` (the streamed generator's)."""
-        return SimRequest(*self.turn(index, arrival_s, blocks, input_len, output_len, conversation))
 
 
 def apply_prefix_model(
