@@ -188,7 +188,15 @@ class FlatCache:
             return frozenset(self.policy.peek(len(self.policy)))
         return frozenset(self._state.keys())
 
-    def _counts_from_state(self) -> None:
+    @property
+    def state(self) -> Any:
+        """The `_core.FlatState` the policy's state is in ("c-state"), else None: a compiled
+        caller may look keys up in it directly, then calls `sync_from_state`."""
+        return self._state
+
+    def sync_from_state(self) -> None:
+        """Read the counts back from the `FlatState` (after each of this cache's own calls, and
+        after lookups a compiled caller made in it directly)."""
         state = self._state
         self.requests, self.hits, self.evictions, self._held = (
             state.requests,
@@ -208,7 +216,7 @@ class FlatCache:
             try:
                 return bool(self._state.request(key))
             finally:
-                self._counts_from_state()
+                self.sync_from_state()
         policy = self.policy
         self.requests = now = self.requests + 1
         if key in policy:
@@ -251,7 +259,7 @@ class FlatCache:
                 hits_last: tuple[int, bool] = self._state.lookup(keys)
                 return hits_last
             finally:
-                self._counts_from_state()
+                self.sync_from_state()
         if self._lookup_in_c is not None:
             return self._lookup_in_c(self, keys)
         request = self.request

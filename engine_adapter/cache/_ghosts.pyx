@@ -19,7 +19,7 @@ per tenant, and a `Ghost` built only when a lookup or `peek` finds one.
 """
 
 from libc.stdint cimport int32_t, int64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, malloc
 
 import array
 
@@ -47,21 +47,12 @@ cdef struct Calls:
 
 
 cdef int _calls_grow(Calls* c) except -1:
+    # an array that fails to grow stays as it was (the others may have grown): `cap` is kept
     cdef Py_ssize_t cap = c.cap * 2 if c.cap else 64
-    cdef int64_t* stamp = <int64_t*>realloc(c.stamp, cap * sizeof(int64_t))
-    if stamp != NULL:
-        c.stamp = stamp
-    cdef int64_t* kept = <int64_t*>realloc(c.kept, cap * sizeof(int64_t))
-    if kept != NULL:
-        c.kept = kept
-    cdef int32_t* ghosts = <int32_t*>realloc(c.ghosts, cap * sizeof(int32_t))
-    if ghosts != NULL:
-        c.ghosts = ghosts
-    cdef int32_t* spare = <int32_t*>realloc(c.spare, cap * sizeof(int32_t))
-    if spare != NULL:
-        c.spare = spare
-    if stamp == NULL or kept == NULL or ghosts == NULL or spare == NULL:
-        raise MemoryError()
+    c.stamp = <int64_t*>_resized(c.stamp, cap * sizeof(int64_t))
+    c.kept = <int64_t*>_resized(c.kept, cap * sizeof(int64_t))
+    c.ghosts = <int32_t*>_resized(c.ghosts, cap * sizeof(int32_t))
+    c.spare = <int32_t*>_resized(c.spare, cap * sizeof(int32_t))
     c.cap = cap
     return 0
 
@@ -221,12 +212,9 @@ cdef class IntGhostSet:
     cdef int64_t* _keys(self, keys, Py_ssize_t n) except NULL:
         # `keys` into the scratch buffer (OverflowError / TypeError for a key that is no int64)
         cdef Py_ssize_t i
-        cdef int64_t* p
         if n + 1 > self.scratch_cap:
-            p = <int64_t*>realloc(self.scratch, (n + 1) * 2 * sizeof(int64_t))
-            if p == NULL:
-                raise MemoryError()
-            self.scratch, self.scratch_cap = p, (n + 1) * 2
+            self.scratch = <int64_t*>_resized(self.scratch, (n + 1) * 2 * sizeof(int64_t))
+            self.scratch_cap = (n + 1) * 2
         for i in range(n):
             self.scratch[i] = keys[i]
         return self.scratch

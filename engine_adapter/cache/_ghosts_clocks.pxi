@@ -12,6 +12,14 @@ cdef enum:
     _RUN = 1024  # positions per run of the marks (ghosts._RUN)
 
 
+cdef void* _resized(void* p, size_t size) except NULL:
+    # `realloc`, or MemoryError with `p` left as it was (still the owner's to free)
+    cdef void* q = realloc(p, size)
+    if q == NULL:
+        raise MemoryError()
+    return q
+
+
 cdef struct Pair:
     int64_t position
     int64_t key
@@ -155,21 +163,13 @@ cdef class IntReuseClock:
     cdef int _reserve(self, Py_ssize_t n) except -1:
         # arrays for positions up to now + n (only a lookup longer than the clock needs more)
         cdef Py_ssize_t want = self.now + n, cap = self.cap, runs_before = self.cap // _RUN + 1
-        cdef uint8_t* marks
-        cdef int64_t* runs
         if want <= cap:
             return 0
         while cap < want:
             cap *= 2
-        marks = <uint8_t*>realloc(self.marks, cap)
-        if marks == NULL:
-            raise MemoryError()
-        self.marks = marks
+        self.marks = <uint8_t*>_resized(self.marks, cap)
         memset(self.marks + self.cap, 0, cap - self.cap)
-        runs = <int64_t*>realloc(self.runs, (cap // _RUN + 1) * sizeof(int64_t))
-        if runs == NULL:
-            raise MemoryError()
-        self.runs = runs
+        self.runs = <int64_t*>_resized(self.runs, (cap // _RUN + 1) * sizeof(int64_t))
         memset(self.runs + runs_before, 0, (cap // _RUN + 1 - runs_before) * sizeof(int64_t))
         self.cap = cap
         return 0

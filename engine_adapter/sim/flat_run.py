@@ -148,7 +148,7 @@ def compiled_run(sim: LoopSettings, st: RunState) -> bool:
     try:
         _call(loop, sim, st, columns)
     finally:
-        flat.sync_counts()
+        flat.cache.sync_from_state()
     return True
 
 
@@ -163,7 +163,7 @@ def _call(loop: ModuleType, sim: LoopSettings, st: RunState, columns: FlatColumn
     prefill = (c.prefill_base_s, c.prefill_per_token_s, c.prefill_attn_s)
     cost = (*prefill, c.decode_base_s, c.decode_per_seq_s, c.decode_per_context_token_s)
     figures = loop.run_flat(
-        st.flat.state,
+        st.flat.cache.state,
         columns.keys,
         columns.ends,
         columns.arrivals,
