@@ -43,6 +43,15 @@ pytestmark = pytest.mark.skipif(flat_run.compiled_loop() is None, reason=COMPILE
 
 STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "belady")
 TIMINGS = ("wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us")
+# binary fractions: clocks land exactly on arrivals (the boundaries of `steps_until`)
+BINARY = CostModel(
+    prefill_base_s=0.25,
+    prefill_per_token_s=0.0,
+    prefill_attn_s=0.0,
+    decode_base_s=0.125,
+    decode_per_seq_s=0.0,
+    decode_per_context_token_s=0.0,
+)
 COSTS = (
     CostModel(),
     CostModel(prefill_base_s=0.0, decode_base_s=0.02, decode_per_context_token_s=1e-6),
@@ -59,15 +68,7 @@ COSTS = (
         decode_per_seq_s=0.0,
         decode_per_context_token_s=1.3e-3,
     ),
-    # binary fractions: clocks land exactly on arrivals (the boundaries of `steps_until`)
-    CostModel(
-        prefill_base_s=0.25,
-        prefill_per_token_s=0.0,
-        prefill_attn_s=0.0,
-        decode_base_s=0.125,
-        decode_per_seq_s=0.0,
-        decode_per_context_token_s=0.0,
-    ),
+    BINARY,
 )
 
 
@@ -237,16 +238,8 @@ def test_a_step_and_a_decode_stretch_to_the_bit() -> None:
     fast = _same(Workload(three, block_size=16, source="synthetic"), "fifo", 8, cost_model=attention)
     step = attention.step_time(prefill_tokens=41, prefill_batch=3)
     assert [t.hex() for t in fast.sim.ttft_s] == [step.hex()] * 3
-    binary = CostModel(
-        prefill_base_s=0.25,
-        prefill_per_token_s=0.0,
-        prefill_attn_s=0.0,
-        decode_base_s=0.125,
-        decode_per_seq_s=0.0,
-        decode_per_context_token_s=0.0,
-    )
     two = [SimRequest(0, 0.0, (1,), 16, 20), SimRequest(1, 1.0, (2,), 16, 1)]
-    fast = _same(Workload(two, block_size=16, source="synthetic"), "lru", 8, cost_model=binary)
+    fast = _same(Workload(two, block_size=16, source="synthetic"), "lru", 8, cost_model=BINARY)
     assert fast.sim.ttft_s == [0.25, 0.25]
 
 
