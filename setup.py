@@ -22,6 +22,8 @@ NATIVE_MODULES: dict[str, str] = {
     "engine_adapter.sim._flat_run": "engine_adapter/sim/_flat_run.pyx",
     # the regret ghost set for int64 keys (mirrors engine_adapter/cache/ghosts.py's GhostSet)
     "engine_adapter.cache._ghosts": "engine_adapter/cache/_ghosts.pyx",
+    # the simulator's radix row in one call (mirrors Simulator.run over the CacheManager)
+    "engine_adapter.sim._radix_run": "engine_adapter/sim/_radix_run.pyx",
 }
 
 INCLUDE_PATH = ["sage_eviction"]

@@ -19,6 +19,30 @@ cdef inline double monotonic_seconds() noexcept nogil:
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
+# The time-stamp counter (a cycle count where there is one, else nanoseconds of the monotonic
+# clock) and its period in seconds, measured once (`tick_seconds`, _core_flat_state.pxi): the
+# compiled caches time their policies' decisions with it (a clock reading costs more than the
+# decision on this class of machine).
+cdef extern from *:
+    """
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <x86intrin.h>
+    static inline unsigned long long sage_ticks(void) { return __rdtsc(); }
+    #define SAGE_TICKS_ARE_CYCLES 1
+    #else
+    #include <time.h>
+    static inline unsigned long long sage_ticks(void) {
+        struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    }
+    #define SAGE_TICKS_ARE_CYCLES 0
+    #endif
+    """
+    unsigned long long sage_ticks() noexcept nogil
+    int SAGE_TICKS_ARE_CYCLES
+cdef double tick_seconds()
+
+
 cdef struct PolicyOps
 
 ctypedef int (*InsertOp)(PolicyOps* ops, object policy, object key, object meta, bint evictable) except -1
@@ -58,3 +82,10 @@ cdef PolicyOps* ops_for(object policy) except? NULL
 cdef int flat_state_open(object state) except -1
 cdef int flat_state_lookup(object state, const int64_t* keys, Py_ssize_t n, Py_ssize_t* hits) except -1
 cdef int flat_state_close(object state) except -1
+
+
+# `KeySet.add` and `discard` of an int64 key (the compiled set of evicted keys, _core_keyset.pxi)
+# for a compiled caller: the simulator's radix loop. TypeError for an object that is not a KeySet;
+# `keyset_discard_int` gives 1 when the key was there.
+cdef int keyset_add_int(object keys, int64_t key) except -1
+cdef int keyset_discard_int(object keys, int64_t key) except -1

@@ -36,29 +36,12 @@ cdef unsigned char _S3_MAX_FREQ = 3
 cdef int _T1 = 0  # arc's lists
 cdef int _T2 = 1
 
-cdef extern from *:
-    """
-    #if defined(__x86_64__) || defined(__i386__)
-    #include <x86intrin.h>
-    static inline unsigned long long sage_ticks(void) { return __rdtsc(); }
-    #define SAGE_TICKS_ARE_CYCLES 1
-    #else
-    #include <time.h>
-    static inline unsigned long long sage_ticks(void) {
-        struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
-    }
-    #define SAGE_TICKS_ARE_CYCLES 0
-    #endif
-    """
-    unsigned long long sage_ticks() noexcept nogil
-    int SAGE_TICKS_ARE_CYCLES
 
 
 cdef double _seconds_per_tick = 0.0
 
 
-cdef double _tick_seconds():
+cdef double tick_seconds():
     # The time-stamp counter's period, measured once against the monotonic clock over ~5 ms: on
     # this class of machine (a VM) the clock costs ~150 ns a reading, more than the decision it
     # would time, the counter ~10 ns (constant_tsc: its rate does not follow the CPU's).
@@ -222,7 +205,7 @@ cdef class FlatState:
             _far_init(&self.far, capacity)
         self.tracker = reprefill
         self.latency = latency
-        self.tick = _tick_seconds() if latency is not None else 0.0
+        self.tick = tick_seconds() if latency is not None else 0.0
         if latency is not None:
             self.lat_window = latency.window
             self.lat_ring = <double*>malloc(self.lat_window * sizeof(double))

@@ -230,3 +230,19 @@ cdef inline int evicted_add(object keys, object key) except -1:
     if keys is not None:
         keys.add(key)
     return 0
+
+
+# The C API of `KeySet` for int64 keys (declared in _core.pxd) for another compiled module: the
+# simulator's radix loop keeps its re-prefill tracker's evicted keys in the tracker's own KeySet.
+
+cdef int keyset_add_int(object keys, int64_t key) except -1:
+    if type(keys) is not KeySet:
+        raise TypeError(f"expected a KeySet, got {type(keys).__name__}")
+    return (<KeySet>keys)._add_int(key)
+
+
+cdef int keyset_discard_int(object keys, int64_t key) except -1:
+    """1 when `key` was there (and is no more), else 0."""
+    if type(keys) is not KeySet:
+        raise TypeError(f"expected a KeySet, got {type(keys).__name__}")
+    return 1 if (<KeySet>keys)._discard_int(key) else 0

@@ -37,6 +37,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "engine_adapter.cache._core",
     "engine_adapter.cache._ghosts",
     "engine_adapter.sim._flat_run",
+    "engine_adapter.sim._radix_run",
 )
 """Every compiled module of the core: the policies', the radix cache's, its ghost set's for int64
 keys and the simulator's flat row loop. Names only: this

@@ -235,19 +235,27 @@ cdef class IntGhostSet:
     def lookup(self, keys, Py_ssize_t n_hit):
         """GhostSet.lookup: the hits' reuse times, and (index, Ghost, regret) of each missed
         key that was a ghost (removed)."""
-        cdef Py_ssize_t n = len(keys), i
+        cdef Py_ssize_t n = len(keys)
         cdef int64_t* buf
-        cdef int64_t slot
-        cdef int32_t c
-        cdef bint regret
         if n_hit < 0:
             raise ValueError(f"n_hit={n_hit} must not be negative")
         n_hit = min(n_hit, n)
         buf = self._keys(keys, n)
+        ghosts = []
+        self._find_ghosts(buf, n, n_hit, ghosts, NULL, NULL)
+        return self.times._access_many(buf, n, n_hit), ghosts
+
+    cdef int _find_ghosts(self, const int64_t* buf, Py_ssize_t n, Py_ssize_t n_hit, list ghosts,
+                          GhostFound* found, Py_ssize_t* n_found) except -1:
+        # `lookup` but the reuse times: the hits counted, each missed ghost removed and counted,
+        # given back as (index, Ghost, regret) in `ghosts`, or (a C caller) as `GhostFound`s
+        cdef Py_ssize_t i
+        cdef int64_t slot
+        cdef int32_t c
+        cdef bint regret
         self._room(n)
         if n_hit:
             self.counted._access_many(buf, n_hit)
-        ghosts = []
         if n > n_hit and _ghosts_len(&self.fifo):
             for i in range(n_hit, n):
                 slot = _map_get(&self.fifo.index, buf[i])
@@ -256,10 +264,17 @@ cdef class IntGhostSet:
                 c = self.call[slot]
                 # counted from its eviction, before this lookup of it
                 regret = self.counted._distinct_since(self.calls.stamp[c]) < self.calls.kept[c]
-                ghosts.append((i, self._ghost(slot), regret))
+                if ghosts is not None:
+                    ghosts.append((i, self._ghost(slot), regret))
+                else:
+                    found[n_found[0]].index = i
+                    found[n_found[0]].regret = regret
+                    found[n_found[0]].evicted_at = self.call_objs[c].evicted_at
+                    found[n_found[0]].tenant = self.tenant[slot]
+                    n_found[0] += 1
                 self._drop(buf[i])
                 self.counted._access_many(&buf[i], 1)
-        return self.times._access_many(buf, n, n_hit), ghosts
+        return 0
 
     def stamp(self) -> int:
         """The counted lookups' position now."""
@@ -322,3 +337,47 @@ cdef class IntGhostSet:
         """Forget every ghost (the clocks stay, as in GhostSet)."""
         while _ghosts_len(&self.fifo):
             self._drop(self.fifo.key[self.fifo.ends.tail])
+
+
+# ---- the C API (_ghosts.pxd) for a compiled caller: the simulator's radix loop ---------------------
+
+
+cdef IntGhostSet _checked(object ghosts):
+    if type(ghosts) is not IntGhostSet:
+        raise TypeError(f"expected an IntGhostSet, got {type(ghosts).__name__}")
+    return <IntGhostSet>ghosts
+
+
+cdef int ghosts_lookup(object ghosts, const int64_t* keys, Py_ssize_t n, Py_ssize_t n_hit,
+                       int64_t* times, GhostFound* found, Py_ssize_t* n_found) except -1:
+    cdef IntGhostSet g = _checked(ghosts)
+    n_found[0] = 0
+    g._find_ghosts(keys, n, n_hit, None, found, n_found)
+    g.times._access_into(keys, n, n_hit, times)
+    return 0
+
+
+cdef int64_t ghosts_stamp(object ghosts) except -1:
+    return _checked(ghosts).counted.now
+
+
+cdef int32_t ghosts_tenant_id(object ghosts, object tenant) except -1:
+    cdef IntGhostSet g = _checked(ghosts)
+    return 0 if tenant is None else g._tenant_id(tenant)
+
+
+cdef int ghosts_add_evicted(object ghosts, const int64_t* keys, Py_ssize_t n, int64_t first_id,
+                            const int32_t* tenants, object call) except -1:
+    cdef IntGhostSet g = _checked(ghosts)
+    cdef Py_ssize_t i
+    cdef int32_t c
+    if not n:
+        return 0
+    c = g._new_call(call)
+    g.calls.ghosts[c] += 1  # held while the loop uses it
+    try:
+        for i in range(n):
+            g._push(keys[i], first_id + i, tenants[i], c)
+    finally:
+        g._release(c)
+    return 0

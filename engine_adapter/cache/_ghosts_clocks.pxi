@@ -174,7 +174,7 @@ cdef class IntReuseClock:
         self.cap = cap
         return 0
 
-    cdef int _access_many(self, int64_t* keys, Py_ssize_t n) except -1:
+    cdef int _access_many(self, const int64_t* keys, Py_ssize_t n) except -1:
         # ReuseClock.access_many: the previous marks cleared first (all of them read before any
         # is written, as its map(last.get, keys)), then the new positions marked and recorded
         cdef Py_ssize_t i, pos = self.now, end = self.now + n, step
@@ -295,20 +295,30 @@ cdef class IntReuseTimes:
         timed = n if n_timed is None else len(range(n)[:n_timed])
         return self._access_many(&buf[0] if n else NULL, n, timed)
 
-    cdef list _access_many(self, int64_t* keys, Py_ssize_t n, Py_ssize_t n_timed):
+    cdef list _access_many(self, const int64_t* keys, Py_ssize_t n, Py_ssize_t n_timed):
+        cdef Py_ssize_t i
+        cdef int64_t* times = <int64_t*>malloc((n_timed + 1) * sizeof(int64_t))
+        if times == NULL:
+            raise MemoryError()
+        try:
+            self._access_into(keys, n, n_timed, times)
+            return [None if times[i] < 0 else times[i] for i in range(n_timed)]
+        finally:
+            free(times)
+
+    cdef int _access_into(self, const int64_t* keys, Py_ssize_t n, Py_ssize_t n_timed, int64_t* times) except -1:
+        # `_access_many` into `times` (-1 for None): the simulator's compiled loop reads it
         cdef Py_ssize_t i
         cdef int64_t prev, now = self.now
-        out = [None] * n_timed
         for i in range(n_timed):  # every previous position read before any is written
             prev = _map_get(&self.last, keys[i])
-            if prev != _ABSENT:
-                out[i] = now + i - prev - 1
+            times[i] = -1 if prev == _ABSENT else now + i - prev - 1
         for i in range(n):
             _map_put(&self.last, keys[i], now + i)
         self.now = now + n
         if self.last.size > 2 * self.horizon:
             self._halve()
-        return out
+        return 0
 
     cdef int _halve(self) except -1:
         # keep the keys at or after the median position (ReuseTimes: its dict comprehension),

@@ -155,8 +155,13 @@ class CacheAccounting:
         if self._window_missed < self.window:
             return
         ratio = self._window_regrets / self._window_missed
-        self.window_ratio = ratio
         self._window_missed = self._window_regrets = 0
+        self.close_window(ratio)
+
+    def close_window(self, ratio: float) -> None:
+        """A full window's regret ratio: `window_ratio` and `thrashing` (logged when it turns).
+        The simulator's compiled radix loop counts the windows itself and calls this."""
+        self.window_ratio = ratio
         thrashing = ratio >= THRASHING_THRESHOLD
         if thrashing and not self.thrashing:
             log.warning(

@@ -120,6 +120,25 @@ class AgeHistograms:
             counts[bisect_left(bounds, value)] += 1
         self._sums[key] += sum(values)
 
+    def add_counts(self, kind: str, policy: str, tenant: str | None, counts: Sequence[int], total: float) -> None:
+        """Add per-bucket `counts` and their `total` to one histogram (made when absent): what a
+        compiled caller counted in its own arrays (the simulator's radix loop).
+
+        Raises:
+            ValueError: `counts` is not one count per bucket of `kind`.
+        """
+        bounds = HISTOGRAM_KINDS[kind]
+        if len(counts) != len(bounds) + 1:
+            raise ValueError(f"{kind}: {len(counts)} counts for {len(bounds) + 1} buckets")
+        key = (kind, policy, "-" if tenant is None else tenant)
+        held = self._counts.get(key)
+        if held is None:
+            held = self._counts[key] = [0] * (len(bounds) + 1)
+            self._sums[key] = 0.0
+        for i, count in enumerate(counts):
+            held[i] += int(count)
+        self._sums[key] += total
+
     def snapshot(self) -> tuple[HistogramSnapshot, ...]:
         """Every histogram now, sorted by kind, policy and tenant."""
         return tuple(

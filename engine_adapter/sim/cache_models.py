@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
@@ -29,7 +31,7 @@ from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, percentile
 from sage_eviction.policies.belady import BeladyPolicy
 from sage_eviction.registry import get_policy_class, parse_policy_spec
 
-__all__ = ["FlatModel", "RadixBelady", "RadixModel", "window_quantiles"]
+__all__ = ["FlatModel", "RadixBelady", "RadixFigures", "RadixModel", "window_quantiles"]
 
 
 class RadixBelady(BeladyPolicy):
@@ -161,12 +163,43 @@ def _cache_request(seq: SimSequence) -> CacheRequest:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RadixFigures:
+    """A radix row's cache figures counted by the compiled radix loop (`radix_run`), which runs
+    the whole row outside the `CacheManager`: what `RadixModel.stats` and `regret` read from the
+    manager's `stats()` otherwise, defined the same way (`CacheStats`)."""
+
+    re_prefill_rate: float
+    memory_utilization: float  # 0.0 without an eviction, as the row reports it
+    evictions: int
+    latency: LatencyRecorder  # the eviction calls' decision times
+    preemptions: int
+    missed: int
+    ghost_hits: int
+    regrets: int
+    histograms: tuple[HistogramSnapshot, ...]
+
+    def stats(self) -> tuple[float, float, int, float, float, int]:
+        p50, p99 = window_quantiles(self.latency, 0.5, 0.99)
+        return self.re_prefill_rate, self.memory_utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
+
+    def regret(self) -> dict[str, Any]:
+        return {
+            "regrets": self.regrets,
+            "ghost_hits": self.ghost_hits,
+            "regret_ratio": self.regrets / self.missed if self.missed else 0.0,
+            "age_histograms": [h.to_dict() for h in self.histograms],
+        }
+
+
 class RadixModel:
-    """The radix model through the real `CacheManager` (any policy)."""
+    """The radix model through the real `CacheManager` (any policy). A row that ran in the
+    compiled radix loop (`radix_run`) leaves the manager as built and its figures in `figures`."""
 
     def __init__(self, manager: Any, belady: RadixBelady | None) -> None:
         self.manager = manager
         self.belady = belady
+        self.figures: RadixFigures | None = None
         self._allocate = manager.allocate
         self._commit = manager.commit_blocks
         self._reserve = manager.reserve_tokens
@@ -256,6 +289,8 @@ class RadixModel:
 
     def regret(self) -> dict[str, Any]:
         """The row's regret and age histograms (`SimResult`), from the cache's accounting."""
+        if self.figures is not None:
+            return self.figures.regret()
         stats = self.manager.stats()
         return {
             "regrets": stats.regrets,
@@ -266,7 +301,10 @@ class RadixModel:
 
     @property
     def policy_calls(self) -> str:
-        """How the cache calls the policy: "compiled" (its C table) or "python" (its methods)."""
+        """How the cache calls the policy: "compiled" (its C table), "python" (its methods), or
+        "c-state" (the compiled radix loop: the policy's state in C arrays)."""
+        if self.figures is not None:
+            return "c-state"
         calls: str = self.manager.radix.policy_calls
         return calls
 
@@ -277,6 +315,8 @@ class RadixModel:
 
     def stats(self) -> tuple[float, float, int, float, float, int]:
         """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+        if self.figures is not None:
+            return self.figures.stats()
         stats = self.manager.stats()
         utilization = stats.memory_utilization if stats.eviction_calls else 0.0
         return (

@@ -238,6 +238,11 @@ class RequestTable(Sequence[SimRequest]):
         labels = self._tenants if tenants else self._sessions
         return np.frombuffer(labels.codes, dtype=np.intc), len(labels.names)
 
+    def label_names(self, tenants: bool) -> list[str]:
+        """The tenants (`tenants`) or sessions that `label_codes` numbers, in code order."""
+        labels = self._tenants if tenants else self._sessions
+        return list(labels.names)
+
     def int64_keys(self) -> bool:
         """Whether every key is an int within int64: the keys are an int array."""
         return isinstance(self._keys, array)

@@ -85,7 +85,7 @@ from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
-from engine_adapter.sim import flat_run
+from engine_adapter.sim import flat_run, radix_run
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
@@ -281,7 +281,8 @@ class Simulator:
     def _run(self) -> SimResult:
         wall0 = time.perf_counter()
         st = self.start_run()
-        if flat_run.compiled_run(self, st):  # a flat row in one compiled call, where it can
+        # a flat or radix row in one compiled call, where it can
+        if flat_run.compiled_run(self, st) or radix_run.compiled_run(self, st):
             self.event_loop = "compiled"
         else:
             self.advance(st, math.inf)
@@ -414,6 +415,7 @@ class Simulator:
             return False
         many = cache.reserve_many if isinstance(cache, RadixModel) else partial(reserve_each, cache.reserve)
         exclude = [a.sid for a in admitted]
+        self._clock = st.clock  # the evictions' and preemptions' time (the step's start)
         return grow_decoding(
             st.needs, st.running, st.step, self.block_size, cache, many, exclude, partial(self._preempt, st)
         )

@@ -1,0 +1,213 @@
+"""The radix row's event loop in one compiled call (`engine_adapter.sim._radix_run`).
+
+A radix row in the Python event loop spends its time in Python frames around the cache, not in
+the cache's C parts: about 130 us a request over the `CacheManager`'s layers (admission, the
+running sequences, the eviction step, the accounting) and the loop's own steps
+(docs/performance.md). Where it can, the whole row runs in one compiled call instead: the
+requests go in as arrays (`flat_run.flat_columns`), the radix tree and its policy's order are C
+arrays, the ghost set is told each lookup and eviction through its C API, and the figures come
+back into the `RunState` and the `RadixModel`'s `figures`, from which `Simulator.row` builds the
+row as for the Python loop. Same row either way, timings aside (tests/test_radix_run.py holds
+the two to it, TTFTs bit for bit).
+
+It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
+adaptive batch, KV tiers, queue protection or compress-on-evict), the policy exactly lru, fifo,
+mru or filo (the orders of one tick a block, `sage_eviction.recency`), every key an int64 (the
+ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row that would
+raise (a request larger than the pool) runs in the Python loop, which raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine_adapter.cache.ages import HISTOGRAM_KINDS, AgeHistograms
+from engine_adapter.cache.ghosts import GHOSTS_CORE, GhostSet
+from engine_adapter.sim.cache_models import RadixFigures, RadixModel
+from engine_adapter.sim.flat_run import LoopSettings, flat_columns
+from engine_adapter.sim.request_table import RequestTable
+from engine_adapter.sim.run_state import RunRequests, RunState
+from sage_eviction import native
+from sage_eviction.metrics import LatencyRecorder
+from sage_eviction.policies.filo import FILOPolicy
+from sage_eviction.policies.fifo import FIFOPolicy
+from sage_eviction.policies.lru import LRUPolicy
+from sage_eviction.policies.mru import MRUPolicy
+
+__all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "radix_loop"]
+
+RADIX_LOOP = "engine_adapter.sim._radix_run"
+
+_TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the loop's policy flags (_radix_tree.pxi)
+_POLICY_FLAGS: dict[type, int] = {
+    LRUPolicy: _TOUCH_ON_ACCESS,
+    FIFOPolicy: 0,
+    MRUPolicy: _TOUCH_ON_ACCESS | _NEWEST_FIRST,
+    FILOPolicy: _NEWEST_FIRST,
+}
+"""The policies the loop runs, by exact class: each one's order is one logical tick per block."""
+
+_KINDS = ("age_at_hit_seconds", "age_at_eviction_seconds", "reuse_distance_blocks", "regret_age_seconds")
+"""The histograms in the loop's order (its H_HIT, H_EVICT, H_REUSE, H_REGRET)."""
+
+
+class RadixLoopSettings(LoopSettings, Protocol):
+    """What the radix loop reads of the `Simulator` beyond the flat loop's."""
+
+    @property
+    def adaptive_batch(self) -> bool: ...
+    @property
+    def protect_queued(self) -> float: ...
+    @property
+    def compress(self) -> str | None: ...
+    @property
+    def tiers(self) -> object | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RadixSettings:
+    """One run's settings as the compiled loop reads them (`RadixLoop.__init__`)."""
+
+    cost: tuple[float, float, float, float, float, float]
+    block_size: int
+    max_running: int
+    max_prefill_tokens: int
+    progress: Callable[[int], None] | None
+    progress_every: int
+    num_blocks: int  # the pool
+    policy_flags: int
+    policy_name: str
+    ghosts: object  # a fresh compiled ghost set of the manager's size
+    evicted_keys: object  # a fresh compiled KeySet: the re-prefill tracker's evicted keys
+    window: int  # the accounting's regret window (missed blocks)
+    horizon: int  # the ghost set's reuse-time horizon
+    close_window: Callable[[float], None]
+    new_eviction: Callable[[float, int, int, str], object]
+    bounds: tuple[tuple[float, ...], ...]
+    latency_window: int
+
+
+def radix_loop() -> ModuleType | None:
+    """The compiled loop, or None where it is not built or `SAGE_PURE_PYTHON` forces the Python
+    loop (the tests replace this function to force it)."""
+    return native.load(RADIX_LOOP)
+
+
+def _plain(sim: RadixLoopSettings) -> bool:
+    """A radix row with none of the features the compiled loop leaves to the Python loop."""
+    return (
+        sim.cache_model == "radix"
+        and sim.horizon is None
+        and not sim.adaptive_batch
+        and not sim.protect_queued
+        and sim.compress is None
+        and sim.tiers is None
+    )
+
+
+def _settings(sim: RadixLoopSettings, cache: RadixModel, flags: int, ghosts: object, keys: object) -> RadixSettings:
+    manager = cache.manager
+    accounting = manager.accounting
+    c = sim.cost
+    prefill = (c.prefill_base_s, c.prefill_per_token_s, c.prefill_attn_s)
+    return RadixSettings(
+        cost=(*prefill, c.decode_base_s, c.decode_per_seq_s, c.decode_per_context_token_s),
+        block_size=sim.block_size,
+        max_running=sim.max_running,
+        max_prefill_tokens=sim.max_prefill_tokens,
+        progress=sim.progress,
+        progress_every=sim.progress_every,
+        num_blocks=manager.num_blocks,
+        policy_flags=flags,
+        policy_name=manager.policy_name,
+        ghosts=ghosts,
+        evicted_keys=keys,
+        window=accounting.window,
+        horizon=accounting.ghosts.times.horizon,
+        close_window=accounting.close_window,
+        new_eviction=GhostSet.eviction,
+        bounds=tuple(HISTOGRAM_KINDS[kind] for kind in _KINDS),
+        latency_window=LatencyRecorder().window,  # the eviction step's recorder (`EvictionStep`)
+    )
+
+
+def _tenants(requests: RunRequests) -> tuple[np.ndarray, list[str]]:
+    """Every request's tenant as an index into the list of tenants (-1: None)."""
+    if isinstance(requests, RequestTable):
+        codes, _ = requests.label_codes(True)
+        return codes.astype(np.int32), requests.label_names(True)
+    names: dict[str, int] = {}
+    codes_list = [-1 if r.tenant is None else names.setdefault(r.tenant, len(names)) for r in requests]
+    return np.asarray(codes_list, dtype=np.int32), list(names)
+
+
+def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
+    """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
+    and its cache's `figures` as `Simulator.advance(st, math.inf)` leaves them for
+    `Simulator.row`; False (nothing done) when the Python loop must run."""
+    loop, ghosts_core, core = radix_loop(), native.load(GHOSTS_CORE), native.load(native.CORE)
+    cache = st.cache
+    if loop is None or ghosts_core is None or core is None or not _plain(sim):
+        return False
+    if not isinstance(cache, RadixModel) or cache.belady is not None:
+        return False
+    manager = cache.manager
+    flags = _POLICY_FLAGS.get(type(manager.policy))
+    held = manager.accounting.ghosts
+    if flags is None or not isinstance(held, ghosts_core.IntGhostSet) or manager.accounting.lookup_log is not None:
+        return False
+    if manager.explain or manager.eviction_threshold is not None:
+        return False
+    settings = _settings(sim, cache, flags, ghosts_core.IntGhostSet(held.capacity, held.times.horizon), core.KeySet())
+    codes, tenants = _tenants(st.requests)
+    run = loop.RadixLoop(flat_columns(st.requests), settings, codes, tenants)
+    if not run.run(float(st.clock)):
+        return False
+    _fill_state(st, run)
+    cache.figures = _figures(run, settings)
+    return True
+
+
+def _fill_state(st: RunState, run: Any) -> None:
+    """The event loop's figures, as the Python loop leaves them in `st`."""
+    ttfts, tpots, order, served, looked = run.outputs()
+    st.clock, st.step, st.finished, st.total_tokens = run.clock, run.step, run.finished, run.total_tokens
+    st.block_lookups, st.block_hits = run.block_lookups, run.block_hits
+    st.tokens_looked_up, st.tokens_hit = run.tokens_looked_up, run.tokens_hit
+    st.ttfts, st.tpots = ttfts.tolist(), tpots.tolist()
+    st.group_hits = {g: [h, n] for g, h, n in zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)}
+    st.next_arrival = st.queued = len(st.requests)
+
+
+def _figures(run: Any, settings: RadixSettings) -> RadixFigures:
+    """The cache's figures, as the manager's `stats()` would give them."""
+    ages = AgeHistograms()
+    counts, sums, seen = run.hist_counts, run.hist_sums, run.hist_seen
+    for k, kind in enumerate(_KINDS):
+        n_buckets = len(settings.bounds[k]) + 1
+        for t, tenant in enumerate(run.tenant_names):  # "-": None, as the histograms name it
+            if seen[k, t]:
+                total = float(sums[k, t])
+                ages.add_counts(kind, settings.policy_name, tenant, counts[k, t, :n_buckets].tolist(), total)
+    window = settings.latency_window
+    count = run.latency_count
+    latency = LatencyRecorder.restored(
+        window, count, run.latency_total, run.latency_ring[: min(count, window)].tolist(), run.latency_next
+    )
+    evictions = run.total_evictions
+    return RadixFigures(
+        re_prefill_rate=run.re_prefilled / evictions if evictions else 0.0,
+        memory_utilization=run.utilization_sum / run.eviction_calls if run.eviction_calls else 0.0,
+        evictions=evictions,
+        latency=latency,
+        preemptions=run.preemptions,
+        missed=run.missed,
+        ghost_hits=run.ghost_hits,
+        regrets=run.regrets,
+        histograms=ages.snapshot(),
+    )
