@@ -43,6 +43,8 @@ import numpy
 
 include "_core_i64map.pxi"
 include "_radix_tree.pxi"
+include "_radix_pol_tick.pxi"
+include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 
 
@@ -56,6 +58,14 @@ cdef enum:
     H_REGRET = 3  # regret_age_seconds
     N_KINDS = 4
     MAX_BOUNDS = 32
+
+cdef enum:
+    # the policy's candidate_key over running sequences (its `candidate_order`; radix_run.py)
+    C_LRU = 0
+    C_FIFO = 1
+    C_MRU = 2
+    C_FILO = 3
+    C_GDSF = 4
 
 cdef int BAIL = -3  # where the Python code raises: the Python loop runs the row instead
 
@@ -117,7 +127,7 @@ cdef class RadixLoop:
     cdef int32_t** path  # per request: its cached path while it runs (matched, then committed)
     cdef int64_t* path_len
     cdef int64_t* table_len  # blocks it holds
-    cdef double* admitted_at  # its SequenceState's last_access (the preemption order of lru, mru)
+    cdef double* admitted_at  # its SequenceState's last_access (the preemption order)
     cdef int64_t* run_prev  # the manager's running sequences in admission order, a linked list
     cdef int64_t* run_next
     cdef int64_t run_head, run_tail
@@ -141,8 +151,9 @@ cdef class RadixLoop:
     cdef int64_t* admitted  # one step's admissions
     cdef Py_ssize_t n_admitted
     cdef int64_t* cand  # preemption candidates
+    cdef int64_t* seq_tokens  # its SequenceState's num_tokens (gdsf's candidate key)
+    cdef int candidates  # the policy's candidate key (C_LRU ...)
     cdef int64_t* cand_buf  # one step's due needs: targets, then sequences
-    cdef double* cand_key
     cdef Triples finishes, needs
     # ---- the run
     cdef readonly double clock
@@ -160,7 +171,8 @@ cdef class RadixLoop:
         self.scratch = NULL
         self.path = NULL
         self.path_len = self.table_len = self.run_prev = self.run_next = self.victims = NULL
-        self.admitted_at = self.tenant_sum = self.first_token = self.cand_key = NULL
+        self.admitted_at = self.tenant_sum = self.first_token = NULL
+        self.seq_tokens = NULL
         self.decoded = self.epoch = self.start_step = self.context_base = self.tokens = NULL
         self.front = self.admitted = self.cand = self.times = self.cand_buf = NULL
         self.victim_tenant = self.tenant_order = NULL
@@ -186,7 +198,7 @@ cdef class RadixLoop:
         free(self.admitted_at)
         free(self.tenant_sum)
         free(self.first_token)
-        free(self.cand_key)
+        free(self.seq_tokens)
         free(self.decoded)
         free(self.epoch)
         free(self.start_step)
@@ -249,6 +261,7 @@ cdef class RadixLoop:
         self.window, self.horizon = settings.window, settings.horizon
         self.close_window, self.new_eviction = settings.close_window, settings.new_eviction
         self.policy_name, self.seconds_per_tick = settings.policy_name, tick_seconds()
+        self.candidates = settings.candidates
         if len(settings.bounds) != N_KINDS:
             raise ValueError("one bounds tuple per histogram kind")
         for k, bounds in enumerate(settings.bounds):
@@ -259,7 +272,8 @@ cdef class RadixLoop:
                 self.bounds[k][j] = bound
         self.latency_ring = numpy.empty(settings.latency_window, dtype=numpy.float64)
         self.ring = self.latency_ring
-        _tree_init(&self.tree, self.num_blocks, settings.policy_flags)
+        _tree_init(&self.tree, self.num_blocks, self.block_size, settings.policy_kind, settings.policy_flags,
+                   settings.policy)
         self.num_free = self.num_blocks
         return 0
 
@@ -288,7 +302,7 @@ cdef class RadixLoop:
         self.front = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
         self.admitted = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
         self.cand = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
-        self.cand_key = <double*>_alloc((n + 1) * sizeof(double))
+        self.seq_tokens = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
         self.cand_buf = <int64_t*>_alloc(2 * (n + 1) * sizeof(int64_t))
         for i in range(n):
             self.decoded[i] = self.epoch[i] = self.start_step[i] = self.context_base[i] = 0
@@ -371,6 +385,7 @@ cdef class RadixLoop:
         self.num_free -= n_new
         self.path[i], self.path_len[i], self.table_len[i] = path, n_path, n_blocks
         self.admitted_at[i] = now
+        self.seq_tokens[i] = tokens
         self._run_append(i)
         for j in range(n_path, n_full):  # CacheMetrics.record_lookup: the missed keys come back?
             self.re_prefilled += keyset_discard_int(self.evicted_keys, keys[j])
@@ -387,7 +402,7 @@ cdef class RadixLoop:
         for j in range(n, n_keys):
             if _map_get(&self.tree.index, keys[j]) != _ABSENT:
                 break
-            parent = _insert(&self.tree, parent, keys[j], now, self.tenant[i], True, True)
+            parent = _insert(&self.tree, parent, keys[j], <int32_t>j, now, self.tenant[i], True, True)
             path[n] = parent
             n += 1
         self.path_len[i] = n
@@ -398,6 +413,7 @@ cdef class RadixLoop:
         # eviction gives the blocks (nothing changed), BAIL when the Python code raises
         cdef int64_t needed = _ceil_div(tokens, self.block_size) - self.table_len[i], deficit
         if needed <= 0:
+            self.seq_tokens[i] = max(self.seq_tokens[i], tokens)
             return 1
         if self.table_len[i] + needed > self.num_blocks:
             return BAIL  # RequestTooLargeError
@@ -408,6 +424,7 @@ cdef class RadixLoop:
             self._evict(deficit, needed)
         self.num_free -= needed
         self.table_len[i] += needed
+        self.seq_tokens[i] = max(self.seq_tokens[i], tokens)
         return 1
 
     cdef int _release(self, Py_ssize_t i) except -1:
@@ -423,7 +440,8 @@ cdef class RadixLoop:
         for j in range(n, n_keys):
             existing = _map_get(&self.tree.index, keys[j])
             if existing == _ABSENT:
-                parent = last_new = _insert(&self.tree, parent, keys[j], self.clock, self.tenant[i], False, False)
+                parent = last_new = _insert(&self.tree, parent, keys[j], <int32_t>j, self.clock, self.tenant[i],
+                                            False, False)
             elif self.tree.parent[existing] == parent:
                 to_free += 1  # a duplicate of a cached block: the cached one stays
                 parent = <int32_t>existing
@@ -696,32 +714,41 @@ cdef class RadixLoop:
                 _triples_push(&self.needs, want_target[j], want_seq[j], self.epoch[want_seq[j]])
         return 0
 
-    cdef double _candidate_key(self, int64_t i) noexcept:
-        # the policy's candidate_key: lru the last access (its admission), fifo the sequence
-        # id, mru and filo the same newest first
-        cdef double key = self.admitted_at[i] if self.tree.flags & TOUCH_ON_ACCESS else <double>i
-        return -key if self.tree.flags & NEWEST_FIRST else key
+    cdef inline bint _candidate_before(self, int64_t i, int64_t j) noexcept:
+        # the policy's candidate_key(i) < candidate_key(j); the simulator never touches a
+        # running sequence (`touch_sequence`), so every candidate's access count is 0 and the
+        # keys of sieve, arc, slru ("seen once first") and s3fifo order as lru's
+        cdef double a, b
+        if self.candidates == C_LRU:
+            return self.admitted_at[i] < self.admitted_at[j]
+        if self.candidates == C_FIFO:
+            return i < j
+        if self.candidates == C_MRU:
+            return -self.admitted_at[i] < -self.admitted_at[j]
+        if self.candidates == C_FILO:
+            return -i < -j
+        # gdsf: (accesses + 1) * tokens / blocks, then lru
+        a = <double>self.seq_tokens[i] / <double>max(self.table_len[i], 1)
+        b = <double>self.seq_tokens[j] / <double>max(self.table_len[j], 1)
+        return a < b or (a == b and self.admitted_at[i] < self.admitted_at[j])
 
     cdef Py_ssize_t _select_victims(self, int64_t asking) except -1:
         # CacheManager.select_preemption_victims(1, exclude=[asking, *admitted]): the running
         # sequences in the policy's order (ties: admission order) until they free a block (all
         # of them when together they cannot), into `cand`
         cdef Py_ssize_t m = 0, j, k, count
-        cdef int64_t i = self.run_head, freed = 0, c
-        cdef double key
+        cdef int64_t i = self.run_head, freed = 0
         cdef bint skip
         while i >= 0:
             skip = i == asking
             for j in range(self.n_admitted):
                 skip = skip or self.admitted[j] == i
-            if not skip:
-                # a stable insertion sort by key
-                key = self._candidate_key(i)
+            if not skip:  # a stable insertion sort by key
                 k = m
-                while k > 0 and self.cand_key[k - 1] > key:
-                    self.cand[k], self.cand_key[k] = self.cand[k - 1], self.cand_key[k - 1]
+                while k > 0 and self._candidate_before(i, self.cand[k - 1]):
+                    self.cand[k] = self.cand[k - 1]
                     k -= 1
-                self.cand[k], self.cand_key[k] = i, key
+                self.cand[k] = i
                 m += 1
             i = self.run_next[i]
         for count in range(m):
@@ -869,3 +896,6 @@ cdef class RadixLoop:
         order = numpy.asarray(self.group_order)[: self.n_groups_seen]
         return (numpy.asarray(self.ttfts)[: self.n_ttfts], numpy.asarray(self.tpots)[: self.n_tpots],
                 order, numpy.asarray(self.group_served)[order], numpy.asarray(self.group_looked)[order])
+
+
+include "_radix_probe.pxi"

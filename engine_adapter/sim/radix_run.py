@@ -43,14 +43,20 @@ __all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "radix_loop"]
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
-_TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the loop's policy flags (_radix_tree.pxi)
-_POLICY_FLAGS: dict[type, int] = {
-    LRUPolicy: _TOUCH_ON_ACCESS,
-    FIFOPolicy: 0,
-    MRUPolicy: _TOUCH_ON_ACCESS | _NEWEST_FIRST,
-    FILOPolicy: _NEWEST_FIRST,
+_TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
+_TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
+_POLICY_KINDS: dict[type, tuple[int, int]] = {
+    LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
+    FIFOPolicy: (_TICK, 0),
+    MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
+    FILOPolicy: (_TICK, _NEWEST_FIRST),
 }
-"""The policies the loop runs, by exact class: each one's order is one logical tick per block."""
+"""The policies the loop runs, by exact class: (kind, variant)."""
+
+_CANDIDATE_KEYS = {"lru": 0, "seen_once_first": 0, "s3fifo": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4}
+"""The loop's copy of each `candidate_order` (its C_LRU ...): the preemption order over running
+sequences. The simulator never touches a running sequence, so their access counts are all 0,
+where "seen once first" and s3fifo's keys order as lru's."""
 
 _KINDS = ("age_at_hit_seconds", "age_at_eviction_seconds", "reuse_distance_blocks", "regret_age_seconds")
 """The histograms in the loop's order (its H_HIT, H_EVICT, H_REUSE, H_REGRET)."""
@@ -80,7 +86,10 @@ class RadixSettings:
     progress: Callable[[int], None] | None
     progress_every: int
     num_blocks: int  # the pool
+    policy_kind: int
     policy_flags: int
+    policy: object  # the row's policy (a kind reads its parameters)
+    candidates: int  # its candidate key
     policy_name: str
     ghosts: object  # a fresh compiled ghost set of the manager's size
     evicted_keys: object  # a fresh compiled KeySet: the re-prefill tracker's evicted keys
@@ -110,7 +119,9 @@ def _plain(sim: RadixLoopSettings) -> bool:
     )
 
 
-def _settings(sim: RadixLoopSettings, cache: RadixModel, flags: int, ghosts: object, keys: object) -> RadixSettings:
+def _settings(
+    sim: RadixLoopSettings, cache: RadixModel, kind: tuple[int, int], candidates: int, ghosts: object, keys: object
+) -> RadixSettings:
     manager = cache.manager
     accounting = manager.accounting
     c = sim.cost
@@ -123,7 +134,10 @@ def _settings(sim: RadixLoopSettings, cache: RadixModel, flags: int, ghosts: obj
         progress=sim.progress,
         progress_every=sim.progress_every,
         num_blocks=manager.num_blocks,
-        policy_flags=flags,
+        policy_kind=kind[0],
+        policy_flags=kind[1],
+        policy=manager.policy,
+        candidates=candidates,
         policy_name=manager.policy_name,
         ghosts=ghosts,
         evicted_keys=keys,
@@ -157,13 +171,16 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     if not isinstance(cache, RadixModel) or cache.belady is not None:
         return False
     manager = cache.manager
-    flags = _POLICY_FLAGS.get(type(manager.policy))
+    kind = _POLICY_KINDS.get(type(manager.policy))
+    order = type(manager.policy).candidate_order
+    candidates = None if order is None else _CANDIDATE_KEYS.get(order[0])
     held = manager.accounting.ghosts
-    if flags is None or not isinstance(held, ghosts_core.IntGhostSet) or manager.accounting.lookup_log is not None:
+    if kind is None or candidates is None or not isinstance(held, ghosts_core.IntGhostSet):
         return False
-    if manager.explain or manager.eviction_threshold is not None:
+    if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:
         return False
-    settings = _settings(sim, cache, flags, ghosts_core.IntGhostSet(held.capacity, held.times.horizon), core.KeySet())
+    fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
+    settings = _settings(sim, cache, kind, candidates, fresh, core.KeySet())
     codes, tenants = _tenants(st.requests)
     run = loop.RadixLoop(flat_columns(st.requests), settings, codes, tenants)
     if not run.run(float(st.clock)):

@@ -1,0 +1,41 @@
+# The policy kinds of the simulator's radix loop and the dispatch of the tree's policy hooks
+# (_radix_tree.pxi) to each kind's state (_radix_pol_*.pxi). Part of engine_adapter/sim/_radix_run.pyx,
+# included after the kinds. engine_adapter/sim/radix_run.py maps each policy class to its kind.
+
+cdef enum:
+    P_TICK = 0  # lru, fifo, mru, filo (_radix_pol_tick.pxi)
+
+
+cdef int _pol_init(Tree* t, object policy) except -1:
+    if t.kind == P_TICK:
+        return _tick_init(t)
+    raise ValueError(f"no policy kind {t.kind}")
+
+
+cdef void _pol_free(Tree* t) noexcept:
+    if t.kind == P_TICK:
+        _tick_free(t)
+
+
+cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
+    if t.kind == P_TICK:
+        return _tick_insert(t, node, evictable)
+    return 0
+
+
+cdef inline int _pol_access(Tree* t, int32_t node) except -1:
+    if t.kind == P_TICK:
+        return _tick_access(t, node)
+    return 0
+
+
+cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
+    if t.kind == P_TICK:
+        return _tick_evictable(t, node, evictable)
+    return 0
+
+
+cdef inline int32_t _pol_pop(Tree* t) except -2:
+    if t.kind == P_TICK:
+        return _tick_pop(t)
+    raise RuntimeError(f"no policy kind {t.kind}")
