@@ -170,7 +170,9 @@ class LatencyRecorder:
             self._next = (self._next + 1) % self.window
 
     @classmethod
-    def restored(cls, window: int, count: int, total: float, ring: Sequence[float], next_slot: int) -> LatencyRecorder:
+    def restored(
+        cls, window: int, count: int, total: float, ring: Sequence[float], next_slot: int
+    ) -> LatencyRecorder:
         """A recorder as `record` would have left it after `count` measurements summing to
         `total`: `ring` its window (``min(count, window)`` values), `next_slot` the slot the next
         one overwrites once it is full (a compiled caller kept them: the simulator's radix loop).

@@ -31,7 +31,9 @@ def python_loop() -> Iterator[None]:
         radix_run.radix_loop = compiled
 
 
-def run_row(workload: Workload, policy: str, capacity: int | None, **options: Any) -> tuple[Simulator, dict[str, Any]]:
+def run_row(
+    workload: Workload, policy: str, capacity: int | None, **options: Any
+) -> tuple[Simulator, dict[str, Any]]:
     """One radix row: its simulator (after `run`) and its row."""
     sim = Simulator(workload, policy, capacity, **options)
     return sim, sim.run().to_dict()

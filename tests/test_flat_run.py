@@ -15,7 +15,7 @@ and `SAGE_PURE_PYTHON`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sim_strategies import BINARY, COSTS, workloads
 
 from engine_adapter.sim import flat_run
 from engine_adapter.sim.cache_models import window_quantiles
@@ -43,35 +44,6 @@ pytestmark = pytest.mark.skipif(flat_run.compiled_loop() is None, reason=COMPILE
 
 STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "belady")
 TIMINGS = ("wall_s", "lookups_per_s", "eviction_p50_us", "eviction_p99_us")
-# binary fractions: clocks land exactly on arrivals (the boundaries of `steps_until`)
-BINARY = CostModel(
-    prefill_base_s=0.25,
-    prefill_per_token_s=0.0,
-    prefill_attn_s=0.0,
-    decode_base_s=0.125,
-    decode_per_seq_s=0.0,
-    decode_per_context_token_s=0.0,
-)
-COSTS = (
-    CostModel(),
-    CostModel(prefill_base_s=0.0, decode_base_s=0.02, decode_per_context_token_s=1e-6),
-    CostModel(decode_base_s=0.0, decode_per_seq_s=0.0, decode_per_context_token_s=0.0),
-    CostModel(prefill_base_s=0.003, prefill_per_token_s=0.0, prefill_attn_s=0.0, decode_base_s=0.003),
-    CostModel(prefill_per_token_s=1.3e-4, prefill_attn_s=7.7e-8, decode_per_seq_s=3.1e-3),
-    # each term alone sets the clock's last bits: an operation out of order shows in the TTFTs
-    CostModel(prefill_base_s=0.0, prefill_per_token_s=0.0, prefill_attn_s=1.1e-3, decode_base_s=0.0),
-    CostModel(
-        prefill_base_s=0.0,
-        prefill_per_token_s=0.0,
-        prefill_attn_s=0.0,
-        decode_base_s=0.0,
-        decode_per_seq_s=0.0,
-        decode_per_context_token_s=1.3e-3,
-    ),
-    BINARY,
-)
-
-
 def test_the_compiled_loop_is_built() -> None:
     """The loop loads by `native.load` (setup.py's NATIVE_MODULES builds it)."""
     assert flat_run.compiled_loop() is not None
@@ -134,35 +106,6 @@ def _same(workload: Workload, policy: str, capacity: int, **options: Any) -> _Ru
     assert fast.sim.policy_calls == slow.sim.policy_calls == "c-state"
     assert fast.picture() == slow.picture()
     return fast
-
-
-@st.composite
-def workloads(draw: Callable[..., Any]) -> tuple[list[SimRequest], int]:
-    """Small workloads: arrival ties and bursts, repeated keys, partial last blocks (a prompt
-    shorter than its blocks) and longer prompts, output lengths 0 and 1, tenants or sessions."""
-    block_size = draw(st.sampled_from([1, 4, 16]))
-    n = draw(st.integers(0, 24))
-    times = st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.5, 0.25, 0.375, 1.0, 1.5]) | st.floats(0.0, 3.0)
-    arrivals = sorted(draw(st.lists(times, min_size=n, max_size=n)))
-    tenants = draw(st.booleans())
-    requests = []
-    for i, arrival in enumerate(arrivals):
-        keys = draw(st.lists(st.integers(-3, 14), max_size=7))
-        extra = st.just(0) | st.integers(-block_size + 1, block_size)  # whole blocks, or a part more or less
-        input_len = max(0, len(keys) * block_size + draw(extra))
-        label = st.none() | st.sampled_from(["a", "b", "c"])
-        requests.append(
-            SimRequest(
-                i,
-                arrival,
-                tuple(keys),
-                input_len,
-                draw(st.sampled_from([0, 1, 1, 2]) | st.integers(1, 60)),
-                tenant=draw(label) if tenants else None,
-                session=draw(label),
-            )
-        )
-    return requests, block_size
 
 
 ROWS = given(
@@ -305,9 +248,6 @@ def test_the_python_loop_stays_where_the_compiled_one_does_not_apply() -> None:
         pure = Simulator(workload, "lru", capacity, cache_model="flat")
         pure.run()
     assert (pure.event_loop, pure.policy_calls) == ("python", "python")
-    radix = Simulator(workload, "lru", capacity * 4, cache_model="radix")
-    radix.run()
-    assert radix.event_loop == "python"
 
 
 def test_a_fleets_advance_is_the_python_loop_and_gives_the_run() -> None:

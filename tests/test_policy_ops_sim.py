@@ -5,7 +5,9 @@ policy with a C table runs the radix model twice on the same generated workloads
 cache (which calls the policy's C functions) and the pure-Python cache (its methods); the rows
 must be equal field for field (timings aside), and the run reports "compiled" and "python". A
 policy without a table (a subclass standing in for a plugin) runs the compiled cache through its
-Python methods and gives the rows of the built-in class it extends.
+Python methods and gives the rows of the built-in class it extends. The rows run the Python
+event loop over the `CacheManager` (the compiled radix loop, which keeps the tick policies' state
+in C arrays, has its own tests: tests/test_radix_run.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import COMPILED_CORE_MISSING, compiled_core_built
+from radix_rows import python_loop
 
 from engine_adapter.sim.capacity import min_capacity
 from engine_adapter.sim.cost_model import CostModel
@@ -52,7 +55,8 @@ def _capacity(workload: Workload, small: bool = True) -> int:
 
 def _row(workload: Workload, policy: str, capacity: int, compiled: bool) -> tuple[dict[str, Any], str]:
     simulator = Simulator(workload, policy, capacity, compiled=compiled, cost_model=CostModel())
-    row = simulator.run().to_dict()
+    with python_loop():
+        row = simulator.run().to_dict()
     return _figures(row), simulator.policy_calls
 
 
@@ -92,7 +96,11 @@ def test_the_run_block_and_the_caption_say_which_path_ran(workload: Workload) ->
     capacity = _capacity(workload)
     radix = run_row(SweepContext(workload, "radix", CostModel()), RowSpec(0, "lru", capacity))
     flat = run_row(SweepContext(workload, "flat", CostModel()), RowSpec(1, "lru", capacity))
-    assert (radix.policy_calls, flat.policy_calls) == ("compiled", "c-state")
+    assert (radix.policy_calls, flat.policy_calls) == ("c-state", "c-state")  # the compiled loops
+    with python_loop():  # the radix row over the CacheManager: the policy's C table
+        table = run_row(SweepContext(workload, "radix", CostModel()), RowSpec(0, "lru", capacity))
+    assert table.policy_calls == "compiled"
+    assert _figures(table.row) == _figures(radix.row)
     with native.pure_python():  # the policy built for the row has no table: its methods are called
         pure = run_row(SweepContext(workload, "flat", CostModel()), RowSpec(2, "lru", capacity))
     assert pure.policy_calls == "python"

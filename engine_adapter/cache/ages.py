@@ -120,7 +120,9 @@ class AgeHistograms:
             counts[bisect_left(bounds, value)] += 1
         self._sums[key] += sum(values)
 
-    def add_counts(self, kind: str, policy: str, tenant: str | None, counts: Sequence[int], total: float) -> None:
+    def add_counts(
+        self, kind: str, policy: str, tenant: str | None, counts: Sequence[int], total: float
+    ) -> None:
         """Add per-bucket `counts` and their `total` to one histogram (made when absent): what a
         compiled caller counted in its own arrays (the simulator's radix loop).
 

@@ -181,7 +181,14 @@ class RadixFigures:
 
     def stats(self) -> tuple[float, float, int, float, float, int]:
         p50, p99 = window_quantiles(self.latency, 0.5, 0.99)
-        return self.re_prefill_rate, self.memory_utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
+        return (
+            self.re_prefill_rate,
+            self.memory_utilization,
+            self.evictions,
+            p50 * 1e6,
+            p99 * 1e6,
+            self.preemptions,
+        )
 
     def regret(self) -> dict[str, Any]:
         return {

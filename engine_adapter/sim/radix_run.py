@@ -11,10 +11,11 @@ row as for the Python loop. Same row either way, timings aside (tests/test_radix
 the two to it, TTFTs bit for bit).
 
 It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
-adaptive batch, KV tiers, queue protection or compress-on-evict), the policy exactly lru, fifo,
-mru or filo (the orders of one tick a block, `sage_eviction.recency`), every key an int64 (the
-ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row that would
-raise (a request larger than the pool) runs in the Python loop, which raises.
+adaptive batch, KV tiers, queue protection or compress-on-evict, not `compiled=False`), the
+policy's class one the loop has a kind for (`policy_kind`: lru, fifo, mru and filo, the orders of
+one tick a block), every key an int64 (the ghost set is the compiled one), the extensions built
+and not `SAGE_PURE_PYTHON`. A row that would raise (a request larger than the pool) runs in the
+Python loop, which raises.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
-from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
+from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.lru import LRUPolicy
 from sage_eviction.policies.mru import MRUPolicy
 
-__all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "radix_loop"]
+__all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "policy_kind", "radix_loop"]
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
@@ -73,6 +74,8 @@ class RadixLoopSettings(LoopSettings, Protocol):
     def compress(self) -> str | None: ...
     @property
     def tiers(self) -> object | None: ...
+    @property
+    def compiled(self) -> bool | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,11 @@ class RadixSettings:
     latency_window: int
 
 
+def policy_kind(cls: type) -> tuple[int, int] | None:
+    """The loop's (kind, variant) of a policy class (exactly that class), or None: not run there."""
+    return _POLICY_KINDS.get(cls)
+
+
 def radix_loop() -> ModuleType | None:
     """The compiled loop, or None where it is not built or `SAGE_PURE_PYTHON` forces the Python
     loop (the tests replace this function to force it)."""
@@ -111,6 +119,7 @@ def _plain(sim: RadixLoopSettings) -> bool:
     """A radix row with none of the features the compiled loop leaves to the Python loop."""
     return (
         sim.cache_model == "radix"
+        and sim.compiled is not False  # the pure-Python cache asked for: no compiled loop either
         and sim.horizon is None
         and not sim.adaptive_batch
         and not sim.protect_queued
@@ -120,7 +129,12 @@ def _plain(sim: RadixLoopSettings) -> bool:
 
 
 def _settings(
-    sim: RadixLoopSettings, cache: RadixModel, kind: tuple[int, int], candidates: int, ghosts: object, keys: object
+    sim: RadixLoopSettings,
+    cache: RadixModel,
+    kind: tuple[int, int],
+    candidates: int,
+    ghosts: object,
+    keys: object,
 ) -> RadixSettings:
     manager = cache.manager
     accounting = manager.accounting
@@ -171,7 +185,7 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     if not isinstance(cache, RadixModel) or cache.belady is not None:
         return False
     manager = cache.manager
-    kind = _POLICY_KINDS.get(type(manager.policy))
+    kind = policy_kind(type(manager.policy))
     order = type(manager.policy).candidate_order
     candidates = None if order is None else _CANDIDATE_KEYS.get(order[0])
     held = manager.accounting.ghosts
@@ -197,7 +211,9 @@ def _fill_state(st: RunState, run: Any) -> None:
     st.block_lookups, st.block_hits = run.block_lookups, run.block_hits
     st.tokens_looked_up, st.tokens_hit = run.tokens_looked_up, run.tokens_hit
     st.ttfts, st.tpots = ttfts.tolist(), tpots.tolist()
-    st.group_hits = {g: [h, n] for g, h, n in zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)}
+    st.group_hits = {
+        g: [h, n] for g, h, n in zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)
+    }
     st.next_arrival = st.queued = len(st.requests)
 
 
