@@ -169,25 +169,6 @@ class LatencyRecorder:
             self._ring[self._next] = seconds
             self._next = (self._next + 1) % self.window
 
-    @classmethod
-    def restored(
-        cls, window: int, count: int, total: float, ring: Sequence[float], next_slot: int
-    ) -> LatencyRecorder:
-        """A recorder as `record` would have left it after `count` measurements summing to
-        `total`: `ring` its window (``min(count, window)`` values), `next_slot` the slot the next
-        one overwrites once it is full (a compiled caller kept them: the simulator's radix loop).
-
-        Raises:
-            ValueError: `ring` does not hold ``min(count, window)`` values, or a bad slot.
-        """
-        if len(ring) != min(count, window) or not 0 <= next_slot < window:
-            raise ValueError(f"a ring of {len(ring)} values for {count} measurements in a window of {window}")
-        recorder = cls(window)
-        recorder.count, recorder.total = count, total
-        recorder._ring = [float(x) for x in ring]
-        recorder._next = next_slot
-        return recorder
-
     @property
     def mean(self) -> float:
         """Mean of all measurements; 0.0 when none."""

@@ -227,17 +227,13 @@ def _figures(run: Any, settings: RadixSettings) -> RadixFigures:
             if seen[k, t]:
                 total = float(sums[k, t])
                 ages.add_counts(kind, settings.policy_name, tenant, counts[k, t, :n_buckets].tolist(), total)
-    window = settings.latency_window
-    count = run.latency_count
-    latency = LatencyRecorder.restored(
-        window, count, run.latency_total, run.latency_ring[: min(count, window)].tolist(), run.latency_next
-    )
+    held = min(run.latency_count, settings.latency_window)  # the recorder's window
     evictions = run.total_evictions
     return RadixFigures(
         re_prefill_rate=run.re_prefilled / evictions if evictions else 0.0,
         memory_utilization=run.utilization_sum / run.eviction_calls if run.eviction_calls else 0.0,
         evictions=evictions,
-        latency=latency,
+        decision_times=run.latency_ring[:held],
         preemptions=run.preemptions,
         missed=run.missed,
         ghost_hits=run.ghost_hits,
