@@ -277,3 +277,14 @@ def test_drawn_strategies_reach_preemption() -> None:
     workload = Workload(requests, block_size=4, source="synthetic")
     row = assert_same_rows(workload, "lru", min_capacity(workload) + 1)
     assert row["preemptions"] > 0
+
+
+def test_a_preemption_takes_one_sequence_when_its_one_block_suffices() -> None:
+    """One-block prompts that all need their second block in the same step, in a pool that
+    holds fewer: each preemption frees the one block of one sequence (`select_victims` stops
+    once the blocks freed reach the one needed), so the row counts one preemption per short
+    block, not two."""
+    requests = [SimRequest(i, 0.0, (i,), 4, 30) for i in range(6)]
+    workload = Workload(requests, block_size=4, source="synthetic")
+    row = assert_same_rows(workload, "lru", 9)
+    assert row["preemptions"] >= 3
