@@ -4,101 +4,35 @@
 Two levels. Operation by operation: the same hypothesis-drawn sequence (inserts evictable or
 not, hits, evictable flips both ways, evictions, keys coming back after their eviction) on the
 Python policy and on `PolicyProbe`, every victim and every `num_evictable` equal, then both
-drained to the end, so the hand and the bits left behind are compared too. Whole rows: the radix
-row compiled and in the Python loop (`radix_rows.assert_same_rows`: every field but timings, the
-TTFTs bit for bit) on synthetic conversations at small pools and running limits, where locked
-chains, preemptions and cascades of evictions happen, and on the shipped Mooncake conversation
-trace at 5 % of its distinct blocks.
+drained to the end, so the hand and the bits left behind are compared too
+(tests/radix_probe_ops.py). Whole rows: the radix row compiled and in the Python loop
+(`radix_rows.assert_same_rows`: every field but timings, the TTFTs bit for bit) on synthetic
+conversations at small pools and running limits, where locked chains, preemptions and cascades
+of evictions happen, and on the shipped Mooncake conversation trace at 5 % of its distinct
+blocks.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from radix_probe_ops import Op, apply_ops, conversations, pinned_conversations, probe, sequences
 from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
-from engine_adapter.sim.capacity import min_capacity
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.shipped_traces import shipped_trace
-from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import Workload, unique_blocks
 from sage_eviction.policies.sieve import SIEVEPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
 pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
 
-Op = tuple[str, int, bool]
-
-
-def _probe(capacity: int) -> Any:
-    loop = radix_run.radix_loop()
-    assert loop is not None
-    kind, flags = radix_run._POLICY_KINDS[SIEVEPolicy]
-    return loop.PolicyProbe(SIEVEPolicy(), kind, flags, capacity)
-
-
-OPS = ("insert", "insert", "insert", "access", "access", "lock", "unlock", "evict")
-
-
-@st.composite
-def sequences(draw: Callable[..., Any]) -> tuple[list[Op], int]:
-    """A pool and an operation sequence long enough to fill it several times over, on about
-    twice as many keys as the pool holds: keys come back after their eviction (a node reused,
-    its old bit not its own), the pool stays full, the hand laps. Drawn as bytes, two an
-    operation (what, which key, an insert's evictable flag: 3 leaves in 4), which hypothesis
-    draws and shrinks far faster than a list of tuples."""
-    capacity = draw(st.integers(1, 24))
-    length = 2 * draw(st.integers(0, 240))
-    data = draw(st.binary(min_size=length, max_size=length))
-    ops = [
-        (OPS[what % 8], key % (2 * capacity + 2), what // 8 % 4 != 0)
-        for what, key in zip(data[::2], data[1::2], strict=False)
-    ]
-    return ops, capacity
-
-
-def _apply(ops: list[Op], capacity: int) -> tuple[list[Any], list[Any], int]:
-    """The sequence on both sides, `num_evictable` checked after each operation; each side's
-    victims (None: nothing was evictable), the final drain included, and how many came before
-    the drain."""
-    reference, probe = SIEVEPolicy(), _probe(capacity)
-    victims: tuple[list[Any], list[Any]] = ([], [])
-    for op, key, flag in ops:
-        held = key in reference
-        if op == "insert" and not held:
-            if len(reference) == capacity:  # full: make room first, as the cache does
-                victims[0].append(next(iter(reference.evict(1)), None))
-                victims[1].append(probe.evict())
-            if len(reference) < capacity:
-                reference.insert(key, evictable=flag)
-                probe.insert(key, flag)
-        elif op == "access" and held:
-            reference.access(key, 0.0)
-            probe.access(key)
-        elif op in ("lock", "unlock") and held:
-            reference.set_evictable(key, op == "unlock")
-            probe.set_evictable(key, op == "unlock")
-        elif op == "evict":
-            victims[0].append(next(iter(reference.evict(1)), None))
-            victims[1].append(probe.evict())
-        assert probe.num_evictable == reference.num_evictable
-        assert len(probe) == len(reference)
-    swept = len(victims[0])
-    while reference.num_evictable:
-        victims[0].extend(reference.evict(1))
-        victims[1].append(probe.evict())
-    assert probe.evict() is None
-    return (*victims, swept)
-
 
 def _probe_agrees(ops: list[Op], capacity: int) -> None:
-    expected, got, swept = _apply(ops, capacity)
+    expected, got, swept = apply_ops(SIEVEPolicy(), ops, capacity)
     early = sum(victim is not None for victim in expected[:swept])
     event(f"victims before the drain: {'5 or more' if early >= 5 else 'fewer'}")
     assert got == expected
@@ -123,44 +57,21 @@ def test_the_hand_skips_visited_and_locked_blocks() -> None:
     clears 0, takes 1, rests on 2, clears it, passes by 3 (unlinked), takes 4, wraps to the tail
     and takes 0 (clear now), resting on 2. Key 3 unlocked re-enters at the head keeping its bit,
     then 5 is inserted: 2 goes, 3 is spared once (its bit), 5 goes, then 3."""
-    reference, probe = SIEVEPolicy(), _probe(8)
-    for side in (reference, probe):
+    reference = SIEVEPolicy()
+    compiled = probe(reference, 8)
+    for side in (reference, compiled):
         for key in range(5):
             side.insert(key)
         side.access(0)
         side.access(2)
         side.set_evictable(3, False)
         side.access(3)
-    assert [probe.evict() for _ in range(3)] == [1, 4, 0] == [reference.evict(1)[0] for _ in range(3)]
-    for side in (reference, probe):
+    assert [compiled.evict() for _ in range(3)] == [1, 4, 0] == [reference.evict(1)[0] for _ in range(3)]
+    for side in (reference, compiled):
         side.set_evictable(3, True)
         side.insert(5)
-    assert [probe.evict() for _ in range(3)] == [2, 5, 3] == [reference.evict(1)[0] for _ in range(3)]
-    assert probe.evict() is None and reference.evict(1) == []
-
-
-@st.composite
-def conversations(draw: Callable[..., Any]) -> tuple[Workload, int]:
-    """A small synthetic workload of multi-turn conversations with shared system prompts, and a
-    pool from the least that holds its largest request to a few blocks more (preemptions and
-    evictions of locked chains' leaves happen there)."""
-    block_size = draw(st.sampled_from([4, 8, 16]))
-    workload = synthetic(
-        requests=draw(st.integers(1, 40)),
-        rate=draw(st.sampled_from([5.0, 50.0, 500.0])),
-        input_tokens=draw(st.sampled_from([24.0, 96.0])),
-        turn_tokens=32.0,
-        output_tokens=draw(st.sampled_from([4.0, 24.0, 64.0])),
-        max_input_tokens=256,
-        seed=draw(st.integers(0, 2**16)),
-        block_size=block_size,
-        sessions=draw(st.integers(1, 8)),
-        turns=3.0,
-        system_prompts=draw(st.integers(0, 3)),
-        system_prompt_tokens=32,
-        tenants=draw(st.integers(0, 2)),
-    )
-    return workload, min_capacity(workload) + draw(st.integers(0, 24))
+    assert [compiled.evict() for _ in range(3)] == [2, 5, 3] == [reference.evict(1)[0] for _ in range(3)]
+    assert compiled.evict() is None and reference.evict(1) == []
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -178,11 +89,7 @@ def test_synthetic_rows_compiled_and_in_python(
 def test_a_synthetic_row_with_preemptions() -> None:
     """The drawn rows above reach preemptions (hypothesis's statistics show it); this one is
     pinned so that a run that stops preempting is noticed."""
-    workload = synthetic(
-        requests=30, rate=50.0, input_tokens=96, turn_tokens=32, output_tokens=24, max_input_tokens=256,
-        seed=1, block_size=8, sessions=6, turns=3.0, system_prompts=2, system_prompt_tokens=32, tenants=2,
-    )  # fmt: skip
-    row = assert_same_rows(workload, "sieve", 40, max_running=2)
+    row = assert_same_rows(pinned_conversations(), "sieve", 40, max_running=2)
     assert row["preemptions"] > 0 and row["evictions"] > 100
 
 
