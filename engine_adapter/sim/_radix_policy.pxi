@@ -4,38 +4,64 @@
 
 cdef enum:
     P_TICK = 0  # lru, fifo, mru, filo (_radix_pol_tick.pxi)
+    P_SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
+    P_LEVELLED = 2  # lfu (_radix_pol_levelled.pxi)
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
     if t.kind == P_TICK:
         return _tick_init(t)
+    if t.kind == P_SIEVE:
+        return _sieve_init(t)
+    if t.kind == P_LEVELLED:
+        return _lvl_init(t)
     raise ValueError(f"no policy kind {t.kind}")
 
 
 cdef void _pol_free(Tree* t) noexcept:
     if t.kind == P_TICK:
         _tick_free(t)
+    elif t.kind == P_SIEVE:
+        _sieve_free(t)
+    elif t.kind == P_LEVELLED:
+        _lvl_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_insert(t, node, evictable)
+    if t.kind == P_SIEVE:
+        return _sieve_insert(t, node, evictable)
+    if t.kind == P_LEVELLED:
+        return _lvl_insert(t, node, evictable)
     return 0
 
 
 cdef inline int _pol_access(Tree* t, int32_t node) except -1:
     if t.kind == P_TICK:
         return _tick_access(t, node)
+    if t.kind == P_SIEVE:
+        return _sieve_access(t, node)
+    if t.kind == P_LEVELLED:
+        return _lvl_access(t, node)
     return 0
 
 
 cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_evictable(t, node, evictable)
+    if t.kind == P_SIEVE:
+        return _sieve_evictable(t, node, evictable)
+    if t.kind == P_LEVELLED:
+        return _lvl_evictable(t, node, evictable)
     return 0
 
 
 cdef inline int32_t _pol_pop(Tree* t) except -2:
     if t.kind == P_TICK:
         return _tick_pop(t)
+    if t.kind == P_SIEVE:
+        return _sieve_pop(t)
+    if t.kind == P_LEVELLED:
+        return _lvl_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")

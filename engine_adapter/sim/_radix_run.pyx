@@ -44,6 +44,8 @@ import numpy
 include "_core_i64map.pxi"
 include "_radix_tree.pxi"
 include "_radix_pol_tick.pxi"
+include "_radix_pol_sieve.pxi"
+include "_radix_pol_levelled.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 

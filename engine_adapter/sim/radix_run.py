@@ -12,10 +12,9 @@ the two to it, TTFTs bit for bit).
 
 It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
 adaptive batch, KV tiers, queue protection or compress-on-evict, not `compiled=False`), the
-policy's class one the loop has a kind for (`policy_kind`: lru, fifo, mru and filo, the orders of
-one tick a block), every key an int64 (the ghost set is the compiled one), the extensions built
-and not `SAGE_PURE_PYTHON`. A row that would raise (a request larger than the pool) runs in the
-Python loop, which raises.
+policy's class one the loop has a kind for (`policy_kind`, from `_POLICY_KINDS`), every key an
+int64 (the ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row
+that would raise (a request larger than the pool) runs in the Python loop, which raises.
 """
 
 from __future__ import annotations
@@ -37,27 +36,35 @@ from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies.fifo import FIFOPolicy
 from sage_eviction.policies.filo import FILOPolicy
+from sage_eviction.policies.lfu import LFUPolicy
 from sage_eviction.policies.lru import LRUPolicy
 from sage_eviction.policies.mru import MRUPolicy
+from sage_eviction.policies.sieve import SIEVEPolicy
 
 __all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "policy_kind", "radix_loop"]
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
 _TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
+_SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
+_LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
     FIFOPolicy: (_TICK, 0),
     MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
     FILOPolicy: (_TICK, _NEWEST_FIRST),
+    SIEVEPolicy: (_SIEVE, 0),
+    LFUPolicy: (_LEVELLED, _LEVEL_HITS),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 
-_CANDIDATE_KEYS = {"lru": 0, "seen_once_first": 0, "s3fifo": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4}
+_CANDIDATE_KEYS = {
+    "lru": 0, "seen_once_first": 0, "s3fifo": 0, "lfu": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4
+}  # fmt: skip
 """The loop's copy of each `candidate_order` (its C_LRU ...): the preemption order over running
 sequences. The simulator never touches a running sequence, so their access counts are all 0,
-where "seen once first" and s3fifo's keys order as lru's."""
+where "seen once first", s3fifo's and lfu's keys order as lru's."""
 
 _KINDS = ("age_at_hit_seconds", "age_at_eviction_seconds", "reuse_distance_blocks", "regret_age_seconds")
 """The histograms in the loop's order (its H_HIT, H_EVICT, H_REUSE, H_REGRET)."""

@@ -1,0 +1,112 @@
+"""LFU in the compiled radix loop (engine_adapter/sim/_radix_pol_levelled.pxi: the levelled
+kind, the level the node's hits) against `LFUPolicy`, its pure-Python reference
+(`LevelledRecencyPolicy`: a queue per level, a heap of levels).
+
+As for sieve (tests/test_radix_pol_sieve.py): the same hypothesis-drawn operation sequence on
+both, victim for victim, then drained (tests/radix_probe_ops.py), a golden order, and whole radix
+rows compiled and in the Python loop on synthetic conversations and on the Mooncake conversation
+trace at 5 %. Priority, the other levelled policy, stays in the Python loop: the compiled loop
+keeps no request priority per node.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import COMPILED_CORE_MISSING
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from radix_probe_ops import Op, apply_ops, conversations, pinned_conversations, probe, sequences
+from radix_rows import assert_same_rows
+
+from engine_adapter.sim import radix_run
+from engine_adapter.sim.mooncake_trace import read_mooncake
+from engine_adapter.sim.shipped_traces import shipped_trace
+from engine_adapter.sim.workloads import Workload, unique_blocks
+from sage_eviction.policies.lfu import LFUPolicy
+
+# A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
+pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
+
+
+def _probe_agrees(ops: list[Op], capacity: int) -> None:
+    expected, got, swept = apply_ops(LFUPolicy(), ops, capacity)
+    early = sum(victim is not None for victim in expected[:swept])
+    event(f"victims before the drain: {'5 or more' if early >= 5 else 'fewer'}")
+    assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(drawn=sequences())
+def test_the_probe_evicts_as_the_python_policy(drawn: tuple[list[Op], int]) -> None:
+    """Victim for victim: levels rising with hits, blocks hit while locked (their level read
+    when they come back), ties within a level by tick."""
+    _probe_agrees(*drawn)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None)
+@given(drawn=sequences())
+def test_the_probe_evicts_as_the_python_policy_long(drawn: tuple[list[Op], int]) -> None:
+    _probe_agrees(*drawn)
+
+
+def test_levels_then_ticks() -> None:
+    """A golden order. Keys 0..5 inserted (ticks 1..6); 1 hit twice (ticks 7, 8: level 2); 0
+    locked, hit while locked (tick 9), 4 hit (tick 10: level 1); 2 locked; 0 unlocked (its level
+    read now: 1, its tick 9), 2 unlocked (level 0, its insert tick 3); 6 inserted (level 0, tick
+    11). Level 0 by tick: 2, 3, 5, 6; level 1: 0, 4; level 2: 1. (Had 0's level not been read
+    again, it would go at level 0 between 5 and 6.)"""
+    reference = LFUPolicy()
+    compiled = probe(reference, 8)
+    for side in (reference, compiled):
+        for key in range(6):
+            side.insert(key)
+        side.access(1)
+        side.access(1)
+        side.set_evictable(0, False)
+        side.access(0)
+        side.access(4)
+        side.set_evictable(2, False)
+        side.set_evictable(0, True)
+        side.set_evictable(2, True)
+        side.insert(6)
+    expected = [2, 3, 5, 6, 0, 4, 1]
+    assert [compiled.evict() for _ in range(7)] == expected == [reference.evict(1)[0] for _ in range(7)]
+    assert compiled.evict() is None
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    drawn=conversations(), max_running=st.sampled_from([1, 2, 3, 8]), prefill=st.sampled_from([16, 64, 16384])
+)
+def test_synthetic_rows_compiled_and_in_python(
+    drawn: tuple[Workload, int], max_running: int, prefill: int
+) -> None:
+    workload, capacity = drawn
+    row = assert_same_rows(workload, "lfu", capacity, max_running=max_running, max_prefill_tokens=prefill)
+    event(f"preemptions: {'some' if row['preemptions'] else 'none'}")
+
+
+def test_a_synthetic_row_with_preemptions() -> None:
+    """Pinned: preemptions happen (lfu's running sequences order as lru's: none is hit)."""
+    row = assert_same_rows(pinned_conversations(), "lfu", 40, max_running=2)
+    assert row["preemptions"] > 0 and row["evictions"] > 100
+
+
+def test_priority_stays_in_the_python_loop() -> None:
+    """No request priority per node in the compiled loop: a priority row runs in Python."""
+    assert_same_rows(pinned_conversations(), "priority", 40, max_running=2, expect_compiled=False)
+
+
+def test_the_mooncake_sample_at_five_percent() -> None:
+    """The trace's first 1,000 requests, quick; the whole trace below."""
+    workload = read_mooncake(shipped_trace("mooncake:conversation")[0], limit=1_000)
+    row = assert_same_rows(workload, "lfu", max(1, unique_blocks(workload) // 20))
+    assert row["evictions"] > 0
+
+
+@pytest.mark.slow
+def test_the_mooncake_conversation_trace_at_five_percent() -> None:
+    workload = read_mooncake(shipped_trace("mooncake:conversation")[0])
+    row = assert_same_rows(workload, "lfu", max(1, unique_blocks(workload) // 20))
+    assert row["block_lookups"] == 288_500 and row["evictions"] > 0
