@@ -11,8 +11,9 @@ row as for the Python loop. Same row either way, timings aside (tests/test_radix
 the two to it, TTFTs bit for bit).
 
 It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
-adaptive batch, KV tiers, queue protection or compress-on-evict), the policy exactly lru, fifo,
-mru or filo (the orders of one tick a block, `sage_eviction.recency`), every key an int64 (the
+adaptive batch, KV tiers, queue protection or compress-on-evict), the policy exactly one of
+`_POLICY_KINDS` (lru, fifo, mru, filo: the orders of one tick a block, `sage_eviction.recency`;
+s3fifo), every key an int64 (the
 ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row that would
 raise (a request larger than the pool) runs in the Python loop, which raises.
 """
@@ -38,18 +39,21 @@ from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
 from sage_eviction.policies.lru import LRUPolicy
 from sage_eviction.policies.mru import MRUPolicy
+from sage_eviction.policies.s3fifo import S3FIFOPolicy
 
 __all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "radix_loop"]
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
 _TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
+_S3FIFO = 3
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
     FIFOPolicy: (_TICK, 0),
     MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
     FILOPolicy: (_TICK, _NEWEST_FIRST),
+    S3FIFOPolicy: (_S3FIFO, 0),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 
