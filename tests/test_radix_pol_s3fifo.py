@@ -13,6 +13,7 @@ conversation trace at 5 % of its distinct blocks, compiled and in the Python loo
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -44,10 +45,11 @@ PARAMS = st.fixed_dictionaries(
     }
 )
 # (what, which key of the pool or of the held ones, a flag): insert (evictable or not), a hit,
-# an evictable flip, an eviction
-OPS = st.lists(
-    st.tuples(st.sampled_from("iiiahfe"), st.integers(min_value=0, max_value=10**6), st.booleans()),
-    max_size=300,
+# a hit while pinned, an evictable flip, an eviction
+OP = st.tuples(
+    st.sampled_from("iiiaahfe"),
+    st.integers(min_value=0, max_value=3) | st.integers(min_value=0, max_value=10**6),  # some keys hit often
+    st.booleans(),
 )
 
 
@@ -104,27 +106,56 @@ class Pair:
         assert len(self.probe) == len(self.held)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    capacity=st.integers(min_value=1, max_value=24),
-    params=PARAMS,
-    pool=st.lists(INT64, min_size=1, max_size=60, unique=True),
-    ops=OPS,
-)
-def test_the_probe_evicts_as_the_python_policy(
-    capacity: int, params: dict[str, Any], pool: list[int], ops: list[tuple[str, int, bool]]
-) -> None:
-    """Every victim and evictable count alike, then everything drained in the same order."""
-    pair = Pair(capacity, params)
-    for op, index, flag in ops:
-        pair.apply(op, index, flag, pool)
-    for key in list(pair.held):  # all evictable: the rest of the order, ghosts and all
+def _drain(pair: Pair) -> None:
+    """Everything made evictable and evicted: the rest of the order, then None from both."""
+    for key in list(pair.held):
         pair.reference.set_evictable(key, True)
         pair.probe.set_evictable(key, True)
     while pair.held:
         pair.evict()
-    pair.evict()  # nothing left: None from both
+    pair.evict()
     assert pair.victims[-1] is None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacity=st.integers(min_value=1, max_value=16),
+    params=PARAMS,
+    pool=st.lists(INT64, min_size=1, max_size=40, unique=True),
+    ops=st.lists(OP, max_size=80),
+)
+def test_the_probe_evicts_as_the_python_policy(
+    capacity: int, params: dict[str, Any], pool: list[int], ops: list[tuple[str, int, bool]]
+) -> None:
+    """Short drawn sequences (they shrink to a readable case): every victim and evictable count
+    alike, then the drained order."""
+    pair = Pair(capacity, params)
+    for op, index, flag in ops:
+        pair.apply(op, index, flag, pool)
+    _drain(pair)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    capacity=st.integers(min_value=1, max_value=24),
+    params=PARAMS,
+    seed=st.integers(min_value=0, max_value=2**32),
+    length=st.integers(min_value=200, max_value=800),
+    mix=st.sampled_from(["iiiaahfe", "iiaaaaae", "iiiiffhe", "iaaaaffe"]),
+    base=st.sampled_from([0, -(2**63), 2**63 - 100]),
+)
+def test_long_sequences_evict_as_the_python_policy(
+    capacity: int, params: dict[str, Any], seed: int, length: int, mix: str, base: int
+) -> None:
+    """Long sequences from a drawn seed and mix of operations (hypothesis draws long lists
+    slowly): the queues fill, moves to M and M's second chances recur, the ghosts wrap."""
+    rng = random.Random(seed)
+    pool = [base + k for k in range(3 * capacity + 2)]
+    pair = Pair(capacity, params)
+    for _ in range(length):
+        index = rng.randrange(4) if rng.random() < 0.3 else rng.randrange(10**6)
+        pair.apply(rng.choice(mix), index, rng.random() < 0.7, pool)
+    _drain(pair)
 
 
 def test_pinned_entries_keep_their_queue_size_and_frequency() -> None:
@@ -143,6 +174,17 @@ def test_pinned_entries_keep_their_queue_size_and_frequency() -> None:
         pair.evict()
     assert pair.victims == [2, 3, 5, 6, 7, 8, 9]
     assert pair.reference.queue_sizes() == (0, 4, 0)
+
+
+def test_hits_count_up_to_three() -> None:
+    """Five hits and three leave the same frequency (3): the older of the two leaves first."""
+    pair = Pair(4, {"small_ratio": 0.25, "ghost_ratio": 0.9, "move_threshold": 2})
+    for key in range(4):  # 0 in S (1 block), 1, 2, 3 in M (the warm-up rule)
+        pair.insert(key, True)
+    for key in (1, 1, 1, 1, 1, 2, 2, 2):
+        pair.apply("a", pair.held.index(key), False, [])
+    _drain(pair)  # 0 from S; M: 1 and 2 go round three times, 3 first
+    assert pair.victims == [0, 3, 1, 2, None]
 
 
 def _tokens_workload(seed: int, requests: int, rate: float, tokens: int) -> Workload:
