@@ -5,7 +5,9 @@ Two levels. The kind alone: `PolicyProbe` and the Python policy get the same ope
 radix cache makes them (inserts evictable or not, hits, evictable flips, evictions; keys over the
 whole int64 range, INT64_MIN included, which the core's table keeps aside), with the policy's
 parameters drawn too, and must give every victim and the evictable count alike: pinned entries
-counted in their queue, hit, flipped back to their queue's head, ghosts filled and dropped.
+counted in their queue, hit, flipped back to their queue's head, ghosts filled and dropped. Short
+drawn sequences (which shrink to a readable case), long ones from a drawn seed (which hypothesis
+would draw slowly), and two worked cases with their victims written out.
 Whole rows: `assert_same_rows` (tests/radix_rows.py) runs hypothesis-drawn synthetic workloads at
 small capacities and running limits (where sequences are preempted) and the shipped Mooncake
 conversation trace at 5 % of its distinct blocks, compiled and in the Python loop.
