@@ -6,6 +6,7 @@ cdef enum:
     P_TICK = 0  # lru, fifo, mru, filo (_radix_pol_tick.pxi)
     P_SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
     P_LEVELLED = 2  # lfu (_radix_pol_levelled.pxi)
+    P_S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
@@ -15,6 +16,8 @@ cdef int _pol_init(Tree* t, object policy) except -1:
         return _sieve_init(t)
     if t.kind == P_LEVELLED:
         return _lvl_init(t)
+    if t.kind == P_S3FIFO:
+        return _s3fifo_init(t, policy)
     raise ValueError(f"no policy kind {t.kind}")
 
 
@@ -25,6 +28,8 @@ cdef void _pol_free(Tree* t) noexcept:
         _sieve_free(t)
     elif t.kind == P_LEVELLED:
         _lvl_free(t)
+    elif t.kind == P_S3FIFO:
+        _s3fifo_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
@@ -34,6 +39,8 @@ cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
         return _sieve_insert(t, node, evictable)
     if t.kind == P_LEVELLED:
         return _lvl_insert(t, node, evictable)
+    if t.kind == P_S3FIFO:
+        return _s3fifo_insert(t, node, evictable)
     return 0
 
 
@@ -44,6 +51,8 @@ cdef inline int _pol_access(Tree* t, int32_t node) except -1:
         return _sieve_access(t, node)
     if t.kind == P_LEVELLED:
         return _lvl_access(t, node)
+    if t.kind == P_S3FIFO:
+        return _s3fifo_access(t, node)
     return 0
 
 
@@ -54,6 +63,8 @@ cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
         return _sieve_evictable(t, node, evictable)
     if t.kind == P_LEVELLED:
         return _lvl_evictable(t, node, evictable)
+    if t.kind == P_S3FIFO:
+        return _s3fifo_evictable(t, node, evictable)
     return 0
 
 
@@ -64,4 +75,6 @@ cdef inline int32_t _pol_pop(Tree* t) except -2:
         return _sieve_pop(t)
     if t.kind == P_LEVELLED:
         return _lvl_pop(t)
+    if t.kind == P_S3FIFO:
+        return _s3fifo_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")

@@ -42,10 +42,12 @@ from sage_eviction._core cimport keyset_add_int, keyset_discard_int, sage_ticks,
 import numpy
 
 include "_core_i64map.pxi"
+include "_core_flat_lists.pxi"
 include "_radix_tree.pxi"
 include "_radix_pol_tick.pxi"
 include "_radix_pol_sieve.pxi"
 include "_radix_pol_levelled.pxi"
+include "_radix_pol_s3fifo.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 

@@ -39,6 +39,7 @@ from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.lfu import LFUPolicy
 from sage_eviction.policies.lru import LRUPolicy
 from sage_eviction.policies.mru import MRUPolicy
+from sage_eviction.policies.s3fifo import S3FIFOPolicy
 from sage_eviction.policies.sieve import SIEVEPolicy
 
 __all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "policy_kind", "radix_loop"]
@@ -48,6 +49,7 @@ RADIX_LOOP = "engine_adapter.sim._radix_run"
 _TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
 _SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
 _LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
+_S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
@@ -56,6 +58,7 @@ _POLICY_KINDS: dict[type, tuple[int, int]] = {
     FILOPolicy: (_TICK, _NEWEST_FIRST),
     SIEVEPolicy: (_SIEVE, 0),
     LFUPolicy: (_LEVELLED, _LEVEL_HITS),
+    S3FIFOPolicy: (_S3FIFO, 0),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 
