@@ -4,38 +4,51 @@
 
 cdef enum:
     P_TICK = 0  # lru, fifo, mru, filo (_radix_pol_tick.pxi)
+    P_ARC = 5  # arc (_radix_pol_arc.pxi)
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
     if t.kind == P_TICK:
         return _tick_init(t)
+    if t.kind == P_ARC:
+        return _arc_init(t, policy)
     raise ValueError(f"no policy kind {t.kind}")
 
 
 cdef void _pol_free(Tree* t) noexcept:
     if t.kind == P_TICK:
         _tick_free(t)
+    elif t.kind == P_ARC:
+        _arc_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_insert(t, node, evictable)
+    if t.kind == P_ARC:
+        return _arc_insert(t, node, evictable)
     return 0
 
 
 cdef inline int _pol_access(Tree* t, int32_t node) except -1:
     if t.kind == P_TICK:
         return _tick_access(t, node)
+    if t.kind == P_ARC:
+        return _arc_access(t, node)
     return 0
 
 
 cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_evictable(t, node, evictable)
+    if t.kind == P_ARC:
+        return _arc_evictable(t, node, evictable)
     return 0
 
 
 cdef inline int32_t _pol_pop(Tree* t) except -2:
     if t.kind == P_TICK:
         return _tick_pop(t)
+    if t.kind == P_ARC:
+        return _arc_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")

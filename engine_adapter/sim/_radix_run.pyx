@@ -44,6 +44,7 @@ import numpy
 include "_core_i64map.pxi"
 include "_radix_tree.pxi"
 include "_radix_pol_tick.pxi"
+include "_radix_pol_arc.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 

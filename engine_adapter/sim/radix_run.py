@@ -34,6 +34,7 @@ from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
+from sage_eviction.policies.arc import ARCPolicy
 from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
 from sage_eviction.policies.lru import LRUPolicy
@@ -44,12 +45,14 @@ __all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "radix_loop"]
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
 _TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
+_ARC = 5
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
     FIFOPolicy: (_TICK, 0),
     MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
     FILOPolicy: (_TICK, _NEWEST_FIRST),
+    ARCPolicy: (_ARC, 0),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 
