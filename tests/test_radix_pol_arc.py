@@ -56,6 +56,7 @@ OPS = st.lists(
         st.integers(0, 10**6),
         st.booleans(),
     ),
+    min_size=20,
     max_size=400,
 )
 
@@ -132,7 +133,7 @@ def _run(ops: list[Op], c: int, pool: int, keys: int) -> _Pair:
     return pair
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=OPS,
     c=st.integers(1, 4) | st.integers(1, 24),
@@ -160,6 +161,22 @@ def test_long_sequences_fill_the_ghosts_and_adapt_p(c: int, pool: int, keys: int
     assert any(b > a for a, b in steps) and any(b < a for a, b in steps)
     if clamped:
         assert {0.0, float(c)} <= set(pair.p)
+
+
+def test_the_ghosts_outgrow_their_first_slots() -> None:
+    """c = 1 with its one T1 block pinned and 40 blocks in T2: each eviction leaves a B2 ghost
+    and none is trimmed (no new key comes in), so B2 holds 40 keys, past the 2c + 16 slots the
+    kind starts with; then the drain's inserts hit them (p adapting down)."""
+    pair = _Pair(1, 64, 41)
+    pair.insert(40, False)
+    for key in range(40):
+        pair.insert(key, True)
+        pair.apply("access", pair.held.index(key), False)
+    for _ in range(40):
+        pair.evict()
+    assert pair.python.list_sizes() == (1, 0, 0, 40)
+    assert pair.victims == list(range(40))
+    pair.drain()
 
 
 # ---- whole rows: the compiled loop against the Python loop ------------------------------------

@@ -106,8 +106,11 @@ cdef int _arc_init(Tree* t, object policy) except -1:
     s.lst = <uint8_t*>malloc(t.capacity * sizeof(uint8_t) + 1)
     if s.newer == NULL or s.older == NULL or s.lst == NULL:
         raise MemoryError()
-    _map_init(&s.ghost_of, 16, True)
-    s.g_cap = 16  # slots, doubled as the ghosts need
+    # sized for the directory's 2c ghosts (their bound while the policy holds at most c blocks,
+    # as in the radix loop, where c is the pool), the map at most half full: most inserts look up
+    # a key that is no ghost, and an absent key's probe run grows fast with the load
+    _map_init(&s.ghost_of, 4 * c + 16, True)
+    s.g_cap = 2 * c + 16  # slots, doubled if the ghosts outgrow them
     s.g_key = <int64_t*>malloc(s.g_cap * sizeof(int64_t))
     s.g_newer = <int32_t*>malloc(s.g_cap * sizeof(int32_t))
     s.g_older = <int32_t*>malloc(s.g_cap * sizeof(int32_t))
