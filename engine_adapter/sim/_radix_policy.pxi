@@ -7,6 +7,7 @@ cdef enum:
     P_SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
     P_LEVELLED = 2  # lfu (_radix_pol_levelled.pxi)
     P_S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
+    P_ARC = 5  # arc (_radix_pol_arc.pxi)
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
@@ -18,6 +19,8 @@ cdef int _pol_init(Tree* t, object policy) except -1:
         return _lvl_init(t)
     if t.kind == P_S3FIFO:
         return _s3fifo_init(t, policy)
+    if t.kind == P_ARC:
+        return _arc_init(t, policy)
     raise ValueError(f"no policy kind {t.kind}")
 
 
@@ -30,6 +33,8 @@ cdef void _pol_free(Tree* t) noexcept:
         _lvl_free(t)
     elif t.kind == P_S3FIFO:
         _s3fifo_free(t)
+    elif t.kind == P_ARC:
+        _arc_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
@@ -41,6 +46,8 @@ cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
         return _lvl_insert(t, node, evictable)
     if t.kind == P_S3FIFO:
         return _s3fifo_insert(t, node, evictable)
+    if t.kind == P_ARC:
+        return _arc_insert(t, node, evictable)
     return 0
 
 
@@ -53,6 +60,8 @@ cdef inline int _pol_access(Tree* t, int32_t node) except -1:
         return _lvl_access(t, node)
     if t.kind == P_S3FIFO:
         return _s3fifo_access(t, node)
+    if t.kind == P_ARC:
+        return _arc_access(t, node)
     return 0
 
 
@@ -65,6 +74,8 @@ cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
         return _lvl_evictable(t, node, evictable)
     if t.kind == P_S3FIFO:
         return _s3fifo_evictable(t, node, evictable)
+    if t.kind == P_ARC:
+        return _arc_evictable(t, node, evictable)
     return 0
 
 
@@ -77,4 +88,6 @@ cdef inline int32_t _pol_pop(Tree* t) except -2:
         return _lvl_pop(t)
     if t.kind == P_S3FIFO:
         return _s3fifo_pop(t)
+    if t.kind == P_ARC:
+        return _arc_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")

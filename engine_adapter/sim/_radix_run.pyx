@@ -48,6 +48,7 @@ include "_radix_pol_tick.pxi"
 include "_radix_pol_sieve.pxi"
 include "_radix_pol_levelled.pxi"
 include "_radix_pol_s3fifo.pxi"
+include "_radix_pol_arc.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 

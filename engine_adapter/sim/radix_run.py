@@ -34,6 +34,7 @@ from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
+from sage_eviction.policies.arc import ARCPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
 from sage_eviction.policies.filo import FILOPolicy
 from sage_eviction.policies.lfu import LFUPolicy
@@ -50,6 +51,7 @@ _TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
 _SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
 _LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
 _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
+_ARC = 5  # arc (_radix_pol_arc.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
@@ -59,6 +61,7 @@ _POLICY_KINDS: dict[type, tuple[int, int]] = {
     SIEVEPolicy: (_SIEVE, 0),
     LFUPolicy: (_LEVELLED, _LEVEL_HITS),
     S3FIFOPolicy: (_S3FIFO, 0),
+    ARCPolicy: (_ARC, 0),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 

@@ -1,0 +1,290 @@
+# ARC in the simulator's radix loop (sage_eviction/policies/arc.py, `ARCPolicy`): T1 and T2 as
+# intrusive LRU lists over the tree's nodes, the ghost lists B1 and B2 as FIFOs of int64 keys,
+# the target p of |T1| a double. Part of engine_adapter/sim/_radix_run.pyx.
+#
+# Each function below is the Python hook of the same name, line for line, with the base's part
+# (clock, hits, the evictable flag and count) already done by _radix_tree.pxi. What the Python
+# class does with blocks that are not evictable (the radix cache's locked blocks and inner
+# nodes) is kept exactly: they count in |T1| or |T2| (`n1`, `n2`) and a hit moves one to T2, but
+# only evictable nodes are linked into the lists, so REPLACE never sees the others; one that
+# becomes evictable is linked at the MRU end of its list.
+#
+# The radix cache never calls `prepare_insert` (nor `remove`), so the Python class's pending
+# ghost hit never exists here: a ghost hit is seen by the insert, after the evictions.
+#
+# A key is in at most one ghost list and never in one while resident (an insert takes it out of
+# its ghost list; a victim is not resident), so B1 and B2 share one map key -> slot, the slot
+# saying which list holds it. Slots grow on demand: the Python lists have no bound of their own
+# (the directory stays within 2c only while the policy holds at most c blocks).
+
+from libc.stdlib cimport calloc
+
+
+cdef struct ArcEnds:
+    # one list's ends (-1: empty); head: the MRU end, tail: the LRU end
+    int32_t head
+    int32_t tail
+
+
+cdef struct ArcState:
+    # T1, T2: by node
+    int32_t* newer  # toward the MRU end (-1: none)
+    int32_t* older  # toward the LRU end
+    uint8_t* lst  # 1: T1, 2: T2 (ARCPolicy._list_of)
+    ArcEnds t[3]  # t[1], t[2]: the evictable nodes of T1, T2
+    Py_ssize_t n1, n2  # |T1|, |T2|, pinned included
+    double p  # the target size of T1
+    Py_ssize_t c
+    # B1, B2: by slot
+    I64Map ghost_of  # key -> slot
+    int64_t* g_key
+    int32_t* g_newer
+    int32_t* g_older
+    uint8_t* g_lst  # 1: B1, 2: B2
+    int32_t* g_spare  # free slots, a stack
+    Py_ssize_t g_n_spare, g_cap
+    ArcEnds b[3]  # b[1], b[2]: B1, B2
+    Py_ssize_t nb[3]  # |B1|, |B2|
+
+
+cdef inline ArcState* _arcs(Tree* t) noexcept:
+    return <ArcState*>t.pol
+
+
+cdef inline void _arc_link(int32_t* newer, int32_t* older, ArcEnds* q, int32_t i) noexcept:
+    # `i` at the MRU end of `q`
+    newer[i] = -1
+    older[i] = q.head
+    if q.head == -1:
+        q.tail = i
+    else:
+        newer[q.head] = i
+    q.head = i
+
+
+cdef inline void _arc_unlink(int32_t* newer, int32_t* older, ArcEnds* q, int32_t i) noexcept:
+    cdef int32_t n = newer[i]
+    cdef int32_t o = older[i]
+    if n == -1:
+        q.head = o
+    else:
+        older[n] = o
+    if o == -1:
+        q.tail = n
+    else:
+        newer[o] = n
+
+
+cdef int _arc_grow_ghosts(ArcState* s) except -1:
+    # twice the slots, the new ones spare (`_grown` keeps an array whole when it fails: the
+    # state's free releases it)
+    cdef Py_ssize_t i, cap = 2 * s.g_cap
+    s.g_key = <int64_t*>_grown(s.g_key, cap * sizeof(int64_t))
+    s.g_newer = <int32_t*>_grown(s.g_newer, cap * sizeof(int32_t))
+    s.g_older = <int32_t*>_grown(s.g_older, cap * sizeof(int32_t))
+    s.g_lst = <uint8_t*>_grown(s.g_lst, cap * sizeof(uint8_t))
+    s.g_spare = <int32_t*>_grown(s.g_spare, cap * sizeof(int32_t))
+    for i in range(cap - 1, s.g_cap - 1, -1):
+        s.g_spare[s.g_n_spare] = <int32_t>i
+        s.g_n_spare += 1
+    s.g_cap = cap
+    return 0
+
+
+cdef int _arc_init(Tree* t, object policy) except -1:
+    cdef Py_ssize_t i, c = policy._c  # ARCPolicy's c (its capacity)
+    cdef ArcState* s = <ArcState*>calloc(1, sizeof(ArcState))  # counts 0, p 0.0, arrays NULL
+    if s == NULL:
+        raise MemoryError()
+    t.pol = s
+    s.c = c
+    s.p = 0.0
+    s.t[1].head = s.t[1].tail = s.t[2].head = s.t[2].tail = -1
+    s.b[1].head = s.b[1].tail = s.b[2].head = s.b[2].tail = -1
+    s.newer = <int32_t*>malloc(t.capacity * sizeof(int32_t) + 4)
+    s.older = <int32_t*>malloc(t.capacity * sizeof(int32_t) + 4)
+    s.lst = <uint8_t*>malloc(t.capacity * sizeof(uint8_t) + 1)
+    if s.newer == NULL or s.older == NULL or s.lst == NULL:
+        raise MemoryError()
+    # sized for the directory's 2c ghosts (their bound while the policy holds at most c blocks,
+    # as in the radix loop, where c is the pool), the map at most half full: most inserts look up
+    # a key that is no ghost, and an absent key's probe run grows fast with the load
+    _map_init(&s.ghost_of, 4 * c + 16, True)
+    s.g_cap = 2 * c + 16  # slots, doubled if the ghosts outgrow them
+    s.g_key = <int64_t*>malloc(s.g_cap * sizeof(int64_t))
+    s.g_newer = <int32_t*>malloc(s.g_cap * sizeof(int32_t))
+    s.g_older = <int32_t*>malloc(s.g_cap * sizeof(int32_t))
+    s.g_lst = <uint8_t*>malloc(s.g_cap * sizeof(uint8_t))
+    s.g_spare = <int32_t*>malloc(s.g_cap * sizeof(int32_t))
+    if s.g_key == NULL or s.g_newer == NULL or s.g_older == NULL or s.g_lst == NULL or s.g_spare == NULL:
+        raise MemoryError()
+    for i in range(s.g_cap - 1, -1, -1):
+        s.g_spare[s.g_n_spare] = <int32_t>i
+        s.g_n_spare += 1
+    return 0
+
+
+cdef void _arc_free(Tree* t) noexcept:
+    cdef ArcState* s = _arcs(t)
+    free(s.newer)
+    free(s.older)
+    free(s.lst)
+    _map_free(&s.ghost_of)
+    free(s.g_key)
+    free(s.g_newer)
+    free(s.g_older)
+    free(s.g_lst)
+    free(s.g_spare)
+    free(s)
+    t.pol = NULL
+
+
+# ---- B1 and B2 (OrderedDicts of keys in the Python class) ----------------------------------------
+
+cdef int _arc_ghost_push(ArcState* s, int which, int64_t key) except -1:
+    # `self._b1[key] = None` (which 1) or `self._b2[key] = None` (2): the MRU end
+    cdef int32_t slot
+    if s.g_n_spare == 0:
+        _arc_grow_ghosts(s)
+    s.g_n_spare -= 1
+    slot = s.g_spare[s.g_n_spare]
+    s.g_key[slot] = key
+    s.g_lst[slot] = <uint8_t>which
+    _arc_link(s.g_newer, s.g_older, &s.b[which], slot)
+    s.nb[which] += 1
+    _map_put(&s.ghost_of, key, slot)
+    return 0
+
+
+cdef void _arc_ghost_del(ArcState* s, int32_t slot) noexcept:
+    # `del self._b1[key]` / `del self._b2[key]`: the slot's key out of its list
+    cdef int which = s.g_lst[slot]
+    _map_del(&s.ghost_of, s.g_key[slot])
+    _arc_unlink(s.g_newer, s.g_older, &s.b[which], slot)
+    s.nb[which] -= 1
+    s.g_spare[s.g_n_spare] = slot
+    s.g_n_spare += 1
+
+
+cdef inline void _arc_ghost_drop_oldest(ArcState* s, int which) noexcept:
+    # `self._b1.popitem(last=False)` (the list is not empty)
+    _arc_ghost_del(s, s.b[which].tail)
+
+
+# ---- the hooks -------------------------------------------------------------------------------------
+
+cdef void _arc_adapt(ArcState* s, int ghost) noexcept:
+    # ARCPolicy._adapt: Python's int / int is the correctly rounded quotient, as is the double
+    # division of the two counts (exact in a double below 2**53); Python's max(x, y) and min(x, y)
+    # give y only when it is strictly beyond x, as below
+    cdef double b1 = <double>s.nb[1]
+    cdef double b2 = <double>s.nb[2]
+    cdef double step
+    if ghost == 1:
+        step = b2 / b1
+        if 1.0 > step:
+            step = 1.0
+        s.p = s.p + step
+        if <double>s.c < s.p:
+            s.p = <double>s.c
+    else:
+        step = b1 / b2
+        if 1.0 > step:
+            step = 1.0
+        s.p = s.p - step
+        if 0.0 > s.p:
+            s.p = 0.0
+
+
+cdef int _arc_insert(Tree* t, int32_t node, bint evictable) except -1:
+    # _on_insert: a ghost hit (cases II and III) enters T2, p adapted; a new key enters T1, the
+    # ghost lists trimmed so that |L1| <= c and the directory <= 2c
+    cdef ArcState* s = _arcs(t)
+    cdef int64_t slot = _map_get(&s.ghost_of, t.key[node])
+    cdef Py_ssize_t c = s.c
+    if slot != _ABSENT:
+        _arc_adapt(s, s.g_lst[slot])  # with the lengths before the key leaves its list
+        _arc_ghost_del(s, <int32_t>slot)
+        s.lst[node] = 2
+        s.n2 += 1
+        if evictable:
+            _arc_link(s.newer, s.older, &s.t[2], node)
+        return 0
+    if s.n1 + s.nb[1] >= c and s.nb[1]:
+        _arc_ghost_drop_oldest(s, 1)
+    elif s.n1 + s.n2 + s.nb[1] + s.nb[2] >= 2 * c and s.nb[2]:
+        _arc_ghost_drop_oldest(s, 2)
+    s.lst[node] = 1
+    s.n1 += 1
+    if evictable:
+        _arc_link(s.newer, s.older, &s.t[1], node)
+    return 0
+
+
+cdef int _arc_access(Tree* t, int32_t node) except -1:
+    # _on_access, case I: to T2 (linked at its MRU end when evictable)
+    cdef ArcState* s = _arcs(t)
+    if s.lst[node] == 1:
+        s.lst[node] = 2
+        s.n1 -= 1
+        s.n2 += 1
+        if t.evictable[node]:
+            _arc_unlink(s.newer, s.older, &s.t[1], node)
+            _arc_link(s.newer, s.older, &s.t[2], node)
+    elif t.evictable[node] and s.t[2].head != node:
+        _arc_unlink(s.newer, s.older, &s.t[2], node)
+        _arc_link(s.newer, s.older, &s.t[2], node)
+    return 0
+
+
+cdef int _arc_evictable(Tree* t, int32_t node, bint evictable) except -1:
+    # _on_evictable: linked at the MRU end of its list (it was in use until now), or unlinked
+    cdef ArcState* s = _arcs(t)
+    if evictable:
+        _arc_link(s.newer, s.older, &s.t[s.lst[node]], node)
+    else:
+        _arc_unlink(s.newer, s.older, &s.t[s.lst[node]], node)
+    return 0
+
+
+cdef int32_t _arc_lru_out(ArcState* s, int which) noexcept:
+    # `self._t1.popitem(last=False)` (the list is not empty)
+    cdef int32_t node = s.t[which].tail
+    _arc_unlink(s.newer, s.older, &s.t[which], node)
+    return node
+
+
+cdef int32_t _arc_replace(Tree* t) except -2:
+    # _replace(in_b2=False): the LRU evictable node of T1 or T2 to its ghost list (no pending
+    # ghost hit here, so never the B2 tie-break)
+    cdef ArcState* s = _arcs(t)
+    cdef int32_t node
+    if s.t[1].head != -1 and (<double>s.n1 > s.p or s.t[2].head == -1):
+        node = _arc_lru_out(s, 1)
+        s.n1 -= 1
+        _arc_ghost_push(s, 1, t.key[node])
+    elif s.t[2].head != -1:
+        node = _arc_lru_out(s, 2)
+        s.n2 -= 1
+        _arc_ghost_push(s, 2, t.key[node])
+    else:
+        raise RuntimeError("arc has no evictable node")
+    return node
+
+
+cdef int32_t _arc_pop(Tree* t) except -2:
+    # _pop_victim: case IV first (T1 alone full: its LRU node leaves without a ghost; else the
+    # ghost lists trimmed), then REPLACE
+    cdef ArcState* s = _arcs(t)
+    cdef Py_ssize_t c = s.c
+    cdef int32_t node
+    if s.n1 + s.nb[1] >= c:  # case IV.A: L1 holds c keys
+        if s.n1 >= c and s.t[1].head != -1:
+            node = _arc_lru_out(s, 1)
+            s.n1 -= 1
+            return node
+        if s.nb[1]:
+            _arc_ghost_drop_oldest(s, 1)
+    elif s.n1 + s.n2 + s.nb[1] + s.nb[2] >= 2 * c and s.nb[2]:  # case IV.B
+        _arc_ghost_drop_oldest(s, 2)
+    return _arc_replace(t)
