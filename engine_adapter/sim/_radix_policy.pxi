@@ -4,38 +4,60 @@
 
 cdef enum:
     P_TICK = 0  # lru, fifo, mru, filo (_radix_pol_tick.pxi)
+    P_GDSF = 10  # gdsf (_radix_pol_score.pxi)
+    P_BELADY = 11  # the radix model's Belady (_radix_pol_score.pxi); `policy`: its future
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
     if t.kind == P_TICK:
         return _tick_init(t)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_init(t, t.kind == P_BELADY, policy)
     raise ValueError(f"no policy kind {t.kind}")
 
 
 cdef void _pol_free(Tree* t) noexcept:
     if t.kind == P_TICK:
         _tick_free(t)
+    elif t.kind == P_GDSF or t.kind == P_BELADY:
+        _score_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_insert(t, node, evictable)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_insert(t, node, evictable)
     return 0
 
 
 cdef inline int _pol_access(Tree* t, int32_t node) except -1:
     if t.kind == P_TICK:
         return _tick_access(t, node)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_access(t, node)
     return 0
 
 
 cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
     if t.kind == P_TICK:
         return _tick_evictable(t, node, evictable)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_evictable(t, node, evictable)
     return 0
 
 
 cdef inline int32_t _pol_pop(Tree* t) except -2:
     if t.kind == P_TICK:
         return _tick_pop(t)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")
+
+
+cdef inline int _pol_serve(Tree* t, const int64_t* keys, Py_ssize_t n, int64_t end) except -1:
+    # `RadixModel.allocate`'s `belady.serve(keys, end)`: the request whose lookups end at `end`
+    # is being allocated (only Belady's next uses depend on it)
+    if t.kind == P_BELADY:
+        return _belady_serve(t, keys, n, end)
+    return 0
