@@ -8,6 +8,8 @@ cdef enum:
     P_LEVELLED = 2  # lfu (_radix_pol_levelled.pxi)
     P_S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
     P_ARC = 5  # arc (_radix_pol_arc.pxi)
+    P_GDSF = 10  # gdsf (_radix_pol_score.pxi)
+    P_BELADY = 11  # the radix model's Belady (_radix_pol_score.pxi); `policy`: its future
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
@@ -21,6 +23,8 @@ cdef int _pol_init(Tree* t, object policy) except -1:
         return _s3fifo_init(t, policy)
     if t.kind == P_ARC:
         return _arc_init(t, policy)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_init(t, t.kind == P_BELADY, policy)
     raise ValueError(f"no policy kind {t.kind}")
 
 
@@ -35,6 +39,8 @@ cdef void _pol_free(Tree* t) noexcept:
         _s3fifo_free(t)
     elif t.kind == P_ARC:
         _arc_free(t)
+    elif t.kind == P_GDSF or t.kind == P_BELADY:
+        _score_free(t)
 
 
 cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
@@ -48,6 +54,8 @@ cdef inline int _pol_insert(Tree* t, int32_t node, bint evictable) except -1:
         return _s3fifo_insert(t, node, evictable)
     if t.kind == P_ARC:
         return _arc_insert(t, node, evictable)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_insert(t, node, evictable)
     return 0
 
 
@@ -62,6 +70,8 @@ cdef inline int _pol_access(Tree* t, int32_t node) except -1:
         return _s3fifo_access(t, node)
     if t.kind == P_ARC:
         return _arc_access(t, node)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_access(t, node)
     return 0
 
 
@@ -76,6 +86,8 @@ cdef inline int _pol_evictable(Tree* t, int32_t node, bint evictable) except -1:
         return _s3fifo_evictable(t, node, evictable)
     if t.kind == P_ARC:
         return _arc_evictable(t, node, evictable)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_evictable(t, node, evictable)
     return 0
 
 
@@ -90,4 +102,14 @@ cdef inline int32_t _pol_pop(Tree* t) except -2:
         return _s3fifo_pop(t)
     if t.kind == P_ARC:
         return _arc_pop(t)
+    if t.kind == P_GDSF or t.kind == P_BELADY:
+        return _score_pop(t)
     raise RuntimeError(f"no policy kind {t.kind}")
+
+
+cdef inline int _pol_serve(Tree* t, const int64_t* keys, Py_ssize_t n, int64_t end) except -1:
+    # `RadixModel.allocate`'s `belady.serve(keys, end)`: the request whose lookups end at `end`
+    # is being allocated (only Belady's next uses depend on it)
+    if t.kind == P_BELADY:
+        return _belady_serve(t, keys, n, end)
+    return 0

@@ -49,6 +49,7 @@ include "_radix_pol_sieve.pxi"
 include "_radix_pol_levelled.pxi"
 include "_radix_pol_s3fifo.pxi"
 include "_radix_pol_arc.pxi"
+include "_radix_pol_score.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 
@@ -372,6 +373,7 @@ cdef class RadixLoop:
         cdef int64_t n_path, n_new, deficit, reclaimable, j
         cdef double now = self.clock
         cdef int32_t* path
+        _pol_serve(&self.tree, keys, nk, self.ends[i])  # Belady's cursor (`RadixModel.allocate`)
         if n_blocks > self.num_blocks:
             return BAIL  # RequestTooLargeError
         path = <int32_t*>_alloc((nk + 1) * sizeof(int32_t))
@@ -904,3 +906,4 @@ cdef class RadixLoop:
 
 
 include "_radix_probe.pxi"
+include "_radix_probe_score.pxi"

@@ -28,15 +28,17 @@ import numpy as np
 
 from engine_adapter.cache.ages import HISTOGRAM_KINDS, AgeHistograms
 from engine_adapter.cache.ghosts import GHOSTS_CORE, GhostSet
-from engine_adapter.sim.cache_models import RadixFigures, RadixModel
-from engine_adapter.sim.flat_run import LoopSettings, flat_columns
+from engine_adapter.sim.cache_models import RadixBelady, RadixFigures, RadixModel
+from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, flat_columns
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
+from engine_adapter.sim.workloads import next_use_positions
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies.arc import ARCPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
 from sage_eviction.policies.filo import FILOPolicy
+from sage_eviction.policies.gdsf import GDSFPolicy
 from sage_eviction.policies.lfu import LFUPolicy
 from sage_eviction.policies.lru import LRUPolicy
 from sage_eviction.policies.mru import MRUPolicy
@@ -52,6 +54,7 @@ _SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
 _LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
 _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _ARC = 5  # arc (_radix_pol_arc.pxi)
+_GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
@@ -62,6 +65,8 @@ _POLICY_KINDS: dict[type, tuple[int, int]] = {
     LFUPolicy: (_LEVELLED, _LEVEL_HITS),
     S3FIFOPolicy: (_S3FIFO, 0),
     ARCPolicy: (_ARC, 0),
+    GDSFPolicy: (_GDSF, 0),
+    RadixBelady: (_BELADY, 0),
 }
 """The policies the loop runs, by exact class: (kind, variant)."""
 
@@ -104,7 +109,7 @@ class RadixSettings:
     num_blocks: int  # the pool
     policy_kind: int
     policy_flags: int
-    policy: object  # the row's policy (a kind reads its parameters)
+    policy: object  # the row's policy (a kind reads its parameters); belady's: its `RadixFuture`
     candidates: int  # its candidate key
     policy_name: str
     ghosts: object  # a fresh compiled ghost set of the manager's size
@@ -120,6 +125,25 @@ class RadixSettings:
 def policy_kind(cls: type) -> tuple[int, int] | None:
     """The loop's (kind, variant) of a policy class (exactly that class), or None: not run there."""
     return _POLICY_KINDS.get(cls)
+
+
+@dataclass(frozen=True, slots=True)
+class RadixFuture:
+    """What the loop's belady kind reads of a `RadixBelady` (its parameters are its future), as
+    arrays: the lookup sequence's keys (`FlatColumns.keys`, int32 or int64), from which it finds
+    a key's first lookup after the cursor when the key is not the served request's, and each
+    lookup's next use (`next_use_positions`, int64)."""
+
+    keys: np.ndarray
+    next_use: np.ndarray
+
+
+def _kind_policy(cache: RadixModel, requests: RunRequests, columns: FlatColumns) -> object:
+    """What the policy's kind reads: the policy, or Belady's future."""
+    if cache.belady is None:
+        return cache.manager.policy
+    next_use = np.frombuffer(next_use_positions(requests), dtype=np.int64)
+    return RadixFuture(keys=columns.keys, next_use=next_use)
 
 
 def radix_loop() -> ModuleType | None:
@@ -146,6 +170,7 @@ def _settings(
     cache: RadixModel,
     kind: tuple[int, int],
     candidates: int,
+    policy: object,
     ghosts: object,
     keys: object,
 ) -> RadixSettings:
@@ -163,7 +188,7 @@ def _settings(
         num_blocks=manager.num_blocks,
         policy_kind=kind[0],
         policy_flags=kind[1],
-        policy=manager.policy,
+        policy=policy,
         candidates=candidates,
         policy_name=manager.policy_name,
         ghosts=ghosts,
@@ -195,7 +220,7 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     cache = st.cache
     if loop is None or ghosts_core is None or core is None or not _plain(sim):
         return False
-    if not isinstance(cache, RadixModel) or cache.belady is not None:
+    if not isinstance(cache, RadixModel):
         return False
     manager = cache.manager
     kind = policy_kind(type(manager.policy))
@@ -207,9 +232,11 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:
         return False
     fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
-    settings = _settings(sim, cache, kind, candidates, fresh, core.KeySet())
+    columns = flat_columns(st.requests)
+    policy = _kind_policy(cache, st.requests, columns)
+    settings = _settings(sim, cache, kind, candidates, policy, fresh, core.KeySet())
     codes, tenants = _tenants(st.requests)
-    run = loop.RadixLoop(flat_columns(st.requests), settings, codes, tenants)
+    run = loop.RadixLoop(columns, settings, codes, tenants)
     if not run.run(float(st.clock)):
         return False
     _fill_state(st, run)
@@ -224,9 +251,8 @@ def _fill_state(st: RunState, run: Any) -> None:
     st.block_lookups, st.block_hits = run.block_lookups, run.block_hits
     st.tokens_looked_up, st.tokens_hit = run.tokens_looked_up, run.tokens_hit
     st.ttfts, st.tpots = ttfts.tolist(), tpots.tolist()
-    st.group_hits = {
-        g: [h, n] for g, h, n in zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)
-    }
+    groups = zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)
+    st.group_hits = {g: [h, n] for g, h, n in groups}
     st.next_arrival = st.queued = len(st.requests)
 
 
