@@ -257,25 +257,27 @@ def _fill_state(st: RunState, run: Any) -> None:
 
 
 def _figures(run: Any, settings: RadixSettings) -> RadixFigures:
-    """The cache's figures, as the manager's `stats()` would give them."""
+    """The cache's figures (the loop's `cache` and its `acct`), as the manager's `stats()`
+    would give them."""
+    cache, acct = run.cache, run.cache.acct
     ages = AgeHistograms()
-    counts, sums, seen = run.hist_counts, run.hist_sums, run.hist_seen
+    counts, sums, seen = acct.hist_counts, acct.hist_sums, acct.hist_seen
     for k, kind in enumerate(_KINDS):
         n_buckets = len(settings.bounds[k]) + 1
-        for t, tenant in enumerate(run.tenant_names):  # "-": None, as the histograms name it
+        for t, tenant in enumerate(acct.tenant_names):  # "-": None, as the histograms name it
             if seen[k, t]:
                 total = float(sums[k, t])
                 ages.add_counts(kind, settings.policy_name, tenant, counts[k, t, :n_buckets].tolist(), total)
-    held = min(run.latency_count, settings.latency_window)  # the recorder's window
-    evictions = run.total_evictions
+    held = min(cache.latency_count, settings.latency_window)  # the recorder's window
+    evictions, calls = cache.total_evictions, cache.eviction_calls
     return RadixFigures(
-        re_prefill_rate=run.re_prefilled / evictions if evictions else 0.0,
-        memory_utilization=run.utilization_sum / run.eviction_calls if run.eviction_calls else 0.0,
+        re_prefill_rate=cache.re_prefilled / evictions if evictions else 0.0,
+        memory_utilization=cache.utilization_sum / calls if calls else 0.0,
         evictions=evictions,
-        decision_times=run.latency_ring[:held],
-        preemptions=run.preemptions,
-        missed=run.missed,
-        ghost_hits=run.ghost_hits,
-        regrets=run.regrets,
+        decision_times=cache.latency_ring[:held],
+        preemptions=cache.preemptions,
+        missed=acct.missed,
+        ghost_hits=acct.ghost_hits,
+        regrets=acct.regrets,
         histograms=ages.snapshot(),
     )

@@ -1,0 +1,307 @@
+# The cache of the simulator's compiled radix loop: `CacheCore`, the `CacheManager` of one row
+# (engine_adapter/cache/cache_manager.py with its admission, running sequences and eviction
+# step). Part of engine_adapter/sim/_radix_run.pyx, included after the tree, the policy kinds and
+# the accounting.
+#
+# Its sequences are the run's requests by index: a running one holds its cached path (matched,
+# then committed) and a table length; `allocate`, `reserve`, `release` and `select_victims` are
+# `CacheManager.allocate` + `commit_blocks`, `reserve_tokens`, `free_sequence` / `preempt` and
+# `select_preemption_victims(1, exclude)`, with `EvictionStep.evict`'s counters (calls, blocks,
+# the policy's decision time, memory utilization), the re-prefill tracker's evicted keys (the
+# core's `KeySet`) and the accounting (`Accounting`).
+
+cdef enum:
+    # the policy's candidate_key over running sequences (its `candidate_order`; radix_run.py)
+    C_LRU = 0
+    C_FIFO = 1
+    C_MRU = 2
+    C_FILO = 3
+    C_GDSF = 4
+
+cdef int BAIL = -3  # where the Python code raises: the Python loop runs the row instead
+
+
+cdef inline int64_t _ceil_div(int64_t a, int64_t b) noexcept:
+    # -(-a // b) for a >= 0
+    return (a + b - 1) // b
+
+
+cdef class CacheCore:
+    """One row's radix cache, its sequences' blocks, its counters and its accounting."""
+
+    cdef Tree tree
+    cdef readonly Accounting acct
+    cdef object evicted_keys
+    cdef int64_t block_size, num_free
+    cdef readonly int64_t num_blocks
+    cdef int candidates  # the policy's candidate key (C_LRU ...)
+    cdef double seconds_per_tick
+    cdef Py_ssize_t n
+    cdef int32_t** path  # per sequence: its cached path while it runs
+    cdef int64_t* path_len
+    cdef int64_t* table_len  # blocks it holds
+    cdef double* admitted_at  # its SequenceState's last_access (the preemption order)
+    cdef int64_t* seq_tokens  # its SequenceState's num_tokens (gdsf's candidate key)
+    cdef int64_t* run_prev  # the running sequences in admission order, a linked list
+    cdef int64_t* run_next
+    cdef int64_t run_head, run_tail
+    cdef int64_t* victims  # one eviction call's keys
+    cdef int32_t* victim_tenant
+    cdef readonly object latency_ring  # numpy: the decision times' window (LatencyRecorder's ring)
+    cdef double[::1] ring
+    cdef readonly int64_t preemptions, total_evictions, eviction_calls, re_prefilled
+    cdef readonly int64_t latency_count, latency_next
+    cdef readonly double utilization_sum
+
+    def __cinit__(self):
+        self.path = NULL
+        self.path_len = self.table_len = self.seq_tokens = self.run_prev = self.run_next = self.victims = NULL
+        self.admitted_at = NULL
+        self.victim_tenant = NULL
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.path != NULL:
+            for i in range(self.n):
+                free(self.path[i])
+            free(self.path)
+        if self.tree.key != NULL:
+            _tree_free(&self.tree)
+        free(self.path_len)
+        free(self.table_len)
+        free(self.seq_tokens)
+        free(self.run_prev)
+        free(self.run_next)
+        free(self.victims)
+        free(self.admitted_at)
+        free(self.victim_tenant)
+
+    def __init__(self, settings, Accounting acct, Py_ssize_t n):
+        """`settings`: `radix_run.RadixSettings`; `n` sequences (the run's requests)."""
+        cdef Py_ssize_t i
+        self.acct, self.evicted_keys, self.n = acct, settings.evicted_keys, n
+        self.block_size, self.num_blocks = settings.block_size, settings.num_blocks
+        self.num_free, self.candidates = self.num_blocks, settings.candidates
+        self.seconds_per_tick = tick_seconds()
+        self.latency_ring = numpy.empty(settings.latency_window, dtype=numpy.float64)
+        self.ring = self.latency_ring
+        _tree_init(&self.tree, self.num_blocks, self.block_size, settings.policy_kind, settings.policy_flags,
+                   settings.policy)
+        self.path = <int32_t**>_alloc((n + 1) * sizeof(int32_t*))
+        for i in range(n):
+            self.path[i] = NULL
+        self.path_len = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+        self.table_len = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+        self.seq_tokens = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+        self.admitted_at = <double*>_alloc((n + 1) * sizeof(double))
+        self.run_prev = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+        self.run_next = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+        self.run_head = self.run_tail = -1
+        self.victims = <int64_t*>_alloc((self.num_blocks + 1) * sizeof(int64_t))
+        self.victim_tenant = <int32_t*>_alloc((self.num_blocks + 1) * sizeof(int32_t))
+        for i in range(n):
+            self.path_len[i] = self.table_len[i] = 0
+
+    # ---- CacheManager.allocate and commit_blocks ------------------------------------------------
+
+    cdef int64_t allocate(self, int64_t i, const int64_t* keys, int64_t n_keys, int64_t tokens,
+                          int64_t prompt_tokens, int64_t end, int32_t tenant, double now) except -2:
+        # RadixModel.allocate: the prompt's blocks served from cache; -1: the cache cannot give
+        # it its blocks now (the head of the queue waits); BAIL: the Python code raises
+        cdef int64_t bs = self.block_size, n_blocks = _ceil_div(tokens, bs), n_full = min(n_keys, tokens // bs)
+        cdef int64_t n_path, n_new, deficit, reclaimable, j
+        cdef int32_t* path
+        _pol_serve(&self.tree, keys, n_keys, end)  # Belady's cursor (`RadixModel.allocate`)
+        if n_blocks > self.num_blocks:
+            return BAIL  # RequestTooLargeError
+        path = <int32_t*>_alloc((n_keys + 1) * sizeof(int32_t))
+        n_path = _match(&self.tree, keys, n_full, path)
+        n_new = n_blocks - n_path
+        deficit = n_new - self.num_free  # EvictionStep.deficit
+        if deficit > 0:
+            reclaimable = self.tree.num_reclaimable - _reclaimable_in(&self.tree, path, n_path)
+            if deficit > reclaimable:
+                free(path)
+                return -1  # NoEvictableBlocksError
+        _lock(&self.tree, path, n_path)
+        _touch(&self.tree, path, n_path)
+        if deficit > 0:
+            self._evict(deficit, n_new, now)
+        self.num_free -= n_new
+        self.path[i], self.path_len[i], self.table_len[i] = path, n_path, n_blocks
+        self.admitted_at[i], self.seq_tokens[i] = now, tokens
+        self._run_append(i)
+        for j in range(n_path, n_full):  # CacheMetrics.record_lookup: the missed keys come back?
+            self.re_prefilled += keyset_discard_int(self.evicted_keys, keys[j])
+        self.acct.lookup(keys, n_full, path, n_path, self.tree.created, tenant, now)
+        self._commit(i, keys, min(n_keys, prompt_tokens // bs, n_blocks), tenant, now)
+        return n_path
+
+    cdef int _commit(self, int64_t i, const int64_t* keys, int64_t n_keys, int32_t tenant, double now) except -1:
+        # RadixCache.commit: the sequence's blocks past its path cached, locked, each under the
+        # last, up to the first key cached already
+        cdef int32_t* path = self.path[i]
+        cdef int64_t n = self.path_len[i], j
+        cdef int32_t parent = path[n - 1] if n else -1
+        for j in range(n, n_keys):
+            if _map_get(&self.tree.index, keys[j]) != _ABSENT:
+                break
+            parent = _insert(&self.tree, parent, keys[j], <int32_t>j, now, tenant, True, True)
+            path[n] = parent
+            n += 1
+        self.path_len[i] = n
+        return 0
+
+    # ---- reserve_tokens, free_sequence and preempt ----------------------------------------------
+
+    cdef int reserve(self, int64_t i, int64_t tokens, double now) except -2:
+        # RunningSequences.reserve_tokens: 1 when its blocks cover `tokens`, 0 when not even
+        # eviction gives the blocks (nothing changed), BAIL when the Python code raises
+        cdef int64_t needed = _ceil_div(tokens, self.block_size) - self.table_len[i], deficit
+        if needed > 0:
+            if self.table_len[i] + needed > self.num_blocks:
+                return BAIL  # RequestTooLargeError
+            deficit = needed - self.num_free  # EvictionStep.room_for
+            if deficit > 0:
+                if deficit > self.tree.num_reclaimable:
+                    return 0
+                self._evict(deficit, needed, now)
+            self.num_free -= needed
+            self.table_len[i] += needed
+        self.seq_tokens[i] = max(self.seq_tokens[i], tokens)
+        return 1
+
+    cdef int release(self, int64_t i, const int64_t* keys, int64_t n_keys, int64_t prompt_tokens, int32_t tenant,
+                     double now, bint preempted) except -1:
+        # RunningSequences.release (free_sequence, preempt): its computed blocks past its path
+        # cached as an unlocked chain (a duplicate of a cached block freed), its path unlocked,
+        # the rest of its table freed
+        cdef int64_t n_cache = min(n_keys, prompt_tokens // self.block_size, self.table_len[i])
+        cdef int32_t* path = self.path[i]
+        cdef int64_t n = self.path_len[i], stop = max(n_cache, n), to_free = 0, j, existing
+        cdef int32_t parent = path[n - 1] if n else -1, last_new = -1
+        for j in range(n, n_cache):
+            existing = _map_get(&self.tree.index, keys[j])
+            if existing == _ABSENT:
+                parent = last_new = _insert(&self.tree, parent, keys[j], <int32_t>j, now, tenant, False, False)
+            elif self.tree.parent[existing] == parent:
+                to_free += 1  # a duplicate of a cached block: the cached one stays
+                parent = <int32_t>existing
+            else:
+                stop = j
+                break
+        if last_new >= 0:
+            _refresh(&self.tree, last_new)
+        to_free += max(self.table_len[i] - stop, 0)
+        _unlock(&self.tree, path, n)
+        free(path)
+        self.path[i] = NULL
+        self.path_len[i] = self.table_len[i] = 0
+        self._run_remove(i)
+        self.num_free += to_free
+        self.preemptions += preempted
+        return 0
+
+    cdef void _run_append(self, int64_t i) noexcept:
+        self.run_prev[i], self.run_next[i] = self.run_tail, -1
+        if self.run_tail >= 0:
+            self.run_next[self.run_tail] = i
+        else:
+            self.run_head = i
+        self.run_tail = i
+
+    cdef void _run_remove(self, int64_t i) noexcept:
+        if self.run_prev[i] >= 0:
+            self.run_next[self.run_prev[i]] = self.run_next[i]
+        else:
+            self.run_head = self.run_next[i]
+        if self.run_next[i] >= 0:
+            self.run_prev[self.run_next[i]] = self.run_prev[i]
+        else:
+            self.run_tail = self.run_prev[i]
+
+    # ---- select_preemption_victims ---------------------------------------------------------------
+
+    cdef inline bint _candidate_before(self, int64_t i, int64_t j) noexcept:
+        # the policy's candidate_key(i) < candidate_key(j); the simulator never touches a
+        # running sequence (`touch_sequence`), so every candidate's access count is 0 and the
+        # keys of sieve, arc, slru ("seen once first"), s3fifo and lfu order as lru's
+        cdef double a, b
+        if self.candidates == C_LRU:
+            return self.admitted_at[i] < self.admitted_at[j]
+        if self.candidates == C_FIFO:
+            return i < j
+        if self.candidates == C_MRU:
+            return -self.admitted_at[i] < -self.admitted_at[j]
+        if self.candidates == C_FILO:
+            return -i < -j
+        # gdsf: (accesses + 1) * tokens / blocks, then lru
+        a = <double>self.seq_tokens[i] / <double>max(self.table_len[i], 1)
+        b = <double>self.seq_tokens[j] / <double>max(self.table_len[j], 1)
+        return a < b or (a == b and self.admitted_at[i] < self.admitted_at[j])
+
+    cdef Py_ssize_t select_victims(self, int64_t asking, const int64_t* admitted, Py_ssize_t n_admitted,
+                                   int64_t* out) except -1:
+        # CacheManager.select_preemption_victims(1, exclude=[asking, *admitted]): the running
+        # sequences in the policy's order (ties: admission order) until they free a block (all
+        # of them when together they cannot), into `out`
+        cdef Py_ssize_t m = 0, j, k, count
+        cdef int64_t i = self.run_head, freed = 0
+        cdef bint skip
+        while i >= 0:
+            skip = i == asking
+            for j in range(n_admitted):
+                skip = skip or admitted[j] == i
+            if not skip:  # a stable insertion sort by key
+                k = m
+                while k > 0 and self._candidate_before(i, out[k - 1]):
+                    out[k] = out[k - 1]
+                    k -= 1
+                out[k] = i
+                m += 1
+            i = self.run_next[i]
+        for count in range(m):
+            freed += self.table_len[out[count]]
+            if freed >= 1:
+                return count + 1
+        return m
+
+    # ---- EvictionStep.evict with its counters, the re-prefill tracker and the accounting -------
+
+    cdef int64_t _evict(self, int64_t n, int64_t pending, double now) except -1:
+        cdef int64_t count = 0, j, used, first_id
+        cdef int32_t node
+        cdef unsigned long long took = 0, t0
+        while count < n:
+            t0 = sage_ticks()
+            node = _evict_one(&self.tree)
+            took += sage_ticks() - t0
+            if node < 0:
+                break
+            self.victims[count] = self.tree.key[node]
+            self.victim_tenant[count] = self.tree.tenant[node]
+            self.acct.victim(self.tree.tenant[node], now - self.tree.created[node])
+            count += 1
+        if count == 0:
+            return 0
+        self.num_free += count
+        first_id = self.total_evictions + 1  # the victims' eviction ids
+        self.eviction_calls += 1
+        self.total_evictions += count
+        self._record_latency(<double>took * self.seconds_per_tick)
+        used = self.num_blocks - self.num_free
+        self.utilization_sum += <double>min(used + pending, self.num_blocks) / <double>self.num_blocks
+        for j in range(count):  # ReprefillTracker.on_evicts
+            keyset_add_int(self.evicted_keys, self.victims[j])
+        self.acct.evicted(self.victims, self.victim_tenant, count, first_id, now, self.tree.num_reclaimable)
+        return count
+
+    cdef void _record_latency(self, double seconds) noexcept:
+        # LatencyRecorder.record (its count; the total is not in the row)
+        cdef Py_ssize_t window = self.ring.shape[0]
+        self.latency_count += 1
+        if self.latency_count <= window:
+            self.ring[self.latency_count - 1] = seconds
+        else:
+            self.ring[self.latency_next] = seconds
+            self.latency_next = (self.latency_next + 1) % window
