@@ -29,20 +29,27 @@ def probe(policy: EvictionPolicy, capacity: int) -> Any:
 
 
 @st.composite
-def sequences(draw: Callable[..., Any]) -> tuple[list[Op], int]:
+def sequences(
+    draw: Callable[..., Any],
+    max_capacity: int = 24,
+    max_length: int = 240,
+    ops: tuple[str, ...] = OPS,
+    min_length: int = 0,
+) -> tuple[list[Op], int]:
     """A pool and an operation sequence long enough to fill it several times over, on about
     twice as many keys as the pool holds: keys come back after their eviction (a node reused,
     its old state not its own), the pool stays full. Drawn as bytes, two an operation (what,
     which key, an insert's evictable flag: 3 leaves in 4), which hypothesis draws and shrinks
-    far faster than a list of tuples."""
-    capacity = draw(st.integers(1, 24))
-    length = 2 * draw(st.integers(0, 240))
+    far faster than a list of tuples. `ops`: the operations drawn from, equally likely; the
+    sequence's length from `min_length` to `max_length`."""
+    capacity = draw(st.integers(1, max_capacity))
+    length = 2 * draw(st.integers(min_length, max_length))
     data = draw(st.binary(min_size=length, max_size=length))
-    ops = [
-        (OPS[what % 8], key % (2 * capacity + 2), what // 8 % 4 != 0)
+    drawn = [
+        (ops[what % len(ops)], key % (2 * capacity + 2), what // 8 % 4 != 0)
         for what, key in zip(data[::2], data[1::2], strict=False)
     ]
-    return ops, capacity
+    return drawn, capacity
 
 
 def _evict(reference: EvictionPolicy, compiled: Any, victims: tuple[list[Any], list[Any]]) -> None:

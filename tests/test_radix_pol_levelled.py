@@ -50,6 +50,24 @@ def test_the_probe_evicts_as_the_python_policy_long(drawn: tuple[list[Op], int])
     _probe_agrees(*drawn)
 
 
+HOT = ("access", "access", "lock", "unlock", "lock", "unlock")
+"""Hits and evictable flips, no eviction: stale entries pile up in the heap until it is rebuilt."""
+
+
+@settings(max_examples=30, deadline=None)
+@given(drawn=sequences(max_capacity=30, max_length=1000, ops=HOT, min_length=300))
+def test_the_probe_through_heap_rebuilds(drawn: tuple[list[Op], int]) -> None:
+    """Every block of a small pool cached, then hundreds of hits and flips without an eviction:
+    the heap outgrows twice the evictable blocks (and 64) and is rebuilt from its live entries,
+    perhaps several times, then drained in (level, tick) order. Many flips and few hits on up to
+    30 blocks: some entries from before a rebuild are still live at the drain."""
+    ops, capacity = drawn
+    filled = [("insert", key, True) for key in range(capacity)]
+    held = [(op, key % capacity, flag) for op, key, flag in ops]  # every operation on a cached block
+    expected, got, _ = apply_ops(LFUPolicy(), filled + held, capacity)
+    assert got == expected
+
+
 def test_levels_then_ticks() -> None:
     """A golden order. Keys 0..5 inserted (ticks 1..6); 1 hit twice (ticks 7, 8: level 2); 0
     locked, hit while locked (tick 9), 4 hit (tick 10: level 1); 2 locked; 0 unlocked (its level

@@ -7,9 +7,11 @@
 #
 # Ticks are unique, so (level, tick) orders the evictable nodes totally, and one heap of
 # (level, tick, node) with lazy deletion gives the order that the Python policy keeps in a queue
-# per level and a heap of levels: an entry is live while its node is evictable and still queued
-# at that level and tick (a hit pushes it again at its new level and tick; a node that stops
-# being evictable leaves its entry behind). As in the tick kind (_radix_pol_tick.pxi) the heap
+# per level and a heap of levels: an entry is live while its node is evictable and still has
+# that tick (a hit pushes it again at its new level and tick; a node that stops being evictable
+# leaves its entry behind). The tick alone tells: a node's level (its hits) changes only with a
+# hit, which gives it a new tick; a level that could change without one (a request's priority
+# raised) would have to be checked too. As in the tick kind (_radix_pol_tick.pxi) the heap
 # is rebuilt from its live entries when the stale ones outnumber them.
 
 cdef enum:
@@ -18,7 +20,6 @@ cdef enum:
 
 cdef struct LevelState:
     int64_t* tick  # by node: the clock of its latest insert or hit
-    int64_t* level  # by node: the level it is queued at while evictable
     int64_t* h_level  # a binary min-heap of (level, tick, node), with stale entries
     int64_t* h_tick
     int32_t* h_node
@@ -37,11 +38,10 @@ cdef int _lvl_init(Tree* t) except -1:
     s.h_cap = 64
     s.h_size = 0
     s.tick = <int64_t*>malloc(t.capacity * sizeof(int64_t) + 8)
-    s.level = <int64_t*>malloc(t.capacity * sizeof(int64_t) + 8)
     s.h_level = <int64_t*>malloc(s.h_cap * sizeof(int64_t))
     s.h_tick = <int64_t*>malloc(s.h_cap * sizeof(int64_t))
     s.h_node = <int32_t*>malloc(s.h_cap * sizeof(int32_t))
-    if s.tick == NULL or s.level == NULL or s.h_level == NULL or s.h_tick == NULL or s.h_node == NULL:
+    if s.tick == NULL or s.h_level == NULL or s.h_tick == NULL or s.h_node == NULL:
         raise MemoryError()
     return 0
 
@@ -49,7 +49,6 @@ cdef int _lvl_init(Tree* t) except -1:
 cdef void _lvl_free(Tree* t) noexcept:
     cdef LevelState* s = _levels(t)
     free(s.tick)
-    free(s.level)
     free(s.h_level)
     free(s.h_tick)
     free(s.h_node)
@@ -72,10 +71,9 @@ cdef inline void _lvl_move(LevelState* s, Py_ssize_t to, Py_ssize_t frm) noexcep
 
 
 cdef inline bint _lvl_live(Tree* t, Py_ssize_t i) noexcept:
-    # the entry still stands for its node: evictable, queued at this level and tick
+    # the entry still stands for its node: evictable, with the tick it was pushed with
     cdef LevelState* s = _levels(t)
-    cdef int32_t node = s.h_node[i]
-    return t.evictable[node] == 1 and s.h_tick[i] == s.tick[node] and s.h_level[i] == s.level[node]
+    return t.evictable[s.h_node[i]] == 1 and s.h_tick[i] == s.tick[s.h_node[i]]
 
 
 cdef void _lvl_sift_up(LevelState* s, Py_ssize_t i) noexcept:
@@ -138,8 +136,7 @@ cdef int _lvl_push(Tree* t, int32_t node) except -1:
             s.h_tick = <int64_t*>_grown(s.h_tick, 2 * s.h_cap * sizeof(int64_t))
             s.h_node = <int32_t*>_grown(s.h_node, 2 * s.h_cap * sizeof(int32_t))
             s.h_cap *= 2
-    s.level[node] = _lvl_of(t, node)
-    s.h_level[s.h_size], s.h_tick[s.h_size], s.h_node[s.h_size] = s.level[node], s.tick[node], node
+    s.h_level[s.h_size], s.h_tick[s.h_size], s.h_node[s.h_size] = _lvl_of(t, node), s.tick[node], node
     s.h_size += 1
     _lvl_sift_up(s, s.h_size - 1)
     return 0
