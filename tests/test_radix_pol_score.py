@@ -162,6 +162,26 @@ def test_belady_victim_for_victim_long(requests: list[SimRequest], data: st.Data
     _belady_agrees(requests, data, wide)
 
 
+def test_belady_outside_the_served_request_after_the_cursor_went_back() -> None:
+    """A key from outside the served request, scored at a late cursor (never again), then at an
+    early one (a preempted request served again): its first lookup after the early cursor, not
+    one after the late. Key 1 is looked up at 1, 3 and 5, key 2 at 2 and 4."""
+    requests = [SimRequest(i, float(i), (key,), 16, 1) for i, key in enumerate([5, 1, 2, 1, 2, 1, 7])]
+    with native.pure_python():
+        reference = RadixBelady(requests)
+    after = np.frombuffer(next_use_positions(requests), dtype=np.int64)
+    keys = np.asarray(lookup_keys(requests), dtype=np.int64)
+    probe = _probe(radix_run.RadixFuture(keys, after), radix_run._POLICY_KINDS[RadixBelady], 16)
+    loop = radix_run.radix_loop()
+    _serve(reference, probe, requests, 6, loop)  # the cursor at the end: key 1 is never looked up again
+    _apply(reference, probe, ("insert", 1, True, 0), 16)
+    _apply(reference, probe, ("evict",), 16)
+    _serve(reference, probe, requests, 0, loop)  # back to 1: key 1 next at 1, key 2 at 2
+    _apply(reference, probe, ("insert", 1, True, 0), 16)
+    _apply(reference, probe, ("insert", 2, True, 0), 16)
+    assert reference.evict(1) == [2] and probe.evict() == 2
+
+
 def test_a_long_sequence_rebuilds_the_heap() -> None:
     """Hits on a few evictable keys push far more items than there are live ones: the heap is
     rebuilt from its live items several times, and the order is still the policy's."""
@@ -175,6 +195,21 @@ def test_a_long_sequence_rebuilds_the_heap() -> None:
         _apply(reference, probe, (kind, key, bool(rng.integers(0, 4)), int(rng.integers(0, 9))), 16)
     while reference.num_evictable:
         _apply(reference, probe, ("evict",), 16)
+
+
+def test_a_rebuild_keeps_every_live_item() -> None:
+    """Hits push stale items until the heap is rebuilt from its live ones, the smallest of which
+    (key 0, never hit, cost 1) sits at the top then; every key is evicted in the policy's order."""
+    with native.pure_python():
+        reference = GDSFPolicy()
+    probe = _probe(None, radix_run._POLICY_KINDS[GDSFPolicy], 16)
+    for key in range(KEYS):
+        _apply(reference, probe, ("insert", key, True, key), 16)
+    for hit in range(300):
+        _apply(reference, probe, ("access", 1 + hit % (KEYS - 1)), 16)
+    for _ in range(KEYS):
+        _apply(reference, probe, ("evict",), 16)
+    assert len(reference) == len(probe) == 0
 
 
 def test_the_future_must_fit() -> None:
