@@ -22,6 +22,7 @@ import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from radix_probe_ops import Op, apply_ops, sequences
 from radix_rows import assert_same_rows, python_loop, run_row, without_timings
 from sim_strategies import COSTS, workloads
 
@@ -255,6 +256,22 @@ def test_the_tick_kind_evicts_as_the_python_policy(policy: str, ops: list[tuple[
             held.difference_update(victims)
         assert probe.num_evictable == python.num_evictable
         assert len(probe) == len(python)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    policy=st.sampled_from(TICK_POLICIES),
+    drawn=sequences(max_capacity=30, max_length=1000, ops=("access", "lock", "unlock"), min_length=300),
+)
+def test_the_tick_kind_through_heap_rebuilds(policy: str, drawn: tuple[list[Op], int]) -> None:
+    """A small pool filled, then hundreds of hits and flips without an eviction: the heap
+    outgrows twice the evictable blocks (and 64) and is rebuilt from its live entries, perhaps
+    several times (no row reaches that), then drained in the policy's order."""
+    ops, capacity = drawn
+    filled: list[Op] = [("insert", key, True) for key in range(capacity)]
+    held = [(op, key % capacity, flag) for op, key, flag in ops]
+    expected, got, _ = apply_ops(get_policy_class(policy)(), filled + held, capacity)
+    assert got == expected
 
 
 def test_a_probe_refuses_a_held_key_and_an_unknown_one() -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,12 @@ class RadixBelady(BeladyPolicy):
         self._serving: dict[Hashable, int] = {}  # the served request's keys -> their positions
         self._positions: dict[Hashable, list[int]] | None = None  # the fallback index
         self.cursor = 0
+
+    @property
+    def next_uses(self) -> array[int]:
+        """The next-use array it scores by (`next_use_positions` of its requests): read it, do
+        not change it (the compiled radix loop's Belady shares it)."""
+        return self._after
 
     def serve(self, keys: Sequence[Hashable], end: int) -> None:
         """The request whose lookups end at `end` (exclusive) is being allocated."""

@@ -32,7 +32,6 @@ from engine_adapter.sim.cache_models import RadixBelady, RadixFigures, RadixMode
 from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, flat_columns
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
-from engine_adapter.sim.workloads import next_use_positions
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies.arc import ARCPolicy
@@ -138,11 +137,11 @@ class RadixFuture:
     next_use: np.ndarray
 
 
-def _kind_policy(cache: RadixModel, requests: RunRequests, columns: FlatColumns) -> object:
+def _kind_policy(cache: RadixModel, columns: FlatColumns) -> object:
     """What the policy's kind reads: the policy, or Belady's future."""
     if cache.belady is None:
         return cache.manager.policy
-    next_use = np.frombuffer(next_use_positions(requests), dtype=np.int64)
+    next_use = np.frombuffer(cache.belady.next_uses, dtype=np.int64)  # the policy's own: no copy
     return RadixFuture(keys=columns.keys, next_use=next_use)
 
 
@@ -233,7 +232,7 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
         return False
     fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
     columns = flat_columns(st.requests)
-    policy = _kind_policy(cache, st.requests, columns)
+    policy = _kind_policy(cache, columns)
     settings = _settings(sim, cache, kind, candidates, policy, fresh, core.KeySet())
     codes, tenants = _tenants(st.requests)
     run = loop.RadixLoop(columns, settings, codes, tenants)
