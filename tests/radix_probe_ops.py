@@ -24,7 +24,7 @@ def probe(policy: EvictionPolicy, capacity: int) -> Any:
     """The compiled kind of `policy`'s class over a pool of `capacity` blocks."""
     loop = radix_run.radix_loop()
     assert loop is not None
-    kind, flags = radix_run._POLICY_KINDS[type(policy)]
+    kind, flags = radix_run.policy_kind(type(policy))
     return loop.PolicyProbe(policy, kind, flags, capacity)
 
 

@@ -35,7 +35,7 @@ from sage_eviction.policies.s3fifo import S3FIFOPolicy
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
 pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
 
-KIND, VARIANT = radix_run._POLICY_KINDS[S3FIFOPolicy]
+KIND, VARIANT = radix_run.policy_kind(S3FIFOPolicy)
 INT64 = st.one_of(  # the ends, which the core's table treats apart (INT64_MIN marks its free slots)
     st.sampled_from([-(2**63), 2**63 - 1, -1, 0]), st.integers(min_value=-(2**63), max_value=2**63 - 1)
 )

@@ -93,7 +93,7 @@ GDSF_OPS = given(ops=_ops(0), block_size=st.sampled_from([1, 3, 16]))
 def _gdsf_agrees(ops: list[Op], block_size: int) -> None:
     with native.pure_python():
         reference = GDSFPolicy()
-    probe = _probe(None, radix_run._POLICY_KINDS[GDSFPolicy], block_size)
+    probe = _probe(None, radix_run.policy_kind(GDSFPolicy), block_size)
     for op in ops:
         _apply(reference, probe, op, block_size)
 
@@ -140,7 +140,7 @@ def _belady_agrees(requests: list[SimRequest], data: st.DataObject, wide: bool) 
         reference = RadixBelady(requests)
     keys = np.asarray(lookup_keys(requests), dtype=np.int64 if wide else np.int32)
     after = np.frombuffer(next_use_positions(requests), dtype=np.int64)
-    probe = _probe(radix_run.RadixFuture(keys, after), radix_run._POLICY_KINDS[RadixBelady], 16)
+    probe = _probe(radix_run.RadixFuture(keys, after), radix_run.policy_kind(RadixBelady), 16)
     loop = radix_run.radix_loop()
     for op in ops:
         if op[0] == "serve":
@@ -171,7 +171,7 @@ def test_belady_outside_the_served_request_after_the_cursor_went_back() -> None:
         reference = RadixBelady(requests)
     after = np.frombuffer(next_use_positions(requests), dtype=np.int64)
     keys = np.asarray(lookup_keys(requests), dtype=np.int64)
-    probe = _probe(radix_run.RadixFuture(keys, after), radix_run._POLICY_KINDS[RadixBelady], 16)
+    probe = _probe(radix_run.RadixFuture(keys, after), radix_run.policy_kind(RadixBelady), 16)
     loop = radix_run.radix_loop()
     _serve(reference, probe, requests, 6, loop)  # the cursor at the end: key 1 is never looked up again
     _apply(reference, probe, ("insert", 1, True, 0), 16)
@@ -187,7 +187,7 @@ def test_a_long_sequence_rebuilds_the_heap() -> None:
     rebuilt from its live items several times, and the order is still the policy's."""
     with native.pure_python():
         reference = GDSFPolicy()
-    probe = _probe(None, radix_run._POLICY_KINDS[GDSFPolicy], 16)
+    probe = _probe(None, radix_run.policy_kind(GDSFPolicy), 16)
     rng = np.random.default_rng(7)
     for step in range(3000):
         key = int(rng.integers(0, KEYS))
@@ -202,7 +202,7 @@ def test_a_rebuild_keeps_every_live_item() -> None:
     (key 0, never hit, cost 1) sits at the top then; every key is evicted in the policy's order."""
     with native.pure_python():
         reference = GDSFPolicy()
-    probe = _probe(None, radix_run._POLICY_KINDS[GDSFPolicy], 16)
+    probe = _probe(None, radix_run.policy_kind(GDSFPolicy), 16)
     for key in range(KEYS):
         _apply(reference, probe, ("insert", key, True, key), 16)
     for hit in range(300):
@@ -216,9 +216,9 @@ def test_the_future_must_fit() -> None:
     """A future whose arrays disagree is refused when the kind is built."""
     keys, after = np.arange(4, dtype=np.int64), np.full(3, 3, dtype=np.int64)
     with pytest.raises(ValueError, match="one next use per lookup"):
-        _probe(radix_run.RadixFuture(keys, after), radix_run._POLICY_KINDS[RadixBelady], 16)
+        _probe(radix_run.RadixFuture(keys, after), radix_run.policy_kind(RadixBelady), 16)
     with pytest.raises(TypeError, match="int64 next uses"):
-        _probe(radix_run.RadixFuture(keys, after.astype(np.int32)), radix_run._POLICY_KINDS[RadixBelady], 16)
+        _probe(radix_run.RadixFuture(keys, after.astype(np.int32)), radix_run.policy_kind(RadixBelady), 16)
 
 
 # ---- whole rows ------------------------------------------------------------------------------
