@@ -37,7 +37,7 @@ from sage_eviction.policies.arc import ARCPolicy
 # SAGE_PURE_PYTHON the loop is not loaded and there is nothing compiled to compare.
 pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
 
-KIND, VARIANT = radix_run._POLICY_KINDS[ARCPolicy]
+KIND, VARIANT = radix_run.policy_kind(ARCPolicy)
 
 Op = tuple[str, int, bool]
 
@@ -45,7 +45,7 @@ Op = tuple[str, int, bool]
 def test_arc_runs_as_its_own_kind() -> None:
     """ARCPolicy (its exact class) maps to the arc kind; a subclass keeps the Python loop."""
     assert (KIND, VARIANT) == (radix_run._ARC, 0)
-    assert type("MyARC", (ARCPolicy,), {}) not in radix_run._POLICY_KINDS
+    assert radix_run.policy_kind(type("MyARC", (ARCPolicy,), {})) is None
 
 
 # ---- the kind alone: PolicyProbe against ARCPolicy ---------------------------------------------

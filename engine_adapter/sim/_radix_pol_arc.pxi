@@ -1,6 +1,7 @@
 # ARC in the simulator's radix loop (sage_eviction/policies/arc.py, `ARCPolicy`): T1 and T2 as
 # intrusive LRU lists over the tree's nodes, the ghost lists B1 and B2 as FIFOs of int64 keys,
-# the target p of |T1| a double. Part of engine_adapter/sim/_radix_run.pyx.
+# the target p of |T1| a double. Part of engine_adapter/sim/_radix_run.pyx, which includes the
+# core's intrusive lists (`Ends`, `_link_head`, `_unlink`: _core_flat_lists.pxi) before it.
 #
 # Each function below is the Python hook of the same name, line for line, with the base's part
 # (clock, hits, the evictable flag and count) already done by _radix_tree.pxi. What the Python
@@ -20,18 +21,12 @@
 from libc.stdlib cimport calloc
 
 
-cdef struct ArcEnds:
-    # one list's ends (-1: empty); head: the MRU end, tail: the LRU end
-    int32_t head
-    int32_t tail
-
-
 cdef struct ArcState:
     # T1, T2: by node
     int32_t* newer  # toward the MRU end (-1: none)
     int32_t* older  # toward the LRU end
     uint8_t* lst  # 1: T1, 2: T2 (ARCPolicy._list_of)
-    ArcEnds t[3]  # t[1], t[2]: the evictable nodes of T1, T2
+    Ends t[3]  # t[1], t[2]: the evictable nodes of T1, T2
     Py_ssize_t n1, n2  # |T1|, |T2|, pinned included
     double p  # the target size of T1
     Py_ssize_t c
@@ -43,36 +38,12 @@ cdef struct ArcState:
     uint8_t* g_lst  # 1: B1, 2: B2
     int32_t* g_spare  # free slots, a stack
     Py_ssize_t g_n_spare, g_cap
-    ArcEnds b[3]  # b[1], b[2]: B1, B2
+    Ends b[3]  # b[1], b[2]: B1, B2
     Py_ssize_t nb[3]  # |B1|, |B2|
 
 
 cdef inline ArcState* _arcs(Tree* t) noexcept:
     return <ArcState*>t.pol
-
-
-cdef inline void _arc_link(int32_t* newer, int32_t* older, ArcEnds* q, int32_t i) noexcept:
-    # `i` at the MRU end of `q`
-    newer[i] = -1
-    older[i] = q.head
-    if q.head == -1:
-        q.tail = i
-    else:
-        newer[q.head] = i
-    q.head = i
-
-
-cdef inline void _arc_unlink(int32_t* newer, int32_t* older, ArcEnds* q, int32_t i) noexcept:
-    cdef int32_t n = newer[i]
-    cdef int32_t o = older[i]
-    if n == -1:
-        q.head = o
-    else:
-        older[n] = o
-    if o == -1:
-        q.tail = n
-    else:
-        newer[o] = n
 
 
 cdef int _arc_grow_ghosts(ArcState* s) except -1:
@@ -92,7 +63,7 @@ cdef int _arc_grow_ghosts(ArcState* s) except -1:
 
 
 cdef int _arc_init(Tree* t, object policy) except -1:
-    cdef Py_ssize_t i, c = policy._c  # ARCPolicy's c (its capacity)
+    cdef Py_ssize_t i, c = policy.capacity  # ARCPolicy's c
     cdef ArcState* s = <ArcState*>calloc(1, sizeof(ArcState))  # counts 0, p 0.0, arrays NULL
     if s == NULL:
         raise MemoryError()
@@ -150,7 +121,7 @@ cdef int _arc_ghost_push(ArcState* s, int which, int64_t key) except -1:
     slot = s.g_spare[s.g_n_spare]
     s.g_key[slot] = key
     s.g_lst[slot] = <uint8_t>which
-    _arc_link(s.g_newer, s.g_older, &s.b[which], slot)
+    _link_head(s.g_newer, s.g_older, &s.b[which], slot)
     s.nb[which] += 1
     _map_put(&s.ghost_of, key, slot)
     return 0
@@ -160,7 +131,7 @@ cdef void _arc_ghost_del(ArcState* s, int32_t slot) noexcept:
     # `del self._b1[key]` / `del self._b2[key]`: the slot's key out of its list
     cdef int which = s.g_lst[slot]
     _map_del(&s.ghost_of, s.g_key[slot])
-    _arc_unlink(s.g_newer, s.g_older, &s.b[which], slot)
+    _unlink(s.g_newer, s.g_older, &s.b[which], slot)
     s.nb[which] -= 1
     s.g_spare[s.g_n_spare] = slot
     s.g_n_spare += 1
@@ -208,7 +179,7 @@ cdef int _arc_insert(Tree* t, int32_t node, bint evictable) except -1:
         s.lst[node] = 2
         s.n2 += 1
         if evictable:
-            _arc_link(s.newer, s.older, &s.t[2], node)
+            _link_head(s.newer, s.older, &s.t[2], node)
         return 0
     if s.n1 + s.nb[1] >= c and s.nb[1]:
         _arc_ghost_drop_oldest(s, 1)
@@ -217,7 +188,7 @@ cdef int _arc_insert(Tree* t, int32_t node, bint evictable) except -1:
     s.lst[node] = 1
     s.n1 += 1
     if evictable:
-        _arc_link(s.newer, s.older, &s.t[1], node)
+        _link_head(s.newer, s.older, &s.t[1], node)
     return 0
 
 
@@ -229,11 +200,11 @@ cdef int _arc_access(Tree* t, int32_t node) except -1:
         s.n1 -= 1
         s.n2 += 1
         if t.evictable[node]:
-            _arc_unlink(s.newer, s.older, &s.t[1], node)
-            _arc_link(s.newer, s.older, &s.t[2], node)
+            _unlink(s.newer, s.older, &s.t[1], node)
+            _link_head(s.newer, s.older, &s.t[2], node)
     elif t.evictable[node] and s.t[2].head != node:
-        _arc_unlink(s.newer, s.older, &s.t[2], node)
-        _arc_link(s.newer, s.older, &s.t[2], node)
+        _unlink(s.newer, s.older, &s.t[2], node)
+        _link_head(s.newer, s.older, &s.t[2], node)
     return 0
 
 
@@ -241,16 +212,16 @@ cdef int _arc_evictable(Tree* t, int32_t node, bint evictable) except -1:
     # _on_evictable: linked at the MRU end of its list (it was in use until now), or unlinked
     cdef ArcState* s = _arcs(t)
     if evictable:
-        _arc_link(s.newer, s.older, &s.t[s.lst[node]], node)
+        _link_head(s.newer, s.older, &s.t[s.lst[node]], node)
     else:
-        _arc_unlink(s.newer, s.older, &s.t[s.lst[node]], node)
+        _unlink(s.newer, s.older, &s.t[s.lst[node]], node)
     return 0
 
 
 cdef int32_t _arc_lru_out(ArcState* s, int which) noexcept:
     # `self._t1.popitem(last=False)` (the list is not empty)
     cdef int32_t node = s.t[which].tail
-    _arc_unlink(s.newer, s.older, &s.t[which], node)
+    _unlink(s.newer, s.older, &s.t[which], node)
     return node
 
 

@@ -1,6 +1,7 @@
 # SIEVE in the simulator's radix loop (sage_eviction/policies/sieve.py, `SIEVEPolicy`): a FIFO
 # queue of the evictable nodes, one visited bit per node, and a hand that sweeps from the tail
-# toward the head. Part of engine_adapter/sim/_radix_run.pyx.
+# toward the head. Part of engine_adapter/sim/_radix_run.pyx, which includes the core's intrusive
+# lists (`Ends`, `_link_head`, `_unlink`: _core_flat_lists.pxi) before it.
 #
 # The queue is a doubly linked list in two int32 arrays by node (`newer` toward the head, `older`
 # toward the tail; -1 ends it), so a hit costs one byte store and an eviction's sweep no
@@ -14,7 +15,7 @@ cdef struct SieveState:
     int32_t* newer  # by node: its neighbour toward the head, -1 at the head
     int32_t* older  # toward the tail, -1 at the tail
     uint8_t* visited  # the visited bit, by node (linked or not)
-    int32_t head, tail  # the newest and the oldest linked node, -1: the queue is empty
+    Ends q  # the newest (head) and the oldest (tail) linked node, -1: the queue is empty
     int32_t hand  # where the next sweep starts; -1: at the tail
 
 
@@ -31,7 +32,7 @@ cdef int _sieve_init(Tree* t) except -1:
     s.newer = <int32_t*>malloc((t.capacity + 1) * sizeof(int32_t))
     s.older = <int32_t*>malloc((t.capacity + 1) * sizeof(int32_t))
     s.visited = <uint8_t*>malloc((t.capacity + 1) * sizeof(uint8_t))
-    s.head = s.tail = s.hand = -1
+    s.q.head = s.q.tail = s.hand = -1
     if s.newer == NULL or s.older == NULL or s.visited == NULL:
         raise MemoryError()
     return 0
@@ -48,28 +49,14 @@ cdef void _sieve_free(Tree* t) noexcept:
 
 cdef inline void _sieve_link_head(SieveState* s, int32_t node) noexcept:
     # `SIEVEPolicy._link_head`
-    s.newer[node] = -1
-    s.older[node] = s.head
-    if s.head < 0:
-        s.tail = node
-    else:
-        s.newer[s.head] = node
-    s.head = node
+    _link_head(s.newer, s.older, &s.q, node)
 
 
 cdef inline void _sieve_unlink(SieveState* s, int32_t node) noexcept:
     # `SIEVEPolicy._unlink`: the hand moves off a node that leaves, to its newer neighbour
-    cdef int32_t newer = s.newer[node], older = s.older[node]
     if s.hand == node:
-        s.hand = newer
-    if newer < 0:
-        s.head = older
-    else:
-        s.older[newer] = older
-    if older < 0:
-        s.tail = newer
-    else:
-        s.newer[older] = newer
+        s.hand = s.newer[node]
+    _unlink(s.newer, s.older, &s.q, node)
 
 
 cdef int _sieve_insert(Tree* t, int32_t node, bint evictable) except -1:
@@ -103,14 +90,14 @@ cdef int32_t _sieve_pop(Tree* t) except -2:
     # rests on its newer neighbour. The sweep ends: it clears each bit it passes, so the second
     # lap at the latest finds an unvisited node.
     cdef SieveState* s = _sieve(t)
-    cdef int32_t node = s.hand if s.hand >= 0 else s.tail
+    cdef int32_t node = s.hand if s.hand >= 0 else s.q.tail
     if node < 0:
         raise RuntimeError("the sieve policy's queue has no evictable node")
     while s.visited[node]:
         s.visited[node] = 0
         node = s.newer[node]
         if node < 0:
-            node = s.tail
+            node = s.q.tail
     s.hand = s.newer[node]
     _sieve_unlink(s, node)
     return node
