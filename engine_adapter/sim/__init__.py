@@ -23,6 +23,8 @@ The run (one policy at one capacity):
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
     cache_models.py    the radix model (the real `CacheManager`) and the flat model
     flat_run.py        a flat row's whole run in one compiled call (`_flat_run.pyx`), same row
+    radix_run.py       a radix row's whole run in one compiled call (`_radix_run.pyx`: the
+                       cache, its policy's state and the accounting in C), same row
 
 The benchmark (`sage llm benchmark --mode sim`):
 
