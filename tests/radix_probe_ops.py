@@ -1,6 +1,6 @@
-"""Shared by tests/test_radix_pol_sieve.py and tests/test_radix_pol_levelled.py: one policy kind
-of the compiled radix loop (`PolicyProbe`) and its Python policy driven by the same operation
-sequence, and small synthetic conversation workloads for whole rows.
+"""Shared by the tests of the compiled radix loop's policy kinds (tests/test_radix_run.py,
+tests/test_radix_pol_*.py): one kind (`PolicyProbe`) and its Python policy driven by the same
+operation sequence, and small synthetic conversation workloads for whole rows.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 from engine_adapter.sim import radix_run
@@ -118,3 +119,26 @@ def pinned_conversations() -> Workload:
         requests=30, rate=50.0, input_tokens=96, turn_tokens=32, output_tokens=24, max_input_tokens=256,
         seed=1, block_size=8, sessions=6, turns=3.0, system_prompts=2, system_prompt_tokens=32, tenants=2,
     )  # fmt: skip
+
+
+def probe_agrees(reference: EvictionPolicy, ops: list[Op], capacity: int) -> None:
+    """The sequence on `reference` and on its probe: the same victims, drain included (the
+    hypothesis event says whether five or more came before the drain)."""
+    expected, got, swept = apply_ops(reference, ops, capacity)
+    early = sum(victim is not None for victim in expected[:swept])
+    event(f"victims before the drain: {'5 or more' if early >= 5 else 'fewer'}")
+    assert got == expected
+
+
+HOT = ("access", "access", "lock", "unlock", "lock", "unlock")
+"""Hits and evictable flips, no eviction: a heap's stale entries pile up until it is rebuilt."""
+
+
+def through_rebuilds(reference: EvictionPolicy, ops: list[Op], capacity: int) -> None:
+    """Every block of the pool cached, then `ops` (drawn from `HOT`) all on cached blocks: a
+    heap kind outgrows twice its evictable blocks (and 64) and is rebuilt from its live entries,
+    perhaps several times, then drained; the same victims."""
+    filled: list[Op] = [("insert", key, True) for key in range(capacity)]
+    held = [(op, key % capacity, flag) for op, key, flag in ops]
+    expected, got, _ = apply_ops(reference, filled + held, capacity)
+    assert got == expected

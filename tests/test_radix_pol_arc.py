@@ -27,10 +27,8 @@ from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
 from engine_adapter.sim.capacity import min_capacity
-from engine_adapter.sim.mooncake_trace import read_mooncake
-from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.synthetic import synthetic
-from engine_adapter.sim.workloads import Workload, unique_blocks
+from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.arc import ARCPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py); under
@@ -223,21 +221,3 @@ def test_small_pools_preempt_and_agree(seed: int) -> None:
     )  # fmt: skip
     row = assert_same_rows(workload, "arc", min_capacity(workload) + 4, max_running=4)
     assert row["preemptions"] > 0 and row["evictions"] > 0
-
-
-def _mooncake(requests: int | None) -> Workload:
-    return read_mooncake(shipped_trace("mooncake:conversation")[0], limit=requests)
-
-
-def test_a_mooncake_sample_at_five_percent() -> None:
-    workload = _mooncake(600)
-    capacity = max(min_capacity(workload), unique_blocks(workload) // 20)
-    row = assert_same_rows(workload, "arc", capacity, max_running=16)
-    assert row["evictions"] > 0 and 0 < row["block_hits"] < row["block_lookups"]
-
-
-@pytest.mark.slow
-def test_the_mooncake_conversation_trace_at_five_percent() -> None:
-    workload = _mooncake(None)
-    row = assert_same_rows(workload, "arc", max(1, int(unique_blocks(workload) * 0.05)))
-    assert row["evictions"] > 100_000

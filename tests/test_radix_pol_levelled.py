@@ -15,24 +15,24 @@ import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from radix_probe_ops import Op, apply_ops, conversations, pinned_conversations, probe, sequences
+from radix_probe_ops import (
+    HOT,
+    Op,
+    conversations,
+    pinned_conversations,
+    probe,
+    probe_agrees,
+    sequences,
+    through_rebuilds,
+)
 from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
-from engine_adapter.sim.mooncake_trace import read_mooncake
-from engine_adapter.sim.shipped_traces import shipped_trace
-from engine_adapter.sim.workloads import Workload, unique_blocks
+from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.lfu import LFUPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
 pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
-
-
-def _probe_agrees(ops: list[Op], capacity: int) -> None:
-    expected, got, swept = apply_ops(LFUPolicy(), ops, capacity)
-    early = sum(victim is not None for victim in expected[:swept])
-    event(f"victims before the drain: {'5 or more' if early >= 5 else 'fewer'}")
-    assert got == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -40,18 +40,14 @@ def _probe_agrees(ops: list[Op], capacity: int) -> None:
 def test_the_probe_evicts_as_the_python_policy(drawn: tuple[list[Op], int]) -> None:
     """Victim for victim: levels rising with hits, blocks hit while locked (their level read
     when they come back), ties within a level by tick."""
-    _probe_agrees(*drawn)
+    probe_agrees(LFUPolicy(), *drawn)
 
 
 @pytest.mark.slow
 @settings(max_examples=3000, deadline=None)
 @given(drawn=sequences())
 def test_the_probe_evicts_as_the_python_policy_long(drawn: tuple[list[Op], int]) -> None:
-    _probe_agrees(*drawn)
-
-
-HOT = ("access", "access", "lock", "unlock", "lock", "unlock")
-"""Hits and evictable flips, no eviction: stale entries pile up in the heap until it is rebuilt."""
+    probe_agrees(LFUPolicy(), *drawn)
 
 
 @settings(max_examples=30, deadline=None)
@@ -61,11 +57,7 @@ def test_the_probe_through_heap_rebuilds(drawn: tuple[list[Op], int]) -> None:
     the heap outgrows twice the evictable blocks (and 64) and is rebuilt from its live entries,
     perhaps several times, then drained in (level, tick) order. Many flips and few hits on up to
     30 blocks: some entries from before a rebuild are still live at the drain."""
-    ops, capacity = drawn
-    filled = [("insert", key, True) for key in range(capacity)]
-    held = [(op, key % capacity, flag) for op, key, flag in ops]  # every operation on a cached block
-    expected, got, _ = apply_ops(LFUPolicy(), filled + held, capacity)
-    assert got == expected
+    through_rebuilds(LFUPolicy(), *drawn)
 
 
 def test_levels_then_ticks() -> None:
@@ -114,17 +106,3 @@ def test_a_synthetic_row_with_preemptions() -> None:
 def test_priority_stays_in_the_python_loop() -> None:
     """No request priority per node in the compiled loop: a priority row runs in Python."""
     assert_same_rows(pinned_conversations(), "priority", 40, max_running=2, expect_compiled=False)
-
-
-def test_the_mooncake_sample_at_five_percent() -> None:
-    """The trace's first 1,000 requests, quick; the whole trace below."""
-    workload = read_mooncake(shipped_trace("mooncake:conversation")[0], limit=1_000)
-    row = assert_same_rows(workload, "lfu", max(1, unique_blocks(workload) // 20))
-    assert row["evictions"] > 0
-
-
-@pytest.mark.slow
-def test_the_mooncake_conversation_trace_at_five_percent() -> None:
-    workload = read_mooncake(shipped_trace("mooncake:conversation")[0])
-    row = assert_same_rows(workload, "lfu", max(1, unique_blocks(workload) // 20))
-    assert row["block_lookups"] == 288_500 and row["evictions"] > 0

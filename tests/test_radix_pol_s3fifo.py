@@ -26,10 +26,8 @@ from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
 from engine_adapter.sim.capacity import min_capacity
-from engine_adapter.sim.mooncake_trace import read_mooncake
-from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.synthetic import synthetic
-from engine_adapter.sim.workloads import Workload, unique_blocks
+from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.s3fifo import S3FIFOPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
@@ -238,20 +236,3 @@ def test_drawn_synthetic_rows_are_the_python_loops() -> None:
 
     check()
     assert sum(p > 0 for p in preempted) >= 3, preempted
-
-
-def _mooncake(requests: int | None = None) -> Workload:
-    return read_mooncake(shipped_trace("mooncake:conversation")[0], limit=requests)
-
-
-def test_a_mooncake_sample_row() -> None:
-    workload = _mooncake(1500)
-    row = assert_same_rows(workload, "s3fifo", max(1, unique_blocks(workload) // 20))
-    assert row["evictions"] > 0 and 0 < row["block_hits"] < row["block_lookups"]
-
-
-@pytest.mark.slow
-def test_the_mooncake_conversation_row_at_5_percent() -> None:
-    workload = _mooncake()
-    row = assert_same_rows(workload, "s3fifo", max(1, unique_blocks(workload) // 20))
-    assert (row["block_lookups"], row["block_hits"], row["evictions"]) == (288_500, 56_175, 223_471)

@@ -27,8 +27,6 @@ from radix_rows import assert_same_rows
 from engine_adapter.sim import radix_run
 from engine_adapter.sim.cache_models import RadixBelady
 from engine_adapter.sim.capacity import min_capacity
-from engine_adapter.sim.mooncake_trace import read_mooncake
-from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import SimRequest, Workload, lookup_keys, next_use_positions, unique_blocks
 from sage_eviction import EntryMeta, native
@@ -280,21 +278,3 @@ def test_synthetic_rows_with_preemptions(policy: str) -> None:
     goes back, and their released blocks take next uses from outside the served request)."""
     rows = [_synthetic_rows(seed, 40, 500.0, 20, 16, policy) for seed in (1, 2, 3)]
     assert any(row["preemptions"] > 0 for row in rows)
-
-
-def _mooncake(requests: int | None = None) -> Workload:
-    return read_mooncake(shipped_trace("mooncake:conversation")[0], limit=requests)
-
-
-@pytest.mark.parametrize("policy", ["gdsf", "belady"])
-def test_a_mooncake_sample(policy: str) -> None:
-    workload = _mooncake(600)
-    row = assert_same_rows(workload, policy, max(1, unique_blocks(workload) // 20), max_running=32)
-    assert row["evictions"] > 0 and 0 < row["block_hits"] < row["block_lookups"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("policy", ["gdsf", "belady"])
-def test_the_mooncake_conversation_trace_at_5_percent(policy: str) -> None:
-    workload = _mooncake()
-    assert_same_rows(workload, policy, max(1, unique_blocks(workload) // 20))

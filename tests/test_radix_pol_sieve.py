@@ -18,38 +18,29 @@ import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from radix_probe_ops import Op, apply_ops, conversations, pinned_conversations, probe, sequences
+from radix_probe_ops import Op, conversations, pinned_conversations, probe, probe_agrees, sequences
 from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
-from engine_adapter.sim.mooncake_trace import read_mooncake
-from engine_adapter.sim.shipped_traces import shipped_trace
-from engine_adapter.sim.workloads import Workload, unique_blocks
+from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.sieve import SIEVEPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
 pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_CORE_MISSING)
 
 
-def _probe_agrees(ops: list[Op], capacity: int) -> None:
-    expected, got, swept = apply_ops(SIEVEPolicy(), ops, capacity)
-    early = sum(victim is not None for victim in expected[:swept])
-    event(f"victims before the drain: {'5 or more' if early >= 5 else 'fewer'}")
-    assert got == expected
-
-
 @settings(max_examples=200, deadline=None)
 @given(drawn=sequences())
 def test_the_probe_evicts_as_the_python_policy(drawn: tuple[list[Op], int]) -> None:
     """Victim for victim; capacities down to one block make the hand wrap and rest on the head."""
-    _probe_agrees(*drawn)
+    probe_agrees(SIEVEPolicy(), *drawn)
 
 
 @pytest.mark.slow
 @settings(max_examples=3000, deadline=None)
 @given(drawn=sequences())
 def test_the_probe_evicts_as_the_python_policy_long(drawn: tuple[list[Op], int]) -> None:
-    _probe_agrees(*drawn)
+    probe_agrees(SIEVEPolicy(), *drawn)
 
 
 def test_the_hand_skips_visited_and_locked_blocks() -> None:
@@ -91,17 +82,3 @@ def test_a_synthetic_row_with_preemptions() -> None:
     pinned so that a run that stops preempting is noticed."""
     row = assert_same_rows(pinned_conversations(), "sieve", 40, max_running=2)
     assert row["preemptions"] > 0 and row["evictions"] > 100
-
-
-def test_the_mooncake_sample_at_five_percent() -> None:
-    """The trace's first 1,000 requests, quick; the whole trace below."""
-    workload = read_mooncake(shipped_trace("mooncake:conversation")[0], limit=1_000)
-    row = assert_same_rows(workload, "sieve", max(1, unique_blocks(workload) // 20))
-    assert row["evictions"] > 0
-
-
-@pytest.mark.slow
-def test_the_mooncake_conversation_trace_at_five_percent() -> None:
-    workload = read_mooncake(shipped_trace("mooncake:conversation")[0])
-    row = assert_same_rows(workload, "sieve", max(1, unique_blocks(workload) // 20))
-    assert row["block_lookups"] == 288_500 and row["evictions"] > 0

@@ -44,7 +44,15 @@ from sage_eviction.policies.mru import MRUPolicy
 from sage_eviction.policies.s3fifo import S3FIFOPolicy
 from sage_eviction.policies.sieve import SIEVEPolicy
 
-__all__ = ["RADIX_LOOP", "RadixSettings", "compiled_run", "policy_kind", "radix_loop"]
+__all__ = [
+    "RADIX_LOOP",
+    "RadixFuture",
+    "RadixSettings",
+    "compiled_policies",
+    "compiled_run",
+    "policy_kind",
+    "radix_loop",
+]
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
@@ -119,6 +127,11 @@ class RadixSettings:
     new_eviction: Callable[[float, int, int, str], object]
     bounds: tuple[tuple[float, ...], ...]
     latency_window: int
+
+
+def compiled_policies() -> list[str]:
+    """The registry names of the policies the loop runs (lru, fifo, ..., belady)."""
+    return [cls.name for cls in _POLICY_KINDS]
 
 
 def policy_kind(cls: type) -> tuple[int, int] | None:
