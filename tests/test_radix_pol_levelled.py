@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import COMPILED_CORE_MISSING
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings
 from radix_probe_ops import (
     HOT,
     Op,
-    conversations,
     pinned_conversations,
     probe,
     probe_agrees,
@@ -28,7 +26,6 @@ from radix_probe_ops import (
 from radix_rows import assert_same_rows
 
 from engine_adapter.sim import radix_run
-from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.lfu import LFUPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
@@ -83,24 +80,6 @@ def test_levels_then_ticks() -> None:
     expected = [2, 3, 5, 6, 0, 4, 1]
     assert [compiled.evict() for _ in range(7)] == expected == [reference.evict(1)[0] for _ in range(7)]
     assert compiled.evict() is None
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    drawn=conversations(), max_running=st.sampled_from([1, 2, 3, 8]), prefill=st.sampled_from([16, 64, 16384])
-)
-def test_synthetic_rows_compiled_and_in_python(
-    drawn: tuple[Workload, int], max_running: int, prefill: int
-) -> None:
-    workload, capacity = drawn
-    row = assert_same_rows(workload, "lfu", capacity, max_running=max_running, max_prefill_tokens=prefill)
-    event(f"preemptions: {'some' if row['preemptions'] else 'none'}")
-
-
-def test_a_synthetic_row_with_preemptions() -> None:
-    """Pinned: preemptions happen (lfu's running sequences order as lru's: none is hit)."""
-    row = assert_same_rows(pinned_conversations(), "lfu", 40, max_running=2)
-    assert row["preemptions"] > 0 and row["evictions"] > 100
 
 
 def test_priority_stays_in_the_python_loop() -> None:

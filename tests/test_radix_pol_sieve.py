@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import COMPILED_CORE_MISSING
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-from radix_probe_ops import Op, conversations, pinned_conversations, probe, probe_agrees, sequences
-from radix_rows import assert_same_rows
+from hypothesis import given, settings
+from radix_probe_ops import Op, probe, probe_agrees, sequences
 
 from engine_adapter.sim import radix_run
-from engine_adapter.sim.workloads import Workload
 from sage_eviction.policies.sieve import SIEVEPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py).
@@ -63,22 +60,3 @@ def test_the_hand_skips_visited_and_locked_blocks() -> None:
         side.insert(5)
     assert [compiled.evict() for _ in range(3)] == [2, 5, 3] == [reference.evict(1)[0] for _ in range(3)]
     assert compiled.evict() is None and reference.evict(1) == []
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    drawn=conversations(), max_running=st.sampled_from([1, 2, 3, 8]), prefill=st.sampled_from([16, 64, 16384])
-)
-def test_synthetic_rows_compiled_and_in_python(
-    drawn: tuple[Workload, int], max_running: int, prefill: int
-) -> None:
-    workload, capacity = drawn
-    row = assert_same_rows(workload, "sieve", capacity, max_running=max_running, max_prefill_tokens=prefill)
-    event(f"preemptions: {'some' if row['preemptions'] else 'none'}")
-
-
-def test_a_synthetic_row_with_preemptions() -> None:
-    """The drawn rows above reach preemptions (hypothesis's statistics show it); this one is
-    pinned so that a run that stops preempting is noticed."""
-    row = assert_same_rows(pinned_conversations(), "sieve", 40, max_running=2)
-    assert row["preemptions"] > 0 and row["evictions"] > 100

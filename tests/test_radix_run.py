@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from conftest import COMPILED_CORE_MISSING
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from radix_probe_ops import HOT, Op, sequences, through_rebuilds
+from radix_probe_ops import HOT, Op, conversations, pinned_conversations, sequences, through_rebuilds
 from radix_rows import assert_same_rows, python_loop, run_row, without_timings
 from sim_strategies import COSTS, workloads
 
@@ -135,6 +135,30 @@ def test_rows_that_preempt(policy: str) -> None:
     )  # fmt: skip
     row = assert_same_rows(workload, policy, 87)
     assert row["preemptions"] > 0 and row["evictions"] > 0 and row["regrets"] > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    drawn=conversations(),
+    policy=st.sampled_from(sorted(radix_run.compiled_policies())),
+    max_running=st.sampled_from([1, 2, 3, 8]),
+    prefill=st.sampled_from([16, 64, 16384]),
+)
+def test_conversation_rows_of_every_kind(
+    drawn: tuple[Workload, int], policy: str, max_running: int, prefill: int
+) -> None:
+    """Multi-turn conversations with shared system prompts at small pools: locked chains,
+    cascades of evictions and preemptions, for every compiled policy."""
+    workload, capacity = drawn
+    row = assert_same_rows(workload, policy, capacity, max_running=max_running, max_prefill_tokens=prefill)
+    event(f"preemptions: {'some' if row['preemptions'] else 'none'}")
+
+
+@pytest.mark.parametrize("policy", sorted(radix_run.compiled_policies()))
+def test_a_conversation_row_that_preempts(policy: str) -> None:
+    """Pinned so that a run that stops preempting is noticed (the drawn rows above reach it too)."""
+    row = assert_same_rows(pinned_conversations(), policy, 40, max_running=2)
+    assert row["preemptions"] > 0 and row["evictions"] > 100
 
 
 def test_a_table_and_a_list_give_one_row() -> None:
