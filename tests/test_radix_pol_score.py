@@ -123,7 +123,7 @@ def _serve(reference: RadixBelady, probe: Any, requests: list[SimRequest], i: in
     end = sum(len(r.block_hashes) for r in requests[: i + 1])
     keys = requests[i].block_hashes
     reference.serve(keys, end)
-    loop.probe_serve(probe, np.asarray(keys, dtype=np.int64), end)
+    probe.serve(np.asarray(keys, dtype=np.int64), end)
 
 
 BELADY_OPS = given(requests=futures(), data=st.data(), wide=st.booleans())

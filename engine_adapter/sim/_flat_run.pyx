@@ -24,7 +24,7 @@ from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 
-from engine_adapter.sim._sim_cost cimport Cost, _decode_time, _step_time, _steps_until
+from engine_adapter.sim._sim_loop cimport Cost, Tally, _decode_time, _step_time, _steps_until, count_lookup
 from sage_eviction._core cimport flat_state_close, flat_state_lookup, flat_state_open
 
 
@@ -51,8 +51,9 @@ cdef class _FlatLoop:
     # arrived, not admitted), the counters
     cdef double clock
     cdef int64_t step, decoding, context_sum, running
-    cdef Py_ssize_t n, next_arrival, head, finished, n_ttfts, n_tpots, n_groups_seen
-    cdef int64_t block_lookups, block_hits, tokens_looked_up, tokens_hit, total_tokens
+    cdef Py_ssize_t n, next_arrival, head, finished, n_ttfts, n_tpots
+    cdef Tally tally  # the first admissions' counts
+    cdef int64_t total_tokens
     cdef int64_t prefill_tokens, prefill_batch, cached_tokens  # the step's admissions
 
     def __cinit__(self):
@@ -137,21 +138,6 @@ cdef class _FlatLoop:
         served[0] = max(served[0], 0)
         return 0
 
-    cdef void _count_lookup(self, Py_ssize_t i, int64_t hits, int64_t served) noexcept:
-        # Simulator._count_lookup: a first admission (the only kind here); a group joins the
-        # group order at its first admission, as the reference's dict inserts it
-        cdef int64_t group = self.groups[i]
-        self.block_lookups += self.ends[i] - self._start(i)
-        self.block_hits += hits
-        self.tokens_looked_up += self.input_len[i]
-        self.tokens_hit += served
-        if not self.group_seen[group]:
-            self.group_seen[group] = 1
-            self.group_order[self.n_groups_seen] = group
-            self.n_groups_seen += 1
-        self.group_served[group] += served
-        self.group_looked[group] += self.input_len[i]
-
     cdef int _admit(self) except -1:
         # Simulator._admit: first come first served within the running and prefill limits
         cdef int64_t hits, served
@@ -162,7 +148,7 @@ cdef class _FlatLoop:
             i = self.head
             self._lookup(i, &hits, &served)
             self.head += 1
-            self._count_lookup(i, hits, served)
+            count_lookup(&self.tally, self.groups[i], self.ends[i] - self._start(i), hits, self.input_len[i], served)
             self.prefill_tokens += self.input_len[i] - served
             self.cached_tokens += served
             self.prefill_batch += 1
@@ -276,7 +262,9 @@ def run_flat(state, keys, const int64_t[::1] ends, const double[::1] arrivals,
         ttfts, tpots, group_served, group_looked, group_order)
     loop.first_token = _doubles(n)
     loop.context_base = _ints(n)
-    loop.group_seen = bytearray(group_served.shape[0])
+    loop.group_seen = bytearray(group_served.shape[0] + 1)
+    loop.tally.group_served, loop.tally.group_looked = &group_served[0], &group_looked[0]
+    loop.tally.group_order, loop.tally.group_seen = &group_order[0], &loop.group_seen[0]
     (loop.cost.prefill_base, loop.cost.prefill_per_token, loop.cost.prefill_attn, loop.cost.decode_base,
      loop.cost.decode_per_seq, loop.cost.decode_per_ctx) = cost
     loop.block_size, loop.max_running, loop.max_prefill = block_size, max_running, max_prefill_tokens
@@ -290,8 +278,9 @@ def run_flat(state, keys, const int64_t[::1] ends, const double[::1] arrivals,
         loop.run()
     finally:
         flat_state_close(state)
-    return (loop.clock, loop.step, loop.n_ttfts, loop.n_tpots, loop.n_groups_seen, loop.block_lookups,
-            loop.block_hits, loop.tokens_looked_up, loop.tokens_hit, loop.total_tokens, loop.finished)
+    cdef Tally* t = &loop.tally
+    return (loop.clock, loop.step, loop.n_ttfts, loop.n_tpots, t.n_groups_seen, t.block_lookups, t.block_hits,
+            t.tokens_looked_up, t.tokens_hit, loop.total_tokens, loop.finished)
 
 
 cdef double[::1] _doubles(Py_ssize_t n):

@@ -46,3 +46,9 @@ cdef class PolicyProbe:
 
     def __len__(self):
         return self.tree.index.size
+
+    def serve(self, const int64_t[::1] keys, int64_t end):
+        """`RadixBelady.serve(keys, end)` on a probe of the belady kind (the others ignore it):
+        the request whose lookups are `keys`, ending at `end` in the lookup sequence, is being
+        allocated."""
+        _pol_serve(&self.tree, &keys[0] if keys.shape[0] else NULL, keys.shape[0], end)

@@ -10,7 +10,7 @@ is the reference, ported step for step for what a plain radix row does:
   first admission always fits) while the cache can give the head its blocks, the decode steps'
   block needs (`decode_steps.grow_decoding`) with preemption by recompute (the policy's
   `select_victims` order; the preempted sequence back at the head of the queue), step times
-  from the `CostModel` (_sim_cost.pxd), finishes, TTFTs and TPOTs;
+  from the `CostModel` (_sim_loop.pxd), finishes, TTFTs and TPOTs;
 - the cache (`CacheCore`, _radix_cache.pxi: `CacheManager.allocate`, `commit_blocks`,
   `reserve_tokens`, `free_sequence`, `preempt`, `select_preemption_victims`): the radix tree and
   its policy's order in C (_radix_tree.pxi, a kind of policy per _radix_pol_*.pxi), eviction of
@@ -36,7 +36,7 @@ from engine_adapter.cache._ghosts cimport (
     ghosts_stamp,
     ghosts_tenant_id,
 )
-from engine_adapter.sim._sim_cost cimport Cost, _decode_time, _step_time, _steps_until
+from engine_adapter.sim._sim_loop cimport Cost, Tally, _decode_time, _step_time, _steps_until, count_lookup
 from sage_eviction._core cimport keyset_add_int, keyset_discard_int, sage_ticks, tick_seconds
 
 import numpy
@@ -115,8 +115,9 @@ cdef class RadixLoop:
     # ---- the run
     cdef readonly double clock
     cdef readonly int64_t step, decoding, context_sum, n_running
-    cdef readonly Py_ssize_t n, next_arrival, head, finished, n_ttfts, n_tpots, n_groups_seen
-    cdef readonly int64_t block_lookups, block_hits, tokens_looked_up, tokens_hit, total_tokens
+    cdef readonly Py_ssize_t n, next_arrival, head, finished, n_ttfts, n_tpots
+    cdef Tally tally  # the first admissions' counts
+    cdef readonly int64_t total_tokens
     cdef int64_t prefill_tokens, prefill_batch, cached_tokens
 
     def __cinit__(self):
@@ -159,10 +160,12 @@ cdef class RadixLoop:
         self.input_len, self.output_len, self.groups = columns.input_len, columns.output_len, columns.groups
         self.ttfts = numpy.empty(n, dtype=numpy.float64)
         self.tpots = numpy.empty(n, dtype=numpy.float64)
-        self.group_served = numpy.zeros(columns.n_groups, dtype=numpy.int64)
-        self.group_looked = numpy.zeros(columns.n_groups, dtype=numpy.int64)
-        self.group_order = numpy.empty(columns.n_groups, dtype=numpy.int64)
-        self.group_seen = bytearray(columns.n_groups)
+        self.group_served = numpy.zeros(columns.n_groups + 1, dtype=numpy.int64)
+        self.group_looked = numpy.zeros(columns.n_groups + 1, dtype=numpy.int64)
+        self.group_order = numpy.empty(columns.n_groups + 1, dtype=numpy.int64)
+        self.group_seen = bytearray(columns.n_groups + 1)
+        self.tally.group_served, self.tally.group_looked = &self.group_served[0], &self.group_looked[0]
+        self.tally.group_order, self.tally.group_seen = &self.group_order[0], &self.group_seen[0]
         (self.cost.prefill_base, self.cost.prefill_per_token, self.cost.prefill_attn, self.cost.decode_base,
          self.cost.decode_per_seq, self.cost.decode_per_ctx) = settings.cost
         self.block_size, self.max_running = settings.block_size, settings.max_running
@@ -247,21 +250,6 @@ cdef class RadixLoop:
         else:
             self.head += 1
 
-    cdef void _count_lookup(self, Py_ssize_t i, int64_t hits, int64_t served) noexcept:
-        # a first admission (re-admissions are re-prefill, no lookup); a group joins the group
-        # order at its first admission, as the reference's dict inserts it
-        cdef int64_t group = self.groups[i]
-        self.block_lookups += self._n_keys(i)
-        self.block_hits += hits
-        self.tokens_looked_up += self.input_len[i]
-        self.tokens_hit += served
-        if not self.group_seen[group]:
-            self.group_seen[group] = 1
-            self.group_order[self.n_groups_seen] = group
-            self.n_groups_seen += 1
-        self.group_served[group] += served
-        self.group_looked[group] += self.input_len[i]
-
     cdef int _admit(self) except -2:
         # first come first served within the running and prefill limits, while the cache gives
         # the head of the queue its blocks
@@ -279,7 +267,7 @@ cdef class RadixLoop:
             served = min(hits * self.block_size, self.input_len[i])
             self._dequeue()
             if self.epoch[i] == 0:
-                self._count_lookup(i, hits, served)
+                count_lookup(&self.tally, self.groups[i], self._n_keys(i), hits, self.input_len[i], served)
             self.prefill_tokens += self.input_len[i] + self.decoded[i] - served
             self.cached_tokens += served
             self.prefill_batch += 1
@@ -484,12 +472,13 @@ cdef class RadixLoop:
         return self._loop() != BAIL
 
     def outputs(self):
-        """The TTFTs and TPOTs (in order), and the groups' served and looked-up tokens in the
-        order of their first admission."""
-        order = numpy.asarray(self.group_order)[: self.n_groups_seen]
+        """The TTFTs and TPOTs (in order), the groups' served and looked-up tokens in the order of
+        their first admission, and the block lookups, block hits, tokens looked up and served."""
+        cdef Tally* t = &self.tally
+        order = numpy.asarray(self.group_order)[: t.n_groups_seen]
         return (numpy.asarray(self.ttfts)[: self.n_ttfts], numpy.asarray(self.tpots)[: self.n_tpots],
-                order, numpy.asarray(self.group_served)[order], numpy.asarray(self.group_looked)[order])
+                order, numpy.asarray(self.group_served)[order], numpy.asarray(self.group_looked)[order],
+                (t.block_lookups, t.block_hits, t.tokens_looked_up, t.tokens_hit))
 
 
 include "_radix_probe.pxi"
-include "_radix_probe_score.pxi"

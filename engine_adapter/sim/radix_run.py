@@ -258,10 +258,9 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
 
 def _fill_state(st: RunState, run: Any) -> None:
     """The event loop's figures, as the Python loop leaves them in `st`."""
-    ttfts, tpots, order, served, looked = run.outputs()
+    ttfts, tpots, order, served, looked, counts = run.outputs()
     st.clock, st.step, st.finished, st.total_tokens = run.clock, run.step, run.finished, run.total_tokens
-    st.block_lookups, st.block_hits = run.block_lookups, run.block_hits
-    st.tokens_looked_up, st.tokens_hit = run.tokens_looked_up, run.tokens_hit
+    st.block_lookups, st.block_hits, st.tokens_looked_up, st.tokens_hit = counts
     st.ttfts, st.tpots = ttfts.tolist(), tpots.tolist()
     groups = zip(order.tolist(), served.tolist(), looked.tolist(), strict=True)
     st.group_hits = {g: [h, n] for g, h, n in groups}

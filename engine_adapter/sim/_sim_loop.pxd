@@ -1,6 +1,7 @@
-# The simulator's cost model in C, shared by its compiled event loops (_flat_run.pyx and
-# _radix_run.pyx): `CostModel`'s step times (engine_adapter/sim/cost_model.py) and the decode-only
-# stretches of engine_adapter/sim/decode_steps.py, with the SAME float operations in the SAME order
+# What the simulator's compiled event loops (_flat_run.pyx and _radix_run.pyx) share: a first
+# admission's counts (`Tally`, `count_lookup`: `Simulator._count_lookup`), and the cost model in C,
+# `CostModel`'s step times (engine_adapter/sim/cost_model.py) and the decode-only stretches of
+# engine_adapter/sim/decode_steps.py, with the SAME float operations in the SAME order
 # as the Python code (int operands converted to double where Python converts them). The modules
 # that cimport this are built with `-ffp-contract=off`, so that no multiply and add are fused and
 # the times are bit-identical to the Python loop's.
@@ -72,3 +73,31 @@ cdef inline int64_t _steps_until(const Cost* c, double arrival, double clock, in
         else:
             lo = mid + 1
     return lo
+
+
+cdef struct Tally:
+    # `Simulator._count_lookup`'s counters: the row's block lookups and hits, its prompt tokens
+    # looked up and served, and per group (a tenant or a session, by code) the tokens served and
+    # looked up, the groups in the order of their first admission (the reference's dict order);
+    # the arrays are the loop's (one slot a group)
+    int64_t block_lookups, block_hits, tokens_looked_up, tokens_hit
+    int64_t* group_served
+    int64_t* group_looked
+    int64_t* group_order
+    unsigned char* group_seen
+    Py_ssize_t n_groups_seen
+
+
+cdef inline void count_lookup(Tally* t, int64_t group, int64_t n_keys, int64_t hits, int64_t input_len,
+                              int64_t served) noexcept:
+    # a request's first admission (a re-admission after preemption is re-prefill, no lookup)
+    t.block_lookups += n_keys
+    t.block_hits += hits
+    t.tokens_looked_up += input_len
+    t.tokens_hit += served
+    if not t.group_seen[group]:
+        t.group_seen[group] = 1
+        t.group_order[t.n_groups_seen] = group
+        t.n_groups_seen += 1
+    t.group_served[group] += served
+    t.group_looked[group] += input_len
