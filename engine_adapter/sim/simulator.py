@@ -30,10 +30,8 @@ Cache models (docs/architecture.md, "Simulator"):
   With `protect_queued`, a request's cached prefix is protected from eviction from the moment it
   is queued (and when a preempted sequence goes back to the queue) until it is admitted
   (`CacheManager.protect_queued_prefix`; the blocks carry the radix features of `EntryMeta`,
-  the workload's session as `conversation`). A plain `run` whose policy has a kind in the
-  compiled radix loop (lru, fifo, mru, filo, sieve, lfu, s3fifo, arc, gdsf, Belady; int64 keys;
-  no tiers, protection, compression, adaptive batch or fleet) runs in one compiled call
-  (`engine_adapter.sim.radix_run`, `event_loop` "compiled"): the same row.
+  the workload's session as `conversation`). A plain `run` whose policy has a kind in C runs in
+  one compiled call (`engine_adapter.sim.radix_run`, `event_loop` "compiled"): the same row.
 - `sglang`: SGLang's own radix cache, queue order and retraction
   (`engine_adapter.sim.twins.sglang_model`): one page per block, SGLang's eviction strategies or
   a sage policy plugged in, a hit stops one token short of the prompt, a retracted request goes to
