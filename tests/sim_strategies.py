@@ -1,5 +1,5 @@
-"""Hypothesis strategies and cost models shared by the tests of the simulator's compiled loops
-(tests/test_flat_run.py, tests/test_radix_run.py)."""
+"""Hypothesis strategies and cost models shared by the simulator's tests (tests/test_flat_run.py,
+tests/test_radix_run.py, tests/test_table_readers.py, tests/test_sim_trace_memory.py)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,24 @@ def workloads(draw: Callable[..., Any]) -> tuple[list[SimRequest], int]:
             )
         )
     return requests, block_size
+
+
+@st.composite
+def synthetic_params(draw: Callable[..., Any], block_sizes: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Keyword arguments of `synthetic` / `synthetic_stream`: request counts, seeds, arrival
+    patterns, sessions, turns, tenants (None: synthetic's one tenant), prompt caps, two priority
+    classes, and a block size drawn from `block_sizes` (none: the generator's)."""
+    tenants = draw(st.none() | st.integers(0, 3))
+    params: dict[str, Any] = {
+        "requests": draw(st.integers(1, 80)),
+        "seed": draw(st.integers(0, 10_000)),
+        "arrival": draw(st.sampled_from(["poisson", "bursty", "periodic"])),
+        "sessions": draw(st.integers(1, 10)),
+        "turns": draw(st.floats(1.0, 6.0)),
+        "max_input_tokens": draw(st.integers(64, 4096)),
+        "priority_weights": [1.0, 2.0],
+        **({} if tenants is None else {"tenants": tenants}),
+    }
+    if block_sizes:
+        params["block_size"] = draw(st.sampled_from(block_sizes))
+    return params

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_strategies import synthetic_params
 
 from engine_adapter.sim import simulator as simulator_module
 from engine_adapter.sim.cache_models import RadixBelady
@@ -202,34 +203,8 @@ def test_a_generated_trace_of_two_million_lookups_runs_an_lru_row_in_bounded_mem
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    requests=st.integers(1, 80),
-    seed=st.integers(0, 10_000),
-    arrival=st.sampled_from(["poisson", "bursty", "periodic"]),
-    sessions=st.integers(1, 10),
-    turns=st.floats(1.0, 6.0),
-    tenants=st.none() | st.integers(0, 3),
-    max_input_tokens=st.integers(64, 4096),
-)
-def test_the_streamed_generator_gives_the_requests_and_rows_of_the_list(
-    requests: int,
-    seed: int,
-    arrival: str,
-    sessions: int,
-    turns: float,
-    tenants: int | None,
-    max_input_tokens: int,
-) -> None:
-    params: dict[str, Any] = {
-        "requests": requests,
-        "seed": seed,
-        "arrival": arrival,
-        "sessions": sessions,
-        "turns": turns,
-        "max_input_tokens": max_input_tokens,
-        "priority_weights": [1.0, 2.0],
-        **({} if tenants is None else {"tenants": tenants}),  # None: synthetic's one tenant
-    }
+@given(params=synthetic_params())
+def test_the_streamed_generator_gives_the_requests_and_rows_of_the_list(params: dict[str, Any]) -> None:
     materialised = synthetic(**params)
     streamed = list(synthetic_stream(**params))
     assert streamed == materialised.requests

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_strategies import synthetic_params
 
 from engine_adapter.sim.azure_trace import _azure_time, read_azure
 from engine_adapter.sim.capacity import min_capacity
@@ -365,37 +366,8 @@ def test_the_azure_reader_makes_no_request_object_per_row() -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    requests=st.integers(1, 80),
-    seed=st.integers(0, 10_000),
-    arrival=st.sampled_from(["poisson", "bursty", "periodic"]),
-    sessions=st.integers(1, 10),
-    turns=st.floats(1.0, 6.0),
-    tenants=st.none() | st.integers(0, 3),
-    max_input_tokens=st.integers(64, 4096),
-    block_size=st.sampled_from([1, 16, 64]),
-)
-def test_the_synthetic_table_is_the_list_it_replaced(
-    requests: int,
-    seed: int,
-    arrival: str,
-    sessions: int,
-    turns: float,
-    tenants: int | None,
-    max_input_tokens: int,
-    block_size: int,
-) -> None:
-    params: dict[str, Any] = {
-        "requests": requests,
-        "seed": seed,
-        "arrival": arrival,
-        "sessions": sessions,
-        "turns": turns,
-        "max_input_tokens": max_input_tokens,
-        "block_size": block_size,
-        "priority_weights": [1.0, 2.0],
-        **({} if tenants is None else {"tenants": tenants}),
-    }
+@given(params=synthetic_params(block_sizes=(1, 16, 64)))
+def test_the_synthetic_table_is_the_list_it_replaced(params: dict[str, Any]) -> None:
     table = synthetic(**params).requests
     assert isinstance(table, RequestTable) and table._keys.typecode == "i"
     assert list(table) == _synthetic_list(**params)
