@@ -30,7 +30,14 @@ from engine_adapter.sim.run_state import RunRequests, RunState
 from engine_adapter.sim.workloads import any_tenant, request_ends
 from sage_eviction import native
 
-__all__ = ["FlatColumns", "LoopSettings", "compiled_loop", "compiled_run", "flat_columns"]
+__all__ = [
+    "FlatColumns",
+    "LoopSettings",
+    "compiled_loop",
+    "compiled_run",
+    "cost_coefficients",
+    "flat_columns",
+]
 
 LOOP_MODULE = "engine_adapter.sim._flat_run"
 
@@ -57,6 +64,14 @@ class LoopSettings(Protocol):
     def progress(self) -> Callable[[int], None] | None: ...
     @property
     def progress_every(self) -> int: ...
+
+
+def cost_coefficients(cost: CostModel) -> tuple[float, float, float, float, float, float]:
+    """The cost model's coefficients in the order the compiled loops' `Cost` holds them
+    (_sim_loop.pxd): prefill base, per token, attention; decode base, per sequence, per token."""
+    c = cost
+    prefill = (c.prefill_base_s, c.prefill_per_token_s, c.prefill_attn_s)
+    return (*prefill, c.decode_base_s, c.decode_per_seq_s, c.decode_per_context_token_s)
 
 
 def compiled_loop() -> ModuleType | None:
@@ -159,9 +174,7 @@ def _call(loop: ModuleType, sim: LoopSettings, st: RunState, columns: FlatColumn
     ttfts, tpots = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64)
     served, looked = np.zeros(groups, dtype=np.int64), np.zeros(groups, dtype=np.int64)
     order = np.empty(groups, dtype=np.int64)
-    c = sim.cost
-    prefill = (c.prefill_base_s, c.prefill_per_token_s, c.prefill_attn_s)
-    cost = (*prefill, c.decode_base_s, c.decode_per_seq_s, c.decode_per_context_token_s)
+    cost = cost_coefficients(sim.cost)
     figures = loop.run_flat(
         st.flat.cache.state,
         columns.keys,

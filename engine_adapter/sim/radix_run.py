@@ -29,10 +29,10 @@ import numpy as np
 from engine_adapter.cache.ages import HISTOGRAM_KINDS, AgeHistograms
 from engine_adapter.cache.ghosts import GHOSTS_CORE, GhostSet
 from engine_adapter.sim.cache_models import RadixBelady, RadixFigures, RadixModel
-from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, flat_columns
+from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, cost_coefficients, flat_columns
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
-from sage_eviction import native
+from sage_eviction import EvictionPolicy, native
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies.arc import ARCPolicy
 from sage_eviction.policies.fifo import FIFOPolicy
@@ -63,7 +63,7 @@ _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _ARC = 5  # arc (_radix_pol_arc.pxi)
 _GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
-_POLICY_KINDS: dict[type, tuple[int, int]] = {
+_POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
     LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
     FIFOPolicy: (_TICK, 0),
     MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
@@ -188,10 +188,8 @@ def _settings(
 ) -> RadixSettings:
     manager = cache.manager
     accounting = manager.accounting
-    c = sim.cost
-    prefill = (c.prefill_base_s, c.prefill_per_token_s, c.prefill_attn_s)
     return RadixSettings(
-        cost=(*prefill, c.decode_base_s, c.decode_per_seq_s, c.decode_per_context_token_s),
+        cost=cost_coefficients(sim.cost),
         block_size=sim.block_size,
         max_running=sim.max_running,
         max_prefill_tokens=sim.max_prefill_tokens,
