@@ -25,6 +25,7 @@ import array
 
 from engine_adapter.cache.ghosts import Ghost, _Eviction
 
+include "_core_memory.pxi"
 include "_core_i64map.pxi"
 include "_core_flat_lists.pxi"
 include "_ghosts_clocks.pxi"

@@ -12,14 +12,6 @@ cdef enum:
     _RUN = 1024  # positions per run of the marks (ghosts._RUN)
 
 
-cdef void* _resized(void* p, size_t size) except NULL:
-    # `realloc`, or MemoryError with `p` left as it was (still the owner's to free)
-    cdef void* q = realloc(p, size)
-    if q == NULL:
-        raise MemoryError()
-    return q
-
-
 cdef struct Pair:
     int64_t position
     int64_t key

@@ -47,14 +47,14 @@ cdef inline ArcState* _arcs(Tree* t) noexcept:
 
 
 cdef int _arc_grow_ghosts(ArcState* s) except -1:
-    # twice the slots, the new ones spare (`_grown` keeps an array whole when it fails: the
+    # twice the slots, the new ones spare (`_resized` keeps an array whole when it fails: the
     # state's free releases it)
     cdef Py_ssize_t i, cap = 2 * s.g_cap
-    s.g_key = <int64_t*>_grown(s.g_key, cap * sizeof(int64_t))
-    s.g_newer = <int32_t*>_grown(s.g_newer, cap * sizeof(int32_t))
-    s.g_older = <int32_t*>_grown(s.g_older, cap * sizeof(int32_t))
-    s.g_lst = <uint8_t*>_grown(s.g_lst, cap * sizeof(uint8_t))
-    s.g_spare = <int32_t*>_grown(s.g_spare, cap * sizeof(int32_t))
+    s.g_key = <int64_t*>_resized(s.g_key, cap * sizeof(int64_t))
+    s.g_newer = <int32_t*>_resized(s.g_newer, cap * sizeof(int32_t))
+    s.g_older = <int32_t*>_resized(s.g_older, cap * sizeof(int32_t))
+    s.g_lst = <uint8_t*>_resized(s.g_lst, cap * sizeof(uint8_t))
+    s.g_spare = <int32_t*>_resized(s.g_spare, cap * sizeof(int32_t))
     for i in range(cap - 1, s.g_cap - 1, -1):
         s.g_spare[s.g_n_spare] = <int32_t>i
         s.g_n_spare += 1

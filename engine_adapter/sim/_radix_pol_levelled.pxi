@@ -132,9 +132,9 @@ cdef int _lvl_push(Tree* t, int32_t node) except -1:
         if s.h_size > 2 * t.num_evictable + 64:
             _lvl_rebuild(t)
         if s.h_size == s.h_cap:
-            s.h_level = <int64_t*>_grown(s.h_level, 2 * s.h_cap * sizeof(int64_t))
-            s.h_tick = <int64_t*>_grown(s.h_tick, 2 * s.h_cap * sizeof(int64_t))
-            s.h_node = <int32_t*>_grown(s.h_node, 2 * s.h_cap * sizeof(int32_t))
+            s.h_level = <int64_t*>_resized(s.h_level, 2 * s.h_cap * sizeof(int64_t))
+            s.h_tick = <int64_t*>_resized(s.h_tick, 2 * s.h_cap * sizeof(int64_t))
+            s.h_node = <int32_t*>_resized(s.h_node, 2 * s.h_cap * sizeof(int32_t))
             s.h_cap *= 2
     s.h_level[s.h_size], s.h_tick[s.h_size], s.h_node[s.h_size] = _lvl_of(t, node), s.tick[node], node
     s.h_size += 1

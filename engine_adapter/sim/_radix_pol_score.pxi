@@ -174,7 +174,7 @@ cdef int _sc_push(Tree* t, int32_t node) except -1:
         if s.h_size > 2 * t.num_evictable + 64:
             _sc_rebuild(t)
         if s.h_size == s.h_cap:
-            s.heap = <ScoreItem*>_grown(s.heap, 2 * s.h_cap * sizeof(ScoreItem))
+            s.heap = <ScoreItem*>_resized(s.heap, 2 * s.h_cap * sizeof(ScoreItem))
             s.h_cap *= 2
     s.pushes += 1
     item = &s.heap[s.h_size]
@@ -241,7 +241,7 @@ cdef int _belady_serve(Tree* t, const int64_t* keys, Py_ssize_t n, int64_t end) 
     for j in range(s.n_served):
         _map_del(&s.serving, s.served[j])
     if n > s.served_cap:
-        s.served = <int64_t*>_grown(s.served, (n + 1) * sizeof(int64_t))
+        s.served = <int64_t*>_resized(s.served, (n + 1) * sizeof(int64_t))
         s.served_cap = n
     for j in range(n):
         s.served[j] = keys[j]

@@ -111,8 +111,8 @@ cdef int _heap_push(Tree* t, int32_t node) except -1:
         if s.h_size > 2 * t.num_evictable + 64:
             _heap_rebuild(t)
         if s.h_size == s.h_cap:
-            s.h_score = <int64_t*>_grown(s.h_score, 2 * s.h_cap * sizeof(int64_t))
-            s.h_node = <int32_t*>_grown(s.h_node, 2 * s.h_cap * sizeof(int32_t))
+            s.h_score = <int64_t*>_resized(s.h_score, 2 * s.h_cap * sizeof(int64_t))
+            s.h_node = <int32_t*>_resized(s.h_node, 2 * s.h_cap * sizeof(int32_t))
             s.h_cap *= 2
     s.h_score[s.h_size] = _score(t, node)
     s.h_node[s.h_size] = node

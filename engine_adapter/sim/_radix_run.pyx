@@ -41,6 +41,7 @@ from sage_eviction._core cimport keyset_add_int, keyset_discard_int, sage_ticks,
 
 import numpy
 
+include "_core_memory.pxi"
 include "_core_i64map.pxi"
 include "_core_flat_lists.pxi"
 include "_radix_tree.pxi"
@@ -53,13 +54,6 @@ include "_radix_pol_score.pxi"
 include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 
-
-
-cdef void* _alloc(size_t size) except NULL:
-    cdef void* p = malloc(size)
-    if p == NULL:
-        raise MemoryError()
-    return p
 
 
 cdef inline int64_t _py_mod(int64_t a, int64_t b) noexcept:

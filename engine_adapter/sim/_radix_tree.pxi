@@ -39,14 +39,6 @@ cdef struct Tree:
     Py_ssize_t num_evictable, num_reclaimable
 
 
-cdef void* _grown(void* p, size_t size) except NULL:
-    # `realloc`, or MemoryError with `p` left as it was (the owner frees it)
-    cdef void* q = realloc(p, size)
-    if q == NULL:
-        raise MemoryError()
-    return q
-
-
 cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy) except -1:
     # the nodes, empty, and the policy's state (`policy`: the Python policy the row names, whose
     # parameters the kind reads)

@@ -39,9 +39,9 @@ cdef int _triples_push(Triples* h, int64_t a, int64_t b, int64_t c) except -1:
     cdef Py_ssize_t i, up, cap
     if h.size == h.cap:
         cap = 2 * h.cap if h.cap else 64
-        h.a = <int64_t*>_grown(h.a, cap * sizeof(int64_t))
-        h.b = <int64_t*>_grown(h.b, cap * sizeof(int64_t))
-        h.c = <int64_t*>_grown(h.c, cap * sizeof(int64_t))
+        h.a = <int64_t*>_resized(h.a, cap * sizeof(int64_t))
+        h.b = <int64_t*>_resized(h.b, cap * sizeof(int64_t))
+        h.c = <int64_t*>_resized(h.c, cap * sizeof(int64_t))
         h.cap = cap
     i = h.size
     h.a[i], h.b[i], h.c[i] = a, b, c
