@@ -24,6 +24,8 @@ NATIVE_MODULES: dict[str, str] = {
     "engine_adapter.cache._ghosts": "engine_adapter/cache/_ghosts.pyx",
     # the simulator's radix row in one call (mirrors Simulator.run over the CacheManager)
     "engine_adapter.sim._radix_run": "engine_adapter/sim/_radix_run.pyx",
+    # batch-invariant paged attention (mirrors invariant_attention.py's rowwise_attention)
+    "engine_adapter.model._attention": "engine_adapter/model/_attention.pyx",
 }
 
 INCLUDE_PATH = ["sage_eviction"]

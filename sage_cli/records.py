@@ -246,6 +246,8 @@ class EngineInfo(_Record):
     kv_dtype: str | None = None
     quantization: str | None = None
     packed_weights: str | None = None
+    batch_invariant: str | None = None
+    batch_invariant_kernels: str | None = None
     implementation: str | None = None
     compile: str | None = None
     socket: str | None = None

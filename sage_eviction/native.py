@@ -38,9 +38,10 @@ NATIVE_MODULES: tuple[str, ...] = (
     "engine_adapter.cache._ghosts",
     "engine_adapter.sim._flat_run",
     "engine_adapter.sim._radix_run",
+    "engine_adapter.model._attention",
 )
 """Every compiled module of the core: the policies', the radix cache's, its ghost set's for int64
-keys and the simulator's flat row loop. Names only: this
+keys, the simulator's row loops and the model's batch-invariant attention. Names only: this
 package imports nothing from engine_adapter; `load` imports a module by name when asked."""
 
 _loaded: dict[str, ModuleType | None] = {}

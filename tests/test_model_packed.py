@@ -62,8 +62,16 @@ def test_a_packed_linear_equals_f_linear(
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_weights_pack_too() -> None:
+def test_bfloat16_weights_pack_where_onednn_can() -> None:
+    """bf16 packs on CPUs with AVX512-BW or AVX-NE-CONVERT; elsewhere ``on`` is a one-line refusal
+    (it was a RuntimeError from oneDNN's reorder) and ``auto`` leaves the model plain."""
     torch.manual_seed(0)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        decoder = load_model("sage-tiny", device="cpu", dtype="bfloat16")[0]
+        assert pack_decoder(decoder, "auto") == 0
+        with pytest.raises(ValueError, match="AVX512-BW or AVX-NE-CONVERT"):
+            pack_decoder(decoder, "on")
+        return
     linear = nn.Linear(64, 48).to(torch.bfloat16)
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     got = PackedLinear(linear)(x)

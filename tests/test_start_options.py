@@ -81,6 +81,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "kv_dtype": ("float16", "float16", {}),
     "quantization": ("INT8", "int8", {}),
     "packed_weights": ("ON", "on", {}),
+    "batch_invariant": ("OFF", "off", {}),
     "compile": ("yes", True, {}),
     "threads": ("3", 3, {}),
     "cuda_graphs": ("yes", True, {}),

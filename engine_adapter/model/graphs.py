@@ -13,14 +13,14 @@ A graph fixes every shape and address, so a batch is padded to a bucket:
   one scratch key, and are dropped.
 - context L: the next multiple of ``min_context`` up to 8 of them, then powers of two (the last
   one ``max_context``), at least every sequence's context plus its new token. Key slots past a
-  sequence's end point at its own first slot (as `decoder._key_slots` does: masked keys are
+  sequence's end point at its own first slot (as `step_index._key_slots` does: masked keys are
   never stale NaN) and the mask hides them.
 
 The host fills one int64 buffer per bucket (token ids, RoPE positions, cache positions, write
 slots, key slots) with one copy; everything after it is shape-static and free of host syncs:
 RoPE from the positions, the mask from the cache positions, then the eager layers: the same
 dense math as `Decoder.forward`, the new K/V written with `PagedKVPool.write` (index_copy_), the
-key slots gathered with `decoder._context_kv` (index_select) and SDPA with the mask. With one
+key slots gathered with `step_index._context_kv` (index_select) and SDPA with the mask. With one
 query per sequence, the query heads that share a KV head are folded into the query length
 (``[B, kv_heads, group, D]``), so SDPA needs no enable_gqa: a masked SDPA with enable_gqa may
 leave the fused CUDA kernels for the math one, which repeats K/V per query head.
@@ -48,11 +48,9 @@ from engine_adapter.model.decoder import (
     _after_attention,
     _before_attention,
     _compiled_math,
-    _context_kv,
     _input_ids,
-    _key_slots,
-    _StepIndex,
 )
+from engine_adapter.model.step_index import _context_kv, _key_slots, _StepIndex
 
 if TYPE_CHECKING:
     from engine_adapter.model.decoder import Decoder

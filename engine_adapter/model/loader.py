@@ -37,8 +37,9 @@ from engine_adapter.model.builtin import (
 )
 from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
+from engine_adapter.model.invariance import make_invariant, resolve_batch_invariant
 from engine_adapter.model.kv_pool import resolve_device
-from engine_adapter.model.packed import pack_decoder
+from engine_adapter.model.packed import PACKED_WEIGHTS_CHOICES, pack_decoder, packing_available
 from engine_adapter.model.precision import QUANTIZATION_CHOICES
 from engine_adapter.model.precision import run_dtype as resolve_run_dtype
 from engine_adapter.model.quant import Q4Groups, quantize_decoder
@@ -72,6 +73,8 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     quantization: str = "none",
     packed_weights: str = "off",
+    batch_invariant: str = "off",
+    compile_step: bool = False,
 ) -> tuple[Decoder, Tokenizer, ModelConfig]:
     """Load a decoder, its tokenizer and its config, ready for inference.
 
@@ -86,7 +89,12 @@ def load_model(
             layers (`engine_adapter.model.quant`, CPU only). A GGUF's Q4_1 weights are taken as
             stored for ``int4``.
         packed_weights: ``off``, ``on`` or ``auto``: the dense linear layers on oneDNN's
-            prepacked weights (`engine_adapter.model.packed`, CPU).
+            prepacked weights (`engine_adapter.model.packed`, CPU). With batch invariance, which
+            kernel the linears prefer (`invariance.make_invariant`).
+        batch_invariant: ``off``, ``on`` or ``auto`` (on the CPU): every row's logits independent
+            of its batch (`engine_adapter.model.invariance`).
+        compile_step: Whether the caller will `Decoder.compile_step` it: refused with batch
+            invariance, whose guarantee inductor's kernels do not keep.
 
     Returns:
         ``(decoder, tokenizer, config)``, the decoder in eval mode with gradients off.
@@ -98,9 +106,24 @@ def load_model(
         ValueError: `device`, `dtype`, `quantization` or `packed_weights` is not valid, or
             quantization or packed weights are asked for on a device other than the CPU.
     """
+    invariant = resolve_batch_invariant(batch_invariant, resolve_device(device))
+    if invariant and compile_step:
+        raise ValueError(
+            "--compile runs inductor's kernels, which are not batch-invariant: drop --compile, or add "
+            "--batch-invariant off (outputs may then depend on batching)"
+        )
+    if packed_weights not in PACKED_WEIGHTS_CHOICES:
+        choices = ", ".join(PACKED_WEIGHTS_CHOICES)
+        raise ValueError(f"packed weights {packed_weights!r} is not one of {choices}")
     decoder, tokenizer, config, groups = _load(name_or_path, device, dtype, quantization)
     quantize_decoder(decoder, quantization, groups)
-    pack_decoder(decoder, packed_weights)
+    if invariant:
+        why_not = packing_available(decoder) if packed_weights == "on" else None
+        if why_not is not None:
+            raise ValueError(why_not)
+        make_invariant(decoder, prefer_packed=packed_weights != "off")
+    else:
+        pack_decoder(decoder, packed_weights)
     decoder.tokenizer = tokenizer
     return decoder, tokenizer, config
 

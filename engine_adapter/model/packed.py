@@ -57,6 +57,8 @@ def packing_available(decoder: Decoder) -> str | None:
         return "packed weights need oneDNN (mkldnn), which this torch build lacks"
     if decoder.dtype not in _PACKABLE_DTYPES:
         return f"packed weights take float32 or bfloat16, not {decoder.dtype}"
+    if decoder.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "oneDNN packs bfloat16 weights only on CPUs with AVX512-BW or AVX-NE-CONVERT"
     return None
 
 

@@ -156,6 +156,8 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
         dtype=config.dtype,
         quantization=config.quantization,
         packed_weights=config.packed_weights,
+        batch_invariant=config.batch_invariant,
+        compile_step=config.compile,
     )
     kv_dtype = decoder.dtype if config.kv_dtype == "auto" else resolve_dtype(config.kv_dtype)
     pool = decoder.make_pool(

@@ -35,6 +35,8 @@ def engine_schemas() -> dict[str, Schema]:
                 "kv_dtype": STR,
                 "quantization": STR,
                 "packed_weights": STR,
+                "batch_invariant": STR,
+                "batch_invariant_kernels": nullable(STR),
                 "compile": nullable(STR),
                 "threads": obj(
                     {

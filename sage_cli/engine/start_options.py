@@ -241,6 +241,14 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="MODE",
     ),
     ConfigFlag(
+        key="batch_invariant",
+        param="batch_invariant",
+        decls=("--batch-invariant",),
+        kind="text",
+        help="Batch-invariant forward passes: auto (on the CPU), on or off. (default: auto)",
+        metavar="MODE",
+    ),
+    ConfigFlag(
         key="compile",
         param="compile",
         decls=("--compile/--no-compile",),

@@ -27,6 +27,16 @@ def _duration(seconds: Any) -> str:
     return " ".join(parts)
 
 
+def _batch_invariance(engine: dict[str, Any]) -> str:
+    """"on (kernels)": answers never depend on batching; "off": they may (an older engine: "?")."""
+    mode = engine.get("batch_invariant")
+    if mode == "on":
+        return f"on ({engine.get('batch_invariant_kernels')})"
+    if mode == "off":
+        return "off: outputs may depend on batching (--batch-invariant off, or no invariant kernels here)"
+    return "?"
+
+
 def _threads(engine: dict[str, Any]) -> str:
     """``2 (2 cores)``, and each warning of the engine's threads after it."""
     threads = engine.get("threads")
@@ -75,6 +85,7 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
             f"packed weights {engine.get('packed_weights') or 'no'}, "
             f"compile {engine.get('compile') or 'off'}",
         ),
+        ("Batch Invariance", _batch_invariance(engine)),
         ("Implementation", get("implementation")),
         ("Threads", _threads(engine)),
         ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),

@@ -32,6 +32,7 @@ from engine_adapter.serving.config.colocation import (
     parse_tenant_slos,
 )
 from engine_adapter.serving.config.values import (
+    BATCH_INVARIANT,
     DTYPES,
     PACKED_WEIGHTS,
     QUANTIZATIONS,
@@ -182,6 +183,11 @@ class EngineConfig:
     packed_weights: str = "off"
     """Dense linear layers on oneDNN's prepacked weights (CPU, float32 or bfloat16): auto, on or
     off. auto packs when the model can be packed."""
+    batch_invariant: str = "auto"
+    """Batch-invariant forward passes: auto (on the CPU), on or off.
+
+    On, the policy, pool, tiers and batching never change an answer (docs/concepts/exactness.md);
+    off takes faster batched kernels: outputs may then depend on batching. auto is off on CUDA."""
     compile: bool = False
     """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
     steps of each shape compile."""
@@ -346,6 +352,8 @@ class EngineConfig:
             )
         self._check_tcp()
         self._check_tiers()
+        if self.compile and self.batch_invariant == "on":
+            raise ConfigError("compile is not batch-invariant: drop it, or add --batch-invariant off")
         if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
             raise ConfigError("kv_events_replay_endpoint needs kv_events_endpoint (replay of what?)")
         if self.kv_events_endpoint and self.compress_on_evict:
@@ -495,6 +503,7 @@ PARSERS: dict[str, Parser] = {
     "kv_dtype": one_of(DTYPES, "KV cache dtype"),
     "quantization": one_of(QUANTIZATIONS, "quantization"),
     "packed_weights": one_of(PACKED_WEIGHTS, "packed weights"),
+    "batch_invariant": one_of(BATCH_INVARIANT, "batch invariance"),
     "compile": parse_bool,
     "threads": int_at_least(1),
     "cuda_graphs": parse_bool,

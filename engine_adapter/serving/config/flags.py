@@ -99,6 +99,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("kv_dtype", ("--kv-dtype",), metavar="DTYPE", show_default=True),
     StartFlag("quantization", ("--quantization",), metavar="MODE", show_default=True),
     StartFlag("packed_weights", ("--packed-weights",), metavar="MODE", show_default=True),
+    StartFlag("batch_invariant", ("--batch-invariant",), metavar="MODE", show_default=True),
     StartFlag("compile", ("--compile/--no-compile",), show_default=True),
     StartFlag("threads", ("--threads",), metavar="N", min=1),
     StartFlag("cuda_graphs", ("--cuda-graphs/--no-cuda-graphs",), show_default=True),

@@ -135,6 +135,7 @@ def parse_compress_on_evict(value: Any, where: str) -> str:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "int4")
 PACKED_WEIGHTS = ("auto", "on", "off")
+BATCH_INVARIANT = ("auto", "on", "off")
 # When a block reaches the host KV tier (SGLang HiCache's names): on eviction, or on commit.
 WRITE_POLICIES = ("write_back", "write_through")
 
