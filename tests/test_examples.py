@@ -47,7 +47,7 @@ def test_compare_policies(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["policy", "capacity_blocks", "hit_rate", "ttft_p50_s", "ttft_p99_s"]
     assert {line.split()[0] for line in lines[1:8]} == {"lru", "s3fifo", "belady", "unbounded"}
-    assert "best online policy:" in done.stdout
+    assert "best online policy at" in done.stdout
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
