@@ -4,7 +4,7 @@ A row is *saturated* when its median TTFT is more than `SATURATION_FACTOR` times
 engine of the cost model takes to prefill the workload's mean prompt: requests then wait, most
 of their TTFT, behind others, and TTFT, TPOT and throughput measure that queue (hit and
 re-prefill rates do not depend on time and are unaffected). Across the simulator's workloads
-the two kinds of row are far apart: 1 to 3 times the idle prefill where the engine keeps up,
+the two kinds of row are far apart: 1 to 6 times the idle prefill where the engine keeps up,
 80 to 14,000 times where it does not (the Mooncake conversation trace on the default 7B/A100
 cost model: 11,697 times, 14,344 s, for the unbounded cache itself).
 
