@@ -43,10 +43,9 @@ def test_matching_sources_are_copied_from_the_cache_without_compiling(tmp_path: 
         assert built is not None
         shutil.copy2(built, folder / SETUP["_cached_name"](module))
     out = tmp_path / "lib"
-    done = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out), "--build-temp", str(tmp_path / "t")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out)]
+    build += ["--build-temp", str(tmp_path / "temp")]
+    done = subprocess.run(build, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("from the build cache") == len(MODULES), done.stderr
     for module in MODULES:
