@@ -30,6 +30,7 @@ def _built(module: str) -> Path | None:
     return found[0] if found else None
 
 
+@pytest.mark.slow  # setup.py in a process of its own: seconds
 @pytest.mark.skipif(
     any(_built(m) is None for m in MODULES), reason="the compiled core is not built in this checkout"
 )

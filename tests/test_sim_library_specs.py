@@ -26,7 +26,7 @@ from sage_eviction.registry import _session_names, split_specs
 # catches it, the others leave it be.
 pytestmark = pytest.mark.filterwarnings("ignore::engine_adapter.sim.saturation.SaturationWarning")
 
-TRACE = Trace.synthetic(requests=300, seed=3)
+TRACE = Trace.synthetic(requests=150, seed=3)
 RATIO = [0.3]
 
 
@@ -137,7 +137,7 @@ def test_the_package_shows_its_library_and_results_sum_up() -> None:
     results = simulate(TRACE, "lru", capacity_ratios=RATIO)
     text = repr(results)
     assert len(text) < 1000 and text.count("\n") == 1 + len(results.rows)
-    assert text.startswith("<Results: synthetic, 300 requests, radix model, 3 rows")
+    assert text.startswith("<Results: synthetic, 150 requests, radix model, 3 rows")
     assert '"results"' not in text  # not the JSON document
 
 
