@@ -15,6 +15,7 @@ Workloads (what a run replays):
 The run (one policy at one capacity):
 
     cost_model.py      prefill and decode step times on the virtual clock
+    cost_models/       the shipped cost models by name (``--cost-model h100-llama-1b``), YAML
     simulator.py       `Simulator`: the event-driven loop, admission, growth, preemption, the row
     capacity.py        the smallest capacity a workload runs in, and a row's capacity checked
     sequence.py        `SimSequence`: a request in flight
