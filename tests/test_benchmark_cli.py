@@ -162,6 +162,7 @@ def test_percent_ratios_and_specs_with_params_label_their_rows(tmp_path: Path) -
     table = sage(*args, "--capacity-ratio", "20%", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert any(line.split()[:1] == ["slru:protected_ratio=0.1"] for line in table.stdout.splitlines())
+    assert "cost model: llama-7b-fp16 on A100-80GB" in table.stdout  # what the TTFTs come from
     assert_one_line_error(sage(*args, "--capacity-ratio", "150%", cwd=tmp_path), "150%", "percentage")
 
 
