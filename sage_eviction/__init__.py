@@ -58,8 +58,11 @@ from sage_eviction.registry import (
     create_policy,
     describe_policies,
     get_policy_class,
+    policy_label,
     policy_params,
+    register_policy,
     resolve_policy,
+    split_policy_specs,
 )
 from sage_eviction.types import (
     EntryMeta,
@@ -105,8 +108,11 @@ __all__ = [
     "create_policy",
     "describe_policies",
     "get_policy_class",
+    "policy_label",
     "policy_params",
+    "register_policy",
     "resolve_policy",
+    "split_policy_specs",
 ]
 
 Cache = FlatCache

@@ -2,7 +2,10 @@
 
 `POLICIES` is a plain dict filled in `sage_eviction.policies`; third-party policies register
 through the entry-point group `sage_eviction.policies` (name = "module:Class") and are loaded
-the first time a name is not found or the list is asked for.
+the first time a name is not found or the list is asked for; a class defined in a notebook or
+script registers for the session with `register_policy` (the same dict: one registry).
+`split_policy_specs` reads a comma-separated list of specs (``lru,slru:k=v,k2=v2``) and
+`policy_label` names a spec's row or column the same way everywhere (params kept).
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ __all__ = [
     "create_policy",
     "describe_policies",
     "get_policy_class",
+    "is_session_policy",
     "parse_policy_spec",
+    "policy_label",
     "policy_params",
+    "register_policy",
     "resolve_policy",
+    "split_policy_specs",
+    "split_specs",
 ]
 # This module is the one place a policy spec is read and checked: the engine's config, the
 # control API's hot swap, the CLI and the integrations all resolve names here (`online=True`
@@ -42,6 +50,7 @@ ENTRY_POINT_GROUP = "sage_eviction.policies"
 ALIASES = {"qos_aware": "priority", "qos": "priority", "s3-fifo": "s3fifo", "opt": "belady", "min": "belady"}
 
 _plugins_loaded = False
+_session_names: set[str] = set()  # the names `register_policy` added (a notebook may redefine them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,58 @@ def _load_plugins() -> None:
                 f"entry point {ep.name!r} ({ep.value}) is not an EvictionPolicy subclass"
             )
         POLICIES[ep.name] = cls
+
+
+def register_policy(cls: type[EvictionPolicy], name: str | None = None) -> type[EvictionPolicy]:
+    """Register a policy class for this process (a notebook's or a script's own class), beside
+    the built-ins and the entry-point plugins, so that its name works wherever a spec does.
+
+    Registering a class again under the same name replaces the earlier one (a notebook cell run
+    twice defines a new class); a built-in's or a plugin's name is refused. The registration
+    lives as long as the process: a package's entry point is what makes a policy known to an
+    engine, a worker process or Ray.
+
+    Args:
+        cls: An `EvictionPolicy` subclass.
+        name: Its registry name (default: the ``name`` the class sets itself, else its class name
+            in lower case); set as ``cls.name``, what rows, stats and logs show.
+
+    Returns:
+        `cls`, so that it can decorate the class.
+
+    Raises:
+        TypeError: `cls` is not an `EvictionPolicy` subclass.
+        ValueError: No name, a name that differs from ``cls.name``, or one taken by a built-in
+            or a plugin.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+        raise TypeError(f"register_policy takes an EvictionPolicy subclass, not {cls!r}")
+    own = str(cls.__dict__.get("name") or "")  # a subclass inherits its base's name: not its own
+    key = (name if name is not None else own or cls.__name__).strip().lower()
+    if not key or not key.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(
+            f"policy class {cls.__qualname__}: {key!r} is not a policy name (letters, digits, '_', '-'); "
+            "set `name = \"...\"` on the class or give register_policy(cls, name=...)"
+        )
+    if own and own != key:
+        raise ValueError(f"policy class {cls.__qualname__} is named {own!r}, not {key!r}")
+    _load_plugins()
+    if POLICIES.get(key) is cls and key not in _session_names:
+        return cls  # a built-in or a plugin, registered already
+    if key in ALIASES or (key in POLICIES and key not in _session_names):
+        raise ValueError(
+            f"policy name {key!r} is a built-in or plugin policy's; name the class another way "
+            "(`name = \"...\"` on it, or register_policy(cls, name=...))"
+        )
+    cls.name = key
+    POLICIES[key] = cls
+    _session_names.add(key)
+    return cls
+
+
+def is_session_policy(name: str) -> bool:
+    """Whether `name` was registered by `register_policy` in this process (not a package's)."""
+    return name.strip().lower() in _session_names
 
 
 def available_policies(*, include_offline: bool = True) -> list[str]:
@@ -215,6 +276,55 @@ def parse_policy_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise PolicyParamError(f"policy spec {spec!r}: {item!r} is not of the form k=v")
         params[k.strip()] = v.strip()
     return name.strip(), params
+
+
+def split_specs(text: str) -> list[str]:
+    """``a,b:k=v,k2=v2,c`` -> ``["a", "b:k=v,k2=v2", "c"]``: a comma-separated list of specs,
+    where an item ``k=v`` with no name continues the spec before it; empty items are skipped,
+    nothing is checked (policies and the fleet's routers share this grammar)."""
+    specs: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item and specs:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
+
+
+def policy_label(spec: str) -> str:
+    """A spec's name as a row shows it: the registry name (aliases resolved, lower case) and,
+    when the spec has params, ``:k=v,...`` as given, so two rows of one policy with different
+    params are told apart (``slru:protected_threshold=3``).
+
+    Raises:
+        UnknownPolicyError: Unknown name.
+        PolicyParamError: A param not of the form k=v.
+    """
+    name, params = parse_policy_spec(spec)
+    cls = get_policy_class(name)
+    if not params:
+        return cls.name
+    return f"{cls.name}:" + ",".join(f"{key}={value}" for key, value in params.items())
+
+
+def split_policy_specs(text: str, *, online: bool = False) -> list[str]:
+    """A comma-separated list of policy specs (``lru,slru:protected_threshold=3,arc``) as checked
+    labels (`policy_label`), duplicates dropped.
+
+    Raises:
+        UnknownPolicyError: Unknown name (the message lists the ones that exist).
+        OfflinePolicyError: `online` and an offline policy.
+        PolicyParamError: A param the policy does not take, or of the wrong type.
+    """
+    labels: list[str] = []
+    for spec in split_specs(text):
+        resolve_policy(spec, online=online)  # the same check an engine or a row makes
+        label = policy_label(spec)
+        if label not in labels:
+            labels.append(label)
+    return labels
 
 
 @dataclass(frozen=True, slots=True)

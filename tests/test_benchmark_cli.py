@@ -50,6 +50,7 @@ ROW_KEYS = [
     "ghost_hits",
     "regret_ratio",
     "age_histograms",
+    "policy_calls",
 ]
 
 
@@ -144,6 +145,25 @@ def test_the_table_shows_preemptions_and_warns_when_the_engine_saturates(tmp_pat
     ).stdout)  # fmt: skip
     assert result["saturation"]["reference_saturated"] is True
     assert result["saturation"]["warnings"][0] in " ".join(proc.stdout.split())
+
+
+def test_percent_ratios_and_specs_with_params_label_their_rows(tmp_path: Path) -> None:
+    """Issue 48, items 3 and 11: ``--capacity-ratio 5%`` is 0.05 (as ``--load 125%`` is 1.25),
+    and a policy spec with params keeps them in its row's label, in the table and the JSON."""
+    args = ["--workload", "synthetic", "--requests", "80", "--cache-model", "flat", "--jobs", "1"]
+    args += ["--eviction-policies", "slru,slru:protected_ratio=0.1"]
+    by_percent = sage(*args, "--capacity-ratio", "20%,50%", "--json", cwd=tmp_path)
+    by_fraction = sage(*args, "--capacity-ratio", "0.2,0.5", "--json", cwd=tmp_path)
+    assert by_percent.returncode == 0, by_percent.stderr
+    percent, fraction = json.loads(by_percent.stdout), json.loads(by_fraction.stdout)
+    assert percent["settings"]["capacities"] == fraction["settings"]["capacities"]
+    labels = [row["policy"] for row in percent["results"]]
+    assert labels[:2] == ["slru", "slru:protected_ratio=0.1"]
+    table = sage(*args, "--capacity-ratio", "20%", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert any(line.split()[:1] == ["slru:protected_ratio=0.1"] for line in table.stdout.splitlines())
+    assert "cost model: llama-7b-fp16 on A100-80GB" in table.stdout  # what the TTFTs come from
+    assert_one_line_error(sage(*args, "--capacity-ratio", "150%", cwd=tmp_path), "150%", "percentage")
 
 
 @pytest.mark.parametrize("policies", ["", " ", ",", " , "])

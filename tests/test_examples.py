@@ -47,8 +47,19 @@ def test_compare_policies(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["policy", "capacity_blocks", "hit_rate", "ttft_p50_s", "ttft_p99_s"]
     assert {line.split()[0] for line in lines[1:8]} == {"lru", "s3fifo", "belady", "unbounded"}
-    assert "best online policy:" in done.stdout
+    assert "best online policy at" in done.stdout
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_policies_says_a_missing_extra_before_simulating(tmp_path: Path) -> None:
+    """Issue 48, item 10: without pandas the example stops at once and names the extra, rather
+    than simulating the whole trace first and then suggesting ``pip install pandas``."""
+    hide = "import runpy, sys; sys.modules['pandas'] = None; sys.argv = sys.argv[:1]; "
+    hide += f"runpy.run_path({str(EXAMPLES / 'compare_policies.py')!r}, run_name='__main__')"
+    done = _run("-c", hide, timeout=60)
+    assert done.returncode != 0
+    assert "dataframes" in done.stderr and "pip install -e '.[dataframes]'" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""  # nothing was simulated or printed
 
 
 def test_live_engine() -> None:

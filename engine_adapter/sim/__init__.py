@@ -15,6 +15,7 @@ Workloads (what a run replays):
 The run (one policy at one capacity):
 
     cost_model.py      prefill and decode step times on the virtual clock
+    cost_models/       the shipped cost models by name (``--cost-model h100-llama-1b``), YAML
     simulator.py       `Simulator`: the event-driven loop, admission, growth, preemption, the row
     capacity.py        the smallest capacity a workload runs in, and a row's capacity checked
     sequence.py        `SimSequence`: a request in flight
@@ -49,9 +50,11 @@ It imports the cache core (`engine_adapter.cache`), the colocation controller
 rich, matplotlib and Ray only inside the functions that need them; never torch, `model` or
 `serving`.
 The library (`api.py`): `Trace`, `simulate` and its `Results` (``to_pandas``, ``to_polars``,
-``plot``), what the benchmark runs, for notebooks; importable from here:
+``plot``), what the benchmark runs, for notebooks; `register_policy` for a policy class of the
+session; importable from here:
 
     api.py             `Trace.read` / `Trace.shipped` / `Trace.synthetic`, `simulate`, `Results`
+    api_checks.py      `simulate`'s arguments checked in Python's words (policies, capacities)
 
 Importing this package imports no submodule (the library's names load on first use); import
 what you need, e.g. ``from engine_adapter.sim import Trace, simulate`` or
@@ -62,7 +65,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Results", "Trace", "simulate"]
+__all__ = ["BenchmarkError", "Results", "SaturationWarning", "Trace", "register_policy", "simulate"]
+
+
+def __dir__() -> list[str]:
+    # The lazy names too: `dir(engine_adapter.sim)` and a notebook's completion show the library.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 def __getattr__(name: str) -> Any:

@@ -18,15 +18,27 @@ matplotlib too (`plot`, the `plot` extra).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.sim.api_checks import check_capacities, check_options, policy_specs
 from engine_adapter.sim.benchmark import BenchmarkError, SweepRun, build_workload, run_sweep
+from engine_adapter.sim.saturation import SaturationWarning
 from engine_adapter.sim.workloads import Workload
+from sage_eviction.registry import register_policy
 
-__all__ = ["TRACE_OPTIONS", "BenchmarkError", "Results", "Trace", "simulate"]
+__all__ = [
+    "TRACE_OPTIONS",
+    "BenchmarkError",
+    "Results",
+    "SaturationWarning",
+    "Trace",
+    "register_policy",
+    "simulate",
+]
 
 TRACE_OPTIONS = (
     "trace",
@@ -136,6 +148,12 @@ class Trace:
         return build_workload(**self.options)
 
 
+_EXTRA = "pip install 'sage-kv[dataframes]' (from a clone: pip install -e '.[dataframes]')"
+
+_REPR_ROWS = 20
+"""The rows `repr(results)` shows; the rest are counted."""
+
+
 @dataclass(frozen=True)
 class Results:
     """What `simulate` returns: the benchmark's JSON document and its rows' TTFT quantiles.
@@ -167,20 +185,41 @@ class Results:
         settings: dict[str, Any] = self.raw["settings"]
         return settings
 
+    def __repr__(self) -> str:
+        """A summary: the workload, then one line per row (policy, blocks, hit rate, TTFT p50),
+        not the document (`raw`) itself."""
+        rows, workload = self.rows, self.workload
+        head = (
+            f"<Results: {workload.get('source')}, {workload.get('requests', 0):,} requests, "
+            f"{self.settings.get('cache_model')} model, {len(rows)} rows"
+        )
+        saturated = self.raw.get("saturation", {}).get("saturated_rows") or []
+        head += f", {len(saturated)} saturated>" if saturated else ">"
+        width = max((len(str(row["policy"])) for row in rows), default=6)
+        lines = [head, f"  {'policy':<{width}}  {'blocks':>9}  {'hit_rate':>8}  {'ttft_p50_s':>10}"]
+        for row in rows[:_REPR_ROWS]:
+            lines.append(
+                f"  {row['policy']:<{width}}  {row['capacity_blocks']:>9,}  {row['hit_rate']:>8.4f}  "
+                f"{row['ttft_p50_s']:>10.4g}"
+            )
+        if len(rows) > _REPR_ROWS:
+            lines.append(f"  ... {len(rows) - _REPR_ROWS} more rows (results.rows, results.to_pandas())")
+        return "\n".join(lines)
+
     def to_pandas(self) -> Any:
-        """The rows as a `pandas.DataFrame` (needs pandas: ``pip install pandas``)."""
+        """The rows as a `pandas.DataFrame` (needs pandas: the `dataframes` extra)."""
         try:
             import pandas  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
-            raise ImportError("Results.to_pandas needs pandas: pip install pandas") from None
+            raise ImportError(f"Results.to_pandas needs pandas: {_EXTRA}") from None
         return pandas.DataFrame(self.rows)
 
     def to_polars(self) -> Any:
-        """The rows as a `polars.DataFrame` (needs polars: ``pip install polars``)."""
+        """The rows as a `polars.DataFrame` (needs polars: the `dataframes` extra)."""
         try:
             import polars  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
-            raise ImportError("Results.to_polars needs polars: pip install polars") from None
+            raise ImportError(f"Results.to_polars needs polars: {_EXTRA}") from None
         return polars.DataFrame(self.rows, infer_schema_length=None)
 
     def plot(self, path: str | Path | None = None) -> Any:
@@ -197,9 +236,13 @@ class Results:
         return figure
 
 
+PolicyLike = Any
+"""A policy spec (``"slru:protected_threshold=3"``), an `EvictionPolicy` subclass or instance."""
+
+
 def simulate(
     trace: Trace,
-    policies: Sequence[str],
+    policies: str | Sequence[PolicyLike] | PolicyLike,
     *,
     capacities: Sequence[int] | None = None,
     capacity_ratios: Sequence[float] | None = None,
@@ -212,32 +255,47 @@ def simulate(
 
     Args:
         trace: The requests (`Trace.read`, `Trace.shipped`, `Trace.synthetic`).
-        policies: Policy specs (registry names, optionally ``name:k=v``).
-        capacities: Cache sizes in blocks; or
+        policies: Policy specs (registry names, optionally ``name:k=v``), as a list or one
+            comma-separated string (``"lru,slru:protected_threshold=3"``); or policy classes
+            and instances defined here (an `EvictionPolicy` subclass: registered for the session
+            by `sage_eviction.register_policy`; an instance stands for its class and the params
+            it was built with). A row is labelled with its spec, params included. Built-ins run
+            in the compiled loops, a class of the session in Python (``policy_calls``).
+        capacities: Cache sizes in blocks, a list of whole numbers; or
         capacity_ratios: Cache sizes as fractions of the trace's distinct blocks (default 5 %
-            and 10 %).
+            and 10 %). Not both.
         cache_model: ``"radix"`` (sage's engine), ``"flat"`` (libCacheSim's model),
             ``"sglang"`` (SGLang's radix cache, queue order and retraction: SGLang's eviction
             strategies or ``sage-<spec>``; ``schedule_policy="lpm"`` among the options), or an
             engine twin (``"vllm"``).
         jobs: Worker processes for the rows (1: this process, the default here; None: every
-            usable core).
+            usable core); 1 with a policy class of the session.
         **options: Any other field of `engine_adapter.sim.benchmark.SimBenchmarkOptions`
             (``host_capacity_ratio``, ``replicas``, ``routers``, ``cost_model``, ``output``...).
 
+    Warns:
+        SaturationWarning: Rows whose TTFT measures a queue, not the cache (``results.raw
+            ["saturation"]``); ``cost_model_path="h100-llama-1b"`` is an engine that keeps up.
+
     Raises:
         BenchmarkError: Options it cannot run with, or an unreadable trace (one-line message).
-        TypeError: An option that is not a field of `SimBenchmarkOptions`.
+        TypeError: An argument of the wrong type, or an option that is not a field of
+            `SimBenchmarkOptions` (the message suggests the nearest).
     """
     if not isinstance(trace, Trace):
         raise TypeError(f"trace must be a Trace (Trace.read, Trace.shipped, Trace.synthetic), not {trace!r}")
+    check_options(options)
+    blocks, ratios = check_capacities(capacities, capacity_ratios)
+    specs = policy_specs(policies, jobs, options.get("ray_address"))
     run: SweepRun = run_sweep(
         **trace.options,
-        policies=list(policies),
-        capacity_blocks=None if capacities is None else list(capacities),
-        capacity_ratios=None if capacity_ratios is None else list(capacity_ratios),
+        policies=specs,
+        capacity_blocks=blocks,
+        capacity_ratios=ratios,
         cache_model=cache_model,
         jobs=jobs,
         **options,
     )
+    for message in run.result["saturation"]["warnings"]:
+        warnings.warn(message, SaturationWarning, stacklevel=2)
     return Results(run.result, run.ttft_quantiles)

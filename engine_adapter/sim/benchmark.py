@@ -55,6 +55,7 @@ from engine_adapter.sim.benchmark_inputs import (
     capacities_for,
 )
 from engine_adapter.sim.cost_model import CostModel, CostModelError
+from engine_adapter.sim.cost_models import shipped_cost_model
 from engine_adapter.sim.saturation import saturation
 from engine_adapter.sim.simulator import CACHE_MODELS, UNBOUNDED
 from engine_adapter.sim.sweep import (
@@ -94,7 +95,8 @@ def _cost_model(
         if cost_model is not None:
             costs = CostModel.from_dict(cost_model, where=str(cost_model_path or "cost model"))
         elif cost_model_path is not None:
-            costs = CostModel.from_yaml(cost_model_path)
+            shipped = None if Path(cost_model_path).exists() else shipped_cost_model(str(cost_model_path))
+            costs = CostModel.from_yaml(shipped if shipped is not None else cost_model_path)
         return costs.with_links(host_link, disk_link)
     except CostModelError as exc:
         raise BenchmarkError(str(exc)) from None
@@ -281,7 +283,8 @@ class SimBenchmarkOptions:
         plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs
             matplotlib).
         cost_model: Cost-model fields (as read from `cost_model_path` by the CLI).
-        cost_model_path: A cost-model YAML file (read when `cost_model` is None).
+        cost_model_path: A cost-model YAML file, or a shipped one's name (``"h100-llama-1b"``:
+            `engine_adapter.sim.cost_models`), read when `cost_model` is None.
         protect_queued: Radix model: fraction of the pool that queued requests' cached prefixes
             may hold protected from eviction (`Simulator`'s `protect_queued`); 0: off.
         adaptive_batch: Run each online policy twice, without and with the adaptive batch
@@ -373,6 +376,21 @@ def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
     return {policy: "; ".join(sorted(found)) for policy, found in paths.items()}
 
 
+def _labelled_rows(outcomes: Sequence[RowOutcome], runs: Sequence[RowSpec]) -> list[dict[str, Any]]:
+    """The rows, each labelled with its spec's params (``slru:protected_threshold=3``: a model
+    names a row by its policy alone, and two rows of one policy must be told apart) and saying
+    how its policy was called (``policy_calls``: "python" for a policy class of the session)."""
+    rows = []
+    for outcome, spec in zip(outcomes, runs, strict=True):
+        row = outcome.row
+        params = ",".join(filter(None, (p.strip() for p in spec.policy.partition(":")[2].split(","))))
+        if params:
+            row["policy"] = f"{row['policy']}:{params}"
+        row["policy_calls"] = outcome.policy_calls
+        rows.append(row)
+    return rows
+
+
 def run_sweep(**options: Any) -> SweepRun:
     """Run every policy at every capacity on one workload, with the reference rows.
 
@@ -408,7 +426,7 @@ def run_sweep(**options: Any) -> SweepRun:
         built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy, opts.schedule_policy
     )
     outcomes = _simulate_rows(context, runs, executor)
-    rows = [outcome.row for outcome in outcomes]
+    rows = _labelled_rows(outcomes, runs)
     run = {
         **executor.describe(len(runs)),
         "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),

@@ -113,19 +113,18 @@ def capacities_for(
 
     Raises:
         BenchmarkError: A capacity below 1, beyond the workload's distinct blocks, or (radix)
-            below what its largest request needs.
+            below what its largest request needs. The messages name the value, not an option:
+            the CLI (``--capacity-blocks``) and the library (``capacities=``) both show them.
     """
     unique = unique_blocks(workload.requests)
     if capacity_blocks:
         capacities = [int(c) for c in capacity_blocks]
-        where = "--capacity-blocks"
     else:
         ratios = list(capacity_ratios) if capacity_ratios else list(DEFAULT_CAPACITY_RATIOS)
         for ratio in ratios:
             if not 0.0 < ratio <= 1.0:
                 raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
         capacities = [max(1, int(unique * ratio)) for ratio in ratios]
-        where = "--capacity-ratio"
     # vLLM's pool gives one block to its null block: N blocks hold N-1.
     need = 1 if cache_model == "flat" else min_capacity(workload) + (cache_model == "vllm")
     if not capacity_blocks and not capacity_ratios:
@@ -133,16 +132,16 @@ def capacities_for(
         capacities = [min(max(capacity, need), unique) for capacity in capacities]
     for capacity in capacities:
         if capacity < 1:
-            raise BenchmarkError(f"{where}: capacity {capacity} blocks is below 1")
+            raise BenchmarkError(f"capacity {capacity} blocks is below 1")
         if capacity > unique:
             raise BenchmarkError(
-                f"{where}: capacity {capacity} blocks is beyond the workload's {unique} distinct blocks "
+                f"capacity {capacity} blocks is beyond the workload's {unique} distinct blocks "
                 f"(the unbounded reference row covers that)"
             )
         if capacity < need:
             raise BenchmarkError(
-                f"{where}: capacity {capacity} blocks cannot hold the workload's largest request "
+                f"capacity {capacity} blocks cannot hold the workload's largest request "
                 f"({need} blocks with its output) in the {cache_model} model; give at least {need} "
-                f"(or --cache-model flat)"
+                f"(or the flat cache model)"
             )
     return list(dict.fromkeys(capacities))

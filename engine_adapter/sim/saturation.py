@@ -4,14 +4,15 @@ A row is *saturated* when its median TTFT is more than `SATURATION_FACTOR` times
 engine of the cost model takes to prefill the workload's mean prompt: requests then wait, most
 of their TTFT, behind others, and TTFT, TPOT and throughput measure that queue (hit and
 re-prefill rates do not depend on time and are unaffected). Across the simulator's workloads
-the two kinds of row are far apart: 1 to 3 times the idle prefill where the engine keeps up,
+the two kinds of row are far apart: 1 to 6 times the idle prefill where the engine keeps up,
 80 to 14,000 times where it does not (the Mooncake conversation trace on the default 7B/A100
 cost model: 11,697 times, 14,344 s, for the unbounded cache itself).
 
 Two cases, two messages: the unbounded reference row saturated means the workload overloads
 the modelled engine whatever the cache (a faster `--cost-model` would let the times speak of
-the cache); only smaller caches saturated means their misses and
-preemptions are what builds the queue, a result in itself.
+the cache: `engine_adapter.sim.cost_models` ships such models, named in the warning); only
+smaller caches saturated means their misses and preemptions are what builds the queue, a
+result in itself.
 
 Pure Python; imports the cost model and the workload records.
 """
@@ -22,12 +23,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine_adapter.sim.cost_model import CostModel
+from engine_adapter.sim.cost_models import SHIPPED_COST_MODELS
 from engine_adapter.sim.workloads import Workload
 
-__all__ = ["SATURATION_FACTOR", "idle_prefill_s", "saturation"]
+__all__ = ["SATURATION_FACTOR", "SaturationWarning", "idle_prefill_s", "saturation"]
 
 SATURATION_FACTOR = 10.0
 """A row whose median TTFT exceeds this many idle prefills of the mean prompt is saturated."""
+
+
+class SaturationWarning(UserWarning):
+    """The library's warning (`engine_adapter.sim.api.simulate`) that rows measure a queue; the
+    CLI prints the same lines itself."""
 
 
 def idle_prefill_s(workload: Workload, cost: CostModel) -> tuple[float, int]:
@@ -38,6 +45,10 @@ def idle_prefill_s(workload: Workload, cost: CostModel) -> tuple[float, int]:
         prefill_tokens=mean_prompt, prefill_batch=1, cached_tokens=0, decode_batch=0, context_tokens=0
     )
     return seconds, mean_prompt
+
+
+def _shipped() -> str:
+    return ", ".join(SHIPPED_COST_MODELS)
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -73,7 +84,9 @@ def saturation(
             f"a median TTFT of {ttft:,.1f} s, {ttft / idle:,.0f}x the {idle:.3g} s an idle engine takes "
             f"to prefill the mean prompt ({mean_prompt:,} tokens); TTFT, TPOT and throughput measure "
             f"the queue, not the cache (hit and re-prefill rates stand); for times that speak of the "
-            f"cache, give an engine that keeps up with --cost-model FILE.yaml"
+            f"cache, give an engine that keeps up: a shipped cost model ({_shipped()}: --cost-model "
+            f"{SHIPPED_COST_MODELS[0]}, cost_model_path=\"{SHIPPED_COST_MODELS[0]}\" in Python) "
+            f"or your own FILE.yaml"
         )
     elif saturated:
         names = ", ".join(_label(row) for row in saturated[:6])

@@ -24,6 +24,7 @@ __all__ = [
     "TierPlan",
     "WorkloadSource",
     "check_plan",
+    "fraction",
     "parse_capacities",
     "parse_policies",
     "readable",
@@ -78,30 +79,37 @@ class BenchmarkPlan:
 
 
 def parse_policies(text: str, mode: str = "sim") -> list[str]:
-    """``lru,lfu,arc`` as checked registry names (aliases resolved, duplicates dropped).
+    """``lru,slru:protected_threshold=3,arc`` as checked policy labels (aliases resolved, params
+    kept: `sage_eviction.registry.split_policy_specs`; duplicates dropped).
 
     Raises:
-        CLIUsageError: An unknown name (the message lists the available ones), an empty list,
-            or an offline policy outside the simulator.
+        CLIUsageError: An unknown name (the message lists the available ones), a bad param, an
+            empty list, or an offline policy outside the simulator.
     """
-    from sage_eviction import PolicyConfigError, available_policies, get_policy_class
+    from sage_eviction import PolicyConfigError, available_policies, split_policy_specs
 
-    names = [item.strip() for item in text.split(",") if item.strip()]
-    if not names:
+    try:
+        policies = split_policy_specs(text, online=mode != "sim")
+    except PolicyConfigError as exc:
+        raise CLIUsageError(str(exc)) from None
+    if not policies:
         raise CLIUsageError("--eviction-policies is empty; available: " + ", ".join(available_policies()))
-    policies: list[str] = []
-    for item in names:
-        try:
-            cls = get_policy_class(item, online=mode != "sim")
-        except PolicyConfigError as exc:
-            raise CLIUsageError(str(exc)) from None
-        if cls.name not in policies:
-            policies.append(cls.name)
     return policies
 
 
+def fraction(item: str) -> float:
+    """``0.05`` or ``5%`` as a fraction (a percentage is divided by 100).
+
+    Raises:
+        ValueError: Neither a number nor a percentage.
+    """
+    text = item.strip()
+    return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+
+
 def parse_capacities(text: str, flag: str, *, ratio: bool) -> list[int] | list[float]:
-    """``N[,N...]`` block counts (positive integers) or ``R[,R...]`` ratios in (0, 1].
+    """``N[,N...]`` block counts (positive integers) or ``R[,R...]`` ratios in (0, 1], each a
+    fraction or a percentage (``0.05`` or ``5%``, as ``--load`` takes them).
 
     Raises:
         CLIUsageError: A value that is not one, or an empty list.
@@ -114,12 +122,12 @@ def parse_capacities(text: str, flag: str, *, ratio: bool) -> list[int] | list[f
     values: list[Any] = []
     for item in items:
         try:
-            value: float = float(item) if ratio else int(item)
+            value: float = fraction(item) if ratio else int(item)
         except ValueError:
-            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            kind = "a ratio in (0, 1] or a percentage" if ratio else "a positive number of blocks"
             raise CLIUsageError(f"{flag}: {item!r} is not {kind}") from None
         if (ratio and not 0.0 < value <= 1.0) or (not ratio and value < 1):
-            kind = "a ratio in (0, 1]" if ratio else "a positive number of blocks"
+            kind = "a ratio in (0, 1] or a percentage" if ratio else "a positive number of blocks"
             raise CLIUsageError(f"{flag}: {item!r} is not {kind}")
         if value not in values:
             values.append(value)
@@ -266,8 +274,12 @@ def _check_targets(args: BenchmarkArgs) -> None:
 
 
 def _load_cost_model(path: Path) -> dict[str, Any]:
+    """``--cost-model``: a YAML file, or a shipped cost model's name (a file of that name wins)."""
     from engine_adapter.safe_yaml import YAMLInputError, load_yaml_file
+    from engine_adapter.sim.cost_models import shipped_cost_model
 
+    shipped = None if path.exists() else shipped_cost_model(str(path))
+    path = shipped if shipped is not None else path
     readable(path, "--cost-model")
     try:
         values = load_yaml_file(path)

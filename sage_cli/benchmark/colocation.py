@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sage_cli.benchmark.checks import parse_capacities, parse_policies
+from sage_cli.benchmark.checks import fraction, parse_capacities, parse_policies
 from sage_cli.benchmark.options import BenchmarkArgs, Mode
 from sage_cli.errors import CLIUsageError
 from sage_cli.output import format_cell
@@ -96,7 +96,7 @@ def parse_loads(text: str) -> list[float]:
     loads: list[float] = []
     for item in (part.strip() for part in text.split(",")):
         try:
-            value = float(item[:-1]) / 100 if item.endswith("%") else float(item)
+            value = fraction(item)
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and 0 < value <= 10):

@@ -229,7 +229,7 @@ CapacityRatioOpt = Annotated[
         "--capacity-ratio",
         metavar="R[,R...]",
         show_default=False,
-        help="Cache sizes as fractions of the workload's distinct blocks, in (0, 1].",
+        help="Cache sizes as fractions of the workload's distinct blocks, in (0, 1], or percentages (5%).",
     ),
 ]
 CacheModelOpt = Annotated[
@@ -394,10 +394,12 @@ CostModelOpt = Annotated[
     Path | None,
     typer.Option(
         "--cost-model",
-        metavar="FILE.yaml",
+        metavar="FILE.yaml|NAME",
         dir_okay=False,
         show_default=False,
-        help="Prefill and decode cost model of the simulator (YAML).",
+        help="Prefill and decode cost model of the simulator: a YAML file, or a shipped one by name "
+        "(h100-llama-1b: an engine that keeps up with the shipped Mooncake traces; "
+        "default: a 7B on one A100).",
     ),
 ]
 AdaptiveBatchOpt = Annotated[

@@ -13,6 +13,7 @@ reported as one line with exit code 2 (`sage_cli.errors`).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from sage_cli.benchmark.checks import BenchmarkPlan
@@ -95,11 +96,13 @@ def run_in_simulator(args: BenchmarkArgs, plan: BenchmarkPlan) -> None:
     """Run the plan in the simulator; print its rows as the table (or JSON)."""
     options = simulator_options(args, plan)
     try:
-        from engine_adapter.sim.api import TRACE_OPTIONS, Trace, simulate
+        from engine_adapter.sim.api import TRACE_OPTIONS, SaturationWarning, Trace, simulate
     except ImportError as exc:
         raise CLIError(f"the benchmark needs engine_adapter.sim.api, which cannot be loaded: {exc}") from exc
     trace = Trace({key: options.pop(key) for key in TRACE_OPTIONS})
     policies = options.pop("policies")
     capacities, ratios = options.pop("capacity_blocks"), options.pop("capacity_ratios")
-    result = simulate(trace, policies, capacities=capacities, capacity_ratios=ratios, **options).raw
+    with warnings.catch_warnings():  # the table prints the saturation warnings itself, once
+        warnings.simplefilter("ignore", SaturationWarning)
+        result = simulate(trace, policies, capacities=capacities, capacity_ratios=ratios, **options).raw
     Output(args.json_out).result(result, lambda: results_table(result), wide=True)

@@ -19,7 +19,7 @@ from sage_cli.output import Output, format_cell
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-__all__ = ["results_table", "run_caption", "saturation_warnings", "save_and_show"]
+__all__ = ["cost_model_name", "results_table", "run_caption", "saturation_warnings", "save_and_show"]
 
 
 # The table's columns (key, title, format); --json and --output carry every field.
@@ -207,10 +207,20 @@ def results_table(result: dict[str, Any]) -> RenderableType:
         )
     for row in rows:
         table.add_row(*(format_cell(row.get(key), kind) for key, _, kind in columns))
+    notes = [Text(f"cost model: {name}")] if (name := cost_model_name(result)) else []
     warnings = saturation_warnings(result)
-    if not warnings:
+    if not warnings and not notes:
         return table
-    return Group(table, *(Text(f"warning: {w}", style="bold yellow") for w in warnings))
+    return Group(table, *notes, *(Text(f"warning: {w}", style="bold yellow") for w in warnings))
+
+
+def cost_model_name(result: dict[str, Any]) -> str | None:
+    """What the simulator's times come from (its cost model's `name`), said under the table so that
+    a TTFT is never read without it; None for the engine modes, which measure real times."""
+    settings = result.get("settings")
+    cost = settings.get("cost_model") if isinstance(settings, dict) else None
+    name = cost.get("name") if isinstance(cost, dict) else None
+    return str(name) if name else None
 
 
 def _with_block_hit_ratio(row: dict[str, Any]) -> dict[str, Any]:

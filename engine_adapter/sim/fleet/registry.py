@@ -16,6 +16,7 @@ from engine_adapter.sim.fleet.precise import Precise
 from engine_adapter.sim.fleet.predicted_ttft import PredictedTTFT
 from engine_adapter.sim.fleet.round_robin import RoundRobin
 from engine_adapter.sim.fleet.router import Router, RouterError
+from sage_eviction.registry import split_specs
 
 __all__ = ["ROUTERS", "parse_router", "router_class", "split_router_specs"]
 
@@ -59,14 +60,7 @@ def parse_router(spec: str) -> tuple[str, dict[str, Any]]:
 
 def split_router_specs(text: str) -> list[str]:
     """``a,b:k=v,k2=v2,c`` -> ``["a", "b:k=v,k2=v2", "c"]``, each checked; duplicates dropped."""
-    specs: list[str] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        if "=" in item and ":" not in item and specs:
-            specs[-1] += "," + item
-        else:
-            specs.append(item)
+    specs = split_specs(text)
     if not specs:
         raise RouterError(f"--router {text!r}: give router names, e.g. round_robin,precise")
     for spec in specs:
