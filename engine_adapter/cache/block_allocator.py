@@ -23,7 +23,7 @@ class BlockAllocator:
         block_size: Tokens per block (carried for the cache manager, which checks it).
     """
 
-    __slots__ = ("_free", "_is_free", "block_size", "num_blocks")
+    __slots__ = ("_free", "_fresh", "_is_free", "block_size", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
@@ -31,20 +31,22 @@ class BlockAllocator:
                 raise ValueError(f"{name}={value!r} must be a positive int")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # A stack: the next block handed out is the last element. Reversed so that a fresh
-        # pool hands out 0, 1, 2, ... (easier to read in logs and tests).
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # A stack of the freed blocks, the next handed out last, above the never-used ids
+        # `_fresh ..`, handed out in order (a fresh pool gives 0, 1, 2, ...: easier to read in
+        # logs and tests). Not a list of every id: a simulator's unbounded pool has millions.
+        self._free: list[int] = []
+        self._fresh = 0
         self._is_free = bytearray(b"\x01") * num_blocks
 
     @property
     def num_free(self) -> int:
         """Blocks on the free list."""
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._fresh
 
     @property
     def num_used(self) -> int:
         """Blocks handed out and not yet freed."""
-        return self.num_blocks - len(self._free)
+        return self._fresh - len(self._free)
 
     def is_free(self, block_id: int) -> bool:
         """Whether `block_id` is on the free list."""
@@ -62,12 +64,16 @@ class BlockAllocator:
             if n < 0:
                 raise ValueError(f"cannot allocate n={n} blocks")
             return []
-        free = self._free
-        if n > len(free):
-            raise PoolExhaustedError(f"cannot allocate {n} blocks: {len(free)} of {self.num_blocks} are free")
+        free, available = self._free, self.num_free
+        if n > available:
+            raise PoolExhaustedError(f"cannot allocate {n} blocks: {available} of {self.num_blocks} are free")
         ids = free[-n:]
         del free[-n:]
         ids.reverse()
+        if len(ids) < n:
+            fresh = self._fresh
+            self._fresh = fresh + n - len(ids)
+            ids.extend(range(fresh, self._fresh))
         is_free = self._is_free
         for block_id in ids:
             is_free[block_id] = 0
@@ -103,7 +109,7 @@ class BlockAllocator:
 
     def free_block_ids(self) -> list[int]:
         """The free list, next to be handed out last (O(n): for checks and tests)."""
-        return list(self._free)
+        return [*range(self.num_blocks - 1, self._fresh - 1, -1), *self._free]
 
     def __repr__(self) -> str:
         return (

@@ -36,6 +36,39 @@ _DENSE = 4
 this many times the number of lookups (the traces' ids are: consecutive from 0), else sorted."""
 
 
+_NEXT_USE_CHUNK = 1 << 20
+"""Lookups per chunk of `_next_uses` (its scratch is a few arrays of this length)."""
+
+
+def _next_uses(keys: np.ndarray, after: np.ndarray) -> None:
+    """Fill `after[i]` with the position of `keys[i]`'s next occurrence (`after` comes filled
+    with the number of keys: none).
+
+    Chunk by chunk from the end, each sorted on its own (stable, so a key's positions stay in
+    order): within a chunk a lookup's next use is the next one of its run; the last of a run
+    takes the key's first position in the chunks after it (`first`, one slot per key), which the
+    run's first position then replaces. Keys are slots by value where they are small
+    non-negative ints (the traces' ids count from 0), else by rank among the distinct keys
+    (`np.unique`: one sorted copy of the keys while it runs). A whole-array argsort instead costs
+    about 37 bytes a lookup at its peak (order, sorted keys, the result and its copies)."""
+    n = len(keys)
+    low, high = int(keys.min()), int(keys.max())
+    distinct = None if low >= 0 and high < n + (1 << 20) else np.unique(keys)
+    first = np.full(high + 1 if distinct is None else len(distinct), n, dtype=np.int64)
+    for start in range(((n - 1) // _NEXT_USE_CHUNK) * _NEXT_USE_CHUNK, -1, -_NEXT_USE_CHUNK):
+        chunk = keys[start : start + _NEXT_USE_CHUNK]
+        slots = chunk if distinct is None else np.searchsorted(distinct, chunk)
+        order = np.argsort(slots, kind="stable")
+        ordered = slots[order]
+        positions = order + start
+        same = ordered[1:] == ordered[:-1]
+        after[positions[:-1][same]] = positions[1:][same]
+        last = np.append(~same, True)  # the last lookup of each key's run
+        after[positions[last]] = first[ordered[last]]
+        head = np.insert(~same, 0, True)  # the first of each run
+        first[ordered[head]] = positions[head]
+
+
 class _Labels:
     """Optional string labels (tenants, sessions) as codes: -1 is None."""
 
@@ -271,18 +304,15 @@ class RequestTable(Sequence[SimRequest]):
 
     def next_use_positions(self) -> array[int]:
         """For each lookup, the position of the same key's next lookup, else the number of
-        lookups: one int64 array, from a stable sort of the keys (`workloads.next_use_positions`)."""
+        lookups: one int64 array (`workloads.next_use_positions`), and besides it only one
+        chunk's scratch and one slot per key (`_next_uses`), never a copy of the lookups."""
         keys = self.key_array()
         n = len(self._keys)
         if keys is None:
             return next_use_positions(list(self))
-        order = np.argsort(keys, kind="stable")
-        ordered = keys[order]
-        same = ordered[1:] == ordered[:-1]
-        after = np.full(n, n, dtype=np.int64)
-        after[order[:-1][same]] = order[1:][same]
-        result = array("q")
-        result.frombytes(after.tobytes())
+        result = array("q", [n]) * n  # filled in place: no bytes of 8 per lookup built first
+        if n:
+            _next_uses(keys, np.frombuffer(result, dtype=np.int64))
         return result
 
     def request_ends(self) -> array[int]:

@@ -227,8 +227,7 @@ class Simulator:
         return name.strip().lower() if self.cache_model == "sglang" else get_policy_class(name).name
 
     def _pool_blocks(self) -> int:
-        """The pool: the capacity, or for the unbounded row room for every distinct block and
-        every request's private blocks at once."""
+        """The capacity, or (unbounded) room for every distinct and every private block at once."""
         bs = self.block_size
         num_blocks = self.capacity
         if self.unbounded:
@@ -238,10 +237,9 @@ class Simulator:
         return num_blocks
 
     def _build_radix(self, requests: RunRequests) -> RadixModel:
-        bs = self.block_size
         num_blocks = self._pool_blocks()
         manager = CacheManager(
-            BlockAllocator(num_blocks, bs),
+            BlockAllocator(num_blocks, self.block_size),
             policy=self.policy_spec,
             record_events=False,
             clock=self._now,
@@ -250,6 +248,8 @@ class Simulator:
             tiers=self.tiers,
             compress_on_evict=None if self.unbounded else self.compress,
             int_keys=int64_keys(self.workload.requests),  # the whole workload's: a fleet's replica grows
+            # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
+            ghost_factor=1 / num_blocks if self.unbounded else 2.0,
         )
         belady = None
         if manager.policy.offline:
