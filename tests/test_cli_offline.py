@@ -501,8 +501,12 @@ def test_logs_from_a_file(env: dict[str, str], short_dir: Path) -> None:
         0,
         [ONE_LINE.format(victims="Sequence 123 and 1 cached block")],
     )
-    result = sage(["llm", "eviction", "logs", "--file", str(log), "--tail", "2"], env)  # a cut call
-    assert (result.returncode, result.stdout.splitlines()) == (0, [ONE_LINE.format(victims="1 cached block")])
+    # --tail counts lines: the call is printed whole (before issue 48 it was cut to its last 2 events)
+    result = sage(["llm", "eviction", "logs", "--file", str(log), "--tail", "1"], env)
+    assert (result.returncode, result.stdout.splitlines()) == (
+        0,
+        [ONE_LINE.format(victims="Sequence 123 and 1 cached block")],
+    )
     result = sage(["llm", "eviction", "logs", "--file", str(log), "--json"], env)
     assert [json.loads(line) for line in result.stdout.splitlines()] == EVENTS
     log.write_text("not json\n")

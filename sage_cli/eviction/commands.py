@@ -30,6 +30,7 @@ from sage_cli.eviction.explanations import (
     run_heading,
 )
 from sage_cli.eviction.log_file import read_log_file
+from sage_cli.eviction.log_tail import Unit, tail_events
 from sage_cli.eviction.lookups import eviction_for, lookup_lines, read_lookups
 from sage_cli.eviction.render import (
     eviction_log_lines,
@@ -115,7 +116,12 @@ def logs(
     name: NameOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
-    tail: Annotated[int, typer.Option("--tail", min=0, metavar="N", help="Show the last N events.")] = 50,
+    tail: Annotated[
+        int,
+        typer.Option(
+            "--tail", min=0, metavar="N", help="Show the last N lines (whole evictions; with --json, events)."
+        ),
+    ] = 50,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
     ] = False,
@@ -138,9 +144,10 @@ def logs(
     """Show the eviction log: one line per eviction (its victims by sequence, what it freed).
 
     --explain: one line per victim, with why it went. --json: the engine's events as they are,
-    one JSON line each (an ``evict`` per victim, a ``freed`` per eviction). The engine writes
-    the log with --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl; --file reads such a
-    file directly, with no engine.
+    one JSON line each (an ``evict`` per victim, a ``freed`` per eviction). --tail counts the
+    lines printed, and never cuts an eviction's line. The engine writes the log with
+    --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl; --file reads such a file
+    directly, with no engine.
     """
     out = Output(json_out)
 
@@ -157,16 +164,36 @@ def logs(
                     stamp = render_event(event).split(" EVICTION:")[0]
                     out.item(event, lambda event=event, stamp=stamp: f"{stamp} {explain_one_line(event)}")
 
+    unit: Unit = "event" if json_out else "victim" if explain else "call"
     try:
         if file is not None:
             if socket is not None or name is not None:
                 raise CLIUsageError("--file reads a log file; it does not take --socket or --name")
-            show(read_log_file(file, tail, follow))
+            empty, events = tail_events(
+                lambda k: list(read_log_file(file, k, False)),
+                lambda k: read_log_file(file, k, True),
+                tail,
+                follow=follow,
+                unit=unit,
+            )
+            _say_when_empty(empty and tail > 0, follow, f"in {file}")
+            show(events)
             return
         with client_for(socket, name, url=url, api_key=api_key) as client:
-            show(client.follow_eviction_logs(tail) if follow else client.eviction_logs(tail))
+            empty, events = tail_events(
+                client.eviction_logs, client.follow_eviction_logs, tail, follow=follow, unit=unit
+            )
+            _say_when_empty(empty and tail > 0, follow, "since the engine started or its cache was reset")
+            show(events)
     except KeyboardInterrupt:
         return
+
+
+def _say_when_empty(empty: bool, follow: bool, where: str) -> None:
+    """An empty log says so (on stderr), rather than printing nothing at all."""
+    if empty:
+        waiting = "; waiting for the first (Ctrl-C stops)" if follow else ""
+        Output.note(f"no evictions yet ({where}){waiting}")
 
 
 def set_policy(

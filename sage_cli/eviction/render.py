@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "eviction_log_lines",
+    "group_line",
+    "line_groups",
     "policies_table",
     "render_event",
     "render_eviction",
@@ -322,10 +324,10 @@ def render_eviction(
     return line
 
 
-def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> Iterator[str]:
-    """The eviction log for people: one line per eviction call (its ``evict`` events and the
-    ``freed`` event that ends it), one per other event. Lazy: a line comes out as soon as its
-    call's ``freed`` event goes in, so ``logs --follow`` prints each eviction as it happens."""
+def line_groups(events: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The events of the eviction log, grouped as its text shows them: an eviction call (its
+    ``evict`` events and the ``freed`` event that ends it) is one group, any other event its own.
+    Lazy: a call's group comes out as soon as its ``freed`` event goes in."""
     victims: list[dict[str, Any]] = []
     for event in events:
         kind = event.get("event")
@@ -333,15 +335,32 @@ def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None
             victims.append(event)
             continue
         if kind == "freed":
-            yield render_eviction(victims, event, tz=tz)
+            yield [*victims, event]
             victims = []
             continue
         if victims:
-            yield render_eviction(victims, None, tz=tz)
+            yield victims
             victims = []
-        yield render_event(event, tz=tz)
+        yield [event]
     if victims:
-        yield render_eviction(victims, None, tz=tz)
+        yield victims
+
+
+def group_line(group: list[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> str:
+    """The text line of one group of `line_groups`."""
+    last = group[-1]
+    if last.get("event") == "freed":
+        return render_eviction(group[:-1], last, tz=tz)
+    if last.get("event") == "evict":
+        return render_eviction(group, None, tz=tz)
+    return render_event(last, tz=tz)
+
+
+def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> Iterator[str]:
+    """The eviction log for people: one line per eviction call, one per other event (see
+    `line_groups`), so ``logs --follow`` prints each eviction as it happens."""
+    for group in line_groups(events):
+        yield group_line(group, tz=tz)
 
 
 def _params_text(params: Any) -> str:
