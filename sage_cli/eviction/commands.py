@@ -111,35 +111,39 @@ def stats(
             return
 
 
+TailOpt = Annotated[
+    int,
+    typer.Option(
+        "--tail", min=0, metavar="N", help="Show the last N lines (whole evictions; with --json, events)."
+    ),
+]
+FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")]
+LogJsonOpt = Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")]
+LogExplainOpt = Annotated[
+    bool, typer.Option("--explain", help="One line per victim with why it went (engine run with --explain).")
+]
+LogFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--file",
+        metavar="PATH",
+        help="Read an eviction log file (e.g. of a stopped engine) instead of asking the engine.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+
+
 def logs(
     socket: SocketOpt = None,
     name: NameOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
-    tail: Annotated[
-        int,
-        typer.Option(
-            "--tail", min=0, metavar="N", help="Show the last N lines (whole evictions; with --json, events)."
-        ),
-    ] = 50,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
-    explain: Annotated[
-        bool,
-        typer.Option("--explain", help="One line per victim with why it went (engine run with --explain)."),
-    ] = False,
-    file: Annotated[
-        Path | None,
-        typer.Option(
-            "--file",
-            metavar="PATH",
-            help="Read an eviction log file (e.g. of a stopped engine) instead of asking the engine.",
-            dir_okay=False,
-            show_default=False,
-        ),
-    ] = None,
+    tail: TailOpt = 50,
+    follow: FollowOpt = False,
+    json_out: LogJsonOpt = False,
+    explain: LogExplainOpt = False,
+    file: LogFileOpt = None,
 ) -> None:
     """Show the eviction log: one line per eviction (its victims by sequence, what it freed).
 
@@ -169,15 +173,7 @@ def logs(
         if file is not None:
             if socket is not None or name is not None:
                 raise CLIUsageError("--file reads a log file; it does not take --socket or --name")
-            empty, events = tail_events(
-                lambda k: list(read_log_file(file, k, False)),
-                lambda k: read_log_file(file, k, True),
-                tail,
-                follow=follow,
-                unit=unit,
-            )
-            _say_when_empty(empty and tail > 0, follow, f"in {file}")
-            show(events)
+            show(_file_tail(file, tail, follow, unit))
             return
         with client_for(socket, name, url=url, api_key=api_key) as client:
             empty, events = tail_events(
@@ -187,6 +183,19 @@ def logs(
             show(events)
     except KeyboardInterrupt:
         return
+
+
+def _file_tail(file: Path, tail: int, follow: bool, unit: Unit) -> Iterable[dict[str, Any]]:
+    """``logs --file``: the file's last `tail` lines (then, following, its new events)."""
+    empty, events = tail_events(
+        lambda k: list(read_log_file(file, k, False)),
+        lambda k: read_log_file(file, k, True),
+        tail,
+        follow=follow,
+        unit=unit,
+    )
+    _say_when_empty(empty and tail > 0, follow, f"in {file}")
+    return events
 
 
 def _say_when_empty(empty: bool, follow: bool, where: str) -> None:
