@@ -30,12 +30,12 @@ def _log(call_sizes: list[int]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     total = 0
     for call, size in enumerate(call_sizes):
+        common = {"ts": 1.0e9 + call, "policy": "lru", "reason": "alloc"}
         for block in range(size):
-            events.append({"event": "evict", "ts": 1.0e9 + call, "block": f"{call:04d}{block:04d}",
-                           "sequence_id": call, "policy": "lru", "reason": "alloc", "last_access": 1.0})  # fmt: skip
+            victim = {"block": f"{call:04d}{block:04d}", "sequence_id": call, "last_access": 1.0}
+            events.append({"event": "evict", **common, **victim})
         total += size
-        events.append({"event": "freed", "ts": 1.0e9 + call, "policy": "lru", "reason": "alloc",
-                       "blocks_freed": size, "total_freed": total})  # fmt: skip
+        events.append({"event": "freed", **common, "blocks_freed": size, "total_freed": total})
     return events
 
 
@@ -96,8 +96,8 @@ def test_tail_prints_the_last_whole_lines(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2
-    assert "Sequence 2 (5 blocks) evicted" in lines[0] and "freed 5 blocks, total freed: 12 blocks" in lines[0]
-    assert "Sequence 3 (6 blocks) evicted" in lines[1] and "freed 6 blocks, total freed: 18 blocks" in lines[1]
+    assert "Sequence 2 (5 blocks) evicted" in lines[0] and "freed 5 blocks, total freed: 12 " in lines[0]
+    assert "Sequence 3 (6 blocks) evicted" in lines[1] and "freed 6 blocks, total freed: 18 " in lines[1]
     five = _sage(tmp_path, "--file", str(log), "--tail", "5").stdout.splitlines()
     assert len(five) == 4 and five[-2:] == lines  # all four calls, none cut
 
