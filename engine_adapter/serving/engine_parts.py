@@ -150,6 +150,7 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
     """The model in the config's dtype and quantization (compiled with ``compile``; decode steps
     from CUDA graphs with ``cuda_graphs`` on CUDA) and its KV pool in ``kv_dtype`` (auto: the
     model's dtype), sized by `pool_blocks`."""
+    config.check_device()
     decoder, tokenizer, model_config = load_model(
         config.model,
         device=config.device,

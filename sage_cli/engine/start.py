@@ -60,7 +60,8 @@ def _resolve_start_config(flags: dict[str, Any], config_file: Path | None) -> En
     """The engine's config from the flags, SAGE_* variables, the config file and the defaults.
 
     Raises:
-        ConfigError: A bad or offline setting. PolicyConfigError: an unknown policy or param.
+        ConfigError: A bad or offline setting, or a CUDA device this torch cannot reach.
+            PolicyConfigError: an unknown policy or param.
             Both exit as usage errors.
     """
     from engine_adapter.model.builtin import default_model_name
@@ -68,6 +69,7 @@ def _resolve_start_config(flags: dict[str, Any], config_file: Path | None) -> En
 
     config = resolve_config(flags, config_file=config_file, defaults={"model": default_model_name()})
     config.check_policy()
+    config.check_device()
     return config
 
 

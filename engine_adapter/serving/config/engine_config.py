@@ -447,6 +447,30 @@ class EngineConfig:
             slos.update(self.tenant_slos.get(tenant, {}))
         return slos
 
+    def check_device(self) -> None:
+        """A CUDA device that this torch cannot reach is refused up front, in one line (torch's own
+        "Torch not compiled with CUDA enabled" is an AssertionError deep in the model's load).
+
+        Raises:
+            ConfigError: ``cuda`` or ``cuda:N`` on a CPU-only torch, with no GPU visible, or N
+                beyond the GPUs.
+        """
+        if not self.device.startswith("cuda"):
+            return
+        import torch
+
+        where = f"--device {self.device}"
+        if torch.version.cuda is None:
+            raise ConfigError(
+                f"{where}: this torch ({torch.__version__}) is a CPU-only build; use --device cpu "
+                "(or auto), or install a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        index = int(self.device.partition(":")[2] or 0)
+        if index >= count:
+            seen = f"{count} CUDA GPU{'s' if count != 1 else ''} visible" if count else "no CUDA GPU visible"
+            raise ConfigError(f"{where}: {seen}; use --device cpu (or auto)")
+
     def check_policy(self) -> None:
         """Check the policy name and params against `sage_eviction` (pure Python, no engine).
 
