@@ -270,7 +270,8 @@ class EngineConfig:
     port: int | None = None
     """The TCP port."""
     api_key: str = field(default="", repr=False)
-    """Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY).
+    """Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY): 16
+    printable characters at least, no spaces.
 
     All requests but ``/health``; never written by `to_dict` (it goes to a detached engine in its
     environment).
@@ -446,30 +447,6 @@ class EngineConfig:
         if tenant is not None:
             slos.update(self.tenant_slos.get(tenant, {}))
         return slos
-
-    def check_device(self) -> None:
-        """A CUDA device that this torch cannot reach is refused up front, in one line (torch's own
-        "Torch not compiled with CUDA enabled" is an AssertionError deep in the model's load).
-
-        Raises:
-            ConfigError: ``cuda`` or ``cuda:N`` on a CPU-only torch, with no GPU visible, or N
-                beyond the GPUs.
-        """
-        if not self.device.startswith("cuda"):
-            return
-        import torch
-
-        where = f"--device {self.device}"
-        if torch.version.cuda is None:
-            raise ConfigError(
-                f"{where}: this torch ({torch.__version__}) is a CPU-only build; use --device cpu "
-                "(or auto), or install a CUDA build of torch"
-            )
-        count = torch.cuda.device_count()
-        index = int(self.device.partition(":")[2] or 0)
-        if index >= count:
-            seen = f"{count} CUDA GPU{'s' if count != 1 else ''} visible" if count else "no CUDA GPU visible"
-            raise ConfigError(f"{where}: {seen}; use --device cpu (or auto)")
 
     def check_policy(self) -> None:
         """Check the policy name and params against `sage_eviction` (pure Python, no engine).
