@@ -174,6 +174,7 @@ class Policy(_Record):
     strategy: str
     params: JSONObject
     offline: bool
+    idea: str | None = None
     paper: str | None = None
 
 

@@ -5,7 +5,10 @@
   Grafana panel reads 0 rather than "no data";
 - item 8: ``sage llm eviction logs`` and ``logs -f`` say that nothing was evicted yet;
 - item 5: the official `openai` client's chat request without ``max_tokens`` generates to the end
-  of the context (OpenAI's and vLLM's default), not 16 tokens; a completion's default stays 16.
+  of the context (OpenAI's and vLLM's default), not 16 tokens; a completion's default stays 16;
+- item 11: a policy plugin installed after the engine started is found by ``set-policy``, and one
+  whose module fails to import is a 400 "policy X could not be loaded: ..." (it was a 500,
+  ``internal server error: ModuleNotFoundError``, which also broke every other plugin's lookup).
 
 The engine is sage-tiny (random weights) on a pool of 16 blocks of 16
 tokens, so "the rest of the context" is 256 tokens less the prompt.
@@ -39,8 +42,9 @@ def _sage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[tuple[dict[str, str], Path]]:
     home = Path(tempfile.mkdtemp(prefix="sg-fresh-", dir="/tmp"))  # short: a socket path is bounded
+    (home / "site").mkdir()  # where plugins are installed once the engine runs
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
-    env.update(SAGE_HOME=str(home), PYTHONPATH=str(REPO))
+    env.update(SAGE_HOME=str(home), PYTHONPATH=f"{home / 'site'}{os.pathsep}{REPO}")
     started = _sage(
         env, "llm", "engine", "start", "sage-tiny", "--detach", "--name", "fresh", "--num-blocks", "16",
         "--block-size", "16", "--device", "cpu", "--host-kv-cache", "1MiB",
@@ -114,3 +118,39 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(fresh: tuple[d
         assert chat.usage.completion_tokens == POOL_TOKENS - chat.usage.prompt_tokens  # the rest of the pool
         text = client.completions.create(model="sage-tiny", prompt="Once upon a time", temperature=0)
         assert text.usage.completion_tokens <= 16  # a completion's default stays OpenAI's 16
+
+
+def _install_plugins(site: Path) -> None:
+    """Two plugins, as pip would lay them out: `latelru` (an LRU under its own name) and `broken`,
+    whose entry point names a module that does not exist."""
+    (site / "latelru_policy.py").write_text(
+        "from sage_eviction.policies.lru import LRUPolicy\n\n\n"
+        "class LateLRU(LRUPolicy):\n"
+        '    """LRU, installed after the engine started."""\n\n'
+        '    name = "latelru"\n'
+    )
+    dist = site / "latelru-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: latelru\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[sage_eviction.policies]\nlatelru = latelru_policy:LateLRU\nbroken = no_such_module_h48:Policy\n"
+    )
+
+
+def test_a_plugin_installed_after_the_engine_started(fresh: tuple[dict[str, str], Path]) -> None:
+    env, sock = fresh
+    _install_plugins(sock.parent.parent / "site")
+    swapped = _sage(env, "llm", "eviction", "set-policy", "--name", "fresh", "latelru")
+    assert swapped.returncode == 0, swapped.stderr
+    assert "-> latelru" in swapped.stdout
+    broken = _sage(env, "llm", "eviction", "set-policy", "--name", "fresh", "broken")
+    assert broken.returncode != 0 and "Traceback" not in broken.stderr
+    lines = broken.stderr.strip().splitlines()
+    assert len(lines) == 1, broken.stderr
+    assert "policy 'broken' could not be loaded: ModuleNotFoundError" in lines[0], lines[0]
+    assert "no_such_module_h48" in lines[0] and "internal server error" not in lines[0]
+    with _http(sock) as http:
+        answer = http.put("/v1/eviction/policy", json={"policy": "broken"})
+    assert answer.status_code == 400, answer.text
+    back = _sage(env, "llm", "eviction", "set-policy", "--name", "fresh", "lru")  # the others still load
+    assert back.returncode == 0, back.stderr

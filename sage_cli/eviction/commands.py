@@ -45,6 +45,7 @@ from sage_cli.options import (
     ApiKeyOpt,
     JsonOpt,
     NameOpt,
+    OldPolicyOpt,
     ParamOpt,
     PolicyOpt,
     SocketOpt,
@@ -206,24 +207,46 @@ def _say_when_empty(empty: bool, follow: bool, where: str) -> None:
 
 
 def set_policy(
-    policy: PolicyOpt,
+    policy: PolicyOpt = None,
     param: ParamOpt = None,
     socket: SocketOpt = None,
     name: NameOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
+    old_policy: OldPolicyOpt = None,
 ) -> None:
-    """Hot-swap the eviction policy of a running engine.
+    """Hot-swap the eviction policy of a running engine to NAME.
 
     The swap happens between two engine steps; the cached blocks carry over to the new policy
     and no request is lost. Prints the old and new policy and the swap time.
     """
+    chosen = _policy_argument(policy, old_policy)
     params = parse_params(param)
     out = Output(json_out)
     with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.set_policy(policy.strip(), params)
+        answer = client.set_policy(chosen.strip(), params)
     out.result(answer, lambda: render_swap(answer))
+
+
+def _policy_argument(policy: str | None, old_policy: str | None) -> str:
+    """NAME, positional as every eviction command takes its policy; the old ``--policy NAME``
+    still works for one release, with a warning on stderr.
+
+    Raises:
+        CLIUsageError: No policy, or two different ones.
+    """
+    if old_policy is not None:
+        Output.note(
+            f"warning: --policy is deprecated and goes in the next release; write "
+            f"`sage llm eviction set-policy {old_policy}`"
+        )
+        if policy is not None and policy != old_policy:
+            raise CLIUsageError(f"two policies given ({policy!r} and --policy {old_policy!r}); give one NAME")
+        return old_policy
+    if policy is None:
+        raise CLIUsageError("Missing argument 'NAME': the policy to swap to, e.g. `set-policy arc`")
+    return policy
 
 
 def set_token_policy(
