@@ -92,6 +92,7 @@ def test_start_says_what_is_wrong_with_the_model() -> None:
     assert "Download it yourself" in line and "--model" not in line  # the whole message, one line
 
 
+@pytest.mark.slow  # the CLI's start, up to the device check, imports the engine's config and torch
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this torch has CUDA")
 def test_start_on_cuda_with_a_cpu_only_torch_is_one_clear_line() -> None:
     line = _one_line_error(_start("sage-tiny", "--device", "cuda"))
