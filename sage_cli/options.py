@@ -29,6 +29,7 @@ __all__ = [
     "JsonOpt",
     "NameOpt",
     "ParamOpt",
+    "OldPolicyOpt",
     "PolicyOpt",
     "SocketOpt",
     "UrlOpt",
@@ -84,12 +85,22 @@ ApiKeyOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 PolicyOpt = Annotated[
-    str,
+    str | None,
+    typer.Argument(
+        metavar="NAME",
+        help="Eviction policy, e.g. lru, lfu, arc (see 'sage llm eviction policies').",
+        show_default=False,
+    ),
+]
+OldPolicyOpt = Annotated[
+    str | None,
     typer.Option(
         "--policy",
         "-p",
         metavar="NAME",
-        help="Eviction policy, e.g. lru, lfu, arc (see 'sage llm eviction policies').",
+        help="Deprecated: give NAME as the argument, as set-token-policy takes its SPEC "
+        "(--policy is accepted, with a warning, until the next release).",
+        show_default=False,
     ),
 ]
 ParamOpt = Annotated[

@@ -7,9 +7,11 @@ and ``--json`` prints it as is). `ControlClient`'s typed methods (``stats``, ``p
 ``info``, ``usage``, ``token_policy``, ``swap_policy``) return them; its JSON methods return
 the answers unparsed.
 
-    >>> with ControlClient() as engine:                         # doctest: +SKIP
-    ...     stats = engine.stats()
-    ...     print(stats.policy, f"{stats.hit_rate:.1%}", [t.tier for t in stats.tiers])
+```python
+with ControlClient() as engine:  # the default engine's socket
+    stats = engine.stats()
+    print(stats.policy, f"{stats.hit_rate:.1%}", [t.tier for t in stats.tiers])
+```
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ class Policy(_Record):
     strategy: str
     params: JSONObject
     offline: bool
+    idea: str | None = None
     paper: str | None = None
 
 

@@ -6,7 +6,8 @@ The tree::
     ├── PolicyConfigError (also ValueError)
     │   ├── UnknownPolicyError       an unknown policy name; lists the names that exist
     │   ├── OfflinePolicyError       an offline policy (it needs the future) where only online ones run
-    │   └── PolicyParamError         an unknown or ill-typed param; lists the params and defaults
+    │   ├── PolicyParamError         an unknown or ill-typed param; lists the params and defaults
+    │   └── PolicyLoadError          a plugin's entry point that fails to import; says why
     └── PolicyStateError (also KeyError)
         ├── DuplicateKeyError        insert of a key the policy already holds
         └── UnknownKeyError          access, set_evictable or remove of a key it does not hold
@@ -18,6 +19,7 @@ __all__ = [
     "DuplicateKeyError",
     "OfflinePolicyError",
     "PolicyConfigError",
+    "PolicyLoadError",
     "PolicyParamError",
     "PolicyStateError",
     "SageEvictionError",
@@ -45,6 +47,11 @@ class OfflinePolicyError(PolicyConfigError):
 
 class PolicyParamError(PolicyConfigError):
     """A param the policy does not take, or a value of the wrong type."""
+
+
+class PolicyLoadError(PolicyConfigError):
+    """A plugin policy whose entry point cannot be loaded (its module missing or failing to
+    import); the message names the policy and the error. The other policies stay usable."""
 
 
 class PolicyStateError(SageEvictionError, KeyError):

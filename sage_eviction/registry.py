@@ -10,6 +10,7 @@ script registers for the session with `register_policy` (the same dict: one regi
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
 import typing
@@ -19,7 +20,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sage_eviction.base import EvictionPolicy
-from sage_eviction.errors import OfflinePolicyError, PolicyParamError, UnknownPolicyError
+from sage_eviction.errors import OfflinePolicyError, PolicyLoadError, PolicyParamError, UnknownPolicyError
 from sage_eviction.policies import POLICIES
 from sage_eviction.types import EntryMeta
 
@@ -66,19 +67,34 @@ class ParamSpec:
         return f"{self.name}={self.default!r}"
 
 
-def _load_plugins() -> None:
+# Plugins whose entry point failed to load: name -> why (a lookup of the name says it).
+_UNLOADABLE: dict[str, str] = {}
+
+
+def _load_plugins(*, rescan: bool = False) -> None:
+    """Register the entry points' policies, once; `rescan`: look again (a plugin installed since,
+    into a process that had looked: an engine), with the import system's caches cleared so that
+    its new module is found. One that fails to load is set aside with why, not raised: the
+    other policies stay usable, and looking it up is a `PolicyLoadError`."""
     global _plugins_loaded
-    if _plugins_loaded:
+    if _plugins_loaded and not rescan:
         return
     _plugins_loaded = True
+    if rescan:
+        importlib.invalidate_caches()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in POLICIES:
             continue
-        cls = ep.load()
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a plugin's import may fail in any way: say how, per name
+            _UNLOADABLE[ep.name] = f"{type(exc).__name__}: {exc}"
+            continue
         if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
             raise UnknownPolicyError(
                 f"entry point {ep.name!r} ({ep.value}) is not an EvictionPolicy subclass"
             )
+        _UNLOADABLE.pop(ep.name, None)
         POLICIES[ep.name] = cls
 
 
@@ -150,6 +166,7 @@ def get_policy_class(name: str, *, online: bool = False) -> type[EvictionPolicy]
 
     Raises:
         UnknownPolicyError: No such policy; the message lists the ones that exist.
+        PolicyLoadError: A plugin's policy whose module cannot be loaded; the message says why.
         OfflinePolicyError: `online` and the policy is offline; the message lists the online ones.
     """
     key = name.strip().lower()
@@ -158,6 +175,11 @@ def get_policy_class(name: str, *, online: bool = False) -> type[EvictionPolicy]
     if cls is None:
         _load_plugins()
         cls = POLICIES.get(key)
+    if cls is None:  # installed since the registry looked?
+        _load_plugins(rescan=True)
+        cls = POLICIES.get(key)
+    if cls is None and key in _UNLOADABLE:
+        raise PolicyLoadError(f"policy {key!r} could not be loaded: {_UNLOADABLE[key]}")
     if cls is None:
         listing = ", ".join(available_policies(include_offline=not online))
         raise UnknownPolicyError(f"unknown eviction policy {name!r}; available: {listing}")
@@ -190,10 +212,17 @@ def policy_params(cls: type[EvictionPolicy]) -> dict[str, ParamSpec]:
     return specs
 
 
+def policy_idea(cls: type) -> str:
+    """A policy's idea in one line: the first paragraph of its class docstring (the README's
+    policy table and ``sage llm eviction policies`` show it)."""
+    first = (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(first.split())
+
+
 def describe_policies(*, include_offline: bool) -> list[dict[str, Any]]:
     """Each registered policy as the control API's ``GET /v1/eviction/policies`` lists it (and
-    ``sage llm eviction policies`` with no engine): name, strategy, paper, whether it is offline,
-    its params with their defaults (``capacity`` aside: the cache gives it)."""
+    ``sage llm eviction policies`` with no engine): name, strategy, its idea, paper, whether it is
+    offline, its params with their defaults (``capacity`` aside: the cache gives it)."""
     listing = []
     for name in available_policies(include_offline=include_offline):
         cls = get_policy_class(name)
@@ -202,6 +231,7 @@ def describe_policies(*, include_offline: bool) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "strategy": cls.strategy.name,
+                "idea": policy_idea(cls),
                 "paper": cls.paper,
                 "offline": cls.offline,
                 "params": params,

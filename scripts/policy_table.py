@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sage_eviction import available_policies, get_policy_class, policy_params
+from sage_eviction.registry import policy_idea
 
 BEGIN = "<!-- policy-table:begin -->"
 END = "<!-- policy-table:end -->"
@@ -22,8 +23,7 @@ def policy_table() -> str:
     ]
     for name in available_policies():
         cls = get_policy_class(name)
-        idea = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        idea = " ".join(idea.split()).replace("|", "\\|")
+        idea = policy_idea(cls).replace("|", "\\|")
         params = ", ".join(
             f"`{p.name}={p.default!r}`" for p in policy_params(cls).values() if p.name != "capacity"
         )

@@ -71,7 +71,7 @@ def test_a_session_with_swaps_under_load(live: tuple[dict[str, str], Path]) -> N
 
     def swapper() -> None:  # each swap is a new `sage` process, while the completions run
         for policy in ["arc", "s3fifo", "lfu", "sieve", "lru"]:
-            done = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "--policy", policy)
+            done = _sage(env, "llm", "eviction", "set-policy", "--name", "live", policy)
             if done.returncode != 0:
                 failures.append(done.stderr)
             swaps.append(done.stdout)
@@ -114,7 +114,7 @@ def test_a_session_with_swaps_under_load(live: tuple[dict[str, str], Path]) -> N
     before = json.loads(_sage(env, "llm", "eviction", "stats", "--name", "live", "--json").stdout)[
         "cached_blocks"
     ]
-    swapped = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "--policy", "slru",
+    swapped = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "slru",
                     "--param", "protected_threshold=3")  # fmt: skip
     assert swapped.returncode == 0, swapped.stderr
     after = json.loads(_sage(env, "llm", "eviction", "stats", "--name", "live", "--json").stdout)[
@@ -126,14 +126,12 @@ def test_a_session_with_swaps_under_load(live: tuple[dict[str, str], Path]) -> N
 def test_bad_input_is_one_line_and_nothing_is_lost(live: tuple[dict[str, str], Path]) -> None:
     env, _ = live
     before = json.loads(_sage(env, "llm", "eviction", "stats", "--name", "live", "--json").stdout)
-    bad = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "--policy", "nope")
+    bad = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "nope")
     assert bad.returncode != 0
     assert "unknown eviction policy 'nope'" in bad.stderr and "lru" in bad.stderr
     assert "belady" not in bad.stderr  # offline: it cannot serve, so it is not offered
     assert len(bad.stderr.strip().splitlines()) == 1
-    param = _sage(
-        env, "llm", "eviction", "set-policy", "--name", "live", "--policy", "slru", "--param", "x=1"
-    )
+    param = _sage(env, "llm", "eviction", "set-policy", "--name", "live", "slru", "--param", "x=1")
     assert param.returncode != 0 and "protected_threshold" in param.stderr
     after = json.loads(_sage(env, "llm", "eviction", "stats", "--name", "live", "--json").stdout)
     assert after["cached_blocks"] == before["cached_blocks"]

@@ -5,7 +5,8 @@ first, then bodies and queries that fit it, then ones that break it); no answer 
 stray from the document (status, content type, schema), every operation must get 2xx answers
 (a fuzz that only ever hits validation tests nothing past it), and the engine must still serve
 afterwards. The only change made to a drawn request is to cap a completion's ``max_tokens`` (a
-CPU run cannot wait for millions of tokens); no field is ever added. The document served at
+CPU run cannot wait for millions of tokens), and to give a chat without one ``max_tokens: 8``
+(it would generate to the end of its context); no other field is ever added. The document served at
 ``/openapi.json`` is the one checked in at ``docs/openapi.json``.
 """
 
@@ -83,7 +84,9 @@ def send(sock: Path, case: Any) -> httpx.Response:
 def bounded(case: Any) -> bool:
     """Whether `case` ends on a CPU: a follow stream never does, so it is left out; a completion
     of millions of tokens would outlast the run, so its ``max_tokens`` is capped at 8 (the
-    engine takes such requests; they are just long). Nothing is added to a body."""
+    engine takes such requests; they are just long). A chat without one generates to the end of
+    the context (issue 48: OpenAI's default), as long: it gets ``max_tokens: 8`` too. Nothing
+    else is added to a body."""
     query = case.query or {}
     if str(query.get("follow", "")).lower() in ("true", "1"):
         return False
@@ -92,6 +95,9 @@ def bounded(case: Any) -> bool:
             value = case.body.get(field)
             if isinstance(value, int) and not isinstance(value, bool) and value > 8:
                 case.body[field] = 8
+        unbounded = all(case.body.get(f) is None for f in ("max_tokens", "max_completion_tokens"))
+        if case.path == "/v1/chat/completions" and unbounded:
+            case.body["max_tokens"] = 8
     return True
 
 

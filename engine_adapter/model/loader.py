@@ -151,6 +151,8 @@ def _load(
             )
         return _load_gguf(gguf_path, run_device, run_dtype, want_groups)
     path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.exists():  # a file meant: say which is missing
+        raise ModelLoadError(f"model {name_or_path!r}: no such file ({path.absolute()})")
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _load_gguf(path, run_device, run_dtype, want_groups)
     if path.exists():
@@ -204,10 +206,10 @@ def find_in_hf_cache(repo_id: str) -> Path:
     raise ModelLoadError(
         f"model {repo_id!r} is not a local folder and not in the local Hugging Face cache; "
         "sage never downloads weights.\n"
-        f"Looked in:\n  {where}\n"
+        f"Looked in:\n  {where}.\n"
         "Download it yourself (for example `huggingface-cli download "
         f"{repo_id}`), set HF_HUB_CACHE or HF_HOME to the cache that holds it, or pass a local folder "
-        "that holds config.json, *.safetensors and tokenizer.json (e.g. --model /path/to/folder)."
+        "that holds config.json, *.safetensors and tokenizer.json (`sage llm engine start /path/to/folder`)."
     )
 
 

@@ -9,6 +9,7 @@ and its endpoint families (`completion_requests`, `embedding_requests`, `control
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -307,6 +308,8 @@ def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
     prompt = completion.prompt
     if isinstance(completion, ChatCompletion):
         prompt = engine.chat_prompt(prompt)
+        if "max_tokens" not in completion.sampling_kwargs:  # OpenAI's chat default: the rest of the context
+            sampling = dataclasses.replace(sampling, max_tokens=engine.rest_of_context(len(prompt)))
     return engine.submit(
         prompt,
         sampling,

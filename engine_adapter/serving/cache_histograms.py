@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine_adapter.cache.ages import HISTOGRAM_KINDS
 from engine_adapter.cache.stats import CacheStats
 
 __all__ = ["HISTOGRAM_NAMES", "CacheAccountingCollector"]
@@ -54,6 +55,22 @@ class CacheAccountingCollector(Collector):
         """Nothing up front: the families are made at each scrape."""
         return []
 
+    @staticmethod
+    def _add(
+        family: HistogramMetricFamily,
+        policy: str,
+        tenant: str,
+        bounds: tuple[float, ...],
+        counts: tuple[int, ...],
+        total: float,
+    ) -> None:
+        """One series: the cumulative buckets of `counts` (one per bound, then +Inf)."""
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(repr, bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family.add_metric([policy, tenant], buckets, total)
+
     def collect(self) -> Iterator[Metric]:
         """The families, from the cache's stats now."""
         stats = self._stats()
@@ -62,12 +79,17 @@ class CacheAccountingCollector(Collector):
             kind: HistogramMetricFamily(name, doc, labels=labels)
             for kind, (name, doc) in HISTOGRAM_NAMES.items()
         }
+        seen = set()
         for h in stats.age_histograms:
-            cumulative, buckets = 0, []
-            for bound, count in zip([*map(repr, h.bounds), "+Inf"], h.counts, strict=True):
-                cumulative += count
-                buckets.append((bound, float(cumulative)))
-            families[h.kind].add_metric([h.policy, h.tenant], buckets, h.total)
+            self._add(families[h.kind], h.policy, h.tenant, h.bounds, h.counts, h.total)
+            seen.add((h.kind, h.policy))
+        # Until the active policy observes something, a series at zero (no tenant) stands for it,
+        # as every other metric exists from the start: a fresh engine's panels read 0, not
+        # "no data" (issue 48).
+        for kind, family in families.items():
+            if (kind, stats.policy) not in seen:
+                bounds = HISTOGRAM_KINDS[kind]
+                self._add(family, stats.policy, "-", bounds, (0,) * (len(bounds) + 1), 0.0)
         yield from families.values()
         policy = [stats.policy]
         for name, doc, value in (

@@ -7,7 +7,9 @@ token counts. OpenAI's fields are all taken: applied (sampling, the penalties, s
 user as the tenant), or taken where sage serves the value asked (``n: 1``, ``logprobs`` off,
 ``response_format: {"type": "text"}``, an empty ``logit_bias``); any other value is a 400
 that names the field. A stream gives its usage once, in a last chunk, only when
-``stream_options.include_usage`` asks, as OpenAI's does.
+``stream_options.include_usage`` asks, as OpenAI's does. Without ``max_tokens`` a completion
+generates at most 16 tokens and a chat the rest of the context (what the engine resolves once the
+messages are rendered): OpenAI's and vLLM's defaults, so a chat answer is not cut short unasked.
 
 Imports: the shared request handling (`requests`); the model's sampling and chat template and
 token-level eviction's request record, inside the functions that need them.

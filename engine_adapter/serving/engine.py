@@ -517,6 +517,10 @@ class Engine(EngineControl):
         """
         return self.intake.chat_prompt(messages)
 
+    def rest_of_context(self, prompt_tokens: int) -> int:
+        """A chat request's default ``max_tokens`` (`RequestIntake.rest_of_context`)."""
+        return self.intake.rest_of_context(prompt_tokens)
+
     def abort(self, request_id: str) -> None:
         """End a request with finish_reason "abort"."""
         self._inbox.put(("abort", request_id))

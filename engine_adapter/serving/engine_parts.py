@@ -32,6 +32,7 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.colocation import ColocationGates
 from engine_adapter.serving.config import ConfigError, EngineConfig, colocation_params, colocation_switches
+from engine_adapter.serving.config.values import check_device
 from engine_adapter.serving.engine_thread import ThreadSettings, apply_threads, check_threads
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.token_eviction.pressure import (
@@ -150,6 +151,7 @@ def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfi
     """The model in the config's dtype and quantization (compiled with ``compile``; decode steps
     from CUDA graphs with ``cuda_graphs`` on CUDA) and its KV pool in ``kv_dtype`` (auto: the
     model's dtype), sized by `pool_blocks`."""
+    check_device(config.device)
     decoder, tokenizer, model_config = load_model(
         config.model,
         device=config.device,

@@ -87,6 +87,20 @@ class RequestIntake:
         self._check_room(ids, sampling)
         return ids
 
+    def rest_of_context(self, prompt_tokens: int) -> int:
+        """The most tokens a prompt of `prompt_tokens` leaves room to generate: the rest of the
+        model's context and, unless a token policy shrinks sequences as they grow, of the pool and
+        of a static partition's LLM part (what `prompt_ids` checks). A chat request without
+        ``max_tokens`` gets this, as OpenAI's and vLLM's do. At least 1: a prompt that fills the
+        room is refused by `prompt_ids`, which says why.
+        """
+        room = self.model_config.max_position_embeddings
+        if self.token_manager.policy.name() == "none":
+            room = min(room, self.cache.num_blocks * self.cache.block_size)
+            if self.partition is not None:
+                room = min(room, self.partition.llm_blocks * self.cache.block_size)
+        return max(room - prompt_tokens, 1)
+
     def _check_room(self, ids: list[int], sampling: SamplingParams) -> None:
         total = len(ids) + sampling.max_tokens
         max_tokens_in_pool = self.cache.num_blocks * self.cache.block_size

@@ -393,6 +393,9 @@ class EngineMetrics:
         what grew since the last call (the cache's counts are cumulative)."""
         for tier in tiers:
             name = str(tier["tier"])
+            # Each tier's load histogram exists from the start, at zero, so that a fresh engine's
+            # panel reads 0 rather than "no data" (issue 48): labels() makes the series, observing nothing.
+            self.kv_tier_load_duration.labels(tier=name)
             self.kv_tier_used_blocks.labels(tier=name).set(tier["used_blocks"])
             self.kv_tier_capacity_blocks.labels(tier=name).set(tier["capacity_blocks"])
             for event, field in _TIER_EVENTS:

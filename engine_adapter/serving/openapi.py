@@ -54,8 +54,11 @@ def _operation(
     body: Schema | None = None,
     example: Schema | None = None,
     params: list[Schema] | None = None,
+    description: str | None = None,
 ) -> Schema:
     operation: Schema = {"summary": summary, "responses": {"200": ok, **_errors()}}
+    if description is not None:
+        operation["description"] = description
     if body is not None:
         media: Schema = {"schema": body}
         if example is not None:
@@ -76,11 +79,22 @@ def _admitted(operation: Schema) -> Schema:
     return operation
 
 
-def _completion_request(prompt_field: str, prompt: Schema, extra: dict[str, Schema]) -> Schema:
+# The default of max_tokens, as OpenAI's API and vLLM's server have it: 16 for a text completion
+# (the legacy API's), the rest of the context for a chat (a chat answer is not cut short unasked).
+COMPLETION_MAX_TOKENS = "Most tokens to generate; default 16 (OpenAI's and vLLM's default for completions)."
+CHAT_MAX_TOKENS = (
+    "Most tokens to generate (max_completion_tokens is the same); default: the rest of the context, "
+    "the model's context and the KV pool less the prompt (OpenAI's and vLLM's default for chats)."
+)
+
+
+def _completion_request(
+    prompt_field: str, prompt: Schema, extra: dict[str, Schema], max_tokens_doc: str
+) -> Schema:
     """The fields of a completion or chat request: OpenAI's that sage serves, and sage's own."""
     fields: dict[str, Schema] = {
         "model": _nullable(STR),
-        "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "max_tokens": {**_nullable({"type": "integer", "minimum": 1}), "description": max_tokens_doc},
         "temperature": _nullable({"type": "number", "minimum": 0}),
         "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
         "top_k": _nullable({"type": "integer", "minimum": -1}),
@@ -276,7 +290,11 @@ def _completion_paths() -> dict[str, Schema]:
                 _operation(
                     "OpenAI-compatible text completion",
                     _completion_answer("text_completion", text_choice),
-                    body=_completion_request("prompt", prompt, {"echo": _nullable({"const": False})}),
+                    body=_completion_request(
+                        "prompt", prompt, {"echo": _nullable({"const": False})}, COMPLETION_MAX_TOKENS
+                    ),
+                    description="Without max_tokens it generates at most 16 tokens, as OpenAI's "
+                    "completions API and vLLM do.",
                     example={"prompt": "Once upon a time", "max_tokens": 4},
                 )
             )
@@ -294,7 +312,11 @@ def _completion_paths() -> dict[str, Schema]:
                             "response_format": _nullable(_obj({"type": {"const": "text"}}, extra=False)),
                             "top_logprobs": _nullable({"type": "integer", "const": 0}),
                         },
+                        CHAT_MAX_TOKENS,
                     ),
+                    description="Without max_tokens (or max_completion_tokens) it generates until the "
+                    "model stops or the context is full: the rest of the model's context and of the KV "
+                    "pool after the prompt, as OpenAI's chat API and vLLM do.",
                     example={"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
                 )
             )

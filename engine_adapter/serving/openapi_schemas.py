@@ -13,7 +13,9 @@ def engine_schemas() -> dict[str, Schema]:
     return {
         "Error": obj({"error": obj({"type": STR, "message": STR})}),
         "PolicyRef": policy_ref,
-        "Policy": obj({"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"paper": STR}),
+        "Policy": obj(
+            {"name": STR, "strategy": STR, "offline": BOOL, "params": MAP}, {"idea": STR, "paper": STR}
+        ),
         "Engine": obj(
             {
                 "name": STR,

@@ -326,7 +326,9 @@ def _start_engine(config: EngineConfig) -> Engine | int:
         return 0
     except Exception as exc:
         log.error("engine failed to start", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        print(f"sage engine: failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # One line (a message may have several): `sage llm engine start --detach` shows the log's last.
+        one_line = " ".join(str(exc).split())
+        print(f"sage engine: failed to start: {type(exc).__name__}: {one_line}", file=sys.stderr)
         return 1
     return engine
 

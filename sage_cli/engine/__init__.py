@@ -17,6 +17,7 @@ from __future__ import annotations
 import typer
 
 from sage_cli.engine import start, status, stop
+from sage_cli.help_panels import panelled
 
 __all__ = ["app"]
 
@@ -29,4 +30,4 @@ app = typer.Typer(
 )
 app.command("status")(status.status)
 app.command("stop")(stop.stop)
-app.command("start")(start.start)
+app.command("start", cls=panelled("Start", start.START_PANELS))(start.start)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from engine_adapter.serving.config import EngineConfig
     from sage_cli.client import ControlClient
 
-__all__ = ["start"]
+__all__ = ["START_PANELS", "start"]
 
 
 def _live_engine(client: ControlClient) -> dict[str, Any] | None:
@@ -60,14 +60,17 @@ def _resolve_start_config(flags: dict[str, Any], config_file: Path | None) -> En
     """The engine's config from the flags, SAGE_* variables, the config file and the defaults.
 
     Raises:
-        ConfigError: A bad or offline setting. PolicyConfigError: an unknown policy or param.
+        ConfigError: A bad or offline setting, or a CUDA device this torch cannot reach.
+            PolicyConfigError: an unknown policy or param.
             Both exit as usage errors.
     """
     from engine_adapter.model.builtin import default_model_name
     from engine_adapter.serving.config import resolve_config
+    from engine_adapter.serving.config.values import check_device
 
     config = resolve_config(flags, config_file=config_file, defaults={"model": default_model_name()})
     config.check_policy()
+    check_device(config.device)
     return config
 
 
@@ -154,6 +157,33 @@ DetachJsonOpt = Annotated[
     bool,
     typer.Option("--json", help="With --detach: print the engine's name, pid, socket and log as JSON."),
 ]
+
+
+def _panels(**titles: str) -> dict[str, str]:
+    """Parameter name -> panel title, from each title's space-separated parameter names."""
+    return {name: title for title, names in titles.items() for name in names.split()}
+
+
+# The panels of `engine start --help` (sage_cli.help_panels), by parameter; tests/test_help_panels.py
+# fails when an option is in none, so a new config key is placed here.
+START_PANELS = _panels(
+    **{
+        "Starting": "name socket log_dir config_file detach timeout json_out",
+        "Eviction policy": "eviction_policy policy_param enable_lifetime_prediction ghost_factor "
+        "eviction_threshold max_pinned_ratio protect_queued eviction_window memory_threshold",
+        "Eviction log and explanations": "log_evictions explain lookup_log",
+        "KV cache size": "num_blocks kv_cache_memory gpu_memory_utilization block_size",
+        "KV tiers (host memory, disk)": "host_kv_cache host_eviction_policy host_policy_param "
+        "host_write_policy disk_kv_cache disk_kv_size prefetch",
+        "Model and device": "engine_kind device dtype kv_dtype quantization packed_weights compile threads "
+        "cuda_graphs seed",
+        "Scheduling and batching": "max_queued_requests queued_timeout max_num_seqs max_num_batched_tokens "
+        "adaptive_batch colocation colocation_param embedding_chunk_tokens",
+        "Token-level eviction": "token_eviction compress_on_evict",
+        "Serving over TCP": "host port api_key ssl_certfile ssl_keyfile insecure_no_api_key",
+        "KV cache events": "kv_events_endpoint kv_events_replay_endpoint",
+    }
+)
 
 
 def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:

@@ -481,7 +481,10 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         param="api_key",
         decls=("--api-key",),
         kind="text",
-        help="Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY).",
+        help=(
+            "Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY): 16 "
+            "printable characters at least, no spaces."
+        ),
         metavar="KEY",
     ),
     ConfigFlag(

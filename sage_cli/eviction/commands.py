@@ -30,6 +30,7 @@ from sage_cli.eviction.explanations import (
     run_heading,
 )
 from sage_cli.eviction.log_file import read_log_file
+from sage_cli.eviction.log_tail import Unit, tail_events
 from sage_cli.eviction.lookups import eviction_for, lookup_lines, read_lookups
 from sage_cli.eviction.render import (
     eviction_log_lines,
@@ -44,6 +45,7 @@ from sage_cli.options import (
     ApiKeyOpt,
     JsonOpt,
     NameOpt,
+    OldPolicyOpt,
     ParamOpt,
     PolicyOpt,
     SocketOpt,
@@ -110,37 +112,47 @@ def stats(
             return
 
 
+TailOpt = Annotated[
+    int,
+    typer.Option(
+        "--tail", min=0, metavar="N", help="Show the last N lines (whole evictions; with --json, events)."
+    ),
+]
+FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")]
+LogJsonOpt = Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")]
+LogExplainOpt = Annotated[
+    bool, typer.Option("--explain", help="One line per victim with why it went (engine run with --explain).")
+]
+LogFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--file",
+        metavar="PATH",
+        help="Read an eviction log file (e.g. of a stopped engine) instead of asking the engine.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+
+
 def logs(
     socket: SocketOpt = None,
     name: NameOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
-    tail: Annotated[int, typer.Option("--tail", min=0, metavar="N", help="Show the last N events.")] = 50,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new events until Ctrl-C.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines.")] = False,
-    explain: Annotated[
-        bool,
-        typer.Option("--explain", help="One line per victim with why it went (engine run with --explain)."),
-    ] = False,
-    file: Annotated[
-        Path | None,
-        typer.Option(
-            "--file",
-            metavar="PATH",
-            help="Read an eviction log file (e.g. of a stopped engine) instead of asking the engine.",
-            dir_okay=False,
-            show_default=False,
-        ),
-    ] = None,
+    tail: TailOpt = 50,
+    follow: FollowOpt = False,
+    json_out: LogJsonOpt = False,
+    explain: LogExplainOpt = False,
+    file: LogFileOpt = None,
 ) -> None:
     """Show the eviction log: one line per eviction (its victims by sequence, what it freed).
 
     --explain: one line per victim, with why it went. --json: the engine's events as they are,
-    one JSON line each (an ``evict`` per victim, a ``freed`` per eviction). The engine writes
-    the log with --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl; --file reads such a
-    file directly, with no engine.
+    one JSON line each (an ``evict`` per victim, a ``freed`` per eviction). --tail counts the
+    lines printed, and never cuts an eviction's line. The engine writes the log with
+    --log-evictions to $SAGE_HOME/logs/<name>/evictions.jsonl; --file reads such a file
+    directly, with no engine.
     """
     out = Output(json_out)
 
@@ -157,37 +169,84 @@ def logs(
                     stamp = render_event(event).split(" EVICTION:")[0]
                     out.item(event, lambda event=event, stamp=stamp: f"{stamp} {explain_one_line(event)}")
 
+    unit: Unit = "event" if json_out else "victim" if explain else "call"
     try:
         if file is not None:
             if socket is not None or name is not None:
                 raise CLIUsageError("--file reads a log file; it does not take --socket or --name")
-            show(read_log_file(file, tail, follow))
+            show(_file_tail(file, tail, follow, unit))
             return
         with client_for(socket, name, url=url, api_key=api_key) as client:
-            show(client.follow_eviction_logs(tail) if follow else client.eviction_logs(tail))
+            empty, events = tail_events(
+                client.eviction_logs, client.follow_eviction_logs, tail, follow=follow, unit=unit
+            )
+            _say_when_empty(empty and tail > 0, follow, "since the engine started or its cache was reset")
+            show(events)
     except KeyboardInterrupt:
         return
 
 
+def _file_tail(file: Path, tail: int, follow: bool, unit: Unit) -> Iterable[dict[str, Any]]:
+    """``logs --file``: the file's last `tail` lines (then, following, its new events)."""
+    empty, events = tail_events(
+        lambda k: list(read_log_file(file, k, False)),
+        lambda k: read_log_file(file, k, True),
+        tail,
+        follow=follow,
+        unit=unit,
+    )
+    _say_when_empty(empty and tail > 0, follow, f"in {file}")
+    return events
+
+
+def _say_when_empty(empty: bool, follow: bool, where: str) -> None:
+    """An empty log says so (on stderr), rather than printing nothing at all."""
+    if empty:
+        waiting = "; waiting for the first (Ctrl-C stops)" if follow else ""
+        Output.note(f"no evictions yet ({where}){waiting}")
+
+
 def set_policy(
-    policy: PolicyOpt,
+    policy: PolicyOpt = None,
     param: ParamOpt = None,
     socket: SocketOpt = None,
     name: NameOpt = None,
     url: UrlOpt = None,
     api_key: ApiKeyOpt = None,
     json_out: JsonOpt = False,
+    old_policy: OldPolicyOpt = None,
 ) -> None:
-    """Hot-swap the eviction policy of a running engine.
+    """Hot-swap the eviction policy of a running engine to NAME.
 
     The swap happens between two engine steps; the cached blocks carry over to the new policy
     and no request is lost. Prints the old and new policy and the swap time.
     """
+    chosen = _policy_argument(policy, old_policy)
     params = parse_params(param)
     out = Output(json_out)
     with client_for(socket, name, url=url, api_key=api_key) as client:
-        answer = client.set_policy(policy.strip(), params)
+        answer = client.set_policy(chosen.strip(), params)
     out.result(answer, lambda: render_swap(answer))
+
+
+def _policy_argument(policy: str | None, old_policy: str | None) -> str:
+    """NAME, positional as every eviction command takes its policy; the old ``--policy NAME``
+    still works for one release, with a warning on stderr.
+
+    Raises:
+        CLIUsageError: No policy, or two different ones.
+    """
+    if old_policy is not None:
+        Output.note(
+            f"warning: --policy is deprecated and goes in the next release; write "
+            f"`sage llm eviction set-policy {old_policy}`"
+        )
+        if policy is not None and policy != old_policy:
+            raise CLIUsageError(f"two policies given ({policy!r} and --policy {old_policy!r}); give one NAME")
+        return old_policy
+    if policy is None:
+        raise CLIUsageError("Missing argument 'NAME': the policy to swap to, e.g. `set-policy arc`")
+    return policy
 
 
 def set_token_policy(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "eviction_log_lines",
+    "group_line",
+    "line_groups",
     "policies_table",
     "render_event",
     "render_eviction",
@@ -322,10 +325,10 @@ def render_eviction(
     return line
 
 
-def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> Iterator[str]:
-    """The eviction log for people: one line per eviction call (its ``evict`` events and the
-    ``freed`` event that ends it), one per other event. Lazy: a line comes out as soon as its
-    call's ``freed`` event goes in, so ``logs --follow`` prints each eviction as it happens."""
+def line_groups(events: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """The events of the eviction log, grouped as its text shows them: an eviction call (its
+    ``evict`` events and the ``freed`` event that ends it) is one group, any other event its own.
+    Lazy: a call's group comes out as soon as its ``freed`` event goes in."""
     victims: list[dict[str, Any]] = []
     for event in events:
         kind = event.get("event")
@@ -333,15 +336,32 @@ def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None
             victims.append(event)
             continue
         if kind == "freed":
-            yield render_eviction(victims, event, tz=tz)
+            yield [*victims, event]
             victims = []
             continue
         if victims:
-            yield render_eviction(victims, None, tz=tz)
+            yield victims
             victims = []
-        yield render_event(event, tz=tz)
+        yield [event]
     if victims:
-        yield render_eviction(victims, None, tz=tz)
+        yield victims
+
+
+def group_line(group: list[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> str:
+    """The text line of one group of `line_groups`."""
+    last = group[-1]
+    if last.get("event") == "freed":
+        return render_eviction(group[:-1], last, tz=tz)
+    if last.get("event") == "evict":
+        return render_eviction(group, None, tz=tz)
+    return render_event(last, tz=tz)
+
+
+def eviction_log_lines(events: Iterable[dict[str, Any]], *, tz: dt.tzinfo | None = None) -> Iterator[str]:
+    """The eviction log for people: one line per eviction call, one per other event (see
+    `line_groups`), so ``logs --follow`` prints each eviction as it happens."""
+    for group in line_groups(events):
+        yield group_line(group, tz=tz)
 
 
 def _params_text(params: Any) -> str:
@@ -374,25 +394,45 @@ def render_swap(answer: dict[str, Any]) -> str:
     )
 
 
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+
+
+def short_source(paper: str) -> str:
+    """A paper as the policies table shows it: its authors and where and when (``Megiddo and
+    Modha, FAST 2003``), the title left to ``--json`` and the README, so that a row is not five
+    lines of title. Another kind of source: its first part and year (``SGLang FILOStrategy,
+    2024``)."""
+    parts = [p.strip() for p in paper.split(";")[0].split(", ")]
+    if len(parts) < 3 or not _YEAR.search(parts[-1]) or "(" in parts[-1] or ")" in parts[-1]:
+        year = _YEAR.findall(paper.split(";")[0])
+        return f"{parts[0]}, {year[-1]}" if year and year[-1] not in parts[0] else parts[0]
+    # the authors run to the part that names the last of them ("Aho, Denning and Ullman")
+    last = next((i for i, p in enumerate(parts[:3]) if " and " in p or "et al." in p), 0)
+    return f"{', '.join(parts[: last + 1])}, {parts[-1]}"
+
+
 def policies_table(answer: dict[str, Any]) -> Table:
-    """The installed policies: name, params with defaults, paper; the one an engine runs marked
-    (``answer["engine"]`` says which engine, None when none answered)."""
+    """The installed policies: name, idea, params with defaults, source; the one an engine runs
+    marked (``answer["engine"]`` says which engine, None when none answered)."""
     from rich.table import Table
 
     active = answer.get("active")
-    table = Table(title="Eviction policies", title_justify="left")
+    # As wide as the terminal, the idea taking most of it: a row is as tall as its idea.
+    table = Table(title="Eviction policies", title_justify="left", expand=True)
     table.add_column("", width=1, no_wrap=True)
     table.add_column("Policy", no_wrap=True)
-    table.add_column("Params (defaults)")
-    table.add_column("Paper")
+    table.add_column("Idea", ratio=5)
+    table.add_column("Params (defaults)", ratio=2)
+    table.add_column("Source", ratio=3)
     for policy in answer.get("policies") or []:
         name = str(policy.get("name", "?"))
-        offline = " (sim only)" if policy.get("offline") else ""
+        offline = " (simulation only)" if policy.get("offline") else ""
         table.add_row(
             "*" if name == active else "",
-            name + offline,
+            name,
+            str(policy.get("idea") or "") + offline,
             _params_text(policy.get("params")),
-            str(policy.get("paper") or ""),
+            short_source(str(policy.get("paper") or "")),
         )
     if active:
         table.caption = f"* active: {active} (the engine on {answer.get('engine') or '?'})"

@@ -276,7 +276,8 @@ class EngineConfig:
     port: int | None = None
     """The TCP port."""
     api_key: str = field(default="", repr=False)
-    """Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY).
+    """Key every TCP request must send as 'Authorization: Bearer KEY' ($SAGE_API_KEY): 16
+    printable characters at least, no spaces.
 
     All requests but ``/health``; never written by `to_dict` (it goes to a detached engine in its
     environment).

@@ -26,6 +26,7 @@ __all__ = [
     "ENGINE_KINDS",
     "ConfigError",
     "Parser",
+    "check_device",
     "fail",
     "float_in",
     "int_at_least",
@@ -150,6 +151,30 @@ def one_of(choices: tuple[str, ...], what: str) -> Parser:
         return str(text)
 
     return parse
+
+
+def check_device(device: str) -> None:
+    """A CUDA device that this torch cannot reach is refused up front, in one line (torch's own
+    "Torch not compiled with CUDA enabled" is an AssertionError deep in the model's load).
+
+    Raises:
+        ConfigError: ``cuda`` or ``cuda:N`` on a CPU-only torch, with no GPU visible, or N
+            beyond the GPUs.
+    """
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    where = f"--device {device}"
+    if torch.version.cuda is None:
+        raise ConfigError(
+            f"{where}: this torch ({torch.__version__}) is a CPU-only build; use --device cpu "
+            "(or auto), or install a CUDA build of torch"
+        )
+    count = torch.cuda.device_count()
+    if int(device.partition(":")[2] or 0) >= count:
+        seen = f"{count} CUDA GPU{'s' if count != 1 else ''} visible" if count else "no CUDA GPU visible"
+        raise ConfigError(f"{where}: {seen}; use --device cpu (or auto)")
 
 
 def parse_device(value: Any, where: str) -> str:
