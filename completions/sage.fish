@@ -127,7 +127,7 @@ complete -c sage -n '__fish_sage_at sage llm engine start' -l dtype -x -d 'Dtype
 complete -c sage -n '__fish_sage_at sage llm engine start' -l kv-dtype -x -d 'Dtype of the KV cache: auto (the model\'s dtype), float32, bfloat16 or float16'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l quantization -x -d 'Weight-only quantization of the linear layers (CPU): none, int8 or int4'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l packed-weights -x -d 'Dense linear layers on oneDNN\'s prepacked weights (CPU, float32 or bfloat16): auto, on or off'
-complete -c sage -n '__fish_sage_at sage llm engine start' -l batch-invariant -x -d 'Batch-invariant forward passes: auto (on the CPU), on or off'
+complete -c sage -n '__fish_sage_at sage llm engine start' -l batch-invariant -x -d 'Batch-invariant forward passes: auto (on the CPU, off on CUDA), on or off'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l compile -d 'torch.compile the decode step\'s dense math (inductor; CUDA graphs on CUDA); the first steps of each shape compile'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l no-compile -d 'The opposite of --compile'
 complete -c sage -n '__fish_sage_at sage llm engine start' -l threads -x -d 'Torch threads of the engine (default: the cores this process may use)'

@@ -245,7 +245,11 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         param="batch_invariant",
         decls=("--batch-invariant",),
         kind="text",
-        help="Batch-invariant forward passes: auto (on the CPU), on or off. (default: auto)",
+        help=(
+            "Batch-invariant forward passes: auto (on the CPU, off on CUDA), on or off. On, the policy, "
+            "pool, tiers and batching never change an answer (docs/concepts/exactness.md); off takes "
+            "faster batched kernels, and outputs may then depend on batching. (default: auto)"
+        ),
         metavar="MODE",
     ),
     ConfigFlag(

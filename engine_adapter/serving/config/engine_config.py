@@ -184,10 +184,9 @@ class EngineConfig:
     """Dense linear layers on oneDNN's prepacked weights (CPU, float32 or bfloat16): auto, on or
     off. auto packs when the model can be packed."""
     batch_invariant: str = "auto"
-    """Batch-invariant forward passes: auto (on the CPU), on or off.
-
-    On, the policy, pool, tiers and batching never change an answer (docs/concepts/exactness.md);
-    off takes faster batched kernels: outputs may then depend on batching. auto is off on CUDA."""
+    """Batch-invariant forward passes: auto (on the CPU, off on CUDA), on or off. On, the policy,
+    pool, tiers and batching never change an answer (docs/concepts/exactness.md); off takes faster
+    batched kernels, and outputs may then depend on batching."""
     compile: bool = False
     """torch.compile the decode step's dense math (inductor; CUDA graphs on CUDA); the first
     steps of each shape compile."""
