@@ -65,6 +65,7 @@ from engine_adapter.cache.tier_front import TierFront
 from engine_adapter.cache.tiers import TierConfig, TierStore
 from engine_adapter.cache.usage import pool_usage
 from sage_eviction import EvictionCandidate, EvictionPolicy
+from sage_eviction.metrics import reprefill_window
 
 __all__ = ["CacheManager"]
 
@@ -148,7 +149,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)
-        metrics = self._metrics = CacheMetrics(acct)  # lookups, preemptions; evictions count in the step
+        # lookups, preemptions; evictions count in the step
+        metrics = self._metrics = CacheMetrics(acct, reprefill_window(self.num_blocks))
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
         self._compressed = squeeze

@@ -1,0 +1,108 @@
+"""Nothing in a policy or the re-prefill record grows with the keys or sequences it has seen.
+
+Each test drives many unique keys (every one new, as unique prompts bring) through one structure
+and checks its size stays under its stated bound (issue 49): the evicted-key window
+(`EvictedWindow`, `ReprefillTracker`), and every container a policy holds, whatever the policy,
+after many unique blocks and sequences. The property test holds the window to a reference model
+(a set of the keys evicted within the last `window` evictions and not requested since).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sized
+
+import pytest
+from conftest import ONLINE_POLICIES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sage_eviction import EntryMeta, create_policy
+from sage_eviction.metrics import REPREFILL_WINDOW, EvictedWindow, ReprefillTracker, reprefill_window
+
+
+def test_the_window_holds_at_most_its_size_of_unique_keys() -> None:
+    window = EvictedWindow(1000)
+    for key in range(200_000):
+        window.add(key)
+    assert window.held == 1000 and len(window) == 1000
+    assert 199_999 in window and 198_999 not in window  # the last 1000 evictions, no more
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    size=st.integers(1, 8),
+    ops=st.lists(st.tuples(st.sampled_from(["evict", "request"]), st.integers(0, 12)), max_size=80),
+)
+def test_the_window_answers_as_the_keys_evicted_within_it(size: int, ops: list[tuple[str, int]]) -> None:
+    """A key is waiting when its latest eviction is among the last `size` and it was not
+    requested since; the tracker counts exactly those requests."""
+    tracker = ReprefillTracker(size)
+    recent: deque[int] = deque(maxlen=size)  # the keys of the last `size` evictions
+    requested_since: dict[int, int] = {}  # key -> evictions counted when it was last requested
+    expected = 0
+    for op, key in ops:
+        if op == "evict":
+            tracker.on_evict(key)
+            recent.append(key)
+            requested_since.pop(key, None)
+        else:
+            # waiting: among the last `size` evicted keys, and not requested after its eviction
+            back = key in recent and key not in requested_since
+            expected += back
+            assert tracker.on_request(key) is back
+            if key in recent:
+                requested_since[key] = tracker.evictions
+        assert tracker.re_prefilled == expected
+        assert tracker._evicted.held <= size and len(tracker._evicted) <= size
+
+
+def test_the_rate_is_exact_where_the_window_covers_the_run() -> None:
+    """Fewer evictions than the window: every evicted key is remembered, as an unbounded set."""
+    tracker = ReprefillTracker(REPREFILL_WINDOW)
+    tracker.on_evicts(list(range(REPREFILL_WINDOW)))
+    assert tracker.on_requests(range(0, REPREFILL_WINDOW, 2)) == REPREFILL_WINDOW // 2
+    assert tracker.rate == 0.5
+
+
+def test_the_stated_window() -> None:
+    assert reprefill_window(None) == REPREFILL_WINDOW
+    assert reprefill_window(16) == REPREFILL_WINDOW
+    assert reprefill_window(100_000) == 400_000
+    with pytest.raises(ValueError, match="window=0"):
+        EvictedWindow(0)
+
+
+CAPACITY = 64
+
+
+def _containers(obj: object) -> dict[str, int]:
+    """The sizes of the containers an object holds in its attributes (dicts, sets, lists, ...)."""
+    slots = {name for cls in type(obj).__mro__ for name in getattr(cls, "__slots__", ())}
+    names = set(getattr(obj, "__dict__", {})) | slots
+    sizes = {}
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, Sized) and not isinstance(value, (str, bytes)):
+            sizes[name] = len(value)
+    return sizes
+
+
+@pytest.mark.parametrize("name", ONLINE_POLICIES)
+def test_a_policy_holds_nothing_that_grows_with_the_keys_or_sequences_it_saw(name: str) -> None:
+    """More unique blocks than the window pass through a policy of 64 entries (each inserted,
+    accessed, evicted, never seen again), and as many unique sequences are touched
+    (`update_access`): every container it holds stays within the window (the evicted keys) or a
+    small multiple of its capacity (its entries, ghost lists)."""
+    policy = create_policy(name, capacity=CAPACITY)
+    window = reprefill_window(CAPACITY)
+    for key in range(window + 2048):
+        policy.insert(key, EntryMeta(tenant=f"t{key % 4}"))
+        policy.access(key, now=float(key))
+        policy.update_access(key)  # a new sequence each time, as an engine serving unique prompts
+        if len(policy) > CAPACITY:
+            policy.evict(len(policy) - CAPACITY)
+    sizes = _containers(policy)
+    assert policy._evicted is not None and len(policy._evicted) <= window
+    bound = max(window, 8 * CAPACITY)
+    assert all(size <= bound for size in sizes.values()), {k: v for k, v in sizes.items() if v > bound}
