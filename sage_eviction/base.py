@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.handover import EntryHandover
-from sage_eviction.metrics import EvictedWindow, LatencyRecorder, reprefill_window
+from sage_eviction.metrics import EvictedWindow, LatencyRecorder, count_tenant, reprefill_window
 from sage_eviction.sequence_level import SequenceLevelInterface
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
@@ -77,7 +77,7 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._evicted: EvictedWindow | None = EvictedWindow(reprefill_window(capacity))
         self._evictions = 0
         self._re_prefills = 0
-        self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups]
+        self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups], capped: count_tenant
         self._select_latency = LatencyRecorder(4096)
         # Whether this policy uses the compiled core (its score heap, its select_victims) or the
         # pure-Python code; chosen once, here (sage_eviction/native.py). A flag, not the module,
@@ -109,11 +109,7 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         if evicted is not None and key in evicted:
             evicted.discard(key)
             self._re_prefills += 1
-        counts = self._tenants.get(meta.tenant)
-        if counts is None:
-            self._tenants[meta.tenant] = [0, 1]
-        else:
-            counts[1] += 1
+        count_tenant(self._tenants, meta.tenant, False)
         self._on_insert(key, meta, evictable)
 
     def access(self, key: Hashable, now: float | None = None) -> None:
@@ -128,12 +124,7 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._clock += 1
         meta.hits += 1
         meta.last_access = time.time() if now is None else now
-        counts = self._tenants.get(meta.tenant)
-        if counts is None:
-            self._tenants[meta.tenant] = [1, 1]
-        else:
-            counts[0] += 1
-            counts[1] += 1
+        count_tenant(self._tenants, meta.tenant, True)
         self._on_access(key, meta)
 
     def set_evictable(self, key: Hashable, evictable: bool) -> None:

@@ -17,12 +17,15 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from sage_eviction.types import EvictionMetrics
 
 __all__ = [
+    "MAX_TENANTS",
+    "OTHER_TENANTS",
     "REPREFILL_WINDOW",
     "EvictedWindow",
     "HitCounter",
     "LatencyRecorder",
     "ReprefillTracker",
     "build_metrics",
+    "count_tenant",
     "jain_fairness",
     "percentile",
     "reprefill_window",
@@ -55,6 +58,33 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     hi = min(lo + 1, len(sorted_values) - 1)
     frac = pos - lo
     return sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac
+
+
+MAX_TENANTS = 1024
+"""Tenants counted apart in a per-tenant table (hit counts, age histograms, and so the /metrics
+label sets drawn from them); tenants first seen once a table holds this many are counted
+together under `OTHER_TENANTS`. Tenants are strings clients choose: a row per tenant ever seen
+would grow without end, and so would the label sets a scrape exports."""
+
+OTHER_TENANTS = "(other)"
+"""The tenant that the tenants past `MAX_TENANTS` are counted under."""
+
+
+def count_tenant(table: dict[str | None, list[int]], tenant: str | None, hit: bool) -> None:
+    """Add one lookup (a hit when `hit`) to `tenant`'s [hits, lookups] in `table`, or to
+    `OTHER_TENANTS`' when the table is full (`MAX_TENANTS`). The compiled core has the same
+    (sage_eviction/_core_ops.pxi, `_count_tenant`)."""
+    counts = table.get(tenant)
+    if counts is None:
+        if len(table) >= MAX_TENANTS:
+            tenant = OTHER_TENANTS
+            counts = table.get(tenant)
+        if counts is None:
+            table[tenant] = [1 if hit else 0, 1]
+            return
+    if hit:
+        counts[0] += 1
+    counts[1] += 1
 
 
 REPREFILL_WINDOW = 8192
@@ -213,7 +243,8 @@ class ReprefillTracker:
 
 
 class HitCounter:
-    """Hits and lookups, overall and per tenant, in any unit (tokens or blocks)."""
+    """Hits and lookups, overall and per tenant (up to `MAX_TENANTS`, the rest together under
+    `OTHER_TENANTS`), in any unit (tokens or blocks)."""
 
     __slots__ = ("hits", "lookups", "per_tenant")
 
@@ -230,10 +261,14 @@ class HitCounter:
         self.lookups += lookups
         counts = self.per_tenant.get(tenant)
         if counts is None:
-            self.per_tenant[tenant] = [hits, lookups]
-        else:
-            counts[0] += hits
-            counts[1] += lookups
+            if len(self.per_tenant) >= MAX_TENANTS:  # past the cap: counted together
+                tenant = OTHER_TENANTS
+                counts = self.per_tenant.get(tenant)
+            if counts is None:
+                self.per_tenant[tenant] = [hits, lookups]
+                return
+        counts[0] += hits
+        counts[1] += lookups
 
     @property
     def hit_rate(self) -> float:

@@ -19,8 +19,16 @@ from conftest import ONLINE_POLICIES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sage_eviction import EntryMeta, create_policy
-from sage_eviction.metrics import REPREFILL_WINDOW, EvictedWindow, ReprefillTracker, reprefill_window
+from sage_eviction import EntryMeta, create_policy, native
+from sage_eviction.metrics import (
+    MAX_TENANTS,
+    OTHER_TENANTS,
+    REPREFILL_WINDOW,
+    EvictedWindow,
+    HitCounter,
+    ReprefillTracker,
+    reprefill_window,
+)
 
 
 def test_the_window_holds_at_most_its_size_of_unique_keys() -> None:
@@ -73,6 +81,39 @@ def test_the_stated_window() -> None:
     assert reprefill_window(100_000) == 400_000
     with pytest.raises(ValueError, match="window=0"):
         EvictedWindow(0)
+
+
+def test_per_tenant_tables_hold_at_most_the_stated_tenants() -> None:
+    """Tenants are client-chosen: 3 x MAX_TENANTS of them, each seen once, leave MAX_TENANTS
+    rows and one for the rest (whose counts it keeps: nothing is lost from the totals)."""
+    from engine_adapter.cache.ages import AgeHistograms
+
+    hits, ages = HitCounter(), AgeHistograms()
+    for i in range(3 * MAX_TENANTS):
+        hits.record(f"tenant-{i}", 1, 2)
+        ages.observe("age_at_hit_seconds", "lru", f"tenant-{i}", 1.0)
+    assert len(hits.per_tenant) == MAX_TENANTS + 1
+    assert hits.per_tenant[OTHER_TENANTS] == [2 * MAX_TENANTS, 4 * MAX_TENANTS]
+    assert sum(h for h, _ in hits.per_tenant.values()) == hits.hits == 3 * MAX_TENANTS
+    histograms = ages.snapshot()
+    assert len(histograms) == MAX_TENANTS + 1 and {h.tenant for h in histograms} >= {OTHER_TENANTS}
+
+
+@pytest.mark.parametrize("path", ["python", "c_table"])
+def test_a_policy_counts_at_most_the_stated_tenants(path: str) -> None:
+    """The policy's per-tenant counts (`get_metrics`' fairness), through Python's `count_tenant`
+    and through the compiled core's C table (`_count_tenant`) alike."""
+    core = native.core()
+    if path == "c_table" and core is None:
+        pytest.skip("the compiled core is not built")
+    policy = create_policy("lru")
+    calls = core.PolicyOpsCaller(policy) if path == "c_table" else policy
+    for key in range(2 * MAX_TENANTS):
+        calls.insert(key, EntryMeta(tenant=f"tenant-{key}"))
+        calls.access(key, float(key))
+        calls.evict(1)
+    assert len(policy._tenants) == MAX_TENANTS + 1
+    assert policy._tenants[OTHER_TENANTS] == [MAX_TENANTS, 2 * MAX_TENANTS]
 
 
 CAPACITY = 64
