@@ -101,7 +101,8 @@ Turn = tuple[int, int] | None
 
 @dataclass
 class Prompts:
-    """Unique prompts: fresh ones of mixed length, and turns of sessions that end.
+    """Unique prompts: fresh ones of mixed length (mostly short: 1 to 3 words, 20 % 4 to 24),
+    and turns of sessions that end.
 
     A session keeps its transcript on the client only while it lasts (2 to 5 turns), so this
     side holds at most `max_sessions` transcripts, whatever the number of requests."""
@@ -124,8 +125,8 @@ class Prompts:
             if self.sessions and self.rng.random() < self.session_share:
                 sid = self.rng.choice(list(self.sessions))
                 transcript, left = self.sessions.pop(sid)  # one turn at a time per session
-                return f"{transcript}\nuser {n}: {self._text(2, 8)}", (sid, left - 1)
-            prompt = f"request {n}: {self._text(2, 60)}"
+                return f"{transcript}\nuser {n}: {self._text(1, 4)}", (sid, left - 1)
+            prompt = f"request {n}: {self._text(1, 3) if self.rng.random() < 0.8 else self._text(4, 24)}"
             if len(self.sessions) < self.max_sessions and self.rng.random() < self.session_share:
                 return prompt, (n, self.rng.randint(1, 4))  # a session's first turn
             return prompt, None
@@ -170,7 +171,7 @@ def _client(run: EngineRun, seed: int) -> None:
     with httpx.Client(transport=transport, base_url="http://sage", timeout=run.timeout) as http:
         while run.take():
             prompt, turn = run.prompts.next()
-            body = {"prompt": prompt, "max_tokens": rng.randint(1, 16), "temperature": 0}
+            body = {"prompt": prompt, "max_tokens": rng.randint(1, 4), "temperature": 0}
             try:
                 reply = http.post("/v1/completions", json=body)
             except httpx.HTTPError as exc:
