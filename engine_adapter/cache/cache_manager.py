@@ -65,7 +65,6 @@ from engine_adapter.cache.tier_front import TierFront
 from engine_adapter.cache.tiers import TierConfig, TierStore
 from engine_adapter.cache.usage import pool_usage
 from sage_eviction import EvictionCandidate, EvictionPolicy
-from sage_eviction.metrics import reprefill_window
 
 __all__ = ["CacheManager"]
 
@@ -149,8 +148,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)
-        # lookups, preemptions; evictions count in the step
-        metrics = self._metrics = CacheMetrics(acct, reprefill_window(self.num_blocks))
+        metrics = self._metrics = CacheMetrics(acct, self.num_blocks)  # lookups, preemptions
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
         self._compressed = squeeze

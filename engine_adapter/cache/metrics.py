@@ -19,7 +19,7 @@ from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.stats import CacheStats, TierStats
-from sage_eviction.metrics import HitCounter, ReprefillTracker
+from sage_eviction.metrics import HitCounter, ReprefillTracker, reprefill_window
 
 __all__ = ["CacheMetrics"]
 
@@ -36,12 +36,12 @@ class CacheMetrics:
 
     __slots__ = ("accounting", "hits", "preemptions", "reprefill")
 
-    def __init__(self, accounting: CacheAccounting, reprefill_window: int) -> None:
+    def __init__(self, accounting: CacheAccounting, capacity: int) -> None:
         self.accounting = accounting
         self.hits = HitCounter()
-        # The cache's one re-prefill record (its policies record none: `PolicyBinding`), over
-        # the last `reprefill_window` evictions, so that it stays bounded however long it serves.
-        self.reprefill = ReprefillTracker(reprefill_window)
+        # The cache's one re-prefill record (its policies record none: `PolicyBinding`), over the
+        # last `reprefill_window(capacity)` evictions: bounded however long the cache serves.
+        self.reprefill = ReprefillTracker(reprefill_window(capacity))
         self.preemptions = 0
 
     def record_lookup(
