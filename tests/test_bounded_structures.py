@@ -178,6 +178,7 @@ def _reachable_sizes(root: object, depth: int = 6) -> dict[str, int]:
     return sizes
 
 
+@pytest.mark.slow  # 2,000 requests through a cache manager: about 5 s
 def test_a_cache_manager_holds_nothing_that_grows_with_unique_requests() -> None:
     """Unique prompts of 3 blocks, each admitted, touched, committed and freed, with the event
     log, explanations and per-lookup accounting on (a pool of 64 blocks): no table the cache
