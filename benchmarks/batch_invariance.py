@@ -81,7 +81,7 @@ def _answers(engine: Engine, prompts: list[str], width: int, max_tokens: int) ->
 def exactness(model: str, small_blocks: int, args: argparse.Namespace) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(10, 60))) for _ in range(16)]
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(50, 150))) for _ in range(16)]
     with tempfile.TemporaryDirectory() as folder:
         small = _engine(folder, model, small_blocks, "arc", args)
         big = _engine(folder, model, 4096, "lru", args)

@@ -241,7 +241,7 @@ def test_smollm2_answers_do_not_depend_on_the_pool_or_the_batch() -> None:
         "river",
         "stone",
     ]
-    prompts = [" ".join(rng.choice(words) for _ in range(rng.randrange(8, 40))) for _ in range(16)]
+    prompts = [" ".join(rng.choice(words) for _ in range(rng.randrange(50, 150))) for _ in range(16)]
     big = start("smollm2-135m", "--num-blocks", "4096", "--eviction-policy", "lru")
     small = start("smollm2-135m", "--num-blocks", "60", "--eviction-policy", "arc")
     try:
