@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_adapter.sim import api as sim_api
 from sage_cli import client, records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,7 @@ def test_pages_link_the_pages_they_name() -> None:
     assert not PLAIN_REFERENCE.search("[Tiers](../architecture.md#tiers) and [x](docs/x.md)")
 
 
-@pytest.mark.parametrize("module", [client, records])
+@pytest.mark.parametrize("module", [client, records, sim_api])
 def test_examples_on_the_api_pages_show_no_doctest_directive(module: object) -> None:
     assert "doctest:" not in (module.__doc__ or "")
 

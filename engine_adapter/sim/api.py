@@ -6,8 +6,8 @@ What ``sage llm benchmark --mode sim`` runs, callable from a notebook (the CLI c
     >>> from engine_adapter.sim.api import Trace, simulate
     >>> trace = Trace.shipped("mooncake:conversation")
     >>> results = simulate(trace, policies=["lru", "s3fifo"], capacity_ratios=[0.05])
-    >>> results.to_pandas()[["policy", "capacity_blocks", "hit_rate"]]     # doctest: +SKIP
-    >>> results.plot("mooncake.png")                                         # doctest: +SKIP
+    >>> results.to_pandas()[["policy", "capacity_blocks", "hit_rate"]]
+    >>> results.plot("mooncake.png")
 
 A `Trace` says where the requests come from (a file, a trace shipped with sage, or the seeded
 generator) and is read when `simulate` runs; `Results` holds the rows exactly as the
