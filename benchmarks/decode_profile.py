@@ -58,6 +58,23 @@ def decode_steps(
     return times
 
 
+def alternated_steps(
+    models: dict[str, Decoder], batch: int, context: int, rounds: int, steps: int
+) -> dict[str, list[float]]:
+    """Each model's decode-step seconds at `batch` over `context` random tokens, `rounds` of
+    `steps` steps alternated between the models so that the machine's load falls on each alike.
+    The first step of a round, which warms the caches after the other model ran, is dropped."""
+    state = {mode: prefilled(decoder, batch, context) for mode, decoder in models.items()}
+    times: dict[str, list[float]] = {mode: [] for mode in models}
+    position = context
+    for _ in range(rounds):
+        for mode, decoder in models.items():
+            pool, tables, tokens = state[mode]
+            times[mode] += decode_steps(decoder, pool, tables, tokens, position, steps)[1:]
+        position += steps
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _machine import machine_line
-from decode_profile import decode_steps, prefilled
+from decode_profile import alternated_steps
 
 from engine_adapter.model import load_model
 
@@ -46,15 +46,7 @@ def main() -> None:
     print("| batch | plain median (best) | packed median (best) | plain / packed |")
     print("| ---: | ---: | ---: | ---: |")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        state = {mode: prefilled(decoder, batch, args.context) for mode, decoder in models.items()}
-        times: dict[str, list[float]] = {"off": [], "on": []}
-        position = args.context
-        for _ in range(args.rounds):
-            for mode, decoder in models.items():
-                pool, tables, tokens = state[mode]
-                # The first step of a round warms the caches after the other model ran.
-                times[mode] += decode_steps(decoder, pool, tables, tokens, position, args.steps)[1:]
-            position += args.steps
+        times = alternated_steps(models, batch, args.context, args.rounds, args.steps)
         plain, packed = (statistics.median(times[m]) * 1e3 for m in ("off", "on"))
         best_plain, best_packed = (min(times[m]) * 1e3 for m in ("off", "on"))
         print(
