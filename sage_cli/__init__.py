@@ -10,6 +10,7 @@ Layout (a package per command group, as in huggingface_hub's Typer-era ``hf`` CL
     benchmark/    sage llm benchmark: its options, its checks, a module per mode
     options.py    options shared as Annotated aliases (SocketOpt, NameOpt, PolicyOpt, JsonOpt),
                   and commands whose options are declared elsewhere (`with_parameters`)
+    help_panels.py  long helps grouped into panels (Typer's rich_help_panel) by parameter name
     output.py     the one output sink: text, a Rich table, or --json
     errors.py     exceptions to a one-line message and an exit code
     client.py     the control client (httpx over the Unix socket, or TCP) and its exception tree

@@ -150,7 +150,10 @@ def test_the_engine_reports_packed_weights_and_decodes_as_without() -> None:
 
     outputs = {}
     for mode in ("off", "on"):
-        engine = Engine(EngineConfig(model="sage-tiny", device="cpu", num_blocks=32, packed_weights=mode))
+        config = EngineConfig(
+            model="sage-tiny", device="cpu", num_blocks=32, packed_weights=mode, batch_invariant="off"
+        )
+        engine = Engine(config)
         engine.start()
         try:
             decoder = engine.decoder

@@ -295,7 +295,8 @@ def test_the_cli_runs_the_sglang_model(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["settings"]["cache_model"] == "sglang"
     rows = result["results"]
-    assert [row["policy"] for row in rows] == ["lru", "slru", "lru", "slru", "unbounded"]  # no Belady
+    slru = "slru:protected_threshold=3"  # a row is labelled by its whole spec (issue 48, item 3)
+    assert [row["policy"] for row in rows] == ["lru", slru, "lru", slru, "unbounded"]  # no Belady
     assert {row["cache_model"] for row in rows} == {"sglang"}
     assert all(row["block_hits"] <= rows[-1]["block_hits"] for row in rows)
     for bad in ("arc", "slru:threshold=3"):

@@ -16,6 +16,9 @@
                       Decoder.compile_step (torch.compile of the layers' dense math)
     graphs.py         enable_cuda_graphs: pure decode steps padded to buckets and replayed from
                       one CUDA graph each (the same static step runs eagerly on the CPU)
+    step_index.py     one forward's index: new tokens' slots, key slots, the padded batch's mask
+    invariance.py     --batch-invariant: every linear on one kernel at every row count (probed)
+    invariant_attention.py  attention over each row's own keys in key order (_attention.pyx)
     layers.py         RMSNorm (torch's fused rms_norm), the rotary embedding
     observer.py       the AttentionObserver token-level eviction reads
     precision.py      the run dtype: auto (bf16 on CUDA or a CPU with AMX/AVX512-BF16), names

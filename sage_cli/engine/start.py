@@ -175,8 +175,8 @@ START_PANELS = _panels(
         "KV cache size": "num_blocks kv_cache_memory gpu_memory_utilization block_size",
         "KV tiers (host memory, disk)": "host_kv_cache host_eviction_policy host_policy_param "
         "host_write_policy disk_kv_cache disk_kv_size prefetch",
-        "Model and device": "engine_kind device dtype kv_dtype quantization packed_weights compile threads "
-        "cuda_graphs seed",
+        "Model and device": "engine_kind device dtype kv_dtype quantization packed_weights batch_invariant "
+        "compile threads cuda_graphs seed",
         "Scheduling and batching": "max_queued_requests queued_timeout max_num_seqs max_num_batched_tokens "
         "adaptive_batch colocation colocation_param embedding_chunk_tokens",
         "Token-level eviction": "token_eviction compress_on_evict",

@@ -85,7 +85,7 @@ def render_status(engine: dict[str, Any], *, tz: dt.tzinfo | None = None) -> str
             f"packed weights {engine.get('packed_weights') or 'no'}, "
             f"compile {engine.get('compile') or 'off'}",
         ),
-        ("Batch Invariance", _batch_invariance(engine)),
+        ("Exactness", _batch_invariance(engine)),
         ("Implementation", get("implementation")),
         ("Threads", _threads(engine)),
         ("Started", f"{started_text} (up {_duration(engine.get('uptime_s'))})"),

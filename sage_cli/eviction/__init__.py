@@ -8,6 +8,7 @@
                      engine runs a log file's records come from
     views.py         the prefix tree (Rich, Graphviz) and the frames of ``top``
     log_file.py      an eviction log file read with no engine (tail, follow, rotations)
+    log_tail.py      ``logs --tail N``: the last N printed lines, never a cut eviction
     lookups.py       ``explain --lookup``: the lookup log read, each lookup beside its eviction
     ages_view.py     the regret, thrashing and age lines of ``stats`` and ``top``
     installed.py     the policies installed here, from the registry (``policies``)
