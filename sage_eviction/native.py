@@ -18,6 +18,7 @@ from types import ModuleType
 
 __all__ = [
     "CORE",
+    "MODEL_MODULES",
     "NATIVE_MODULES",
     "PURE_ENV",
     "core",
@@ -38,11 +39,15 @@ NATIVE_MODULES: tuple[str, ...] = (
     "engine_adapter.cache._ghosts",
     "engine_adapter.sim._flat_run",
     "engine_adapter.sim._radix_run",
-    "engine_adapter.model._attention",
 )
 """Every compiled module of the core: the policies', the radix cache's, its ghost set's for int64
-keys, the simulator's row loops and the model's batch-invariant attention. Names only: this
+keys and the simulator's row loops. Names only: this
 package imports nothing from engine_adapter; `load` imports a module by name when asked."""
+
+MODEL_MODULES: tuple[str, ...] = ("engine_adapter.model._attention",)
+"""The model's compiled modules (the batch-invariant attention): apart from `NATIVE_MODULES`
+because loading one imports ``engine_adapter.model`` and so torch, which the simulator and the
+light commands that report `core_implementation` never load."""
 
 _loaded: dict[str, ModuleType | None] = {}
 _pure_here: ContextVar[bool] = ContextVar("sage_pure_python", default=False)

@@ -102,11 +102,11 @@ ALLOWED_SKIPS = ("needs CUDA", "no CUDA device", "declares order_preserving = Fa
 
 def missing_requirements() -> list[str]:
     """What `SAGE_REQUIRE_ALL` demands and this machine lacks, one line each (empty: all here)."""
-    from sage_eviction.native import NATIVE_MODULES, load
+    from sage_eviction.native import MODEL_MODULES, NATIVE_MODULES, load
 
     missing = [
         f"the compiled core {name} (pip install -e . builds it; SAGE_PURE_PYTHON must be unset)"
-        for name in NATIVE_MODULES
+        for name in NATIVE_MODULES + MODEL_MODULES
         if load(name) is None
     ]
     missing += [f"{name} ({where})" for name, where in REQUIRED_MODULES.items() if not _importable(name)]
