@@ -39,7 +39,7 @@ from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.invariance import make_invariant, resolve_batch_invariant
 from engine_adapter.model.kv_pool import resolve_device
-from engine_adapter.model.packed import PACKED_WEIGHTS_CHOICES, pack_decoder, packing_available
+from engine_adapter.model.packed import check_packed_weights, pack_decoder, packing_available
 from engine_adapter.model.precision import QUANTIZATION_CHOICES
 from engine_adapter.model.precision import run_dtype as resolve_run_dtype
 from engine_adapter.model.quant import Q4Groups, quantize_decoder
@@ -112,9 +112,7 @@ def load_model(
             "--compile runs inductor's kernels, which are not batch-invariant: drop --compile, or add "
             "--batch-invariant off (outputs may then depend on batching)"
         )
-    if packed_weights not in PACKED_WEIGHTS_CHOICES:
-        choices = ", ".join(PACKED_WEIGHTS_CHOICES)
-        raise ValueError(f"packed weights {packed_weights!r} is not one of {choices}")
+    check_packed_weights(packed_weights)  # before the load: the invariant path packs on its own
     decoder, tokenizer, config, groups = _load(name_or_path, device, dtype, quantization)
     quantize_decoder(decoder, quantization, groups)
     if invariant:

@@ -38,6 +38,7 @@ __all__ = [
     "PACKED_WEIGHTS_CHOICES",
     "PROBE_ROWS",
     "PackedLinear",
+    "check_packed_weights",
     "crossover",
     "pack_decoder",
     "packing_available",
@@ -125,6 +126,12 @@ def first_of_winning_run(probes: tuple[int, ...], wins: list[bool]) -> int | Non
     return probes[first] if first < len(wins) else None
 
 
+def check_packed_weights(mode: str) -> None:
+    """Raise ValueError when `mode` is not one of `PACKED_WEIGHTS_CHOICES`."""
+    if mode not in PACKED_WEIGHTS_CHOICES:
+        raise ValueError(f"packed weights {mode!r} is not one of {', '.join(PACKED_WEIGHTS_CHOICES)}")
+
+
 def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], int | None] = crossover) -> int:
     """Replace the decoder's dense linear layers (those quantization left, and the lm head) by
     `PackedLinear`, in place, each from its shape's crossover.
@@ -142,8 +149,7 @@ def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], in
     Raises:
         ValueError: An unknown mode, or ``on`` for a decoder that cannot be packed (the reason).
     """
-    if mode not in PACKED_WEIGHTS_CHOICES:
-        raise ValueError(f"packed weights {mode!r} is not one of {', '.join(PACKED_WEIGHTS_CHOICES)}")
+    check_packed_weights(mode)
     why_not = packing_available(decoder)
     if mode == "off" or (mode == "auto" and why_not is not None):
         return 0
