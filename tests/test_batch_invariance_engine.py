@@ -1,7 +1,7 @@
 """The answer never depends on the cache (issue 47), in real engine processes started by the CLI.
 
 The same fresh random prompts go to an engine whose pool is small enough to evict and preempt
-(ARC, 40 blocks) and to an unbounded one (LRU, 4,096 blocks): eight at a time to the small one,
+(ARC, 24 blocks: eight requests of 2-8 blocks each overrun it) and to an unbounded one (LRU, 4,096 blocks): eight at a time to the small one,
 one at a time to the big one; again with the big one's prefix cache warm and all at once; with
 hot swaps of the block policy and the token policy mid-batch; through a host and a disk tier; and
 with seeded sampling. Every answer must be equal, in the default configuration (``auto``:
@@ -134,7 +134,7 @@ def engines(request: pytest.FixtureRequest) -> Iterator[dict[str, EngineProcess]
     dtype = ["--dtype", request.param]
     started = {
         "big": start("sage-tiny", "--num-blocks", "4096", "--eviction-policy", "lru", *dtype),
-        "small": start("sage-tiny", "--num-blocks", "40", "--eviction-policy", "arc", *dtype),
+        "small": start("sage-tiny", "--num-blocks", "24", "--eviction-policy", "arc", *dtype),
     }
     try:
         yield started
