@@ -10,6 +10,7 @@ front down (docs/architecture.md, "Cache core"):
     tier_front.py       TierFront: the manager's KV-tier methods (take_moves, moves_failed,
                         prefetch, swap_host_policy, tier_of; a mixin)
     request.py          CacheRequest: what a request brings to the cache (built once per admission)
+    contract.py         CacheContract: a request's prompt-cache contract (session, lifetime, writes)
     admission.py        Admission: a request's lookup, its admission, its queue protection
     sequences.py        RunningSequences: each running sequence's block table, admission to release
     prompt_keys.py      PromptKeys: a prompt's token count, isolation key and block keys

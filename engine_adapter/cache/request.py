@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from engine_adapter.cache.contract import CacheContract
+
 __all__ = ["CacheRequest"]
 
 
@@ -45,6 +47,8 @@ class CacheRequest:
             prefill is scored by the attention of all its queries).
         request_id: The engine's request id, named in the lookup records (`lookup_log`);
             None: the sequence id.
+        contract: Its prompt-cache contract (session key, minimum lifetime, explicit writes);
+            None: none asked.
     """
 
     sequence_id: int
@@ -62,3 +66,4 @@ class CacheRequest:
     recompute_last_token: bool = True
     match_prefix: bool = True
     request_id: str | None = None
+    contract: CacheContract | None = None

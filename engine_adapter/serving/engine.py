@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
+from engine_adapter.cache.contract import CacheContract
 from engine_adapter.cache.errors import SageCacheError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.tier_moves import Tier, TierMove
@@ -425,6 +426,7 @@ class Engine(EngineControl):
         priority: int = 0,
         tenant: str | None = None,
         cache_salt: str | None = None,
+        cache_contract: CacheContract | None = None,
         request_id: str | None = None,
         kv_compression: KVCompression | None = None,
         slo_ttft_ms: float | None = None,
@@ -457,6 +459,7 @@ class Engine(EngineControl):
             priority=priority,
             tenant=tenant,
             cache_salt=cache_salt,
+            cache_contract=cache_contract,
             kv_compression=kv_compression,
         )
         self.intake.set_slo(seq, slo_ttft_ms, slo_tpot_ms)

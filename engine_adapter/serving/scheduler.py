@@ -88,6 +88,7 @@ def _cache_request(
         # A prompt compressed after prefill is scored by all its queries, as kvpress does.
         match_prefix=seq.kv_compression is None,
         request_id=seq.request_id,
+        contract=seq.cache_contract,
     )
 
 

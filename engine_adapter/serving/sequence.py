@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_adapter.cache.contract import CacheContract
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
@@ -51,6 +52,10 @@ class RequestOutput:
         compressed_cached_tokens: Of those, tokens served from a compressed prefix
             (compress-on-evict: their K/V were compacted, not recomputed).
         completion_tokens: Tokens generated so far.
+        written_tokens: Prompt tokens this request wrote to the prefix cache (a sage extension
+            beside OpenAI's `cached_tokens`; Anthropic's `cache_creation_input_tokens`).
+        retention_ttl_s: The minimum lifetime the cache granted its blocks, in seconds (None:
+            no retention asked or granted); may be shorter than asked (`--max-cache-ttl`).
     """
 
     request_id: str
@@ -63,6 +68,8 @@ class RequestOutput:
     cached_tokens: int = 0
     completion_tokens: int = 0
     compressed_cached_tokens: int = 0
+    written_tokens: int = 0
+    retention_ttl_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -89,6 +96,7 @@ class Sequence:
     priority: int = 0
     tenant: str | None = None
     cache_salt: str | None = None
+    cache_contract: CacheContract | None = None  # the prompt-cache fields it sent
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

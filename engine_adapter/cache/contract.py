@@ -1,0 +1,36 @@
+"""`CacheContract`: what a request asked of the prompt cache, in the providers' terms.
+
+OpenAI's `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options` and
+`prompt_cache_breakpoint`, and Anthropic's `cache_control` (on blocks and at the top level), all
+come down to the same three things the cache core acts on: a session the request belongs to
+(routing and accounting, never isolation: that is `cache_salt`), a minimum lifetime for the
+blocks it writes (served by demotion to a lower tier, not by pinning device memory), and how
+much of its prompt it writes at all (explicit mode: only up to the last breakpoint). The server
+parses the wire fields into this record; the scheduler hands it to the cache with the request.
+This module imports nothing of the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CacheContract"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheContract:
+    """A request's prompt-cache contract.
+
+    Attributes:
+        session_key: The client's session key (`prompt_cache_key`, Anthropic's
+            `metadata.user_id`); recorded with the request and its blocks, never an isolation
+            key.
+        ttl_s: The minimum lifetime, in seconds, asked for the blocks this request writes or
+            hits (each hit refreshes it); None: no retention (`in_memory`, today's behaviour).
+        write_tokens: Explicit mode: write only the prompt's first `write_tokens` tokens (up to
+            the last breakpoint) to the cache; None: the whole prompt (implicit mode).
+    """
+
+    session_key: str | None = None
+    ttl_s: float | None = None
+    write_tokens: int | None = None
