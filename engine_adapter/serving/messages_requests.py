@@ -80,7 +80,7 @@ def _block_text(where: str, block: Any) -> str:
     kind = block.get("type") if isinstance(block, Mapping) else None
     if kind == "text" and isinstance(block.get("text"), str):
         extra = set(block) - {"type", "text", "cache_control", "citations"}
-        if extra or block.get("citations"):
+        if extra or block.get("citations") is not None:
             raise bad_value(where, f"a text block takes type, text and cache_control, got {sorted(block)}")
         return str(block["text"])
     if kind in _TOOL_BLOCKS:
@@ -158,7 +158,8 @@ def _conversation(body: dict[str, Any], markers: _Markers) -> list[tuple[str, li
 
 def _check_unserved(body: dict[str, Any]) -> None:
     """Tools and extended thinking: the values that ask for nothing are taken, others are a 400."""
-    if body.get("tools"):
+    tools = body.get("tools")
+    if tools is not None and tools != []:
         raise bad_value("tools", "tool use is not served; send no tools")
     choice = body.get("tool_choice")
     if choice is not None and choice != {"type": "none"}:
