@@ -197,9 +197,9 @@ def test_a_breakpoint_writes_exactly_the_marked_prefix_on_sage_tiny(
     written = engine.tokenizer.decode(prompt[: contract.write_tokens])
     assert written.startswith(marked)
     rest = "".join(turns[at][1][part + 1 :]) + "\n"
-    assert written[len(marked) :] == rest[: len(written) - len(marked)]  # only text the prefix also has
-    if part == len(turns[at][1]) - 1:
-        assert written == marked + "\n"  # the end of the turn is written with it
+    # past the marked text, only the turn's end that the prefix's rendering has too: its "\n"
+    # when the prompt goes on with one (the part ends its message, or the next part starts so)
+    assert written[len(marked) :] == ("\n" if rest.startswith("\n") else "")
 
 
 @pytest.mark.slow  # loads SmolLM2
