@@ -17,7 +17,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from engine_fixtures import app_client, started_engine
+from engine_fixtures import SubmitRecorder, app_client, started_engine
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
@@ -33,20 +33,6 @@ MODEL = "sage-tiny"
 HELLO = [{"role": "user", "content": "Say something."}]
 
 
-class Recorded:
-    """The contracts the engine's submit was handed, in order (it still serves every request)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.contracts: list[CacheContract | None] = []
-        self.prompts: list[Any] = []
-        self._submit = engine.submit
-
-    def __call__(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
-        self.contracts.append(kwargs.get("cache_contract"))
-        self.prompts.append(prompt)
-        return self._submit(prompt, *args, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     eng = started_engine(num_blocks=1024)
@@ -57,8 +43,8 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Recorded:
-    recorder = Recorded(engine)
+def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> SubmitRecorder:
+    recorder = SubmitRecorder(engine)
     monkeypatch.setattr(engine, "submit", recorder)
     return recorder
 
@@ -173,12 +159,12 @@ def test_the_clients_stream_helper_accumulates_the_message(
 
 
 def test_a_stop_sequence_ends_the_message_and_is_named(claude: anthropic.Anthropic) -> None:
-    free = claude.messages.create(model=MODEL, max_tokens=12, extra_body={"temperature": 0}, messages=HELLO)  # type: ignore[arg-type]
+    free = claude.messages.create(model=MODEL, max_tokens=8, extra_body={"temperature": 0}, messages=HELLO)  # type: ignore[arg-type]
     text = free.content[0].text  # type: ignore[union-attr]
     k = next(i for i in range(1, len(text)) if text[i] not in text[:i] and text[i].strip())
     stopped = claude.messages.create(
         model=MODEL,
-        max_tokens=12,
+        max_tokens=8,
         extra_body={"temperature": 0},
         messages=HELLO,
         stop_sequences=["\x00never", text[k]],  # type: ignore[arg-type]
@@ -188,7 +174,7 @@ def test_a_stop_sequence_ends_the_message_and_is_named(claude: anthropic.Anthrop
     streamed = list(
         claude.messages.create(
             model=MODEL,
-            max_tokens=12,
+            max_tokens=8,
             extra_body={"temperature": 0},
             messages=HELLO,
             stop_sequences=[text[k]],
@@ -203,7 +189,7 @@ def test_a_stop_sequence_ends_the_message_and_is_named(claude: anthropic.Anthrop
 
 
 def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
-    claude: anthropic.Anthropic, recorded: Recorded, engine: Engine
+    claude: anthropic.Anthropic, recorded: SubmitRecorder, engine: Engine
 ) -> None:
     system = "You review code. " * 3
     claude.messages.create(
@@ -229,7 +215,7 @@ def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
 
 
 def test_top_level_cache_control_writes_the_whole_prompt_and_none_asks_nothing(
-    claude: anthropic.Anthropic, recorded: Recorded
+    claude: anthropic.Anthropic, recorded: SubmitRecorder
 ) -> None:
     claude.messages.create(model=MODEL, max_tokens=1, messages=HELLO, cache_control={"type": "ephemeral"})  # type: ignore[arg-type]
     claude.messages.create(model=MODEL, max_tokens=1, messages=HELLO)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from engine_fixtures import app_client, started_engine
+from engine_fixtures import SubmitRecorder, app_client, started_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_fixtures import (  # noqa: F401 (fixtures: tests ask for them by name)
@@ -38,20 +38,6 @@ from engine_adapter.serving.sequence import RequestOutput
 CHAT = [{"role": "user", "content": "Say something."}]
 
 
-class Recorded:
-    """The contracts the engine's submit was handed, in order (it still serves every request)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.contracts: list[CacheContract | None] = []
-        self.prompts: list[Any] = []
-        self._submit = engine.submit
-
-    def __call__(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
-        self.contracts.append(kwargs.get("cache_contract"))
-        self.prompts.append(prompt)
-        return self._submit(prompt, *args, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     eng = started_engine(num_blocks=1024)
@@ -62,8 +48,8 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Recorded:
-    recorder = Recorded(engine)
+def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> SubmitRecorder:
+    recorder = SubmitRecorder(engine)
     monkeypatch.setattr(engine, "submit", recorder)
     return recorder
 
@@ -81,7 +67,7 @@ def oai(client: TestClient) -> openai.OpenAI:
 # ---- the fields reach the engine as the request's contract ------------------------------------------
 
 
-def test_the_official_client_fields_reach_the_engine(oai: openai.OpenAI, recorded: Recorded) -> None:
+def test_the_official_client_fields_reach_the_engine(oai: openai.OpenAI, recorded: SubmitRecorder) -> None:
     reply = oai.chat.completions.create(
         model="sage-tiny",
         messages=CHAT,  # type: ignore[arg-type]
@@ -94,7 +80,7 @@ def test_the_official_client_fields_reach_the_engine(oai: openai.OpenAI, recorde
 
 
 def test_in_memory_retention_asks_no_lifetime_and_no_field_asks_nothing(
-    oai: openai.OpenAI, recorded: Recorded
+    oai: openai.OpenAI, recorded: SubmitRecorder
 ) -> None:
     oai.chat.completions.create(
         model="sage-tiny",
@@ -107,7 +93,7 @@ def test_in_memory_retention_asks_no_lifetime_and_no_field_asks_nothing(
 
 
 def test_completions_take_the_fields_and_explicit_mode_writes_nothing_without_a_breakpoint(
-    oai: openai.OpenAI, recorded: Recorded
+    oai: openai.OpenAI, recorded: SubmitRecorder
 ) -> None:
     oai.completions.create(
         model="sage-tiny",
@@ -124,7 +110,9 @@ def test_completions_take_the_fields_and_explicit_mode_writes_nothing_without_a_
     ]
 
 
-def test_the_longer_of_retention_and_options_ttl_is_asked(oai: openai.OpenAI, recorded: Recorded) -> None:
+def test_the_longer_of_retention_and_options_ttl_is_asked(
+    oai: openai.OpenAI, recorded: SubmitRecorder
+) -> None:
     oai.chat.completions.create(
         model="sage-tiny",
         messages=CHAT,  # type: ignore[arg-type]
@@ -142,7 +130,7 @@ def test_the_longer_of_retention_and_options_ttl_is_asked(oai: openai.OpenAI, re
 
 
 def test_an_explicit_breakpoint_writes_up_to_the_end_of_its_part(
-    oai: openai.OpenAI, recorded: Recorded, engine: Engine
+    oai: openai.OpenAI, recorded: SubmitRecorder, engine: Engine
 ) -> None:
     system = "You are a careful assistant. " * 4
     messages = [
