@@ -141,20 +141,17 @@ def test_the_raw_stream_names_each_event(client: TestClient) -> None:
         assert json.loads(frame.split("\n")[1].removeprefix("data: "))["type"] == name
 
 
-def test_the_clients_stream_helper_accumulates_the_message(
-    claude: anthropic.Anthropic, client: TestClient
-) -> None:
+def test_the_clients_stream_helper_accumulates_the_message(claude: anthropic.Anthropic) -> None:
     with claude.messages.stream(model=MODEL, max_tokens=3, messages=HELLO) as stream:  # type: ignore[arg-type]
         pieces = list(stream.text_stream)
         message = stream.get_final_message()
     assert "".join(pieces) == message.content[0].text  # type: ignore[union-attr]
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
-    r = client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": HELLO})
-    assert r.status_code == 200
+    counted = claude.messages.count_tokens(model=MODEL, messages=HELLO)  # type: ignore[arg-type]
     u = message.usage
     assert (
         u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
-        == r.json()["input_tokens"]
+        == counted.input_tokens
     )
 
 
