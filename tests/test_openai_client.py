@@ -2,7 +2,8 @@
 
 The client talks to the engine's Unix socket through an httpx transport, as docs/getting-started.md shows:
 completions, chat completions (plain and streamed), stop strings, seeds, usage with cached
-tokens, and the models list. Errors come back as the client's own exception types.
+tokens, and the models list. Errors come back as the client's own exception types. The official
+`anthropic` client asks the same model through /v1/messages (issue 51).
 """
 
 from __future__ import annotations
