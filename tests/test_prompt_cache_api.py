@@ -242,6 +242,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"prompt_cache_options": {"mode": "sometimes"}}, "'prompt_cache_options.mode'"),
     ({"prompt_cache_options": {"ttl": "forever"}}, "'prompt_cache_options.ttl'"),
     ({"prompt_cache_options": {"ttl": "0m"}}, "'prompt_cache_options.ttl'"),
+    ({"prompt_cache_options": {"ttl": "9" * 400 + "h"}}, "'prompt_cache_options.ttl'"),
     ({"prompt_cache_options": {"ttl": 30}}, "'prompt_cache_options.ttl'"),
     ({"prompt_cache_options": {"mode": "explicit", "pin": True}}, "'prompt_cache_options'"),
 ]

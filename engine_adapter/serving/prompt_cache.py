@@ -19,6 +19,7 @@ Imports: the shared request handling, the chat message record and the contract; 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,8 +85,8 @@ def parse_duration(field: str, value: Any) -> float:
     if not isinstance(value, str) or not _DURATIONS.fullmatch(value):
         raise bad_value(field, f'must be a duration such as "5m", "30m", "1h" or "24h", got {value!r:.40}')
     seconds = sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION.findall(value))
-    if seconds <= 0:
-        raise bad_value(field, f"must be a positive duration, got {value!r}")
+    if not 0 < seconds < math.inf:  # "0m", or more digits than a float holds
+        raise bad_value(field, f"must be a positive, finite duration, got {value!r:.40}")
     return seconds
 
 
