@@ -13,7 +13,7 @@ from typing import Any
 
 from engine_adapter.serving.openapi_messages import (
     anthropic_error_schema,
-    breakpoint_field,
+    chat_text_part,
     messages_paths,
     openai_cache_fields,
     openai_usage,
@@ -278,10 +278,7 @@ def _completion_paths() -> dict[str, Schema]:
     chat_choice = _obj(
         {"index": INT, "message": _obj({"role": STR, "content": STR}), "finish_reason": finish}
     )
-    text_part = _obj(
-        {"type": {"const": "text"}, "text": STR}, {"prompt_cache_breakpoint": breakpoint_field()}
-    )
-    content = {"anyOf": [STR, {"type": "array", "items": text_part}, {"type": "null"}]}
+    content = {"anyOf": [STR, {"type": "array", "items": chat_text_part()}, {"type": "null"}]}
     message = _obj(
         {"role": {"enum": ["system", "user", "assistant", "tool", "developer"]}}, {"content": content}
     )

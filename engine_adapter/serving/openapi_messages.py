@@ -1,8 +1,8 @@
 """The OpenAPI schemas of Anthropic's Messages API and of the prompt-cache fields (issue 51).
 
 `messages_paths` gives ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``;
-`openai_cache_fields` the prompt-cache fields of OpenAI's two routes, `breakpoint_field` the
-marker of a chat content part and `openai_usage` their usage. engine_adapter.serving.openapi
+`openai_cache_fields` the prompt-cache fields of OpenAI's two routes, `chat_text_part` a chat
+content part with its marker and `openai_usage` their usage. engine_adapter.serving.openapi
 assembles them into the document.
 """
 
@@ -12,7 +12,7 @@ from engine_adapter.serving.openapi_types import BOOL, INT, NUM, STR, Schema, nu
 
 __all__ = [
     "anthropic_error_schema",
-    "breakpoint_field",
+    "chat_text_part",
     "messages_paths",
     "openai_cache_fields",
     "openai_usage",
@@ -56,9 +56,10 @@ def openai_cache_fields() -> dict[str, Schema]:
     }
 
 
-def breakpoint_field() -> Schema:
-    """``prompt_cache_breakpoint`` on a chat content part: the end of a prefix to write."""
-    return nullable(obj({"mode": {"const": "explicit"}}, extra=False))
+def chat_text_part() -> Schema:
+    """A chat message's text part, with ``prompt_cache_breakpoint``: the end of a prefix to write."""
+    mark = nullable(obj({"mode": {"const": "explicit"}}, extra=False))
+    return obj({"type": {"const": "text"}, "text": STR}, {"prompt_cache_breakpoint": mark})
 
 
 def openai_usage() -> Schema:
