@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import httpx
@@ -144,6 +145,27 @@ def test_the_documents_are_the_readme_and_the_site_pages() -> None:
     # the engine started with --explain (which the OpenAI snippet then asks) is the session's last
     starts = [c for c in readme_commands() if c.startswith("sage llm engine start")]
     assert "--explain" in starts[-1] and "--explain" not in " ".join(starts[:-1])
+
+
+def test_the_clone_runs_every_compiled_module_as_an_install_does(tmp_path: Path) -> None:
+    """The fresh copy holds every compiled module this checkout built, as `pip install -e .`
+    builds them all: with only some, the clone's simulator rows ran their pure-Python loops and
+    the benchmark commands below took minutes longer than a user's (issue 48)."""
+    from sage_eviction.native import MODEL_MODULES, NATIVE_MODULES, implementation
+
+    if implementation(*NATIVE_MODULES) != "compiled":
+        pytest.skip("the compiled core is not built in this checkout")
+    copy = fresh_copy(tmp_path / "clone", compiled=True)
+    probe = "from sage_eviction.native import core_implementation as c; print(c())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_")}
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], cwd=copy, env={**env, "PYTHONPATH": str(copy)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ran.stdout.strip() == "compiled", (ran.stdout, ran.stderr)
+    for module in MODEL_MODULES:  # loading one imports torch: its built file is enough
+        path = module.replace(".", "/")
+        assert any((copy / (path + suffix)).is_file() for suffix in EXTENSION_SUFFIXES), module
 
 
 @pytest.fixture(scope="module")
