@@ -94,7 +94,7 @@ SHORTER: dict[str, list[str]] = {
 
 def _blocks(language: str) -> list[str]:
     """The fenced blocks of `language` in the documents, in order."""
-    blocks = []
+    blocks: list[str] = []
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
         blocks.extend(m.group(1) for m in re.finditer(rf"^```{language}\n(.*?)^```", text, re.S | re.M))
@@ -206,8 +206,8 @@ def _top_quits_on_q(clone: Path, env: dict[str, str]) -> str:
     """`sage llm eviction top` in a pseudo-terminal: it draws, and q quits."""
     leader, follower = pty.openpty()
     env = {**env, "TERM": "xterm", "COLUMNS": "120", "LINES": "40"}
-    terminal = {"stdin": follower, "stdout": follower, "stderr": follower}
-    proc = subprocess.Popen(["sage", "llm", "eviction", "top"], cwd=clone, env=env, **terminal)
+    command = ["sage", "llm", "eviction", "top"]
+    proc = subprocess.Popen(command, cwd=clone, env=env, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     seen = b""
     deadline = time.monotonic() + 60
