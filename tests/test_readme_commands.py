@@ -280,7 +280,14 @@ def benchmark_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", _benchmark_commands())
+@pytest.mark.parametrize(
+    "command",
+    _benchmark_commands(),
+    ids=[
+        f"{i}:" + " ".join(c.removeprefix("sage llm benchmark ").split()[:3])
+        for i, c in enumerate(_benchmark_commands())
+    ],
+)
 def test_the_readme_benchmarks_run_from_a_fresh_clone(
     clone: Path, benchmark_home: Path, command: str
 ) -> None:
