@@ -23,8 +23,10 @@ workloads the twins are proven on.
     sglang_model.py   `SGLangModel`: that tree in SGLang's request life cycle (admission,
                       checkpoint, retraction), the simulator's ``sglang`` cache model
     sglang_queue.py   `QueueOrder`: SGLang's queue orders (fcfs, lpm, dfs-weight) over that tree
-    sglang_sage.py    `SageVictims`: a sage policy choosing the tree's victims, as sage's
-                      component inside SGLang does (``sage-<spec>``)
+
+A sage policy (``sage-<spec>``) chooses the tree's victims through the integration's own event
+mapping (`sage_eviction.integrations.sglang.SageTreeEvents`), as the vLLM twin's pool runs the
+integration's mixin: one copy of the mapping, held to SGLang by tests_integration/sglang.
 
 Importing this package imports no twin module.
 """

@@ -38,7 +38,8 @@ A request's life, as SGLang 0.5.23's scheduler runs it (managers/schedule_batch.
   the tree from the root, heavier subtrees (more waiting requests ending in them) first, a
   node's own requests after its subtrees'. The matches refresh the tree as SGLang's do.
 - A sage policy plugged into SGLang (``sage-<spec>``, SGLang's own name for it) chooses the
-  tree's victims as `sage_eviction.integrations.sglang` does (`SageVictims`).
+  tree's victims through `sage_eviction.integrations.sglang`'s own event mapping
+  (`SageTreeEvents`), the code that runs inside SGLang.
 
 Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size; keys
 are pages, so SGLang's token thresholds (the in-batch check's 32 tokens) read as whole pages.
@@ -56,7 +57,7 @@ from typing import Any
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
-from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX
+from sage_eviction.integrations.sglang import PREFIX as SAGE_PREFIX
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
 __all__ = ["SCHEDULE_POLICIES", "SGLangModel", "check_sglang_policy", "parse_sglang_policy"]
