@@ -33,16 +33,9 @@ from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, cost_coeffici
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import EvictionPolicy, native
+from sage_eviction.compiled_kinds import compiled_in
 from sage_eviction.metrics import LatencyRecorder
-from sage_eviction.policies.arc import ARCPolicy
-from sage_eviction.policies.fifo import FIFOPolicy
-from sage_eviction.policies.filo import FILOPolicy
-from sage_eviction.policies.gdsf import GDSFPolicy
-from sage_eviction.policies.lfu import LFUPolicy
-from sage_eviction.policies.lru import LRUPolicy
-from sage_eviction.policies.mru import MRUPolicy
-from sage_eviction.policies.s3fifo import S3FIFOPolicy
-from sage_eviction.policies.sieve import SIEVEPolicy
+from sage_eviction.policies import POLICIES
 
 __all__ = [
     "RADIX_LOOP",
@@ -63,19 +56,31 @@ _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _ARC = 5  # arc (_radix_pol_arc.pxi)
 _GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
-_POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
-    LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
-    FIFOPolicy: (_TICK, 0),
-    MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
-    FILOPolicy: (_TICK, _NEWEST_FIRST),
-    SIEVEPolicy: (_SIEVE, 0),
-    LFUPolicy: (_LEVELLED, _LEVEL_HITS),
-    S3FIFOPolicy: (_S3FIFO, 0),
-    ARCPolicy: (_ARC, 0),
-    GDSFPolicy: (_GDSF, 0),
-    RadixBelady: (_BELADY, 0),
+_CODES: dict[str, tuple[int, int]] = {
+    "lru": (_TICK, _TOUCH_ON_ACCESS),
+    "fifo": (_TICK, 0),
+    "mru": (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
+    "filo": (_TICK, _NEWEST_FIRST),
+    "sieve": (_SIEVE, 0),
+    "lfu": (_LEVELLED, _LEVEL_HITS),
+    "s3fifo": (_S3FIFO, 0),
+    "arc": (_ARC, 0),
+    "gdsf": (_GDSF, 0),
+    "belady": (_BELADY, 0),
 }
-"""The policies the loop runs, by exact class: (kind, variant)."""
+"""The loop's C codes, (kind, variant), of each policy `compiled_in("radix")` lists (a policy
+registered there without codes here fails at import)."""
+
+
+def _radix_class(name: str) -> type[EvictionPolicy]:
+    """The class the loop runs for registry name `name` (belady's: the radix model's own)."""
+    return RadixBelady if name == "belady" else POLICIES[name]
+
+
+_POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
+    _radix_class(name): _CODES[name] for name in compiled_in("radix")
+}
+"""The policies the loop runs, by exact class: (kind, variant); from sage_eviction.compiled_kinds."""
 
 _CANDIDATE_KEYS = {
     "lru": 0, "seen_once_first": 0, "s3fifo": 0, "lfu": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4
