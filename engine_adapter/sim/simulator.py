@@ -97,6 +97,7 @@ from engine_adapter.sim.decode_steps import (
     steps_to_next,
     steps_until,
 )
+from engine_adapter.sim.model_names import EVENT_LOOP_MODELS
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState, SimResult, StepAdmission, run_requests
 from engine_adapter.sim.sequence import SimSequence
@@ -115,7 +116,7 @@ __all__ = [
     "simulate",
 ]
 
-CACHE_MODELS = ("radix", "flat", "sglang")
+CACHE_MODELS = EVENT_LOOP_MODELS
 UNBOUNDED = "unbounded"
 """The reference row's policy name: a cache that never evicts."""
 
