@@ -31,6 +31,7 @@ __all__ = [
     "load",
     "pure_forced",
     "pure_python",
+    "unavailable",
 ]
 
 PURE_ENV = "SAGE_PURE_PYTHON"
@@ -117,6 +118,13 @@ def implementation(*names: str) -> str:
     if missing:
         return f"pure-python ({', '.join(missing)} not built)"
     return "compiled"
+
+
+def unavailable(*names: str) -> str:
+    """Why compiled `names` do not run, for a row that says so: `implementation`'s reason, or
+    that a caller switched them off (a test's stand-in loader)."""
+    found = implementation(*names)
+    return found if found != "compiled" else "pure-python (switched off)"
 
 
 def core_implementation() -> str:

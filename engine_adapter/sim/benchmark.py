@@ -376,6 +376,17 @@ def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
     return {policy: "; ".join(sorted(found)) for policy, found in paths.items()}
 
 
+def _python_loops(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
+    """The policies with rows in the Python event loop -> why (joined when their rows differ): the
+    table says so under the rows, the JSON beside them (each row's ``event_loop``)."""
+    found: dict[str, set[str]] = {}
+    for outcome in outcomes:
+        if outcome.event_loop != "compiled" and outcome.row.get("policy") != UNBOUNDED:
+            why = outcome.event_loop.removeprefix("python (").removesuffix(")")
+            found.setdefault(str(outcome.row.get("policy")), set()).add(why)
+    return {policy: "; ".join(sorted(whys)) for policy, whys in found.items()}
+
+
 def _labelled_rows(outcomes: Sequence[RowOutcome], runs: Sequence[RowSpec]) -> list[dict[str, Any]]:
     """The rows, each labelled with its spec's params (``slru:protected_threshold=3``: a model
     names a row by its policy alone, and two rows of one policy must be told apart) and saying
@@ -387,6 +398,7 @@ def _labelled_rows(outcomes: Sequence[RowOutcome], runs: Sequence[RowSpec]) -> l
         if params:
             row["policy"] = f"{row['policy']}:{params}"
         row["policy_calls"] = outcome.policy_calls
+        row["event_loop"] = outcome.event_loop
         rows.append(row)
     return rows
 
@@ -431,6 +443,7 @@ def run_sweep(**options: Any) -> SweepRun:
         **executor.describe(len(runs)),
         "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),
         "policy_calls": _policy_calls(outcomes),
+        "python_loops": _python_loops(outcomes),
         "wall_s": time.perf_counter() - wall0,
     }
     _set_throughput_impact(rows)

@@ -25,6 +25,7 @@ from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.sim_result import ModelStats
 from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
@@ -33,7 +34,15 @@ from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, percentile
 from sage_eviction.policies.belady import BeladyPolicy
 from sage_eviction.registry import get_policy_class, parse_policy_spec
 
-__all__ = ["FlatModel", "RadixBelady", "RadixFigures", "RadixModel", "array_quantiles", "window_quantiles"]
+__all__ = [
+    "FlatLookup",
+    "FlatModel",
+    "RadixBelady",
+    "RadixFigures",
+    "RadixModel",
+    "array_quantiles",
+    "window_quantiles",
+]
 
 
 class RadixBelady(BeladyPolicy):
@@ -98,6 +107,14 @@ class RadixBelady(BeladyPolicy):
         HeapPolicy.access(self, key, now)
 
 
+@dataclass(frozen=True, slots=True)
+class FlatLookup:
+    """One request's lookup in the flat model."""
+
+    hit_blocks: int
+    served_tokens: int  # the hit blocks' tokens, less a partial last block's padding
+
+
 class FlatModel:
     """A `sage_eviction.flat.FlatCache` looked up block by block, with the re-prefill rate and the
     decision times recorded through its hooks."""
@@ -125,20 +142,20 @@ class FlatModel:
     def evictions(self) -> int:
         return self.cache.evictions
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
+    def stats(self) -> ModelStats:
         """The row's figures as the radix and sglang models give them (`SGLangModel.stats`):
         no pool to fill and no preemption, so utilization is 1 once anything was evicted."""
         p50, p99 = window_quantiles(self.latency, 0.5, 0.99)
         utilization = 1.0 if self.evictions else 0.0
-        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, 0)
+        return ModelStats(self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, 0)
 
-    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
-        """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
+    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> FlatLookup:
+        """Look each block up in order (a miss is admitted): the hit blocks and tokens served."""
         hits, last_hit = self.cache.lookup(keys)
         served = hits * block_size
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
-        return hits, max(served, 0)
+        return FlatLookup(hits, max(served, 0))
 
 
 def window_quantiles(latency: LatencyRecorder, *qs: float) -> list[float]:
@@ -192,9 +209,9 @@ class RadixFigures:
     regrets: int
     histograms: tuple[HistogramSnapshot, ...]
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
+    def stats(self) -> ModelStats:
         p50, p99 = array_quantiles(self.decision_times, 0.5, 0.99)
-        return (
+        return ModelStats(
             self.re_prefill_rate,
             self.memory_utilization,
             self.evictions,
@@ -333,13 +350,13 @@ class RadixModel:
         hits: int = stats.prefetch_hits
         return hits
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
-        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+    def stats(self) -> ModelStats:
+        """The row's figures: the compiled loop's, or the manager's."""
         if self.figures is not None:
             return self.figures.stats()
         stats = self.manager.stats()
         utilization = stats.memory_utilization if stats.eviction_calls else 0.0
-        return (
+        return ModelStats(
             stats.re_prefill_rate,
             utilization,
             stats.total_evictions,

@@ -10,8 +10,9 @@ back into the `RunState` and the `RadixModel`'s `figures`, from which `Simulator
 row as for the Python loop. Same row either way, timings aside (tests/test_radix_run.py holds
 the two to it, TTFTs bit for bit).
 
-It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
-adaptive batch, KV tiers, queue protection or compress-on-evict, not `compiled=False`), the
+It runs when (`compiled_run`, which otherwise says why not: the row's `event_loop`): the radix
+cache model in a plain `run()` (no fleet `horizon`, no adaptive batch, KV tiers, queue
+protection or compress-on-evict, not `compiled=False`), the
 policy's class one the loop has a kind for (`policy_kind`, from `_POLICY_KINDS`), every key an
 int64 (the ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row
 that would raise (a request larger than the pool) runs in the Python loop, which raises.
@@ -169,17 +170,17 @@ def radix_loop() -> ModuleType | None:
     return native.load(RADIX_LOOP)
 
 
-def _plain(sim: RadixLoopSettings) -> bool:
-    """A radix row with none of the features the compiled loop leaves to the Python loop."""
-    return (
-        sim.cache_model == "radix"
-        and sim.compiled is not False  # the pure-Python cache asked for: no compiled loop either
-        and sim.horizon is None
-        and not sim.adaptive_batch
-        and not sim.protect_queued
-        and sim.compress is None
-        and sim.tiers is None
+def _python_only(sim: RadixLoopSettings) -> str | None:
+    """The feature of a radix row that the compiled loop leaves to the Python loop, or None."""
+    features = (
+        (sim.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
+        (sim.horizon is not None, "a fleet replica"),
+        (sim.adaptive_batch, "adaptive batch"),
+        (bool(sim.protect_queued), "queue protection"),
+        (sim.compress is not None, "compress-on-evict"),
+        (sim.tiers is not None, "KV tiers"),
     )
+    return next((why for found, why in features if found), None)
 
 
 def _settings(
@@ -227,25 +228,32 @@ def _tenants(requests: RunRequests) -> tuple[np.ndarray, list[str]]:
     return np.asarray(codes_list, dtype=np.int32), list(names)
 
 
-def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
+def compiled_run(sim: RadixLoopSettings, st: RunState) -> str | None:
     """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
     and its cache's `figures` as `Simulator.advance(st, math.inf)` leaves them for
-    `Simulator.row`; False (nothing done) when the Python loop must run."""
+    `Simulator.row`: None when it did, else why the Python loop must run (nothing done)."""
     loop, ghosts_core, core = radix_loop(), native.load(GHOSTS_CORE), native.load(native.CORE)
     cache = st.cache
-    if loop is None or ghosts_core is None or core is None or not _plain(sim):
-        return False
+    if loop is None or ghosts_core is None or core is None:
+        return native.unavailable(RADIX_LOOP, GHOSTS_CORE, native.CORE)
+    feature = _python_only(sim)
+    if feature is not None:
+        return feature
     if not isinstance(cache, RadixModel):
-        return False
+        return "not a radix row"
     manager = cache.manager
     kind = policy_kind(type(manager.policy))
     order = type(manager.policy).candidate_order
     candidates = None if order is None else _CANDIDATE_KEYS.get(order[0])
     held = manager.accounting.ghosts
-    if kind is None or candidates is None or not isinstance(held, ghosts_core.IntGhostSet):
-        return False
+    if kind is None:
+        return f"{manager.policy_name} has no kind in the compiled loop"
+    if candidates is None:
+        return f"{manager.policy_name}'s preemption order has no key in the compiled loop"
+    if not isinstance(held, ghosts_core.IntGhostSet):
+        return "keys that are not all int64"
     if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:
-        return False
+        return "a lookup log, explanations or an eviction threshold"
     fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
     columns = flat_columns(st.requests)
     policy = _kind_policy(cache, columns)
@@ -253,10 +261,10 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     codes, tenants = _tenants(st.requests)
     run = loop.RadixLoop(columns, settings, codes, tenants)
     if not run.run(float(st.clock)):
-        return False
+        return "a request larger than the pool"
     _fill_state(st, run)
     cache.figures = _figures(run, settings)
-    return True
+    return None
 
 
 def _fill_state(st: RunState, run: Any) -> None:

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.sim_result import ModelStats
 from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 from sage_eviction.integrations.sglang import PREFIX as SAGE_PREFIX
@@ -249,9 +250,11 @@ class SGLangModel:
     def prefetch_hits(self) -> int:
         return 0
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
-        """re-prefill rate, memory utilization (peak pages in use / pool, once anything was
-        evicted), evictions (pages), p50 and p99 eviction call (us), preemptions."""
+    def stats(self) -> ModelStats:
+        """The row's figures: memory utilization is the peak pages in use over the pool (once
+        anything was evicted), evictions are pages."""
         p50, p99 = self.latency.quantiles(0.5, 0.99)
         utilization = self.peak_used / self.capacity if self.evictions else 0.0
-        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions)
+        return ModelStats(
+            self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
+        )

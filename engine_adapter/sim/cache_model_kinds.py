@@ -1,0 +1,218 @@
+"""The simulator's cache models as objects: each carries its own options, checks them, builds the
+model a run uses, and says whether its row runs in a compiled loop and, when not, why.
+
+A name resolves to one (`cache_model_for`): ``Simulator(cache_model="radix")``,
+``simulate(cache_model=...)`` and ``--cache-model NAME`` are unchanged, and the names are
+`model_names.EVENT_LOOP_MODELS` (the one list; the registry below must cover it exactly).
+
+- `RadixCacheModel`: sage's engine's cache (`cache_models.RadixModel`), with its options: queue
+  protection, adaptive batch, KV tiers, compress-on-evict, `compiled`. A plain row runs in one
+  compiled call (`radix_run`); its `event_loop` says why a row did not.
+- `FlatCacheModel`: libCacheSim's model (`cache_models.FlatModel`); no options. Compiled where
+  the flat cache keeps its policy's state in C (`flat_run`).
+- `SGLangCacheModel`: SGLang's radix cache and scheduler (`twins.sglang_model.SGLangModel`), with
+  its queue order; always the Python loop (the tree is modelled in Python).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from engine_adapter.cache.block_allocator import BlockAllocator
+from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.tiers import TierConfig
+from engine_adapter.sim import flat_run, radix_run
+from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
+from engine_adapter.sim.model_names import EVENT_LOOP_MODELS, SCHEDULE_POLICIES
+from engine_adapter.sim.run_state import RunRequests, RunState
+from engine_adapter.sim.twins.sglang_model import SGLangModel
+from engine_adapter.sim.workloads import Workload, int64_keys
+from sage_eviction import get_policy_class
+from sage_eviction.policies.belady import BeladyPolicy
+
+__all__ = [
+    "COMPILED",
+    "CacheModelKind",
+    "FlatCacheModel",
+    "RadixCacheModel",
+    "SGLangCacheModel",
+    "cache_model_for",
+]
+
+COMPILED = "compiled"
+"""A row's `event_loop` when it ran in one compiled call; otherwise ``"python (<why>)"``."""
+
+RunModel = RadixModel | SGLangModel | FlatModel
+
+
+class ModelHost(Protocol):
+    """What a cache model reads of the `Simulator` that runs it."""
+
+    @property
+    def workload(self) -> Workload: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def unbounded(self) -> bool: ...
+    @property
+    def policy_spec(self) -> str: ...
+    @property
+    def tiers(self) -> TierConfig | None: ...
+    @property
+    def horizon(self) -> float | None: ...
+    def _now(self) -> float: ...
+
+
+class CacheModelKind:
+    """A cache model with its options (a subclass per model; `cache_model_for` builds one)."""
+
+    name: ClassVar[str]
+    holds_running: ClassVar[bool] = True
+    """The pool holds the running requests' blocks, so a capacity must fit the largest request."""
+    takes_tiers: ClassVar[bool] = False
+    """KV tiers and adaptive batch (they need the radix cache's tree and scheduler hooks)."""
+
+    def policy_name(self, spec: str) -> str:
+        """The row's policy: sage's registry name of `spec`'s policy."""
+        return get_policy_class(spec.split(":", 1)[0]).name
+
+    def build(self, sim: ModelHost, requests: RunRequests) -> RunModel:
+        """The model one run uses."""
+        raise NotImplementedError
+
+    def run_compiled(self, sim: Any, st: RunState) -> str | None:
+        """Run the whole of `st` in a compiled loop: None when it did, else why the Python loop
+        must run (nothing done)."""
+        return f"the {self.name} model has no compiled loop"
+
+    @staticmethod
+    def pool_blocks(sim: ModelHost) -> int:
+        """The capacity, or (unbounded) room for every distinct and every private block at once."""
+        bs = sim.block_size
+        num_blocks = sim.capacity
+        if sim.unbounded:
+            for r in sim.workload.requests:
+                prompt = max(r.input_len, len(r.block_hashes) * bs)
+                num_blocks += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
+        return num_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RadixCacheModel(CacheModelKind):
+    """sage's engine's radix cache (`Simulator`'s Args say what each option does)."""
+
+    name: ClassVar[str] = "radix"
+    takes_tiers: ClassVar[bool] = True
+    protect_queued: float = 0.0
+    adaptive_batch: bool = False
+    compiled: bool | None = None
+    compress_on_evict: str | None = None
+
+    def build(self, sim: ModelHost, requests: RunRequests) -> RadixModel:
+        num_blocks = self.pool_blocks(sim)
+        manager = CacheManager(
+            BlockAllocator(num_blocks, sim.block_size),
+            policy=sim.policy_spec,
+            record_events=False,
+            clock=sim._now,
+            protect_queued=0.0 if sim.unbounded else self.protect_queued,
+            compiled=self.compiled,
+            tiers=sim.tiers,
+            compress_on_evict=None if sim.unbounded else self.compress_on_evict,
+            int_keys=int64_keys(sim.workload.requests),  # the whole workload's: a fleet's replica grows
+            # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
+            ghost_factor=1 / num_blocks if sim.unbounded else 2.0,
+        )
+        belady = None
+        if manager.policy.offline:
+            if not isinstance(manager.policy, BeladyPolicy):
+                raise ValueError(
+                    f"offline policy {manager.policy_name!r} has no future the radix model can give"
+                )
+            belady = RadixBelady(requests)
+            manager.radix.set_policy(belady)
+        manager.policy.stop_recording_evicted()  # the row's re-prefills are the manager's own
+        return RadixModel(manager, belady)
+
+    def run_compiled(self, sim: Any, st: RunState) -> str | None:
+        return radix_run.compiled_run(sim, st)
+
+
+@dataclass(frozen=True, slots=True)
+class FlatCacheModel(CacheModelKind):
+    """Independent blocks with forced admission: libCacheSim's model."""
+
+    name: ClassVar[str] = "flat"
+    holds_running: ClassVar[bool] = False
+
+    def build(self, sim: ModelHost, requests: RunRequests) -> FlatModel:
+        return FlatModel(sim.policy_spec, sim.capacity, requests)
+
+    def run_compiled(self, sim: Any, st: RunState) -> str | None:
+        return flat_run.compiled_run(sim, st)
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangCacheModel(CacheModelKind):
+    """SGLang's radix cache, queue order and retraction."""
+
+    name: ClassVar[str] = "sglang"
+    schedule_policy: str = "fcfs"
+
+    def policy_name(self, spec: str) -> str:
+        """SGLang's strategy, or ``sage-<spec>`` (checked when the model is built)."""
+        return spec.split(":", 1)[0].strip().lower()
+
+    def build(self, sim: ModelHost, requests: RunRequests) -> SGLangModel:
+        return SGLangModel(sim.policy_spec, self.pool_blocks(sim), sim.block_size, self.schedule_policy)
+
+    def run_compiled(self, sim: Any, st: RunState) -> str | None:
+        return "SGLang's tree is modelled in Python"
+
+
+_KINDS: dict[str, type[CacheModelKind]] = {
+    kind.name: kind for kind in (RadixCacheModel, FlatCacheModel, SGLangCacheModel)
+}
+if tuple(_KINDS) != EVENT_LOOP_MODELS:  # the one list of names is model_names'
+    raise ImportError(f"cache model kinds {tuple(_KINDS)} are not model_names' {EVENT_LOOP_MODELS}")
+
+
+def cache_model_for(
+    name: str,
+    *,
+    protect_queued: float = 0.0,
+    adaptive_batch: bool = False,
+    compiled: bool | None = None,
+    tiers: TierConfig | None = None,
+    compress_on_evict: str | None = None,
+    schedule_policy: str = "fcfs",
+) -> CacheModelKind:
+    """The cache model `name` with its options; an option another model's is refused.
+
+    Raises:
+        ValueError: An unknown model, or an option the model does not take.
+    """
+    if name not in _KINDS:
+        raise ValueError(f"unknown cache model {name!r}; cache models: {', '.join(_KINDS)}")
+    if not 0.0 <= protect_queued <= 1.0:
+        raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
+    if (adaptive_batch or (tiers is not None and tiers.enabled)) and not _KINDS[name].takes_tiers:
+        raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
+    if name == SGLangCacheModel.name:
+        if protect_queued > 0 or compress_on_evict is not None:
+            raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"unknown schedule policy {schedule_policy!r}; the sglang model has: "
+                f"{', '.join(SCHEDULE_POLICIES)}"
+            )
+        return SGLangCacheModel(schedule_policy)
+    if schedule_policy != "fcfs":
+        raise ValueError(f"schedule policy {schedule_policy!r} is SGLang's: needs the sglang model")
+    if name == FlatCacheModel.name:
+        return FlatCacheModel()  # the running requests' memory is not modelled: queue protection
+        # and compress-on-evict have nothing to act on (a flat row ignores them, as it always did)
+    return RadixCacheModel(protect_queued, adaptive_batch, compiled, compress_on_evict)
