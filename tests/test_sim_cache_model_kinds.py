@@ -88,7 +88,7 @@ def test_a_row_says_whether_and_why_it_ran_compiled() -> None:
     assert _why("lru", protect_queued=0.2) == "queue protection"
     assert _why("lru", compiled=False) == "compiled=False"
     assert _why("slru") == "slru has no kind in the compiled loop"
-    assert _why("lfu", cache_model="flat") == "lfu keeps no state in C (compiled)"
+    assert _why("lfu", cache_model="flat") == "lfu keeps no state in C, called through its C table"
     assert _why("lru", cache_model="sglang") == "SGLang's tree is modelled in Python"
 
 

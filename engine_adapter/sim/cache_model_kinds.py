@@ -24,7 +24,7 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim import flat_run, radix_run
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
-from engine_adapter.sim.model_names import EVENT_LOOP_MODELS, SCHEDULE_POLICIES
+from engine_adapter.sim.model_names import EVENT_LOOP_MODELS, SCHEDULE_POLICIES, TWINS
 from engine_adapter.sim.run_state import RunRequests, RunState
 from engine_adapter.sim.twins.sglang_model import SGLangModel
 from engine_adapter.sim.workloads import Workload, int64_keys
@@ -37,7 +37,9 @@ __all__ = [
     "FlatCacheModel",
     "RadixCacheModel",
     "SGLangCacheModel",
+    "TwinCacheModel",
     "cache_model_for",
+    "model_traits",
 ]
 
 COMPILED = "compiled"
@@ -72,8 +74,15 @@ class CacheModelKind:
     name: ClassVar[str]
     holds_running: ClassVar[bool] = True
     """The pool holds the running requests' blocks, so a capacity must fit the largest request."""
-    takes_tiers: ClassVar[bool] = False
-    """KV tiers and adaptive batch (they need the radix cache's tree and scheduler hooks)."""
+    radix_options: ClassVar[bool] = False
+    """Takes sage's radix cache's options: KV tiers, adaptive batch, queue protection,
+    compress-on-evict (they need its tree and the engine's scheduler hooks)."""
+    online_only: ClassVar[bool] = False
+    """An engine's own eviction: no offline reference row (Belady)."""
+    queue_orders: ClassVar[bool] = False
+    """Has SGLang's queue orders (`SCHEDULE_POLICIES`); the others admit first come, first served."""
+    reserved_blocks: ClassVar[int] = 0
+    """Pool blocks the engine keeps for itself (vLLM's null block): a capacity holds that many less."""
 
     def policy_name(self, spec: str) -> str:
         """The row's policy: sage's registry name of `spec`'s policy."""
@@ -105,7 +114,7 @@ class RadixCacheModel(CacheModelKind):
     """sage's engine's radix cache (`Simulator`'s Args say what each option does)."""
 
     name: ClassVar[str] = "radix"
-    takes_tiers: ClassVar[bool] = True
+    radix_options: ClassVar[bool] = True
     protect_queued: float = 0.0
     adaptive_batch: bool = False
     compiled: bool | None = None
@@ -160,6 +169,8 @@ class SGLangCacheModel(CacheModelKind):
     """SGLang's radix cache, queue order and retraction."""
 
     name: ClassVar[str] = "sglang"
+    online_only: ClassVar[bool] = True
+    queue_orders: ClassVar[bool] = True
     schedule_policy: str = "fcfs"
 
     def policy_name(self, spec: str) -> str:
@@ -173,11 +184,37 @@ class SGLangCacheModel(CacheModelKind):
         return "SGLang's tree is modelled in Python"
 
 
+class TwinCacheModel(CacheModelKind):
+    """An engine twin (`model_names.TWINS`): its own scheduler, run by `twins.twin_runner`, not
+    by `Simulator`; its traits, for the sweep's checks."""
+
+    name: ClassVar[str] = "vllm"
+    online_only: ClassVar[bool] = True
+    reserved_blocks: ClassVar[int] = 1  # vLLM's pool gives one block to its null block
+
+    def build(self, sim: ModelHost, requests: RunRequests) -> RunModel:
+        raise ValueError(f"the {self.name} twin runs on its own (twins.twin_runner), not in Simulator")
+
+
 _KINDS: dict[str, type[CacheModelKind]] = {
     kind.name: kind for kind in (RadixCacheModel, FlatCacheModel, SGLangCacheModel)
 }
-if tuple(_KINDS) != EVENT_LOOP_MODELS:  # the one list of names is model_names'
-    raise ImportError(f"cache model kinds {tuple(_KINDS)} are not model_names' {EVENT_LOOP_MODELS}")
+_TWIN_KINDS: dict[str, type[CacheModelKind]] = {TwinCacheModel.name: TwinCacheModel}
+if tuple(_KINDS) != EVENT_LOOP_MODELS or tuple(_TWIN_KINDS) != tuple(TWINS):  # model_names' list
+    raise ImportError(f"cache model kinds {tuple(_KINDS)}, {tuple(_TWIN_KINDS)} are not model_names'")
+
+
+def model_traits(name: str) -> type[CacheModelKind]:
+    """The class of cache model or twin `name`, for what its options and rows may be.
+
+    Raises:
+        ValueError: A name that is neither.
+    """
+    found = _KINDS.get(name) or _TWIN_KINDS.get(name)
+    if found is None:
+        names = (*EVENT_LOOP_MODELS, *TWINS)
+        raise ValueError(f"unknown cache model {name!r}; cache models: {', '.join(names)}")
+    return found
 
 
 def cache_model_for(
@@ -199,7 +236,7 @@ def cache_model_for(
         raise ValueError(f"unknown cache model {name!r}; cache models: {', '.join(_KINDS)}")
     if not 0.0 <= protect_queued <= 1.0:
         raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
-    if (adaptive_batch or (tiers is not None and tiers.enabled)) and not _KINDS[name].takes_tiers:
+    if (adaptive_batch or (tiers is not None and tiers.enabled)) and not _KINDS[name].radix_options:
         raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
     if name == SGLangCacheModel.name:
         if protect_queued > 0 or compress_on_evict is not None:

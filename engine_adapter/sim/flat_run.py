@@ -162,7 +162,8 @@ def compiled_run(sim: LoopSettings, st: RunState) -> str | None:
     if sim.horizon is not None:
         return "a fleet replica"
     if flat.policy_calls != "c-state":
-        return f"{flat.cache.policy.name} keeps no state in C ({flat.policy_calls})"
+        calls = "its C table" if flat.policy_calls == "compiled" else "Python"
+        return f"{flat.cache.policy.name} keeps no state in C, called through {calls}"
     columns = flat_columns(st.requests)
     try:
         _call(loop, sim, st, columns)
