@@ -25,7 +25,7 @@ from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.sim_result import ModelStats
+from engine_adapter.sim.sim_result import ModelStats, TierLoads
 from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
@@ -244,7 +244,7 @@ class RadixModel:
         self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
         # tokens a sequence admitted on a compressed prefix stands for beyond what its cache holds
         self._shrink: dict[int, int] = {}
-        self.loaded = (0, 0)  # the last allocation's blocks loaded back from host and from disk
+        self.loaded = TierLoads()  # the last allocation's blocks loaded back from host and disk
 
     def _request(self, seq: SimSequence) -> CacheRequest:
         """`seq`'s `CacheRequest`, built once while its tokens stay the same: the head of the queue
@@ -265,24 +265,24 @@ class RadixModel:
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
         if self.manager.tiers is not None:
             self.manager.take_moves()  # nothing copies bytes here: the cost model prices the loads
-            self.loaded = (alloc.num_host_blocks, alloc.num_disk_blocks)
+            self.loaded = TierLoads(alloc.num_host_blocks, alloc.num_disk_blocks)
         if alloc.num_compressed_tokens:
             shrink = alloc.num_compressed_tokens - alloc.num_compressed_blocks * self.manager.block_size
             self._shrink[seq.sid] = shrink
         hits: int = alloc.num_cached_tokens // self.manager.block_size  # the prompt's, not the cache's
         return hits
 
-    def prefetch(self, seq: SimSequence) -> tuple[int, int]:
+    def prefetch(self, seq: SimSequence) -> TierLoads:
         """Load a queued request's host/disk-resident prefix ahead of time (within the manager's
         prefetch budget); returns the blocks loaded from host and from disk."""
         tiers = self.manager.tiers
         assert tiers is not None
         before = [level.promotions for level in tiers.levels]
         if not self.manager.prefetch(self._request(seq)):
-            return 0, 0
+            return TierLoads()
         self.manager.take_moves()
         after = [level.promotions - b for level, b in zip(tiers.levels, before, strict=True)]
-        return after[0], sum(after[1:])
+        return TierLoads(after[0], sum(after[1:]))
 
     def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""

@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ModelStats", "SimResult"]
+__all__ = ["ModelStats", "SimResult", "TierLoads"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierLoads:
+    """Blocks loaded back to the device from the host and from the disk tier (an allocation's or a
+    prefetch's; both 0 without tiers)."""
+
+    host_blocks: int = 0
+    disk_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,7 +330,7 @@ class Simulator:
                     break
                 hit_blocks = hit
                 served = min(hit_blocks * bs, r.input_len)
-                host, disk = st.cache.loaded
+                host, disk = st.cache.loaded.host_blocks, st.cache.loaded.disk_blocks
                 batch.host_tokens += host * bs
                 batch.disk_tokens += disk * bs
                 if seq.epoch == 0:
@@ -439,8 +439,8 @@ class Simulator:
         self._clock = st.clock
         host = disk = 0
         for seq in itertools.islice(st.waiting, _PREFETCH_AHEAD):
-            h, d = st.cache.prefetch(seq)
-            host, disk = host + h, disk + d
+            loads = st.cache.prefetch(seq)
+            host, disk = host + loads.host_blocks, disk + loads.disk_blocks
         return self.cost.load_time(host * self.block_size, disk * self.block_size)
 
     def _load_cost(self, st: RunState, batch: StepAdmission) -> float:

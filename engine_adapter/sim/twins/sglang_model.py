@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.sim_result import ModelStats
+from engine_adapter.sim.sim_result import ModelStats, TierLoads
 from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 from sage_eviction.integrations.sglang import PREFIX as SAGE_PREFIX
@@ -119,7 +119,7 @@ class SGLangModel:
         schedule_policy: SGLang's queue order, one of `SCHEDULE_POLICIES`.
     """
 
-    loaded = (0, 0)  # no host tier: nothing is loaded back
+    loaded = TierLoads()  # no host tier: nothing is loaded back
     policy_calls = "python"  # the tree calls SGLang's strategies and sage's policies in Python
 
     def __init__(self, policy: str, capacity: int, block_size: int, schedule_policy: str = "fcfs") -> None:
