@@ -147,7 +147,7 @@ class RadixCacheModel(CacheModelKind):
         return RadixModel(manager, belady)
 
     def run_compiled(self, sim: Any, st: RunState) -> str | None:
-        return radix_run.compiled_run(sim, st)
+        return radix_run.compiled_run(sim, st, self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from sage_eviction.policies import POLICIES
 __all__ = [
     "RADIX_LOOP",
     "RadixFuture",
+    "RadixOptions",
     "RadixSettings",
     "compiled_policies",
     "compiled_run",
@@ -98,13 +99,19 @@ class RadixLoopSettings(LoopSettings, Protocol):
     """What the radix loop reads of the `Simulator` beyond the flat loop's."""
 
     @property
+    def tiers(self) -> object | None: ...
+
+
+class RadixOptions(Protocol):
+    """What the radix loop reads of the radix cache model's options
+    (`cache_model_kinds.RadixCacheModel`)."""
+
+    @property
     def adaptive_batch(self) -> bool: ...
     @property
     def protect_queued(self) -> float: ...
     @property
-    def compress(self) -> str | None: ...
-    @property
-    def tiers(self) -> object | None: ...
+    def compress_on_evict(self) -> str | None: ...
     @property
     def compiled(self) -> bool | None: ...
 
@@ -170,14 +177,14 @@ def radix_loop() -> ModuleType | None:
     return native.load(RADIX_LOOP)
 
 
-def _python_only(sim: RadixLoopSettings) -> str | None:
+def _python_only(sim: RadixLoopSettings, options: RadixOptions) -> str | None:
     """The feature of a radix row that the compiled loop leaves to the Python loop, or None."""
     features = (
-        (sim.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
+        (options.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
         (sim.horizon is not None, "a fleet replica"),
-        (sim.adaptive_batch, "adaptive batch"),
-        (bool(sim.protect_queued), "queue protection"),
-        (sim.compress is not None, "compress-on-evict"),
+        (options.adaptive_batch, "adaptive batch"),
+        (bool(options.protect_queued), "queue protection"),
+        (options.compress_on_evict is not None, "compress-on-evict"),
         (sim.tiers is not None, "KV tiers"),
     )
     return next((why for found, why in features if found), None)
@@ -228,7 +235,7 @@ def _tenants(requests: RunRequests) -> tuple[np.ndarray, list[str]]:
     return np.asarray(codes_list, dtype=np.int32), list(names)
 
 
-def compiled_run(sim: RadixLoopSettings, st: RunState) -> str | None:
+def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) -> str | None:
     """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
     and its cache's `figures` as `Simulator.advance(st, math.inf)` leaves them for
     `Simulator.row`: None when it did, else why the Python loop must run (nothing done)."""
@@ -236,7 +243,7 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> str | None:
     cache = st.cache
     if loop is None or ghosts_core is None or core is None:
         return native.unavailable(RADIX_LOOP, GHOSTS_CORE, native.CORE)
-    feature = _python_only(sim)
+    feature = _python_only(sim, options)
     if feature is not None:
         return feature
     if not isinstance(cache, RadixModel):

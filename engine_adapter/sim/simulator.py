@@ -188,9 +188,7 @@ class Simulator:
             compress_on_evict=compress_on_evict,
             schedule_policy=schedule_policy,
         )
-        self.schedule_policy = schedule_policy
-        self.protect_queued = protect_queued
-        self.compiled, self.compress = compiled, compress_on_evict
+        self.protect_queued = protect_queued  # the loop's queue protection (the radix model's option)
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
