@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from engine_adapter.sim.twins.sglang_radix import SGLangRadixTree
 from sage_eviction.integrations.bridge import PolicyBridge
-from sage_eviction.integrations.sglang import SageTreeEvents
+from sage_eviction.integrations.sglang import SageTreeEvents, _SageFullComponent
+from sage_eviction.integrations.sglang_hicache import _SageHostTier
 
 
 @dataclass(eq=False)
@@ -66,3 +67,28 @@ def test_the_sglang_twin_chooses_victims_through_the_integrations_mapping() -> N
     tree.match_prefix(list("ab"))
     assert [n.id for n in tree._sage.nodes.values()] == [2, 3]
     assert tree.evict(1)[0].path() == tuple("cd")
+
+
+def test_the_component_mixins_have_what_they_call_on_each_other() -> None:
+    """SGLang's `FullComponent` is not installed here: a stand-in base with the attributes the
+    mixins read checks that the device tier (the mapping's owner) still gives the host tier its
+    entries (`_meta`), and that the component's events reach its bridge."""
+
+    class _Base:
+        def __init__(self, cache: object, params: object) -> None:
+            self.component_type = "full"
+            self.tree_core = type("Core", (), {"root_node": Node(0, (), None)})()
+
+        def commit_insert_component_data(self, node: object, *args: object, **kwargs: object) -> None:
+            pass
+
+    class Component(_SageFullComponent, _SageHostTier, _Base):
+        sage_spec = "lru"
+        sage_host_spec = "lru"
+
+    full = Component(None, None)
+    leaf = Node(1, (1, 2, 3), full.tree_core.root_node)
+    assert full._meta(leaf).size == 3 and full._meta(leaf).cost == 3.0
+    full.sage_events._holds_kv = None  # the stand-in's nodes carry no component data
+    full.commit_insert_component_data(leaf)
+    assert 1 in full.sage and full._nodes == {1: leaf}

@@ -197,13 +197,16 @@ class SageTreeEvents(Generic[N]):
         self._holds_kv = holds_kv
         self._last: N | None = None  # the walk's previous victim
 
+    def meta(self, node: N) -> EntryMeta:
+        """A node's entry: its tokens as size and cost, created and accessed now."""
+        now = self._clock()
+        size = len(node.key)
+        return EntryMeta(size=size, cost=float(size), created_at=now, last_access=now)
+
     def track(self, node: N) -> None:
         """`node` holds KV now (a split's new parent, a HiCache load-back, a step of `track_up`)."""
         if node.id not in self.bridge and (self._holds_kv is None or self._holds_kv(node)):
-            now = self._clock()
-            size = len(node.key)
-            meta = EntryMeta(size=size, cost=float(size), created_at=now, last_access=now)
-            self.bridge.insert(node.id, meta, evictable=False)
+            self.bridge.insert(node.id, self.meta(node), evictable=False)
             self.nodes[node.id] = node
 
     def track_up(self, leaf: N) -> None:
@@ -279,6 +282,10 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
             holds_kv=lambda node: node.component_data[self.component_type].value is not None,
         )
         self._nodes = self.sage_events.nodes
+
+    def _meta(self, node: Any) -> EntryMeta:
+        """A node's entry (the HiCache host tier's too, `_SageHostTier`)."""
+        return self.sage_events.meta(node)
 
     def commit_insert_component_data(self, node: Any, *args: Any, **kwargs: Any) -> None:
         super().commit_insert_component_data(node, *args, **kwargs)
