@@ -379,11 +379,14 @@ def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
 
 def _python_loops(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
     """The policies with rows in the Python event loop -> why (joined when their rows differ): the
-    table says so under the rows, the JSON beside them (each row's ``event_loop``)."""
+    table says so under the rows, the JSON beside them (each row's ``event_loop``). Rows that ran
+    in Python because the compiled core is not built (or `SAGE_PURE_PYTHON`) are left out: the
+    run's ``implementation`` says that once for all of them."""
     found: dict[str, set[str]] = {}
     for outcome in outcomes:
-        if outcome.event_loop != "compiled" and outcome.row.get("policy") != UNBOUNDED:
-            why = outcome.event_loop.removeprefix("python (").removesuffix(")")
+        why = outcome.event_loop.removeprefix("python (").removesuffix(")")
+        slow = outcome.event_loop != "compiled" and not why.startswith("pure-python")
+        if slow and outcome.row.get("policy") != UNBOUNDED:
             found.setdefault(str(outcome.row.get("policy")), set()).add(why)
     return {policy: "; ".join(sorted(whys)) for policy, whys in found.items()}
 
