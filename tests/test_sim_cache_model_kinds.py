@@ -94,7 +94,9 @@ def test_a_row_says_whether_and_why_it_ran_compiled() -> None:
 
 @pytest.mark.skipif(not native_loops_built(), reason="the compiled loops are not built here")
 def test_the_json_rows_and_the_table_say_which_rows_ran_in_python() -> None:
-    result = run_benchmark(mode="sim", requests=60, seed=2, policies=["lru", "slru"], capacity_blocks=[400])
+    result = run_benchmark(
+        mode="sim", requests=60, seed=2, policies=["lru", "slru"], capacity_blocks=[400], jobs=1
+    )
     loops = {row["policy"]: row["event_loop"] for row in result["results"]}
     assert loops["lru"] == "compiled" and loops["slru"] == "python (slru has no kind in the compiled loop)"
     assert result["run"]["python_loops"] == {"slru": "slru has no kind in the compiled loop"}
