@@ -38,6 +38,7 @@ __all__ = [
     "RadixCacheModel",
     "SGLangCacheModel",
     "TwinCacheModel",
+    "ModelOptions",
     "cache_model_for",
     "model_traits",
 ]
@@ -84,6 +85,12 @@ class CacheModelKind:
     reserved_blocks: ClassVar[int] = 0
     """Pool blocks the engine keeps for itself (vLLM's null block): a capacity holds that many less."""
 
+    @classmethod
+    def from_options(cls, options: ModelOptions) -> CacheModelKind:
+        """The model with what it takes of `options` (`cache_model_for` has refused the options
+        its traits rule out)."""
+        return cls()
+
     def policy_name(self, spec: str) -> str:
         """The row's policy: sage's registry name of `spec`'s policy."""
         return get_policy_class(spec.split(":", 1)[0]).name
@@ -120,6 +127,11 @@ class RadixCacheModel(CacheModelKind):
     compiled: bool | None = None
     compress_on_evict: str | None = None
 
+    @classmethod
+    def from_options(cls, options: ModelOptions) -> RadixCacheModel:
+        o = options
+        return cls(o.protect_queued, o.adaptive_batch, o.compiled, o.compress_on_evict)
+
     def build(self, sim: ModelHost, requests: RunRequests) -> RadixModel:
         num_blocks = self.pool_blocks(sim)
         manager = CacheManager(
@@ -152,7 +164,9 @@ class RadixCacheModel(CacheModelKind):
 
 @dataclass(frozen=True, slots=True)
 class FlatCacheModel(CacheModelKind):
-    """Independent blocks with forced admission: libCacheSim's model."""
+    """Independent blocks with forced admission: libCacheSim's model. No options: the running
+    requests' memory is not modelled, so queue protection and compress-on-evict have nothing to
+    act on (a flat row ignores them, as it always did)."""
 
     name: ClassVar[str] = "flat"
     holds_running: ClassVar[bool] = False
@@ -172,6 +186,17 @@ class SGLangCacheModel(CacheModelKind):
     online_only: ClassVar[bool] = True
     queue_orders: ClassVar[bool] = True
     schedule_policy: str = "fcfs"
+
+    @classmethod
+    def from_options(cls, options: ModelOptions) -> SGLangCacheModel:
+        if options.protect_queued > 0 or options.compress_on_evict is not None:
+            raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
+        if options.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"unknown schedule policy {options.schedule_policy!r}; the sglang model has: "
+                f"{', '.join(SCHEDULE_POLICIES)}"
+            )
+        return cls(options.schedule_policy)
 
     def policy_name(self, spec: str) -> str:
         """SGLang's strategy, or ``sage-<spec>`` (checked when the model is built)."""
@@ -217,39 +242,33 @@ def model_traits(name: str) -> type[CacheModelKind]:
     return found
 
 
-def cache_model_for(
-    name: str,
-    *,
-    protect_queued: float = 0.0,
-    adaptive_batch: bool = False,
-    compiled: bool | None = None,
-    tiers: TierConfig | None = None,
-    compress_on_evict: str | None = None,
-    schedule_policy: str = "fcfs",
-) -> CacheModelKind:
-    """The cache model `name` with its options; an option another model's is refused.
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """The options `Simulator` takes for whichever model it runs (`Simulator`'s Args)."""
+
+    protect_queued: float = 0.0
+    adaptive_batch: bool = False
+    compiled: bool | None = None
+    tiers: TierConfig | None = None
+    compress_on_evict: str | None = None
+    schedule_policy: str = "fcfs"
+
+
+def cache_model_for(name: str, **options: Any) -> CacheModelKind:
+    """The cache model `name` with its options (the fields of `ModelOptions`), each model taking
+    its own (`from_options`); an option another model's is refused.
 
     Raises:
         ValueError: An unknown model, or an option the model does not take.
     """
-    if name not in _KINDS:
+    kind = _KINDS.get(name)
+    if kind is None:
         raise ValueError(f"unknown cache model {name!r}; cache models: {', '.join(_KINDS)}")
-    if not 0.0 <= protect_queued <= 1.0:
-        raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
-    if (adaptive_batch or (tiers is not None and tiers.enabled)) and not _KINDS[name].radix_options:
+    given = ModelOptions(**options)
+    if not 0.0 <= given.protect_queued <= 1.0:
+        raise ValueError(f"protect_queued={given.protect_queued!r} must be within [0, 1]")
+    if (given.adaptive_batch or (given.tiers is not None and given.tiers.enabled)) and not kind.radix_options:
         raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
-    if name == SGLangCacheModel.name:
-        if protect_queued > 0 or compress_on_evict is not None:
-            raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
-        if schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(
-                f"unknown schedule policy {schedule_policy!r}; the sglang model has: "
-                f"{', '.join(SCHEDULE_POLICIES)}"
-            )
-        return SGLangCacheModel(schedule_policy)
-    if schedule_policy != "fcfs":
-        raise ValueError(f"schedule policy {schedule_policy!r} is SGLang's: needs the sglang model")
-    if name == FlatCacheModel.name:
-        return FlatCacheModel()  # the running requests' memory is not modelled: queue protection
-        # and compress-on-evict have nothing to act on (a flat row ignores them, as it always did)
-    return RadixCacheModel(protect_queued, adaptive_batch, compiled, compress_on_evict)
+    if given.schedule_policy != "fcfs" and not kind.queue_orders:
+        raise ValueError(f"schedule policy {given.schedule_policy!r} is SGLang's: needs the sglang model")
+    return kind.from_options(given)
