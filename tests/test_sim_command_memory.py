@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
-from engine_adapter.sim import request_table
-from engine_adapter.sim import cache_model_kinds
+from engine_adapter.sim import cache_model_kinds, request_table
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
