@@ -38,6 +38,7 @@ from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.explain import jsonable
 from engine_adapter.cache.records import SwapResult
+from engine_adapter.cache.retention import Retention
 from engine_adapter.cache.stats import TierStats
 from engine_adapter.cache.tier_level import TierEntry, TierLevel
 from engine_adapter.cache.tier_moves import Tier, TierMove
@@ -100,6 +101,9 @@ class TierStore:
     Attributes:
         explain: A tier policy's ``demote`` / ``drop`` event says why it chose (its explanation,
             as the device's ``evict`` events do; O(n) per choice). Set by the eviction step.
+        retention: The prompt-cache lifetimes (set by the manager): the last tier's policy never
+            chooses an unexpired retained entry; when nothing else may go, the one closest to its
+            expiry is dropped and the break counted (`_break_retention`). None: none.
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class TierStore:
         self._on_drop = on_drop
         self._moves: list[TierMove] = []
         self.explain = False
+        self.retention: Retention | None = None
         # parent key -> keys of its children that live only below the device (whatever tier
         # the parent is in): what keeps a last-tier entry from being dropped before them
         self._children: dict[Hashable, set[Hashable]] = {}
@@ -213,7 +218,15 @@ class TierStore:
             return  # chosen and on its way down or out (`_evict_entry`): refreshed where it lands
         has_lower = level is not self.levels[-1]
         should = entry.holds == 0 and (entry.on_device or has_lower or not self._children.get(entry.key))
+        if should and not (has_lower or entry.on_device) and self.retention is not None:
+            should = not self.retention.protects(entry.key)  # held until it expires
         level.set_evictable(entry, should)
+
+    def refresh_key(self, key: Hashable) -> None:
+        """`key`'s retention lapsed: its entry, if any, may be chosen again."""
+        found = self.entry(key)
+        if found is not None:
+            self._refresh(found)
 
     def _link(self, entry: TierEntry) -> None:
         """`entry` now lives only below the device: it counts as its parent's child."""
@@ -248,6 +261,8 @@ class TierStore:
     def _make_room(self, index: int) -> bool:
         """A free slot in tier `index`, evicting one entry through its policy if needed."""
         level = self.levels[index]
+        if level.num_free == 0 and self.retention is not None:
+            self.retention.expire()
         while level.num_free == 0:
             why = None
             if self.explain and self.events is not None:
@@ -255,8 +270,29 @@ class TierStore:
                 why = {"tier": level.tier.value, "values": jsonable(upcoming[0][1])} if upcoming else None
             victims = level.policy.evict(1)
             if not victims:
+                if index == len(self.levels) - 1 and self._break_retention(level):
+                    continue
                 return False
             self._evict_entry(index, level.entries[victims[0]], why)
+        return True
+
+    def _break_retention(self, level: TierLevel) -> bool:
+        """The last tier is full of entries its policy may not choose: drop the retained one
+        closest to its expiry that may leave (a leaf, not being read), a break. O(n), only when
+        every lower tier is full of unexpired blocks. False when none may leave."""
+        retention = self.retention
+        if retention is None:
+            return False
+        best: tuple[float, TierEntry] | None = None
+        for entry in level.entries.values():
+            until = retention.expiry.get(entry.key)
+            if until is None or entry.holds or entry.on_device or self._children.get(entry.key):
+                continue
+            if best is None or until < best[0]:
+                best = (until, entry)
+        if best is None:
+            return False
+        self._drop(best[1], None, "retention_break")  # `forget` counts the break
         return True
 
     def _evict_entry(self, index: int, entry: TierEntry, why: dict[str, Any] | None = None) -> None:
@@ -289,6 +325,8 @@ class TierStore:
         level.drops += 1
         if not entry.on_device:
             self._unlink(entry)
+            if self.retention is not None:
+                self.retention.forget(entry.key)
         self._event("drop", entry, None, None, policy, reason, explain=why)
         if self._on_drop is not None:
             self._on_drop([entry.key])
