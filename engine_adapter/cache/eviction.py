@@ -170,6 +170,8 @@ class EvictionStep:
         returns blocks evicted (0 without a threshold or below it)."""
         if self.threshold is None:
             return 0
+        if self.retention is not None:
+            self.retention.expire()
         target = math.floor(self.threshold * self._pool.num_blocks)
         reclaimable = self._radix.num_reclaimable + self.compressed_reclaimable()
         excess = min(self._pool.num_used - target, reclaimable)
@@ -191,6 +193,8 @@ class EvictionStep:
         `pending` blocks are about to be allocated from the freed ones; memory utilization is
         sampled as if they were (the state right after the eviction served its purpose).
         """
+        if self.retention is not None:
+            self.retention.expire()  # lapsed retention pins may go now
         if self.compressed is not None:
             return self._evict_compressing(n, reason, pending)
         reasons: list[dict[str, Any]] | None = None

@@ -97,9 +97,9 @@ class Retention:
         return min(contract.ttl_s, self.config.max_ttl_s)
 
     def protects(self, key: Hashable) -> bool:
-        """Whether `key` is retained and not yet expired."""
-        until = self.expiry.get(key)
-        return until is not None and until > self._clock()
+        """Whether `key` is retained: not yet let go by `expire` (which runs before each choice
+        that could drop it, so a lifetime is never cut short, only let go at the next choice)."""
+        return key in self.expiry
 
     # ---- grants -------------------------------------------------------------------------------
 

@@ -258,8 +258,10 @@ class TierStore:
 
     # ---- room, eviction and drops ----------------------------------------------------------
 
-    def _make_room(self, index: int) -> bool:
-        """A free slot in tier `index`, evicting one entry through its policy if needed."""
+    def _make_room(self, index: int, incoming: Hashable | None = None) -> bool:
+        """A free slot in tier `index` for the block `incoming` (None: a copy), evicting one
+        entry through its policy if needed; when the last tier's policy may choose none, a
+        retained entry that expires before `incoming` gives way (a break)."""
         level = self.levels[index]
         if level.num_free == 0 and self.retention is not None:
             self.retention.expire()
@@ -270,18 +272,20 @@ class TierStore:
                 why = {"tier": level.tier.value, "values": jsonable(upcoming[0][1])} if upcoming else None
             victims = level.policy.evict(1)
             if not victims:
-                if index == len(self.levels) - 1 and self._break_retention(level):
+                if index == len(self.levels) - 1 and self._break_retention(level, incoming):
                     continue
                 return False
             self._evict_entry(index, level.entries[victims[0]], why)
         return True
 
-    def _break_retention(self, level: TierLevel) -> bool:
-        """The last tier is full of entries its policy may not choose: drop the retained one
-        closest to its expiry that may leave (a leaf, not being read), a break. O(n), only when
-        every lower tier is full of unexpired blocks. False when none may leave."""
+    def _break_retention(self, level: TierLevel, incoming: Hashable | None) -> bool:
+        """The last tier is full of entries its policy may not choose, and the retained block
+        `incoming` comes down: drop the retained entry closest to its expiry that may leave (a
+        leaf, not being read), a break, unless `incoming` expires first (the caller drops it:
+        the break is its). O(n), only when every lower tier is full of unexpired blocks. False
+        when nothing may leave or `incoming` is not retained (it is dropped, no break)."""
         retention = self.retention
-        if retention is None:
+        if retention is None or incoming is None or incoming not in retention.expiry:
             return False
         best: tuple[float, TierEntry] | None = None
         for entry in level.entries.values():
@@ -290,7 +294,7 @@ class TierStore:
                 continue
             if best is None or until < best[0]:
                 best = (until, entry)
-        if best is None:
+        if best is None or best[0] > retention.expiry[incoming]:
             return False
         self._drop(best[1], None, "retention_break")  # `forget` counts the break
         return True
@@ -301,7 +305,7 @@ class TierStore:
         if entry.on_device:
             level.discard(entry)  # a copy of a device block: nothing is lost
             return
-        if index + 1 < len(self.levels) and self._make_room(index + 1):
+        if index + 1 < len(self.levels) and self._make_room(index + 1, entry.key):
             lower = self.levels[index + 1]
             level.discard(entry)
             moved = lower.add(entry.key, entry.parent_key, entry.meta, False)
@@ -364,7 +368,7 @@ class TierStore:
             self._event("demote", entry, entry.tier.value, entry.slot, policy, "evict", block.block_id)
             self._refresh(entry)
             return True
-        if not self._make_room(0):
+        if not self._make_room(0, block.key):
             return False
         entry = host.add(block.key, None if block.parent is None else block.parent.key, block.meta, False)
         self._moves.append(TierMove(Tier.DEVICE, block.block_id, Tier.HOST, entry.slot, block.key))
