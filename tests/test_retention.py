@@ -59,7 +59,9 @@ class RetentionMachine(RuleBasedStateMachine):
         device_policy=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]),
         fraction=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
     )
-    def setup(self, num_blocks: int, lower: str, host_policy: str, device_policy: str, fraction: float) -> None:
+    def setup(
+        self, num_blocks: int, lower: str, host_policy: str, device_policy: str, fraction: float
+    ) -> None:
         tiers = None
         if lower != "none":
             host = DISTINCT_BLOCKS if lower == "ample" else 2
@@ -193,7 +195,11 @@ TestRetentionMachine.settings = settings(max_examples=60, stateful_step_count=30
 
 
 def _manager(
-    num_blocks: int = 8, *, tiers: TierConfig | None = None, max_pinned_ratio: float = 0.5, **retention: object
+    num_blocks: int = 8,
+    *,
+    tiers: TierConfig | None = None,
+    max_pinned_ratio: float = 0.5,
+    **retention: object,
 ) -> CacheManager:
     clock = [0.0]
     m = CacheManager(
@@ -249,8 +255,8 @@ def test_a_preempted_request_keeps_its_blocks_for_its_re_prefill() -> None:
 def test_usage_adds_up_on_a_hit() -> None:
     m = _manager()
     prompt = [1, 2, 3, 4, 5, 6, 7]
-    m.allocate(CacheRequest(1, prompt[:4] + [0]))
-    m.free_sequence(1, prompt[:4] + [0])
+    m.allocate(CacheRequest(1, [*prompt[:4], 0]))
+    m.free_sequence(1, [*prompt[:4], 0])
     receipt = CacheReceipt(len(prompt))
     alloc = m.allocate(CacheRequest(2, prompt, receipt=receipt))
     m.free_sequence(2, prompt)
