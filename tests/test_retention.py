@@ -323,3 +323,19 @@ def test_no_lifetime_asked_grants_none(ttl: float | None) -> None:
     m.allocate(CacheRequest(1, [1, 2, 3, 4, 0], contract=CacheContract(ttl_s=ttl), receipt=receipt))
     m.free_sequence(1, [1, 2, 3, 4, 0])
     assert receipt.retention_ttl_s is None and m.stats().retained_blocks == 0
+
+
+def test_a_block_read_then_written_again_after_a_preemption_is_not_a_write() -> None:
+    m = _manager()
+    m.allocate(CacheRequest(1, [1, 2, 0]))
+    m.free_sequence(1, [1, 2, 0])
+    prompt = [1, 2, 3]
+    receipt = CacheReceipt(len(prompt))
+    alloc = m.allocate(CacheRequest(2, prompt, receipt=receipt))
+    assert alloc.num_cached_tokens == 2  # read: billed as cached
+    m.preempt(2, prompt)
+    m.evict(8)  # the block it read is gone; its re-prefill writes it again
+    m.allocate(CacheRequest(2, prompt, receipt=receipt))
+    m.free_sequence(2, prompt)
+    assert len(m.radix) == 1
+    assert receipt.written_tokens == 0  # written + cached never exceeds the prompt
