@@ -61,6 +61,7 @@ from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix,
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.reservations import Reservations
 from engine_adapter.cache.retention import Retention, RetentionConfig
+from engine_adapter.cache.retention_front import RetentionFront
 from engine_adapter.cache.sequences import RunningSequences
 from engine_adapter.cache.stats import CacheStats
 from engine_adapter.cache.tier_front import TierFront
@@ -71,7 +72,7 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront, CompressFront):
+class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 

@@ -52,6 +52,8 @@ class RequestHandle:
                 cached_tokens=output.cached_tokens,
                 completion_tokens=output.completion_tokens,
                 compressed_cached_tokens=output.compressed_cached_tokens,
+                written_tokens=output.written_tokens,
+                retention_ttl_s=output.retention_ttl_s,
             )
             self._done.set()
         self._queue.put(output)

@@ -91,4 +91,3 @@ def emit_final(seq: Sequence) -> None:
             retention_ttl_s=seq.cache_receipt.retention_ttl_s,
         )
     )
-
