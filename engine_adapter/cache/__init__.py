@@ -20,6 +20,8 @@ front down (docs/architecture.md, "Cache core"):
     compressed.py       CompressedPrefixes: evicted chains compacted instead of dropped
                         (--compress-on-evict), the typed CompressMove the engine runs
     compress_front.py   CompressFront: the manager's compress-on-evict methods (a mixin)
+    retention.py        Retention: prompt-cache lifetimes (demotion, retention pins, breaks)
+    retention_front.py  RetentionFront: the manager's retention methods (a mixin)
     pins.py             Pins: system prompts' cached prefixes held against eviction
     policy_binding.py   PolicyBinding: the policy's resolved spec, and the hot swap
     eviction.py         EvictionStep: the deficit, eviction through the index, its counters and events

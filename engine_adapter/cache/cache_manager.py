@@ -33,6 +33,7 @@ parts and the policy library; no part imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
@@ -59,6 +60,8 @@ from engine_adapter.cache.radix_cache import RadixCache, new_radix_cache
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.reservations import Reservations
+from engine_adapter.cache.retention import Retention, RetentionConfig
+from engine_adapter.cache.retention_front import RetentionFront
 from engine_adapter.cache.sequences import RunningSequences
 from engine_adapter.cache.stats import CacheStats
 from engine_adapter.cache.tier_front import TierFront
@@ -69,7 +72,7 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront, CompressFront):
+class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
@@ -97,6 +100,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         ghost_factor: The regret ghost set keeps this many times the pool's blocks (`accounting`).
         int_keys: Every block key is an int64 (the simulator checks): the regret ghost set in C.
         lookup_log: Where each admitted lookup's record goes (`lookup_log`); None: off.
+        retention: What prompt-cache contracts are granted (`retention`); None: the defaults.
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -125,17 +129,14 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         ghost_factor: float = 2.0,
         int_keys: bool = False,
         lookup_log: LookupLog | None = None,
+        retention: RetentionConfig | None = None,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
         if block_size != allocator.block_size:
             raise ValueError(f"block_size={block_size} differs from the pool's {allocator.block_size}")
-        self.allocator = allocator
-        self.block_size = block_size
-        self.num_blocks = allocator.num_blocks
-        self.isolate_tenants = isolate_tenants
-        self.clock = clock
-        self.protect_queued = protect_queued
+        self.allocator, self.block_size, self.num_blocks = allocator, block_size, allocator.num_blocks
+        self.isolate_tenants, self.clock, self.protect_queued = isolate_tenants, clock, protect_queued
         self.lock = HandoffLock()  # the engine loop hands it to control requests between steps
         self._binding = PolicyBinding(policy, self.num_blocks, policy_params)
         self.radix: RadixCache = new_radix_cache(
@@ -158,8 +159,10 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         )  # fmt: skip
         self._reservations = Reservations(allocator, eviction)
         self._pins = Pins(self.radix, keys)
+        kept = self._retention = Retention(retention, self.radix, clock, tiered=store is not None)
+        eviction.bind_retention(kept)
         running = self._running = RunningSequences(
-            allocator, self.radix, keys, eviction, protection, clock, store, squeeze
+            allocator, self.radix, keys, eviction, protection, clock, store, squeeze, kept
         )  # fmt: skip
         self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
@@ -266,15 +269,10 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             return alloc
 
     def extend(self, sequence_id: int, num_blocks: int = 1) -> list[int] | None:
-        """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short.
-
-        Returns:
-            The new block ids, or None when even eviction cannot free enough (nothing changed):
-            the scheduler should preempt a sequence (`select_preemption_victims`) and retry.
-
-        Raises:
-            UnknownSequenceError, RequestTooLargeError: Not running; it would outgrow the pool.
-        """
+        """Append `num_blocks` fresh blocks to a running sequence (decode), evicting if short: the
+        new ids, or None when even eviction cannot free enough (nothing changed; preempt someone,
+        `select_preemption_victims`, and retry). `UnknownSequenceError`, `RequestTooLargeError`:
+        not running; it would outgrow the pool."""
         with self.lock:
             return self._running.extend(sequence_id, num_blocks)
 
@@ -318,7 +316,9 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         num_computed_tokens: int | None = None,
         cache: bool = True,
     ) -> int:
-        """Release a finished sequence: cache its full computed blocks, free the rest.
+        """Release a finished sequence: cache its full computed blocks (none past its write
+        limit: explicit writes, generated tokens not cached, `retention`), free the rest; returns
+        blocks newly cached.
 
         Args:
             sequence_id: The sequence.
@@ -327,9 +327,6 @@ class CacheManager(QueueFront, TierFront, CompressFront):
             block_keys: Precomputed keys of its blocks instead of `token_ids`.
             num_computed_tokens: Fewer tokens were computed than given (preempted mid-prefill).
             cache: False frees everything that is not already cached.
-
-        Returns:
-            Blocks newly cached.
         """
         with self.lock:
             return self._running.release(sequence_id, token_ids, block_keys, num_computed_tokens, cache)
@@ -345,7 +342,8 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         """Preempt a running sequence by recompute: like `free_sequence`, and counted; its full
         blocks stay cached, so its re-prefill can hit. Returns blocks newly cached."""
         with self.lock:
-            added = self._running.release(sequence_id, token_ids, block_keys, num_computed_tokens, True)
+            running = self._running
+            added = running.release(sequence_id, token_ids, block_keys, num_computed_tokens, True, False)
             self._metrics.preemptions += 1
             return added
 
@@ -459,6 +457,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         with self.lock:
             self._metrics.reprefill.forget()
             self._metrics.accounting.forget()
+            self._retention.clear()
             below = self._tiers.resident_below() if self._tiers is not None else {}
             removed = self.radix.reclaim_all()
             dropped = 0 if self._compressed is None else self._compressed.drop_all()
@@ -522,11 +521,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
     def swap_policy(self, spec: str, **params: Any) -> SwapResult:
         """Hot swap: a new policy (``name`` or ``name:k=v,...``, `params` overriding) built from
         the old one's entries (`PolicyBinding.swap`). Nothing is evicted or lost; on any error
-        the old policy stays.
-
-        Raises:
-            UnknownPolicyError, PolicyParamError: As `resolve_policy`; nothing changed.
-        """
+        (`UnknownPolicyError`, `PolicyParamError`, as `resolve_policy`) the old policy stays."""
         with self.lock:
             return self._binding.swap(self.radix, spec, **params)
 
@@ -555,7 +550,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
     def stats(self) -> CacheStats:
         """The metrics as a `CacheStats` (docs/architecture.md, "Metrics")."""
         with self.lock:
-            return self._metrics.snapshot(
+            snapshot = self._metrics.snapshot(
                 self.allocator,
                 self.radix,
                 self._binding,
@@ -566,6 +561,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
                 compressed=None if self._compressed is None else self._compressed.counters(),
             )
+            return dataclasses.replace(snapshot, **self._retention.counters())
 
     def usage(self) -> dict[str, Any]:
         """Pool use now, by tenant and by priority class (``GET /v1/cache/usage``, the top view,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CacheContract"]
+__all__ = ["CacheContract", "CacheReceipt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +34,29 @@ class CacheContract:
     session_key: str | None = None
     ttl_s: float | None = None
     write_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class CacheReceipt:
+    """What the cache did for one request, filled in by the cache while it runs (its usage).
+
+    The caller creates one per request and hands it with every `CacheRequest` of it (a
+    preempted request is admitted again with the same receipt).
+
+    Attributes:
+        prompt_tokens: The request's prompt length (a re-admission's tokens include its output).
+        written_tokens: Prompt tokens this request newly wrote to the prefix cache: whole
+            blocks (the partial last block is never cached), each position counted once and
+            never one it read at its first admission (a block written again after a preemption
+            counts once), so ``written_tokens + cached tokens <= prompt tokens``.
+        counted_upto: Prompt block positions below this are counted or were read (-1: not
+            admitted yet).
+        retention_ttl_s: The lifetime granted (the ask bounded by `--max-cache-ttl`); 0.0 when
+            some of its blocks were refused retention (no lower tier, the device share full);
+            None: none asked.
+    """
+
+    prompt_tokens: int
+    written_tokens: int = 0
+    counted_upto: int = -1
+    retention_ttl_s: float | None = None

@@ -34,6 +34,7 @@ from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.retention import Retention
 from engine_adapter.cache.tiers import TierStore
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
@@ -65,6 +66,9 @@ class EvictionStep:
         latency: The policy's decision time per call.
         by_reason: Blocks evicted by reason (``alloc``, ``reserve``, ``watermark``, ``manual``).
         by_policy: Blocks evicted by policy name.
+        retention: The prompt-cache lifetimes (set by the manager): without tiers, their pins
+            give way when an allocation would fall short; with tiers, a dropped retained victim
+            is a break. None: none.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class EvictionStep:
         self.tiers = tiers
         self.compressed = compressed
         self.accounting = accounting
+        self.retention: Retention | None = None
         self.explain = explain
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
@@ -106,6 +111,12 @@ class EvictionStep:
         self.by_policy: dict[str, int] = {}
         self._utilization_sum = 0.0
         self._utilization_samples = 0
+
+    def bind_retention(self, retention: Retention) -> None:
+        """Honour `retention` here and in the tiers (which it tells of lapsed retentions)."""
+        self.retention = retention
+        if self.tiers is not None:
+            self.tiers.retention, retention.on_expire = retention, self.tiers.refresh_key
 
     @property
     def explain(self) -> bool:
@@ -125,12 +136,17 @@ class EvictionStep:
         deficit = n_new - self._pool.num_free
         if deficit <= 0:
             return 0
-        radix = self._radix
+        radix, retention = self._radix, self.retention
+        if retention is not None:
+            retention.expire()  # lapsed retention pins are reclaimable again
         reclaimable = radix.num_reclaimable - radix.reclaimable_in(path) if path else radix.num_reclaimable
         reclaimable += self.compressed_reclaimable()
-        # the protections are consulted only when the reclaimable blocks fall short
-        if deficit > reclaimable and deficit > self._protection.yield_for(deficit, path):
-            return None
+        # the protections are consulted only when the reclaimable blocks fall short, retention
+        # pins last: a lifetime never refuses nor preempts a request
+        if deficit > reclaimable:
+            have = self._protection.yield_for(deficit, path) + self.compressed_reclaimable()
+            if deficit > have and (retention is None or not retention.unpin_for(deficit - have, path)):
+                return None
         return deficit
 
     def deficit(self, owner: Hashable, path: Sequence[CachedBlock], n_new: int) -> int:
@@ -154,6 +170,8 @@ class EvictionStep:
         returns blocks evicted (0 without a threshold or below it)."""
         if self.threshold is None:
             return 0
+        if self.retention is not None:
+            self.retention.expire()
         target = math.floor(self.threshold * self._pool.num_blocks)
         reclaimable = self._radix.num_reclaimable + self.compressed_reclaimable()
         excess = min(self._pool.num_used - target, reclaimable)
@@ -175,6 +193,8 @@ class EvictionStep:
         `pending` blocks are about to be allocated from the freed ones; memory utilization is
         sampled as if they were (the state right after the eviction served its purpose).
         """
+        if self.retention is not None:
+            self.retention.expire()  # lapsed retention pins may go now
         if self.compressed is not None:
             return self._evict_compressing(n, reason, pending)
         reasons: list[dict[str, Any]] | None = None
@@ -347,6 +367,8 @@ class EvictionStep:
         for block in victims:
             if not tiers.demote(block, policy_name):
                 dropped.append(block)
+                if self.retention is not None:
+                    self.retention.forget(block.key)  # a break when it was retained
                 tiers.drop_below(block.key)
         return dropped
 

@@ -245,6 +245,8 @@ def check_tier_invariants(tiers: TierStore, radix: RadixCache) -> None:
             raise CacheInvariantError(f"{entry!r}'s parent is in no tier (the tiers are not prefix-closed)")
         level = tiers.levels[0] if entry.tier is tiers.levels[0].tier else tiers.levels[-1]
         should = entry.holds == 0 and (entry.on_device or level is not last or not children.get(key))
+        if should and level is last and not entry.on_device and tiers.retention is not None:
+            should = key not in tiers.retention.expiry  # retained: held until it expires
         if level.policy.is_evictable(key) != should:
             raise CacheInvariantError(
                 f"{entry!r} is evictable={not should} in its policy, should be {should}"

@@ -132,6 +132,10 @@ class SequenceState:
     # The compressed prefix it hit (`compressed`): its blocks follow `cached_path` in the table,
     # read-only and locked, never freed by this sequence.
     compressed_prefix: CompressedPrefix | None = None
+    # Blocks past this index are not cached at its finish (explicit writes, generated tokens
+    # not cached; `retention`); None: no limit.
+    write_limit: int | None = None
+    retain_until: float | None = None  # the expiry its writes and hits get (a lifetime asked)
 
     @property
     def private_blocks(self) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.cache.contract import CacheContract
+from engine_adapter.cache.contract import CacheContract, CacheReceipt
 
 __all__ = ["CacheRequest"]
 
@@ -49,6 +49,8 @@ class CacheRequest:
             None: the sequence id.
         contract: Its prompt-cache contract (session key, minimum lifetime, explicit writes);
             None: none asked.
+        receipt: Where the cache records what it wrote and granted for this request (mutable,
+            the caller's); None: not recorded.
     """
 
     sequence_id: int
@@ -67,3 +69,4 @@ class CacheRequest:
     match_prefix: bool = True
     request_id: str | None = None
     contract: CacheContract | None = None
+    receipt: CacheReceipt | None = None

@@ -32,6 +32,7 @@ from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.records import SequenceState
 from engine_adapter.cache.request import CacheRequest
+from engine_adapter.cache.retention import Retention
 from engine_adapter.cache.tier_level import TierEntry
 from engine_adapter.cache.tiers import TierStore
 from sage_eviction import EvictionCandidate
@@ -50,6 +51,8 @@ class RunningSequences:
         protection: Waiting requests' protections (an admitted request's ends).
         clock: Time source.
         tiers: The host/disk tiers, or None.
+        compressed: Compress-on-evict's prefixes, or None.
+        retention: The prompt-cache lifetimes and write limits (`retention`), or None (none).
     """
 
     def __init__(
@@ -62,8 +65,10 @@ class RunningSequences:
         clock: Callable[[], float],
         tiers: TierStore | None = None,
         compressed: CompressedPrefixes | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self._compressed = compressed
+        self._retention = retention
         self._pool = pool
         self._tiers = tiers
         self._radix = radix
@@ -157,7 +162,49 @@ class RunningSequences:
             compressed=entry is not None, compressed_prefix=entry,
         )  # fmt: skip
         self._states[sequence_id] = seq
+        self._admitted(seq, n_hit, now)
         return seq, evicted
+
+    def _admitted(self, seq: SequenceState, n_hit: int, now: float) -> None:
+        """Its prompt-cache contract at admission: how far it may write at finish (explicit
+        writes; generated tokens not cached), where its receipt starts counting writes, and the
+        retention of the path it hit (a hit refreshes it)."""
+        request, retention = seq.request, self._retention
+        receipt, contract = request.receipt, request.contract
+        bs = self._keys.block_size
+        prompt = seq.num_prompt_tokens if receipt is None else receipt.prompt_tokens
+        if contract is not None and contract.write_tokens is not None:
+            seq.write_limit = min(contract.write_tokens, prompt) // bs
+        elif retention is not None and not retention.config.cache_generated:
+            seq.write_limit = prompt // bs
+        if receipt is not None and receipt.counted_upto < 0:
+            receipt.counted_upto = len(seq.cached_path) + n_hit  # what it read is not a write
+        ttl = None if retention is None else retention.ttl_for(contract)
+        if ttl is not None:
+            seq.retain_until = now + ttl  # one time for all its blocks: parents outlive children
+            if receipt is not None and receipt.retention_ttl_s is None:
+                receipt.retention_ttl_s = ttl
+            self._retain(seq, seq.cached_path)
+
+    def _retain(self, seq: SequenceState, blocks: Sequence[CachedBlock]) -> None:
+        """Retain `blocks` (its hit, or blocks it newly cached) until its expiry."""
+        assert self._retention is not None and seq.retain_until is not None  # checked by callers
+        if not self._retention.grant(blocks, seq.retain_until) and seq.request.receipt is not None:
+            seq.request.receipt.retention_ttl_s = 0.0  # refused in part: the usage says so
+
+    def _wrote(self, seq: SequenceState, start: int, blocks: Sequence[CachedBlock]) -> None:
+        """`blocks`, newly cached by `seq` from position `start` on: counted on its receipt
+        (prompt positions not counted before) and retained when it asked for a lifetime."""
+        receipt = seq.request.receipt
+        if receipt is not None:
+            lo = max(start, receipt.counted_upto)
+            bs = self._keys.block_size
+            hi = min(start + len(blocks), receipt.prompt_tokens // bs)
+            if hi > lo:
+                receipt.written_tokens += (hi - lo) * bs
+                receipt.counted_upto = hi
+        if seq.retain_until is not None and blocks:
+            self._retain(seq, blocks)
 
     def _deficit(
         self, sequence_id: int, path: list[CachedBlock], n_new: int, hit: tuple[CompressedPrefix, int] | None
@@ -250,12 +297,15 @@ class RunningSequences:
         """Cache a running sequence's newly full blocks, locked by it; returns blocks newly cached."""
         seq = self.get(sequence_id)
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens)
+        if seq.write_limit is not None:
+            keys = keys[: seq.write_limit]  # freed at its finish, so not shared meanwhile
         fields = self._meta_fields(seq)
         added = self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
         if added and self._tiers is not None:
             self._tiers.cached_on_device(seq.cached_path[-added:])
         if added:
             self._announce(keys, len(seq.cached_path) - added, added, token_ids)
+            self._wrote(seq, len(seq.cached_path) - added, seq.cached_path[-added:])
         return added
 
     def release(
@@ -265,16 +315,22 @@ class RunningSequences:
         block_keys: Sequence[Hashable] | None,
         num_computed_tokens: int | None,
         cache: bool,
+        finish: bool = True,
     ) -> int:
-        """Stop a sequence: cache its full computed blocks (unless not `cache`), free the rest;
-        returns blocks newly cached."""
+        """Stop a sequence: cache its full computed blocks (unless not `cache`; at its `finish`,
+        none past its write limit), free the rest; returns blocks newly cached."""
         seq = self.get(sequence_id)
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
+        if finish and seq.write_limit is not None:
+            keys = keys[: seq.write_limit]  # a preempted one keeps all: its re-prefill hits them
         fields = self._meta_fields(seq)
         radix = self._radix
         announce = self._eviction.events is not None and self._eviction.events.record_stores
+        track = seq.request.receipt is not None or seq.retain_until is not None
         fresh_keys = (
-            [k for k in keys[len(seq.cached_path) :] if k not in radix] if self._tiers or announce else []
+            [k for k in keys[len(seq.cached_path) :] if k not in radix]
+            if self._tiers or announce or track
+            else []
         )
         # release caches one contiguous run: after the first new block nothing below it is cached
         first_new = keys.index(fresh_keys[0], len(seq.cached_path)) if fresh_keys else 0
@@ -284,9 +340,11 @@ class RunningSequences:
             self._compressed.unlock(seq.compressed_prefix)
             table = table[: len(seq.cached_path)] + seq.private_blocks
         added, to_free = radix.release(seq.cached_path, keys, table, sequence_id, fields)
+        new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None] if added else []
         if added and self._tiers is not None:
-            new_blocks = [b for k in fresh_keys if (b := radix.get(k)) is not None]
             self._tiers.cached_on_device(new_blocks)
+        if added and track:
+            self._wrote(seq, first_new, new_blocks)
         if added and announce:
             self._announce(keys, first_new, added, token_ids)
         del self._states[sequence_id]

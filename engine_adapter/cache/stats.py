@@ -106,6 +106,14 @@ class CacheStats:
             docs/architecture.md, "Ages and regret").
         age_histograms: Block age at hit and at eviction, reuse distance at hit and regret age,
             per policy and tenant (`ages.HistogramSnapshot`).
+        retained_blocks: Blocks under an unexpired retention now (prompt-cache lifetimes,
+            `retention`), in every tier.
+        retention_granted_blocks: Block retentions granted or lengthened (a hit's refresh counts).
+        retention_refused_blocks: Blocks refused retention (no lower tier, the device share of
+            `--max-retained-fraction` full).
+        retention_broken_blocks: Retained blocks dropped before they expired (every lower tier
+            full of unexpired blocks, or, without one, the pool needed for a request).
+        retention_expired_blocks: Retentions that lapsed.
     """
 
     strategy: str
@@ -154,6 +162,11 @@ class CacheStats:
     thrashing_threshold: float = 0.0
     window_regret_ratio: float | None = None
     age_histograms: tuple[HistogramSnapshot, ...] = ()
+    retained_blocks: int = 0
+    retention_granted_blocks: int = 0
+    retention_refused_blocks: int = 0
+    retention_broken_blocks: int = 0
+    retention_expired_blocks: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""

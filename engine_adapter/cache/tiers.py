@@ -38,6 +38,7 @@ from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.explain import jsonable
 from engine_adapter.cache.records import SwapResult
+from engine_adapter.cache.retention import Retention
 from engine_adapter.cache.stats import TierStats
 from engine_adapter.cache.tier_level import TierEntry, TierLevel
 from engine_adapter.cache.tier_moves import Tier, TierMove
@@ -100,6 +101,9 @@ class TierStore:
     Attributes:
         explain: A tier policy's ``demote`` / ``drop`` event says why it chose (its explanation,
             as the device's ``evict`` events do; O(n) per choice). Set by the eviction step.
+        retention: The prompt-cache lifetimes (set by the manager): the last tier's policy never
+            chooses an unexpired retained entry; when nothing else may go, the one closest to its
+            expiry is dropped and the break counted (`_break_retention`). None: none.
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class TierStore:
         self._on_drop = on_drop
         self._moves: list[TierMove] = []
         self.explain = False
+        self.retention: Retention | None = None
         # parent key -> keys of its children that live only below the device (whatever tier
         # the parent is in): what keeps a last-tier entry from being dropped before them
         self._children: dict[Hashable, set[Hashable]] = {}
@@ -213,7 +218,15 @@ class TierStore:
             return  # chosen and on its way down or out (`_evict_entry`): refreshed where it lands
         has_lower = level is not self.levels[-1]
         should = entry.holds == 0 and (entry.on_device or has_lower or not self._children.get(entry.key))
+        if should and not (has_lower or entry.on_device) and self.retention is not None:
+            should = not self.retention.protects(entry.key)  # held until it expires
         level.set_evictable(entry, should)
+
+    def refresh_key(self, key: Hashable) -> None:
+        """`key`'s retention lapsed: its entry, if any, may be chosen again."""
+        found = self.entry(key)
+        if found is not None:
+            self._refresh(found)
 
     def _link(self, entry: TierEntry) -> None:
         """`entry` now lives only below the device: it counts as its parent's child."""
@@ -245,9 +258,13 @@ class TierStore:
 
     # ---- room, eviction and drops ----------------------------------------------------------
 
-    def _make_room(self, index: int) -> bool:
-        """A free slot in tier `index`, evicting one entry through its policy if needed."""
+    def _make_room(self, index: int, incoming: Hashable | None = None) -> bool:
+        """A free slot in tier `index` for the block `incoming` (None: a copy), evicting one
+        entry through its policy if needed; when the last tier's policy may choose none, a
+        retained entry that expires before `incoming` gives way (a break)."""
         level = self.levels[index]
+        if level.num_free == 0 and self.retention is not None:
+            self.retention.expire()
         while level.num_free == 0:
             why = None
             if self.explain and self.events is not None:
@@ -255,8 +272,31 @@ class TierStore:
                 why = {"tier": level.tier.value, "values": jsonable(upcoming[0][1])} if upcoming else None
             victims = level.policy.evict(1)
             if not victims:
+                if index == len(self.levels) - 1 and self._break_retention(level, incoming):
+                    continue
                 return False
             self._evict_entry(index, level.entries[victims[0]], why)
+        return True
+
+    def _break_retention(self, level: TierLevel, incoming: Hashable | None) -> bool:
+        """The last tier is full of entries its policy may not choose, and the retained block
+        `incoming` comes down: drop the retained entry closest to its expiry that may leave (a
+        leaf, not being read), a break, unless `incoming` expires first (the caller drops it:
+        the break is its). O(n), only when every lower tier is full of unexpired blocks. False
+        when nothing may leave or `incoming` is not retained (it is dropped, no break)."""
+        retention = self.retention
+        if retention is None or incoming is None or incoming not in retention.expiry:
+            return False
+        best: tuple[float, TierEntry] | None = None
+        for entry in level.entries.values():
+            until = retention.expiry.get(entry.key)
+            if until is None or entry.holds or entry.on_device or self._children.get(entry.key):
+                continue
+            if best is None or until < best[0]:
+                best = (until, entry)
+        if best is None or best[0] > retention.expiry[incoming]:
+            return False
+        self._drop(best[1], None, "retention_break")  # `forget` counts the break
         return True
 
     def _evict_entry(self, index: int, entry: TierEntry, why: dict[str, Any] | None = None) -> None:
@@ -265,7 +305,7 @@ class TierStore:
         if entry.on_device:
             level.discard(entry)  # a copy of a device block: nothing is lost
             return
-        if index + 1 < len(self.levels) and self._make_room(index + 1):
+        if index + 1 < len(self.levels) and self._make_room(index + 1, entry.key):
             lower = self.levels[index + 1]
             level.discard(entry)
             moved = lower.add(entry.key, entry.parent_key, entry.meta, False)
@@ -289,6 +329,8 @@ class TierStore:
         level.drops += 1
         if not entry.on_device:
             self._unlink(entry)
+            if self.retention is not None:
+                self.retention.forget(entry.key)
         self._event("drop", entry, None, None, policy, reason, explain=why)
         if self._on_drop is not None:
             self._on_drop([entry.key])
@@ -326,7 +368,7 @@ class TierStore:
             self._event("demote", entry, entry.tier.value, entry.slot, policy, "evict", block.block_id)
             self._refresh(entry)
             return True
-        if not self._make_room(0):
+        if not self._make_room(0, block.key):
             return False
         entry = host.add(block.key, None if block.parent is None else block.parent.key, block.meta, False)
         self._moves.append(TierMove(Tier.DEVICE, block.block_id, Tier.HOST, entry.slot, block.key))

@@ -266,6 +266,7 @@ class EngineControl:
         compressed = cache.compressed_counters()
         if compressed is not None:
             self.metrics.set_compressed(compressed)
+        self.metrics.set_retention(cache.retention_counters())
         reprefills = cache.re_prefill_blocks
         if reprefills > self.loop.re_prefills_counted:
             self.metrics.on_re_prefill(reprefills - self.loop.re_prefills_counted)

@@ -74,6 +74,7 @@ class EngineHooks:
             [b - a for a, b in itertools.pairwise(times)],
             prompt_tokens=len(seq.prompt_ids),
             generation_tokens=len(seq.output_ids),
+            written_tokens=seq.cache_receipt.written_tokens,
         )
 
     def on_embedding_finished(self, job: EmbeddingJob, result: EmbeddingResult) -> None:

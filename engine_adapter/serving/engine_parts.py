@@ -20,6 +20,7 @@ from typing import Any
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.lookup_log import LookupLog
+from engine_adapter.cache.retention import RetentionConfig
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.colocation import ColocationController
 from engine_adapter.model.config import ModelConfig
@@ -228,6 +229,11 @@ def cache_manager(
         compress_on_evict=config.compress_on_evict or None,
         ghost_factor=config.ghost_factor,
         lookup_log=LookupLog(config.lookup_log) if config.lookup_log else None,
+        retention=RetentionConfig(
+            max_ttl_s=config.max_cache_ttl,
+            max_retained_fraction=config.max_retained_fraction,
+            cache_generated=config.cache_generated_tokens,
+        ),
     )
 
 

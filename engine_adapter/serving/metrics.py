@@ -57,7 +57,9 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:kv_tier_capacity_blocks{tier}``, ``sage:kv_tier_blocks_total{tier, event}``,
 ``sage:kv_tier_copy_duration_seconds``, ``sage:kv_tier_load_duration_seconds{tier}`` and
 ``sage:kv_tier_failed_moves_total``; with compress-on-evict ``sage:compressed_prefix_blocks`` and
-``sage:compressed_prefix_total{event}`` (``set_compressed``). The
+``sage:compressed_prefix_total{event}`` (``set_compressed``); the prompt-cache contract's
+``sage:prompt_cache_retained_blocks``, ``sage:prompt_cache_retention_blocks_total{event}``
+(``set_retention``) and ``sage:prompt_cache_written_tokens_total``. The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -277,6 +279,22 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "sage:kv_tier_failed_moves_total",
         "Tier copies whose source could not be read (a disk file missing or corrupt): a miss.",
     ),
+    # The prompt-cache contract (issue 51): lifetimes and writes.
+    "prompt_cache_retained_blocks": MetricFamily(
+        Gauge, "sage:prompt_cache_retained_blocks", "Blocks under an unexpired prompt-cache lifetime now."
+    ),
+    "prompt_cache_retention": MetricFamily(
+        Counter,
+        "sage:prompt_cache_retention_blocks_total",
+        "Prompt-cache lifetimes by event, in blocks: granted (or lengthened by a hit), refused (no "
+        "lower tier and the device share full), broken (dropped before expiry), expired.",
+        ("event",),
+    ),
+    "prompt_cache_written_tokens": MetricFamily(
+        Counter,
+        "sage:prompt_cache_written_tokens_total",
+        "Prompt tokens finished requests newly wrote to the prefix cache (whole blocks).",
+    ),
     # Token-level eviction (spec 002).
     "token_attention_fallbacks": MetricFamily(
         Counter,
@@ -298,6 +316,15 @@ _TIER_EVENTS = (
     ("moved_out", "blocks_moved_out"),
     ("prefetched", "prefetched_blocks"),
     ("prefetch_hits", "prefetch_hits"),
+)
+
+
+# `sage:prompt_cache_retention_blocks_total`'s events and the `Retention.counters` key each counts.
+_RETENTION_EVENTS = (
+    ("granted", "retention_granted_blocks"),
+    ("refused", "retention_refused_blocks"),
+    ("broken", "retention_broken_blocks"),
+    ("expired", "retention_expired_blocks"),
 )
 
 
@@ -347,6 +374,9 @@ class EngineMetrics:
     kv_tier_failed_moves: Counter
     compressed_prefix_blocks: Gauge
     compressed_prefix: Counter
+    prompt_cache_retained_blocks: Gauge
+    prompt_cache_retention: Counter
+    prompt_cache_written_tokens: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -355,6 +385,8 @@ class EngineMetrics:
         self._lock = threading.Lock()  # guards _policies and the policy_info flip
         self._policies: set[str] = set()
         self._tier_counted: dict[tuple[str, str], int] = {}  # (tier, event) -> already counted
+        for event, _ in _RETENTION_EVENTS:  # at zero from the start, as the dashboard reads them
+            self.prompt_cache_retention.labels(event=event)
         if policy is not None:
             self.set_active_policy(policy)
 
@@ -414,6 +446,16 @@ class EngineMetrics:
                 self.compressed_prefix.labels(event=event).inc(now - before)
                 self._tier_counted[("compressed", event)] = now
 
+    def set_retention(self, counters: Mapping[str, int]) -> None:
+        """The prompt-cache lifetimes' counters now (`Retention.counters`): the gauge set, the
+        event counters advanced by what grew since the last call."""
+        self.prompt_cache_retained_blocks.set(counters["retained_blocks"])
+        for event, key in _RETENTION_EVENTS:
+            now, before = int(counters[key]), self._tier_counted.get(("retention", event), 0)
+            if now > before:
+                self.prompt_cache_retention.labels(event=event).inc(now - before)
+                self._tier_counted[("retention", event)] = now
+
     def on_tier_copies(self, seconds: float, failed: int) -> None:
         """A step copied blocks between the tiers for `seconds`; `failed` copies could not read."""
         self.kv_tier_copy_duration.observe(seconds)
@@ -437,6 +479,7 @@ class EngineMetrics:
         *,
         prompt_tokens: int = 0,
         generation_tokens: int = 0,
+        written_tokens: int = 0,
     ) -> None:
         """A request finished with `reason`.
 
@@ -446,6 +489,7 @@ class EngineMetrics:
             tpots: seconds between its consecutive output tokens.
             prompt_tokens: its prompt length in tokens.
             generation_tokens: tokens it generated.
+            written_tokens: prompt tokens it newly wrote to the prefix cache.
         """
         self.request_success.labels(finish_reason=reason).inc()
         if ttft is not None:
@@ -456,6 +500,8 @@ class EngineMetrics:
             self.prompt_tokens.inc(prompt_tokens)
         if generation_tokens > 0:
             self.generation_tokens.inc(generation_tokens)
+        if written_tokens > 0:
+            self.prompt_cache_written_tokens.inc(written_tokens)
 
     def on_swap(self, policy: str) -> None:
         """The eviction policy was hot-swapped to `policy`."""

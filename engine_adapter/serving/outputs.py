@@ -62,6 +62,8 @@ def emit_delta(seq: Sequence) -> None:
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(seq.output_ids),
             compressed_cached_tokens=seq.compressed_cached_tokens,
+            written_tokens=seq.cache_receipt.written_tokens,
+            retention_ttl_s=seq.cache_receipt.retention_ttl_s,
         )
     )
 
@@ -85,5 +87,7 @@ def emit_final(seq: Sequence) -> None:
             cached_tokens=seq.cached_tokens or 0,
             completion_tokens=len(seq.output_ids),
             compressed_cached_tokens=seq.compressed_cached_tokens,
+            written_tokens=seq.cache_receipt.written_tokens,
+            retention_ttl_s=seq.cache_receipt.retention_ttl_s,
         )
     )

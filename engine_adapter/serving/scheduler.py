@@ -69,13 +69,9 @@ def _cache_request(
     seq: Sequence, *, estimated_lifetime: float | None = None, deadline: float | None = None
 ) -> CacheRequest:
     """What `seq` brings to the cache manager now: its tokens so far (a re-prefill after
-    preemption includes its output), isolation key and policy metadata.
-
-    Args:
-        seq: The sequence.
-        estimated_lifetime: Its predicted remaining life in seconds (predictive policies).
-        deadline: When its blocks should be done by (the `slo` policy); none: no deadline.
-    """
+    preemption includes its output), isolation key, policy metadata (`estimated_lifetime`, its
+    predicted remaining life in seconds; `deadline`, when its blocks should be done by, for the
+    `slo` policy), prompt-cache contract and the receipt the cache fills (its usage)."""
     return CacheRequest(
         seq.seq_id, seq.all_ids,
         cache_salt=seq.cache_salt,
@@ -88,6 +84,7 @@ def _cache_request(
         match_prefix=seq.kv_compression is None,
         request_id=seq.request_id,
         contract=seq.cache_contract,
+        receipt=seq.cache_receipt,
     )
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_adapter.cache.contract import CacheContract
+from engine_adapter.cache.contract import CacheContract, CacheReceipt
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
@@ -124,6 +124,11 @@ class Sequence:
     # Absolute time (the cache's clock) its blocks should be done by: the `slo` policy's
     # deadline. None: no deadline known (the policy's default slack).
     deadline: float | None = None
+    # What the cache wrote and granted for it (its usage), filled by the cache across admissions.
+    cache_receipt: CacheReceipt = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache_receipt = CacheReceipt(prompt_tokens=len(self.prompt_ids))
 
     @property
     def cache_len(self) -> int:

@@ -172,6 +172,8 @@ START_PANELS = _panels(
         "Eviction policy": "eviction_policy policy_param enable_lifetime_prediction ghost_factor "
         "eviction_threshold max_pinned_ratio protect_queued eviction_window memory_threshold",
         "Eviction log and explanations": "log_evictions explain lookup_log",
+        "Prompt-cache contract (lifetimes, writes)": "max_cache_ttl max_retained_fraction "
+        "cache_generated_tokens",
         "KV cache size": "num_blocks kv_cache_memory gpu_memory_utilization block_size",
         "KV tiers (host memory, disk)": "host_kv_cache host_eviction_policy host_policy_param "
         "host_write_policy disk_kv_cache disk_kv_size prefetch",

@@ -340,13 +340,45 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="F",
     ),
     ConfigFlag(
+        key="max_cache_ttl",
+        param="max_cache_ttl",
+        decls=("--max-cache-ttl",),
+        kind="float",
+        help=(
+            "Longest prompt-cache lifetime granted, in seconds (a client's longer ask is shortened). "
+            "(default: 86400)"
+        ),
+        metavar="SECONDS",
+    ),
+    ConfigFlag(
+        key="max_retained_fraction",
+        param="max_retained_fraction",
+        decls=("--max-retained-fraction",),
+        kind="float",
+        help=(
+            "Without a host tier, most of the pool that prompt-cache lifetimes may hold on the device. "
+            "(default: 0.25)"
+        ),
+        metavar="F",
+    ),
+    ConfigFlag(
+        key="cache_generated_tokens",
+        param="cache_generated_tokens",
+        decls=("--cache-generated-tokens/--no-cache-generated-tokens",),
+        kind="switch",
+        help=(
+            "Cache a finished request's generated tokens' blocks (default: freed, their reuse is rare). "
+            "(default: no)"
+        ),
+    ),
+    ConfigFlag(
         key="protect_queued",
         param="protect_queued",
         decls=("--protect-queued",),
         kind="float",
         help=(
             "Protect waiting requests' cached prefixes from eviction until they run, within this "
-            "fraction of the pool. (default: 0)"
+            "fraction of the pool (0: no protection). (default: 0)"
         ),
         metavar="FRACTION",
     ),

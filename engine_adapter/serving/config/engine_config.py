@@ -214,12 +214,15 @@ class EngineConfig:
     """Evict in the background down to this used fraction of the pool (default: only on demand)."""
     max_pinned_ratio: float = 0.5
     """Most of the pool that pinned prefixes may hold."""
+    max_cache_ttl: float = 86400.0
+    """Longest prompt-cache lifetime granted, in seconds (a client's longer ask is shortened)."""
+    max_retained_fraction: float = 0.25
+    """Without a host tier, most of the pool that prompt-cache lifetimes may hold on the device."""
+    cache_generated_tokens: bool = False
+    """Cache a finished request's generated tokens' blocks (default: freed, their reuse is rare)."""
     protect_queued: float = 0.0
     """Protect waiting requests' cached prefixes from eviction until they run, within this
-    fraction of the pool.
-
-    0: no protection.
-    """
+    fraction of the pool (0: no protection)."""
     max_num_seqs: int = 256
     """Most running sequences per step."""
     max_num_batched_tokens: int = 2048
@@ -428,11 +431,8 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, source: str = "config") -> EngineConfig:
-        """A config from a complete or partial mapping of keys; unknown keys are errors.
-
-        Raises:
-            ConfigError: An unknown key or a bad value; the message names it and `source`.
-        """
+        """A config from a complete or partial mapping of keys; an unknown key or a bad value is
+        a `ConfigError` that names it and `source`."""
         return cls(**parse_layer(values, source=source))
 
     @classmethod
@@ -459,11 +459,8 @@ class EngineConfig:
         """Check the policy name and params against `sage_eviction` (pure Python, no engine).
 
         Raises:
-            sage_eviction.UnknownPolicyError: Unknown name; the message lists the policies.
-            sage_eviction.PolicyParamError: Unknown or ill-typed param; lists the params.
-            sage_eviction.OfflinePolicyError: An offline policy (it needs the future: simulation
-                only); lists the online ones.
-        """
+            sage_eviction.UnknownPolicyError, PolicyParamError, OfflinePolicyError: An unknown name,
+                an unknown or ill-typed param, an offline policy; the message lists what exists."""
         from sage_eviction import PolicyConfigError, resolve_policy
 
         # The cache resolves the spec the same way with the pool's size, known only at start.
@@ -514,6 +511,9 @@ PARSERS: dict[str, Parser] = {
     "queued_timeout": float_in(0.0, None, low_open=True),
     "eviction_threshold": float_in(0.0, 1.0, low_open=True),
     "max_pinned_ratio": float_in(0.0, 1.0, low_open=False),
+    "max_cache_ttl": float_in(0.0, None, low_open=False),
+    "max_retained_fraction": float_in(0.0, 1.0, low_open=False),
+    "cache_generated_tokens": parse_bool,
     "protect_queued": float_in(0.0, 1.0, low_open=False),
     "max_num_seqs": int_at_least(1),
     "max_num_batched_tokens": int_at_least(1),

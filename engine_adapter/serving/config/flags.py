@@ -110,6 +110,11 @@ START_FLAGS: tuple[StartFlag, ...] = (
     StartFlag("queued_timeout", ("--queued-timeout",), metavar="SECONDS"),
     StartFlag("eviction_threshold", ("--eviction-threshold",), metavar="F"),
     StartFlag("max_pinned_ratio", ("--max-pinned-ratio",), metavar="F", show_default=True),
+    StartFlag("max_cache_ttl", ("--max-cache-ttl",), metavar="SECONDS", show_default=True),
+    StartFlag("max_retained_fraction", ("--max-retained-fraction",), metavar="F", show_default=True),
+    StartFlag(
+        "cache_generated_tokens", ("--cache-generated-tokens/--no-cache-generated-tokens",), show_default=True
+    ),
     StartFlag("protect_queued", ("--protect-queued",), metavar="FRACTION", show_default=True),
     StartFlag("max_num_seqs", ("--max-num-seqs",), metavar="N", min=1, show_default=True),
     StartFlag("max_num_batched_tokens", ("--max-num-batched-tokens",), metavar="N", min=1, show_default=True),
