@@ -1,8 +1,9 @@
 """`KeySet`: the set of evicted keys not yet requested again, compact where the compiled core is.
 
-A policy's `_evicted` (sage_eviction/base.py) and the cache accounting's
-`ReprefillTracker._evicted` (sage_eviction/metrics.py) grow with every distinct block a trace
-evicts and never requests again: on a generated trace of 10^8 lookups, about 15 M keys each. A
+The simulator's compiled loops (the flat state's and the radix loop's re-prefill counts) keep
+every key a trace evicts and has not requested since, for one run: on a generated trace of 10^8
+lookups, about 15 M keys. (A long-lived cache, and a policy's own record, keep a bounded window
+instead: `sage_eviction.metrics.EvictedWindow`.) A
 Python set costs about 45 bytes a key and keeps the key's int object alive (32 bytes more); the
 compiled core's `KeySet` (sage_eviction/_core_keyset.pxi) holds a trace's dense block ids (ints in
 [0, 2^27)) as bits of a bitmap, 1 bit per id up to the largest; other ints within int64 as raw

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from sage_eviction import get_policy_class, native
 from sage_eviction.keyset import PyKeySet, new_key_set
-from sage_eviction.metrics import ReprefillTracker
 
 _core = native.load(native.CORE)
 IMPLEMENTATIONS = [PyKeySet] + ([_core.KeySet] if _core is not None else [])
@@ -121,7 +120,6 @@ def test_deletions_in_probe_runs_that_wrap_around_the_table() -> None:
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
 def test_compact_where_the_core_is_used() -> None:
     assert type(new_key_set()) is _core.KeySet
-    assert type(ReprefillTracker()._evicted) is _core.KeySet
     with native.pure_python():
         assert type(new_key_set()) is PyKeySet
 

@@ -148,7 +148,7 @@ class CacheManager(QueueFront, TierFront, CompressFront):
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)
-        metrics = self._metrics = CacheMetrics(acct)  # lookups, preemptions; evictions count in the step
+        metrics = self._metrics = CacheMetrics(acct, self.num_blocks)  # lookups, preemptions
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
         self._compressed = squeeze

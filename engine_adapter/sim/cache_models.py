@@ -25,7 +25,13 @@ from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
+from engine_adapter.sim.workloads import (
+    SimRequest,
+    int64_keys,
+    lookup_keys,
+    next_use_positions,
+    total_block_lookups,
+)
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
@@ -103,7 +109,9 @@ class FlatModel:
     decision times recorded through its hooks."""
 
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
-        self.reprefill = ReprefillTracker()
+        # A window that covers the trace (no more evictions than lookups): the row's rate is the
+        # exact one, as the compiled FlatState's own set of evicted keys counts it; per run, freed.
+        self.reprefill = ReprefillTracker(max(1, total_block_lookups(requests)))
         self.latency = LatencyRecorder()
         offline = get_policy_class(parse_policy_spec(policy)[0]).offline
         self.cache = FlatCache(
