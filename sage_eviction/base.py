@@ -30,7 +30,8 @@ from typing import Any, ClassVar
 from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.handover import EntryHandover
-from sage_eviction.metrics import EvictedWindow, LatencyRecorder, count_tenant, reprefill_window
+from sage_eviction.keyset import new_key_set
+from sage_eviction.metrics import LatencyRecorder, count_tenant, reprefill_window
 from sage_eviction.sequence_level import SequenceLevelInterface
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
@@ -72,9 +73,9 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._evictable: set[Hashable] = set()
         self._clock = 0  # logical time: one tick per insert or access
         # evicted within the last `reprefill_window(capacity)` evictions and not requested again
-        # (bounded: a policy that serves for weeks sees keys without end); None once
-        # `stop_recording_evicted` is called
-        self._evicted: EvictedWindow | None = EvictedWindow(reprefill_window(capacity))
+        # (bounded: a policy that serves for weeks sees keys without end; the compiled `KeySet`'s
+        # window, or `EvictedWindow`: sage_eviction/keyset.py); None once `stop_recording_evicted`
+        self._evicted: Any = new_key_set(reprefill_window(capacity))
         self._evictions = 0
         self._re_prefills = 0
         self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups], capped: count_tenant

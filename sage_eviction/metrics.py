@@ -4,7 +4,7 @@ Their definitions: docs/architecture.md, "Metrics".
 
 - `jain_fairness`: Jain's index (sum x)^2 / (n * sum x^2); 1.0 for zero or one value.
 - `ReprefillTracker`: evicted keys that were requested again later / evicted keys, over a bounded
-  window of the latest evictions (`EvictedWindow`, `reprefill_window`).
+  window of the latest evictions (`reprefill_window`; sage_eviction/keyset.py, `EvictedWindow`).
 - `HitCounter`: hit rate overall and per tenant (tokens or blocks served from cache / looked up).
 - `LatencyRecorder` and `percentile`: eviction-decision wall times and their p50/p99.
 """
@@ -12,8 +12,9 @@ Their definitions: docs/architecture.md, "Metrics".
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
+from sage_eviction.keyset import EvictedWindow, new_key_set  # EvictedWindow: re-exported
 from sage_eviction.types import EvictionMetrics
 
 __all__ = [
@@ -89,7 +90,7 @@ def count_tenant(table: dict[str | None, list[int]], tenant: str | None, hit: bo
 
 REPREFILL_WINDOW = 8192
 """The re-prefill window's least size, in evicted keys: a key counts as re-prefilled when it is
-requested again while it is among the last `window` keys evicted (`EvictedWindow`)."""
+requested again while it is among the last `window` keys evicted (`new_key_set(window)`)."""
 
 
 def reprefill_window(capacity: int | None) -> int:
@@ -97,91 +98,6 @@ def reprefill_window(capacity: int | None) -> int:
     `REPREFILL_WINDOW` (a cache that evicts a key and wants it back after four cache-fulls of
     other evictions is not told it was a re-prefill: ghost lists hold 1 to 2 cache-fulls)."""
     return REPREFILL_WINDOW if capacity is None else max(REPREFILL_WINDOW, 4 * capacity)
-
-
-class EvictedWindow:
-    """The last `window` evicted keys not requested since: a bounded set, first in first out.
-
-    Why bounded: a long-lived engine evicts keys without end (every unique prompt brings new
-    ones), and most never come back; a set of every evicted key grows with the requests served.
-    Like a ghost list, this one remembers the last `window` evictions: a ring of the evicted keys
-    in eviction order, and a dict from each key still waiting to its place in the ring. `add`,
-    `discard` and `in` are O(1); memory is at most `window` ring slots and `window` dict
-    entries, whatever the number of keys seen. Used by `ReprefillTracker` and, for their own
-    `get_metrics`, by the policies (`EvictionPolicy._evicted`); the compiled core updates it
-    through `add`, `discard` and `in` (sage_eviction/_core_keyset.pxi, `evicted_add`).
-    """
-
-    __slots__ = ("_at", "_next", "_ring", "window")
-
-    def __init__(self, window: int = REPREFILL_WINDOW) -> None:
-        if window <= 0:
-            raise ValueError(f"window={window} must be a positive number of keys")
-        self.window = window
-        self._ring: list[Hashable] = []  # grows to `window`, then each eviction takes the oldest slot
-        self._next = 0  # the ring's oldest slot once it is full
-        self._at: dict[Hashable, int] = {}  # key -> its slot (its latest eviction)
-
-    def add(self, key: Hashable) -> None:
-        """`key` was evicted: remember it, forgetting the oldest eviction when the window is full."""
-        ring = self._ring
-        if len(ring) < self.window:
-            self._at[key] = len(ring)
-            ring.append(key)
-            return
-        slot = self._next
-        old = ring[slot]
-        if self._at.get(old) == slot:  # else `old` came back, or was evicted again since
-            del self._at[old]
-        ring[slot] = key
-        self._at[key] = slot
-        self._next = slot + 1 if slot + 1 < self.window else 0
-
-    def update(self, keys: Iterable[Hashable]) -> None:
-        """`add` each of `keys`, in order."""
-        for key in keys:
-            self.add(key)
-
-    def discard(self, key: Hashable) -> bool:
-        """`key` was requested: True when it was waiting (evicted within the window), and forget it."""
-        return self._at.pop(key, None) is not None
-
-    def remove_present(self, keys: Iterable[Hashable]) -> int:
-        """`discard` each of `keys`; returns how many were waiting (each key once)."""
-        at = self._at
-        if not at:
-            return 0
-        return sum(1 for key in keys if at.pop(key, None) is not None)
-
-    def clear(self) -> None:
-        """Forget every key (the window's size stays)."""
-        self._ring = []
-        self._next = 0
-        self._at = {}
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._at
-
-    def __len__(self) -> int:
-        """Keys waiting (evicted within the window and not requested since)."""
-        return len(self._at)
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(self._at)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EvictedWindow):
-            return self._at.keys() == other._at.keys()
-        if isinstance(other, (set, frozenset)):
-            return self._at.keys() == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    @property
-    def held(self) -> int:
-        """Slots in use (at most `window`): the structure's size, for the bound's tests."""
-        return len(self._ring)
 
 
 class ReprefillTracker:
@@ -192,20 +108,18 @@ class ReprefillTracker:
     count again. The rate is `re_prefilled / evictions`: where a run evicts no more than `window`
     keys it is exactly the share of evicted keys requested again; beyond, a key requested back
     after more than `window` later evictions is not counted (the rate is windowed, and the stats
-    say so: `re_prefill_window`). Memory: `EvictedWindow`, bounded by `window`.
+    say so: `re_prefill_window`). Memory: `new_key_set(window)` (the compiled `KeySet`'s window
+    or `EvictedWindow`), bounded by `window`. `window=None` keeps every evicted key of the run:
+    for a simulator row only, whose trace bounds the keys (its rate is then the exact one).
     """
 
-    __slots__ = ("_evicted", "evictions", "re_prefilled")
+    __slots__ = ("_evicted", "evictions", "re_prefilled", "window")
 
-    def __init__(self, window: int = REPREFILL_WINDOW) -> None:
-        self._evicted = EvictedWindow(window)
+    def __init__(self, window: int | None = REPREFILL_WINDOW) -> None:
+        self.window = window  # how many of the latest evictions a re-prefill is looked for in
+        self._evicted = new_key_set(window)
         self.evictions = 0
         self.re_prefilled = 0
-
-    @property
-    def window(self) -> int:
-        """How many of the latest evictions a re-prefill is looked for in."""
-        return self._evicted.window
 
     def on_evict(self, key: Hashable) -> None:
         """A key left the cache by eviction."""
@@ -220,13 +134,14 @@ class ReprefillTracker:
     def on_requests(self, keys: Iterable[Hashable]) -> int:
         """`on_request` of each key (one call for a request's missed blocks); returns how many
         were re-prefills."""
-        back = self._evicted.remove_present(keys)
+        back: int = self._evicted.remove_present(keys)
         self.re_prefilled += back
         return back
 
     def on_request(self, key: Hashable) -> bool:
         """A key was requested; returns True when it had been evicted (a re-prefill)."""
-        if self._evicted.discard(key):
+        if key in self._evicted:
+            self._evicted.discard(key)
             self.re_prefilled += 1
             return True
         return False

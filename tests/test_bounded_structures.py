@@ -39,15 +39,27 @@ def test_the_window_holds_at_most_its_size_of_unique_keys() -> None:
     assert 199_999 in window and 198_999 not in window  # the last 1000 evictions, no more
 
 
+@pytest.mark.parametrize("path", ["python", "compiled"])
 @settings(max_examples=100, deadline=None)
 @given(
     size=st.integers(1, 8),
     ops=st.lists(st.tuples(st.sampled_from(["evict", "request"]), st.integers(0, 12)), max_size=80),
 )
-def test_the_window_answers_as_the_keys_evicted_within_it(size: int, ops: list[tuple[str, int]]) -> None:
+def test_the_window_answers_as_the_keys_evicted_within_it(
+    path: str, size: int, ops: list[tuple[str, int]]
+) -> None:
     """A key is waiting when its latest eviction is among the last `size` and it was not
-    requested since; the tracker counts exactly those requests."""
-    tracker = ReprefillTracker(size)
+    requested since; the tracker counts exactly those requests, with its evicted keys in the
+    compiled `KeySet`'s window or in `EvictedWindow` alike."""
+    if path == "compiled" and native.core() is None:
+        pytest.skip("the compiled core is not built")
+    if path == "python":
+        with native.pure_python():
+            tracker = ReprefillTracker(size)
+        assert type(tracker._evicted) is EvictedWindow
+    else:
+        tracker = ReprefillTracker(size)
+        assert type(tracker._evicted) is not EvictedWindow
     recent: deque[int] = deque(maxlen=size)  # the keys of the last `size` evictions
     requested_since: dict[int, int] = {}  # key -> evictions counted when it was last requested
     expected = 0

@@ -36,12 +36,14 @@ class CacheMetrics:
 
     __slots__ = ("accounting", "hits", "preemptions", "reprefill")
 
-    def __init__(self, accounting: CacheAccounting, capacity: int) -> None:
+    def __init__(self, accounting: CacheAccounting, capacity: int, whole_run: bool = False) -> None:
         self.accounting = accounting
         self.hits = HitCounter()
         # The cache's one re-prefill record (its policies record none: `PolicyBinding`), over the
-        # last `reprefill_window(capacity)` evictions: bounded however long the cache serves.
-        self.reprefill = ReprefillTracker(reprefill_window(capacity))
+        # last `reprefill_window(capacity)` evictions: bounded however long the cache serves. A
+        # simulator row (`whole_run`) keeps every eviction of its run, as its compiled loops do:
+        # its trace bounds the keys, and its rate is then the exact one.
+        self.reprefill = ReprefillTracker(None if whole_run else reprefill_window(capacity))
         self.preemptions = 0
 
     def record_lookup(
@@ -97,7 +99,7 @@ class CacheMetrics:
             prefix_cache_queries_tokens=self.hits.lookups,
             prefix_cache_hits_tokens=self.hits.hits,
             re_prefill_blocks=self.reprefill.re_prefilled,
-            re_prefill_window=self.reprefill.window,
+            re_prefill_window=self.reprefill.window or 0,  # 0: the whole run
             running_sequences=running_sequences,
             reserved_blocks=reserved_blocks,
             tiers=tiers,

@@ -106,7 +106,8 @@ class CacheStats:
             thrashing_threshold, window_regret_ratio: Regret (`accounting.AccountingStats`;
             docs/architecture.md, "Ages and regret").
         re_prefill_window: The evictions a re-prefill is looked for in (`re_prefill_rate`):
-            4 x the pool's blocks, at least 8192 (`sage_eviction.metrics.reprefill_window`).
+            4 x the pool's blocks, at least 8192 (`sage_eviction.metrics.reprefill_window`); 0 in
+            a simulator row, which counts over its whole run.
         age_histograms: Block age at hit and at eviction, reuse distance at hit and regret age,
             per policy and tenant (`ages.HistogramSnapshot`).
     """

@@ -25,13 +25,7 @@ from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
-from engine_adapter.sim.workloads import (
-    SimRequest,
-    int64_keys,
-    lookup_keys,
-    next_use_positions,
-    total_block_lookups,
-)
+from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy
@@ -109,9 +103,9 @@ class FlatModel:
     decision times recorded through its hooks."""
 
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
-        # A window that covers the trace (no more evictions than lookups): the row's rate is the
-        # exact one, as the compiled FlatState's own set of evicted keys counts it; per run, freed.
-        self.reprefill = ReprefillTracker(max(1, total_block_lookups(requests)))
+        # The whole run (the trace bounds its keys): the row's rate is the exact one, counted as
+        # the compiled FlatState counts it (it keeps the tracker's window); per run, freed.
+        self.reprefill = ReprefillTracker(None)
         self.latency = LatencyRecorder()
         offline = get_policy_class(parse_policy_spec(policy)[0]).offline
         self.cache = FlatCache(

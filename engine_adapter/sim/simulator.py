@@ -250,6 +250,7 @@ class Simulator:
             int_keys=int64_keys(self.workload.requests),  # the whole workload's: a fleet's replica grows
             # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
             ghost_factor=1 / num_blocks if self.unbounded else 2.0,
+            whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds it)
         )
         belady = None
         if manager.policy.offline:

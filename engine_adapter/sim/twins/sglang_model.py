@@ -57,7 +57,7 @@ from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX
-from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, reprefill_window
+from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
 __all__ = ["SCHEDULE_POLICIES", "SGLangModel", "check_sglang_policy", "parse_sglang_policy"]
 
@@ -133,7 +133,7 @@ class SGLangModel:
         self.evictions = 0
         self.preemptions = 0
         self.peak_used = 0
-        self.reprefill = ReprefillTracker(reprefill_window(capacity))  # bounded: stated in the docs
+        self.reprefill = ReprefillTracker(None)  # a simulator row's: the whole run
         self.latency = LatencyRecorder()
 
     # ------------------------------------------------------------------ the pool
