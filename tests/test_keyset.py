@@ -126,9 +126,25 @@ def test_compact_where_the_core_is_used() -> None:
         assert type(new_key_set(8)) is EvictedWindow
 
 
+few_keys = st.one_of(  # few, so that a key is often evicted again while its older slot is still in the ring
+    st.integers(0, 5), st.sampled_from(["a", (1, 2), INT64_MIN, DENSE, 2**63, True])
+)
+window_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), few_keys),
+        st.tuples(st.just("add"), few_keys),
+        st.tuples(st.just("discard"), few_keys),
+        st.tuples(st.just("in"), few_keys),
+        st.tuples(st.just("remove_present"), st.lists(few_keys, max_size=3)),
+        st.tuples(st.just("clear"), st.none()),
+    ),
+    max_size=120,
+)
+
+
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
 @settings(max_examples=200, deadline=None)
-@given(window=st.integers(1, 6), ops=operations)
+@given(window=st.integers(1, 6), ops=st.one_of(operations, window_operations))
 def test_the_compiled_window_answers_as_the_reference(window: int, ops: list[tuple[str, object]]) -> None:
     """`KeySet(window=n)` against `EvictedWindow(n)`: the same ring, so the same keys held after
     every add (the oldest eviction dropped unless discarded or evicted again since), discard, in,

@@ -240,8 +240,8 @@ class Simulator:
         num_blocks = self._pool_blocks()
         manager = CacheManager(
             BlockAllocator(num_blocks, self.block_size),
-            policy=self.policy_spec,
-            record_events=False,
+            policy=self.policy_spec, record_events=False,
+            whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds the keys)
             clock=self._now,
             protect_queued=0.0 if self.unbounded else self.protect_queued,
             compiled=self.compiled,
@@ -250,8 +250,7 @@ class Simulator:
             int_keys=int64_keys(self.workload.requests),  # the whole workload's: a fleet's replica grows
             # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
             ghost_factor=1 / num_blocks if self.unbounded else 2.0,
-            whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds it)
-        )
+        )  # fmt: skip
         belady = None
         if manager.policy.offline:
             if not isinstance(manager.policy, BeladyPolicy):
