@@ -1,9 +1,9 @@
 """Builds sage's optional compiled core; everything else is in pyproject.toml.
 
-Each extension below is a Cython source that mirrors a pure-Python module (the reference and the
-fallback, see sage_eviction/native.py). Building them is best effort: where Cython or a C compiler
-is missing (`CC=false pip install -e .`), the install still succeeds, says why in one line, and
-sage runs the pure-Python code.
+Each extension is a Cython source that mirrors a pure-Python module (the reference and the
+fallback); sage_eviction/native.py lists them (`CORE_SOURCES`, `MODEL_SOURCES`). Building them is
+best effort: where Cython or a C compiler is missing (`CC=false pip install -e .`), the install
+still succeeds, says why in one line, and sage runs the pure-Python code.
 
 Built modules are cached by the hash of what they are built from (every .pyx, .pxi and .pxd
 source, the Cython version, the interpreter's extension suffix and the compile flags), under
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import runpy
 import shutil
 import sys
 import sysconfig
@@ -24,20 +25,14 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# module name -> Cython source (relative to the repository root)
-NATIVE_MODULES: dict[str, str] = {
-    "sage_eviction._core": "sage_eviction/_core.pyx",  # the score heap and select_victims
-    # the radix cache's hot paths (mirrors engine_adapter/cache/radix_cache.py)
-    "engine_adapter.cache._core": "engine_adapter/cache/_core.pyx",
-    # the simulator's flat row in one call (mirrors Simulator.run's event loop for the flat model)
-    "engine_adapter.sim._flat_run": "engine_adapter/sim/_flat_run.pyx",
-    # the regret ghost set for int64 keys (mirrors engine_adapter/cache/ghosts.py's GhostSet)
-    "engine_adapter.cache._ghosts": "engine_adapter/cache/_ghosts.pyx",
-    # the simulator's radix row in one call (mirrors Simulator.run over the CacheManager)
-    "engine_adapter.sim._radix_run": "engine_adapter/sim/_radix_run.pyx",
-    # batch-invariant paged attention (mirrors invariant_attention.py's rowwise_attention)
-    "engine_adapter.model._attention": "engine_adapter/model/_attention.pyx",
-}
+ROOT = Path(__file__).resolve().parent
+# sage_eviction/native.py lists the compiled modules once, for the build and for the runtime that
+# loads them; it is read by path (sage is not importable in pip's isolated build environment) and
+# imports nothing but the standard library.
+_NATIVE = runpy.run_path(str(ROOT / "sage_eviction" / "native.py"), run_name="sage_native")
+
+NATIVE_MODULES: dict[str, str] = {**_NATIVE["CORE_SOURCES"], **_NATIVE["MODEL_SOURCES"]}
+"""Module name -> Cython source (relative to the repository root): everything setup.py builds."""
 
 INCLUDE_PATH = ["sage_eviction"]
 """Where a source's `include` looks after its own folder: the policies' core's int64 table and
@@ -45,7 +40,6 @@ lists (sage_eviction/_core_i64map.pxi, _core_flat_lists.pxi) serve the ghost set
 
 
 COMPILE_ARGS = ["-O3"]
-ROOT = Path(__file__).resolve().parent
 
 
 def _source_hash() -> str:

@@ -1,17 +1,28 @@
 """Simulator throughput and memory: sage's radix and flat rows per policy beside libCacheSim.
 
 On one trace (the Mooncake conversation trace by default), per policy at each capacity ratio
-(default 0.05 of the distinct blocks), in the same run:
+(default 0.05 of the distinct blocks), in the same run, each side timed `--repeat` times (default
+5), the sides alternated run by run in this one process and the best run of each kept, so every
+side gets the same number of runs at the same moments of the machine's load:
 - radix / flat: block lookups per second of `engine_adapter.sim.sweep.run_row`, the exact code
-  `sage llm benchmark --cache-model radix|flat` runs for a (policy, capacity) row (the simulator
-  built and run, the row's dict), timed around the call;
-- cache: the flat cache alone (`sage_eviction.flat.simulate_flat`) on the same block stream, no
-  event loop around it: what `process_trace` does, and the ratio cache / libCacheSim;
+  `sage llm benchmark --cache-model radix|flat` runs for a (policy, capacity) row; its timer holds
+  the simulator built, its event loop (arrivals, scheduling, cost model) and the row's dict;
+- cache: the flat cache alone (`sage_eviction.flat.FlatCache`, its policy's state in C) on the
+  same block stream; its timer holds the cache built (Belady's next uses computed from its
+  future) and the stream, a tuple of ints made before the timer, looked up in one call: the
+  same work as libCacheSim's side, and the ratio cache / libCacheSim;
 - libCacheSim: the same algorithm's `process_trace` on the same block stream (flat model, unit
-  sizes; the next-request times written into the oracleGeneral file for its Belady), and the
-  ratio flat / libCacheSim, with whether the flat row's misses are libCacheSim's.
-Reading the trace is not timed. libCacheSim (GPL) is a test oracle only: imported here and in
-the differential tests, never by sage.
+  sizes; the next-request times written into the oracleGeneral file for its Belady); its timer
+  holds the cache built and `process_trace` (reading each record from the mmap'ed file and
+  replaying it); the reader is opened outside it, and Belady's next uses are in the file,
+  computed outside it. The cache's hash table is sized to the cache
+  (`lcs_hashpower`: 2^hashpower buckets >= 2 x capacity, at least 2^12), not the library's
+  default of 2^24 buckets, whose first touches (page faults) cost more than the replay itself on
+  a trace of this size. The ratio flat / libCacheSim (the CLI's row against the bare cache loop:
+  not the same work) and whether the flat row's misses are libCacheSim's.
+The machine and its load average (before and after the rows) are printed. Reading the trace is
+not timed. libCacheSim (GPL) is a test oracle only: imported here and in the differential
+tests, never by sage.
 
 `--generated N`: the peak resident memory of one lru radix row on a generated trace of N block
 lookups (a Mooncake JSON-lines file written from sage's synthetic generator), read and run in a
@@ -22,6 +33,8 @@ jobs=2 over jobs=1, beside what a pure CPU loop gets from 2 processes at the sam
 
     python benchmarks/sim_throughput.py
     python benchmarks/sim_throughput.py --policies lru,fifo --ratios 0.01,0.05 --repeat 3
+    python benchmarks/sim_throughput.py --models flat --repeat 12   # the flat side only, best of 12
+    python benchmarks/sim_throughput.py --lcs-hashpower 24   # libCacheSim with its default table
     python benchmarks/sim_throughput.py --generated 20000000
     python benchmarks/sim_throughput.py --sweep
     python benchmarks/sim_throughput.py --profile   # cProfile of the CLI path (jobs=1), top 25
@@ -32,6 +45,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,7 +69,7 @@ from engine_adapter.sim.shipped_traces import shipped_trace
 from engine_adapter.sim.simulator import simulate
 from engine_adapter.sim.sweep import RowSpec, SweepContext, run_row
 from engine_adapter.sim.workloads import Workload, unique_blocks
-from sage_eviction.flat import simulate_flat
+from sage_eviction.flat import FlatCache
 from sage_eviction.native import core_implementation
 
 _ROOT = str(Path(__file__).resolve().parents[1])
@@ -63,6 +77,13 @@ DEFAULT_TRACE = shipped_trace("mooncake:conversation")[0]
 """The Mooncake conversation trace shipped in the package (gzipped; the reader takes it as it is)."""
 DEFAULT_POLICIES = ("lru", "fifo", "sieve", "s3fifo", "arc", "gdsf", "belady")
 JOBS_TARGET = 1.8
+TIMERS = (
+    "timers (wall, best of the runs): radix/s, flat/s = the CLI's row (sweep.run_row: simulator built, "
+    "event loop, cost model, row dict);\n  cache/s = FlatCache built (Belady: next uses computed) + "
+    "lookup of the stream (a tuple of ints made untimed);\n  libCS/s = libCacheSim cache built + "
+    "process_trace (records read from the mmap'ed oracleGeneral file, written untimed,\n  Belady's next "
+    "uses in it). cache/libCS compares the same work; flat/libCS compares the CLI's row with it."
+)
 
 
 LCS_CLASSES = {
@@ -97,9 +118,18 @@ def _write_oracle_general(keys: np.ndarray, path: Path) -> None:
     path.write_bytes(records.tobytes())
 
 
-def _libcachesim(policy: str, path: Path, n: int, capacity: int) -> tuple[float, int] | None:
-    """Wall seconds and misses of libCacheSim's `process_trace` for `policy` over the trace file
-    (None: libCacheSim is not installed or has no such policy)."""
+def lcs_hashpower(capacity: int) -> int:
+    """The libCacheSim hash table's size (log2 of its buckets) for a cache of `capacity` objects:
+    at least two buckets an object, at least 2^12. The library's default, 24, is 16.8 M buckets
+    (128 MiB of pointers) whatever the cache's size; on a 9,139-block cache its page faults made
+    `process_trace` about 11x slower than the replay itself (issue 50, item 7)."""
+    return max(12, math.ceil(math.log2(2 * max(capacity, 1))))
+
+
+def _libcachesim(policy: str, path: Path, n: int, capacity: int, hashpower: int) -> tuple[float, int] | None:
+    """Wall seconds of one libCacheSim run for `policy` over the trace file (the cache built with
+    2^hashpower buckets, then `process_trace`) and its misses; None: libCacheSim is not installed
+    or has no such policy. The reader is opened (the file mmap'ed) before the timer starts."""
     try:
         import libcachesim as lcs
     except ImportError:
@@ -108,88 +138,107 @@ def _libcachesim(policy: str, path: Path, n: int, capacity: int) -> tuple[float,
     if name is None:
         return None
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-    cache = getattr(lcs, name)(capacity)
     t0 = time.perf_counter()
+    cache = getattr(lcs, name)(capacity, hashpower=hashpower)
     miss_ratio, _ = cache.process_trace(reader)
-    return time.perf_counter() - t0, round(miss_ratio * n)
+    seconds = time.perf_counter() - t0
+    return seconds, round(miss_ratio * n)
 
 
-def _row(context: SweepContext, policy: str, capacity: int, repeat: int) -> tuple[float, dict[str, Any], str]:
-    """Best wall seconds of the CLI's row (`sweep.run_row`, the code `sage llm benchmark` runs
-    for one (policy, capacity)), the row, and how the cache called the policy ("compiled": its
-    C table; "python": its methods)."""
-    best, row, calls = float("inf"), {}, ""
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        outcome = run_row(context, RowSpec(0, policy, capacity))
-        best = min(best, time.perf_counter() - t0)
-        row, calls = outcome.row, outcome.policy_calls
-    return best, row, calls
+def _row(context: SweepContext, policy: str, capacity: int) -> tuple[float, dict[str, Any], str]:
+    """Wall seconds of one run of the CLI's row (`sweep.run_row`, the code `sage llm benchmark`
+    runs for one (policy, capacity)), the row, and how the cache called the policy ("compiled":
+    its C table; "python": its methods)."""
+    t0 = time.perf_counter()
+    outcome = run_row(context, RowSpec(0, policy, capacity))
+    return time.perf_counter() - t0, outcome.row, outcome.policy_calls
 
 
-def _flat_cache(stream: list[int], policy: str, capacity: int, repeat: int) -> tuple[float, int]:
-    """Best wall seconds and hits of the flat cache alone (`simulate_flat`) on the block stream:
-    sage's counterpart of `process_trace`, with no event loop around it (Belady gets its future)."""
-    best, hits = float("inf"), 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = simulate_flat(stream, policy, capacity)
-        best, hits = min(best, time.perf_counter() - t0), result.hits
-    return best, hits
+def _flat_cache(stream: tuple[int, ...], policy: str, capacity: int) -> tuple[float, int]:
+    """Wall seconds and hits of one run of the flat cache alone on the block stream: a
+    `FlatCache` built (its policy's state in C; Belady handed its future) and the stream looked
+    up in one call, no event loop around it: sage's counterpart of `process_trace`. The stream is
+    a tuple of ints made before the timer, as libCacheSim's file is written before its timer."""
+    t0 = time.perf_counter()
+    cache = FlatCache(policy, capacity, future=stream, int_keys=True)
+    hits, _ = cache.lookup(stream)
+    return time.perf_counter() - t0, hits
+
+
+def _best_runs(
+    contexts: dict[str, SweepContext],
+    stream: tuple[int, ...],
+    path: Path,
+    policy: str,
+    capacity: int,
+    args: Any,
+) -> dict[str, Any]:
+    """Every side of one (policy, capacity) run `args.repeat` times, the sides alternated run by
+    run (radix, flat, cache, libCacheSim, radix, ...), the best wall time of each kept."""
+    best: dict[str, float] = {}
+    row: dict[str, Any] = {}
+    for _ in range(args.repeat):
+        for model, context in contexts.items():
+            seconds, figures, calls = _row(context, policy, capacity)
+            best[model] = min(best.get(model, math.inf), seconds)
+            row[f"{model}_policy_calls"] = calls
+            row[f"{model}_lookups"] = figures["block_lookups"]
+            row[f"{model}_hit_blocks"] = figures["block_hits"]
+        seconds, row["cache_hits"] = _flat_cache(stream, policy, capacity)
+        best["cache"] = min(best.get("cache", math.inf), seconds)
+        lcs = _libcachesim(policy, path, len(stream), capacity, args.lcs_hashpower or lcs_hashpower(capacity))
+        if lcs is not None:
+            best["libcachesim"] = min(best.get("libcachesim", math.inf), lcs[0])
+            row["libcachesim_misses"] = lcs[1]
+    for side, seconds in best.items():
+        row[f"{side}_s"] = seconds
+        lookups = row.get(f"{side}_lookups", len(stream))
+        row[f"{side}_lookups_per_s"] = lookups / seconds
+    return row
 
 
 def _policy_rows(
-    workload: Workload, keys: np.ndarray, ratio: float, policies: list[str], models: list[str], repeat: int
+    workload: Workload, keys: np.ndarray, ratio: float, policies: list[str], args: Any
 ) -> list[dict[str, Any]]:
-    """Per policy at one capacity: lookups/s of the radix and flat rows and of libCacheSim's
-    `process_trace` on the same block stream, the ratio flat/libCacheSim, and whether the flat
+    """Per policy at one capacity: lookups/s of the radix and flat rows, of the flat cache alone
+    and of libCacheSim's `process_trace` on the same block stream (best of the same number of
+    alternated runs each), the ratios cache/libCacheSim and flat/libCacheSim, and whether the flat
     row's misses are libCacheSim's."""
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
     unique = len(np.unique(keys))
     capacity = max(1, int(unique * ratio), *([min_capacity(workload)] if "radix" in models else []))
     contexts = {model: SweepContext(workload, model, CostModel()) for model in models}
-    print(f"\ncapacity {capacity} blocks ({ratio:g} of {unique} distinct blocks)")
+    hashpower = args.lcs_hashpower or lcs_hashpower(capacity)
     print(
-        f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'cache/s':>9} {'libCS/s':>9} {'flat/libCS':>10} "
-        f"{'cache/libCS':>11} {'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}  policy calls (radix, flat)"
+        f"\ncapacity {capacity} blocks ({ratio:g} of {unique} distinct blocks); best of {args.repeat} "
+        f"runs per side, alternated; libCacheSim's hash table 2^{hashpower} buckets"
     )
-    stream = keys.tolist()  # the block stream as the flat cache alone replays it (Python ints)
+    print(
+        f"{'policy':>8} {'radix/s':>9} {'flat/s':>9} {'cache/s':>9} {'libCS/s':>9} {'cache/libCS':>11} "
+        f"{'flat/libCS':>10} {'radix hit':>9} {'flat hit':>8} {'flat=lcs':>8}  policy calls (radix, flat)"
+    )
+    stream = tuple(keys.tolist())  # the block stream as the flat cache alone replays it
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.oracleGeneral.bin"
         _write_oracle_general(keys, path)
         for policy in policies:
-            row: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity, "ratio": ratio}
-            for model, context in contexts.items():
-                seconds, figures, calls = _row(context, policy, capacity, repeat)
-                row[f"{model}_policy_calls"] = calls
-                row[f"{model}_s"] = seconds
-                row[f"{model}_lookups_per_s"] = figures["block_lookups"] / seconds
-                row[f"{model}_hit_blocks"] = figures["block_hits"]
-            row["cache_s"], row["cache_hits"] = _flat_cache(stream, policy, capacity, repeat)
-            row["cache_lookups_per_s"] = len(stream) / row["cache_s"]
-            lcs = _libcachesim(policy, path, len(keys), capacity)
-            row["libcachesim_s"] = lcs[0] if lcs else None
-            row["libcachesim_lookups_per_s"] = len(keys) / lcs[0] if lcs else None
+            row = {"policy": policy, "capacity_blocks": capacity, "ratio": ratio, "repeat": args.repeat}
+            row["libcachesim_hashpower"] = hashpower
+            row |= _best_runs(contexts, stream, path, policy, capacity, args)
+            lcs_rate = row.get("libcachesim_lookups_per_s")
+            row["cache_over_libcachesim"] = row["cache_lookups_per_s"] / lcs_rate if lcs_rate else None
             flat_rate = row.get("flat_lookups_per_s")
-            row["flat_over_libcachesim"] = (
-                flat_rate / row["libcachesim_lookups_per_s"] if lcs and flat_rate else None
-            )
-            row["cache_over_libcachesim"] = (
-                row["cache_lookups_per_s"] / row["libcachesim_lookups_per_s"] if lcs else None
-            )
-            agree = (
-                None
-                if lcs is None or "flat" not in contexts
-                else len(keys) - row["flat_hit_blocks"] == lcs[1]
-            )
+            row["flat_over_libcachesim"] = flat_rate / lcs_rate if lcs_rate and flat_rate else None
+            agree = None
+            if lcs_rate and "flat" in contexts:
+                agree = len(keys) - row["flat_hit_blocks"] == row["libcachesim_misses"]
             row["flat_misses_equal_libcachesim"] = agree
             rows.append(row)
-            ratio_text = f"{row['flat_over_libcachesim']:.3f}" if row["flat_over_libcachesim"] else "n/a"
-            cache_ratio = f"{row['cache_over_libcachesim']:.3f}" if row["cache_over_libcachesim"] else "n/a"
             print(
                 f"{policy:>8} {_rate(row.get('radix_lookups_per_s'))} {_rate(flat_rate)} "
-                f"{_rate(row['cache_lookups_per_s'])} "
-                f"{_rate(row['libcachesim_lookups_per_s'])} {ratio_text:>10} {cache_ratio:>11} "
+                f"{_rate(row['cache_lookups_per_s'])} {_rate(lcs_rate)} "
+                f"{_ratio(row['cache_over_libcachesim']):>11} {_ratio(row['flat_over_libcachesim']):>10} "
                 f"{_hit(row.get('radix_hit_blocks'), len(keys))} "
                 f"{_hit(row.get('flat_hit_blocks'), len(keys)):>8} "
                 f"{'n/a' if agree is None else str(agree):>8}  "
@@ -200,6 +249,10 @@ def _policy_rows(
 
 def _rate(per_s: float | None) -> str:
     return f"{per_s / 1e6:>8.3f}M" if per_s else f"{'n/a':>9}"
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if value else "n/a"
 
 
 def _hit(hits: int | None, lookups: int) -> str:
@@ -374,7 +427,18 @@ def _arguments() -> argparse.Namespace:
         "--policies", default=",".join(DEFAULT_POLICIES), help="policies of the per-policy rows"
     )
     parser.add_argument("--models", default="radix,flat", help="sage's cache models to time (radix, flat)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row figure; the best is kept")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="runs of every side per row, alternated; the best of each is kept",
+    )
+    parser.add_argument(
+        "--lcs-hashpower",
+        type=int,
+        help="libCacheSim's hash table, log2 of its buckets (default: sized to the cache, lcs_hashpower; "
+        "the library's own default is 24)",
+    )
     parser.add_argument(
         "--sweep-policies", default="lru,lfu,arc", help="policies of the --jobs sweep (at every capacity)"
     )
@@ -423,18 +487,22 @@ def _sweep_figures(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
 def main() -> None:
     args = _arguments()
     if args.child_row is not None:
         _child_row(args.child_row, args.child_policy, args.child_ratio)
         return
     implementation = core_implementation()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    print(f"machine: {machine_line()}; load average {load[0]:.2f}")
+    load = _load()
+    print(f"machine: {machine_line()}; load average {load:.2f}")
     print(f"implementation: {implementation}")
     figures: dict[str, Any] = {
         "machine": machine_line(),
-        "load_average": load[0],
+        "load_average": load,
         "implementation": implementation,
     }
     if args.generated is not None:
@@ -448,12 +516,14 @@ def main() -> None:
             _profile(args.trace, float(args.ratios.split(",")[-1]))
             return
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        print(TIMERS)
         figures["rows"] = [
             row
             for ratio in (float(x) for x in args.ratios.split(","))
-            for row in _policy_rows(workload, keys, ratio, policies, models, args.repeat)
+            for row in _policy_rows(workload, keys, ratio, policies, args)
         ]
+        figures["load_average_after"] = _load()
+        print(f"load average after the rows {figures['load_average_after']:.2f}")
         figures["sweep"] = _sweep_figures(args) if args.sweep else None
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -31,7 +31,8 @@ What lives where (docs/architecture.md, "Policy interface"):
   `KeySet` of int64 keys, or its set-based reference).
 - `native` and `_core` (Cython, optional): the compiled score heap, `select_victims`, the
   policies' C operations, the flat cache's loop and its state in C, and the switch between them
-  and the pure-Python reference.
+  and the pure-Python reference (`native` also lists the compiled modules setup.py builds);
+  `compiled_kinds`: the one table of which built-ins run compiled where.
 - `integrations/`: sage's policies inside vLLM, SGLang and LMCache.
 """
 

@@ -11,9 +11,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from starlette.testclient import TestClient
 
+from engine_adapter.cache.contract import CacheContract
 from engine_adapter.serving.app import build_app
 from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine
@@ -51,3 +53,18 @@ def started_engine(**overrides: object) -> Engine:
     engine = Engine(EngineConfig(**values))  # type: ignore[arg-type]
     engine.start()
     return engine
+
+
+class SubmitRecorder:
+    """Stands in for an engine's ``submit`` (monkeypatched on it) and records the prompt and the
+    `CacheContract` each request was handed, then submits it to the real engine, which serves it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.contracts: list[CacheContract | None] = []
+        self.prompts: list[Any] = []
+        self._submit = engine.submit
+
+    def __call__(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
+        self.contracts.append(kwargs.get("cache_contract"))
+        self.prompts.append(prompt)
+        return self._submit(prompt, *args, **kwargs)

@@ -3,20 +3,37 @@
 
 The files git tracks, and the new ones it does not ignore (so that a change not yet committed is
 tested as it will be cloned), without build outputs, virtual environments or caches; with
-`compiled=True` also the compiled core built in this checkout (ignored by git, built by `pip
-install -e .` in a clone, as the README's install does).
+`compiled=True` also the compiled modules built in this checkout (ignored by git, built by `pip
+install -e .` in a clone, as the README's install does): every module of `sage_eviction.native`'s
+`NATIVE_MODULES` and `MODEL_MODULES`, the lists setup.py's build is held to
+(tests/test_build_cache.py). A hand-written list here once copied only the modules in
+sage_eviction/ and engine_adapter/cache/, so the clone's simulator rows silently ran their
+pure-Python loops instead of the compiled ones a real install runs (issue 48).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["ROOT", "fresh_copy"]
+from sage_eviction.native import MODEL_MODULES, NATIVE_MODULES
+
+__all__ = ["ROOT", "compiled_files", "fresh_copy"]
 
 ROOT = Path(__file__).resolve().parent.parent
-_COMPILED = ("sage_eviction/*.so", "engine_adapter/cache/*.so")
+
+
+def compiled_files() -> list[str]:
+    """The built files of every compiled module in this checkout (relative paths), those of
+    modules not built here left out."""
+    return [
+        path
+        for module in (*NATIVE_MODULES, *MODEL_MODULES)
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+        if (ROOT / (path := module.replace(".", "/") + suffix)).is_file()
+    ]
 
 
 def fresh_copy(dest: Path, *, compiled: bool = False) -> Path:
@@ -29,7 +46,7 @@ def fresh_copy(dest: Path, *, compiled: bool = False) -> Path:
     ).stdout.decode()
     names = list(filter(None, listed.split("\0")))
     if compiled:
-        names += [str(p.relative_to(ROOT)) for pattern in _COMPILED for p in ROOT.glob(pattern)]
+        names += compiled_files()
     for name in names:
         source = ROOT / name
         if source.is_file():

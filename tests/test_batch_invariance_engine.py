@@ -1,12 +1,12 @@
 """The answer never depends on the cache (issue 47), in real engine processes started by the CLI.
 
 The same fresh random prompts go to an engine whose pool is small enough to evict and preempt
-(ARC, 24 blocks: eight requests of 2-8 blocks each overrun it) and to an unbounded one (LRU, 4,096 blocks): eight at a time to the small one,
-one at a time to the big one; again with the big one's prefix cache warm and all at once; with
-hot swaps of the block policy and the token policy mid-batch; through a host and a disk tier; and
-with seeded sampling. Every answer must be equal, in the default configuration (``auto``:
-float32 on this CPU, bfloat16 on a CPU with native bf16) and with bfloat16 forced. The same on
-SmolLM2 with a 60-block pool.
+(ARC, 24 blocks: eight requests of 2-8 blocks each overrun it) and to an unbounded one (LRU,
+4,096 blocks): eight at a time to the small one, one at a time to the big one; again with the
+big one's prefix cache warm and all at once; with hot swaps of the block policy and the token
+policy mid-batch; through a host and a disk tier; and with seeded sampling. Every answer must
+be equal, in the default configuration (``auto``: float32 on this CPU, bfloat16 on a CPU with
+native bf16) and with bfloat16 forced. The same on SmolLM2 with a 60-block pool.
 """
 
 from __future__ import annotations

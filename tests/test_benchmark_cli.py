@@ -51,6 +51,7 @@ ROW_KEYS = [
     "regret_ratio",
     "age_histograms",
     "policy_calls",
+    "event_loop",
 ]
 
 

@@ -59,7 +59,7 @@ def test_matching_sources_are_copied_from_the_cache_without_compiling(tmp_path: 
 def test_the_hash_follows_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any .pyx/.pxi/.pxd byte changes the key (a copy of the sources is edited, not these);
     SAGE_BUILD_CACHE=off turns the cache off."""
-    shutil.copy2(REPO / "setup.py", tmp_path / "setup.py")
+    _copy_setup(tmp_path)
     for folder in ("sage_eviction", "engine_adapter"):
         for pattern in ("*.pyx", "*.pxi", "*.pxd"):
             for path in (REPO / folder).rglob(pattern):
@@ -75,3 +75,35 @@ def test_the_hash_follows_the_sources(tmp_path: Path, monkeypatch: pytest.Monkey
     assert copy["_cache_dir"]() is None
     monkeypatch.setenv("SAGE_BUILD_CACHE", str(tmp_path / "cache"))
     assert copy["_cache_dir"]() == tmp_path / "cache" / copy["_source_hash"]()
+
+
+def _copy_setup(into: Path) -> None:
+    """setup.py and the one file it reads the module list from, as the build sees them."""
+    shutil.copy2(REPO / "setup.py", into / "setup.py")
+    (into / "sage_eviction").mkdir(exist_ok=True)
+    shutil.copy2(REPO / "sage_eviction" / "native.py", into / "sage_eviction" / "native.py")
+
+
+def test_setup_builds_what_native_loads_listed_once(tmp_path: Path) -> None:
+    """native.py's source tables are the one list (issue 50, item 6): setup.py builds each module
+    the runtime loads, every .pyx in the tree is in it, and a module added to native.py alone (in
+    a copy) is one more that setup.py builds."""
+    from sage_eviction import native
+
+    assert tuple(MODULES) == native.NATIVE_MODULES + native.MODEL_MODULES
+    pyx = {
+        str(p.relative_to(REPO))
+        for folder in ("sage_eviction", "engine_adapter")
+        for p in (REPO / folder).rglob("*.pyx")
+    }
+    assert set(MODULES.values()) == pyx
+    _copy_setup(tmp_path)
+    listed = tmp_path / "sage_eviction" / "native.py"
+    text = listed.read_text(encoding="utf-8")
+    anchor = "MODEL_SOURCES: dict[str, str] = {\n"
+    assert anchor in text
+    listed.write_text(
+        text.replace(anchor, anchor + '    "engine_adapter.model._new": "engine_adapter/model/_new.pyx",\n')
+    )
+    copy = runpy.run_path(str(tmp_path / "setup.py"), run_name="sage_setup")
+    assert copy["NATIVE_MODULES"] == {**MODULES, "engine_adapter.model._new": "engine_adapter/model/_new.pyx"}

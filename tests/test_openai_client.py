@@ -2,7 +2,8 @@
 
 The client talks to the engine's Unix socket through an httpx transport, as docs/getting-started.md shows:
 completions, chat completions (plain and streamed), stop strings, seeds, usage with cached
-tokens, and the models list. Errors come back as the client's own exception types.
+tokens, and the models list. Errors come back as the client's own exception types. The official
+`anthropic` client asks the same model through /v1/messages (issue 51).
 """
 
 from __future__ import annotations
@@ -307,3 +308,34 @@ def test_bad_embedding_requests_are_400s_the_client_understands(client: openai.O
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=SMOLLM2_NAME, input=[{"x": 1}])  # type: ignore[list-item]
     assert len(client.embeddings.create(model=SMOLLM2_NAME, input="still served").data) == 1
+
+
+def test_the_anthropic_client_answers_a_real_question_whole_and_streamed(
+    engine_socket: Path, client: openai.OpenAI
+) -> None:
+    """The official anthropic client on /v1/messages (issue 51): the answer SmolLM2 gives on the
+    OpenAI route, stop sequences named, and usage that adds up to the OpenAI route's prompt."""
+    anthropic = pytest.importorskip("anthropic")
+    httpx2 = pytest.importorskip("httpx2")  # the HTTP client anthropic's SDK is built on
+    http = httpx2.Client(transport=httpx2.HTTPTransport(uds=str(engine_socket)), timeout=120)
+    claude = anthropic.Anthropic(base_url="http://sage", api_key="-", http_client=http, max_retries=0)
+    system = "You are a helpful assistant."
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = claude.messages.create(
+        model=SMOLLM2_NAME, max_tokens=24, system=system, messages=question, stop_sequences=["Paris"]
+    )
+    assert whole.content[0].text == "The capital of France is "
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "Paris")
+    with claude.messages.stream(
+        model=SMOLLM2_NAME, max_tokens=24, system=[{"type": "text", "text": system}], messages=question,
+        cache_control={"type": "ephemeral", "ttl": "1h"},
+    ) as stream:  # fmt: skip
+        streamed = stream.get_final_message()
+    assert "Paris" in streamed.content[0].text
+    openai_side = client.chat.completions.create(
+        model=SMOLLM2_NAME, messages=[{"role": "system", "content": system}, *question], max_tokens=1
+    )
+    for usage in (whole.usage, streamed.usage):
+        read, written = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+        assert usage.input_tokens + read + written == openai_side.usage.prompt_tokens  # type: ignore[union-attr]
+    assert streamed.usage.cache_read_input_tokens > 0  # the system prompt, read back

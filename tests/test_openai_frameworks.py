@@ -1,4 +1,6 @@
-"""LiteLLM's and LangChain's OpenAI adapters against a real engine process (issue 28, item 11).
+"""LiteLLM's and LangChain's OpenAI adapters, and LiteLLM's Anthropic route, against a real engine process.
+
+(Issue 28, item 11; the Anthropic route: issue 51, item 2.)
 
 The engine (sage-tiny, whose minimal chat template makes its answers well-formed if meaningless)
 listens on the loopback behind an API key, as a framework would reach a server; each adapter
@@ -143,6 +145,54 @@ def test_litellm_gets_a_400_naming_an_unserved_value(litellm: ModuleType, engine
             messages=[{"role": "user", "content": "Say something."}],
             max_tokens=2,
             n=2,
+        )
+
+
+# ---- LiteLLM's Anthropic route: /v1/messages with x-api-key -----------------------------------------
+
+
+def _anthropic_route(engine: TcpEngine) -> dict[str, object]:
+    # LiteLLM appends /v1/messages to the base and sends the key as x-api-key
+    return {"model": f"anthropic/{MODEL}", "api_base": f"http://127.0.0.1:{engine.port}", "api_key": API_KEY}
+
+
+def test_litellm_anthropic_route_answers_with_usage_that_adds_up(
+    litellm: ModuleType, engine: TcpEngine
+) -> None:
+    system = "You are a terse assistant. " * 3
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Say something."}]
+    reply = litellm.completion(**_anthropic_route(engine), messages=messages, max_tokens=5, temperature=0.7)
+    assert reply.choices[0].finish_reason == "length"  # Anthropic's max_tokens, mapped back by LiteLLM
+    assert reply.usage.completion_tokens == 5
+    again = litellm.completion(**_anthropic_route(engine), messages=messages, max_tokens=5)
+    # LiteLLM's prompt_tokens are Anthropic's input + cache read + cache creation: sage's prompt
+    assert again.usage.prompt_tokens == reply.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # the shared system prompt, read back
+
+
+def test_litellm_anthropic_route_streams(litellm: ModuleType, engine: TcpEngine) -> None:
+    stream = litellm.completion(
+        **_anthropic_route(engine),
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    usages = [u for c in chunks if (u := getattr(c, "usage", None)) is not None]
+    assert usages and usages[-1].completion_tokens == 6
+
+
+def test_litellm_anthropic_route_gets_a_400_for_tools(litellm: ModuleType, engine: TcpEngine) -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    with pytest.raises(litellm.BadRequestError, match="tool use is not served"):
+        litellm.completion(
+            **_anthropic_route(engine),
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            tools=[tool],
         )
 
 

@@ -38,7 +38,7 @@ SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 # Draining the engine ends the run: it is called once, last, by its own test.
 FUZZED = SCHEMA.exclude(path="/v1/engine/shutdown")
 # Operations whose bodies carry max_tokens: the only field the fuzz ever changes.
-GENERATING = ("/v1/completions", "/v1/chat/completions")
+GENERATING = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 # Statuses answered to the fuzz, by operation ("PUT /v1/eviction/policy").
 ANSWERS: dict[str, Counter[int]] = {}
 

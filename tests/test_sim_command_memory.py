@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
-from engine_adapter.sim import request_table
-from engine_adapter.sim import simulator as simulator_module
+from engine_adapter.sim import cache_model_kinds, request_table
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
@@ -148,7 +147,7 @@ def test_the_unbounded_row_keeps_one_ghost_and_the_figures_of_the_full_set() -> 
             super().__init__(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(simulator_module, "CacheManager", _DefaultGhosts)
+        patch.setattr(cache_model_kinds, "CacheManager", _DefaultGhosts)
         reference = _row(Simulator(workload, "unbounded", None))
     row = _row(Simulator(workload, "unbounded", None))
     assert row["age_histograms"] and row == reference

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sim_strategies import synthetic_params
 
-from engine_adapter.sim import simulator as simulator_module
+from engine_adapter.sim import cache_model_kinds
 from engine_adapter.sim.cache_models import RadixBelady
 from engine_adapter.sim.mooncake_trace import mooncake_stream, read_mooncake
 from engine_adapter.sim.request_table import RequestTable
@@ -99,7 +99,7 @@ def test_radix_belady_from_the_next_use_array_gives_the_indexed_rows(
     need = min_capacity(workload)
     capacity = max(need, int(unique_blocks(workload.requests) * fraction))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(simulator_module, "RadixBelady", _IndexedBelady)
+        patch.setattr(cache_model_kinds, "RadixBelady", _IndexedBelady)
         reference = _row(workload, capacity, max_running=4)
     assert _row(workload, capacity, max_running=4) == reference
 

@@ -22,7 +22,8 @@ from engine_adapter.sim.twins.vllm_pool import BlockPool, chained_hashes
 from engine_adapter.sim.twins.vllm_run import sequence_hashes, simulate_vllm
 from engine_adapter.sim.twins.vllm_sched import TwinSequence, VllmSchedulerConfig, VllmTwin
 from engine_adapter.sim.workloads import SimRequest, Workload
-from sage_cli.benchmark.options import CacheModel
+from sage_cli.benchmark.options import CACHE_MODELS as CLI_CACHE_MODELS
+from sage_cli.benchmark.options import simulator_names
 
 
 def _run_alone(pool_blocks: int, requests: list[tuple[list[int], list[int]]], bs: int = 4) -> list[int]:
@@ -149,7 +150,22 @@ def test_block_keys_only_key_the_answer_from_the_next_turn() -> None:
 def test_the_cli_offers_every_cache_model() -> None:
     from engine_adapter.sim.simulator import CACHE_MODELS
 
-    assert sorted(m.value for m in CacheModel) == sorted({*CACHE_MODELS, *TWINS})
+    assert (*CACHE_MODELS, *TWINS) == CLI_CACHE_MODELS
+
+
+def test_the_cli_reads_the_simulators_one_list_of_names(tmp_path: Path) -> None:
+    """engine_adapter/sim/model_names.py is the one list (issue 50, item 6): a twin registered
+    there alone (in a copy) is one more choice the CLI reads, and the CLI's loader reads the
+    installed file without importing engine_adapter."""
+    from engine_adapter.sim import model_names
+
+    source = Path(model_names.__file__).read_text(encoding="utf-8")
+    anchor = '    "vllm": "engine_adapter.sim.twins.vllm_run:simulate_vllm",\n'
+    assert anchor in source
+    copy = tmp_path / "model_names.py"
+    copy.write_text(source.replace(anchor, anchor + '    "trtllm": "x:y",\n'), encoding="utf-8")
+    assert simulator_names(copy)["CACHE_MODELS"] == (*model_names.CACHE_MODELS, "trtllm")
+    assert simulator_names()["TWINS"] == TWINS
 
 
 def _sage(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

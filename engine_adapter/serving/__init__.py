@@ -35,13 +35,18 @@ The control API (HTTP/1.1 JSON on the engine's socket):
     app.py                  one handler per endpoint over the engine (`AppState`)
     requests.py             errors as JSON, the body within its limit, the shared field checks
     completion_requests.py  POST /v1/completions and /v1/chat/completions, OpenAI-shaped answers
+    messages_requests.py    POST /v1/messages: Anthropic's body, its cache_control markers
+    messages.py             POST /v1/messages and count_tokens: Anthropic's answer, stream and errors
+    prompt_cache.py         the providers' prompt-cache fields as a CacheContract; read/written usage
+    submit.py               a generation request of either API submitted, its refusals as ApiError
     embedding_requests.py   POST /v1/embeddings
     control_requests.py     the policy swaps, the logs' and the tree's queries
     streams.py              SSE completion chunks and NDJSON eviction events, in daemon threads
     http_limits.py          what uvicorn does not bound: deadlines, a connection cap, JSON errors
-    auth.py                 the bearer API key over TCP
+    auth.py                 the API key over TCP (a bearer token, or x-api-key)
     openapi.py              the OpenAPI document of all of it (docs/openapi.json), from
-                            openapi_types.py (the shared schema parts) and openapi_schemas.py
+                            openapi_types.py (the shared schema parts), openapi_schemas.py and
+                            openapi_messages.py (Anthropic's API, the prompt-cache fields)
     worker_routes.py        the routes routers call on their workers (server/model info, load, flush)
     kv_events.py            KV cache events in vLLM's format over ZMQ, off the engine thread
 

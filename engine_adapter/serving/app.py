@@ -3,19 +3,20 @@
 The engine's methods block (they take the engine lock or wait for tokens), so the handlers call
 the short ones through `asyncio.to_thread` and leave waiting on tokens and events to
 `engine_adapter.serving.streams`; bodies are parsed and checked in `engine_adapter.serving.requests`
-and its endpoint families (`completion_requests`, `embedding_requests`, `control_requests`).
+and its endpoint families (`completion_requests`, `embedding_requests`, `control_requests`);
+generation requests are submitted by `engine_adapter.serving.submit`, and Anthropic's
+``/v1/messages`` is served by `engine_adapter.serving.messages`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 from starlette.applications import Starlette
@@ -44,6 +45,7 @@ from engine_adapter.serving.control_requests import (
 )
 from engine_adapter.serving.embedding_requests import EMBEDDING_FIELDS, EmbeddingRequest
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
+from engine_adapter.serving.messages import count_message_tokens, messages
 from engine_adapter.serving.requests import (
     MAX_BODY_BYTES,
     ApiError,
@@ -55,6 +57,7 @@ from engine_adapter.serving.requests import (
     unhandled_exception,
 )
 from engine_adapter.serving.streams import call_in_daemon_thread, completion_events, follow_events
+from engine_adapter.serving.submit import final_output, submit
 from engine_adapter.serving.worker_routes import SGLANG_DEFAULTS, WORKER_ROUTES, drop_router_defaults
 
 if TYPE_CHECKING:
@@ -304,49 +307,16 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": [model]})
 
 
-def _submit(engine: Engine, completion: Completion, sampling: Any) -> Any:
-    prompt = completion.prompt
-    if isinstance(completion, ChatCompletion):
-        prompt = engine.chat_prompt(prompt)
-        if "max_tokens" not in completion.sampling_kwargs:  # OpenAI's chat default: the rest of the context
-            sampling = dataclasses.replace(sampling, max_tokens=engine.rest_of_context(len(prompt)))
-    return engine.submit(
-        prompt,
-        sampling,
-        priority=completion.priority,
-        tenant=completion.tenant,
-        cache_salt=completion.cache_salt,
-        request_id=completion.request_id,
-        kv_compression=completion.kv_compression,
-        slo_ttft_ms=completion.slo_ttft_ms,
-        slo_tpot_ms=completion.slo_tpot_ms,
-    )
-
-
 async def _serve_completion(state: AppState, completion: Completion) -> Response:
     """Submit a parsed completion or chat request; stream it, or answer it whole."""
-    sampling = completion.sampling_params()
-    if not state.admits_requests:
-        raise ApiError(503, "unavailable", "the engine is shutting down and admits no new requests")
-    try:
-        handle = await asyncio.to_thread(_submit, state.engine, completion, sampling)
-    except RequestError as exc:  # it can never be served
-        raise ApiError(400, "invalid_request", str(exc)) from None
-    except EngineClosedError as exc:  # it began draining between the check and the submit
-        raise ApiError(503, "unavailable", str(exc)) from None
-    except AdmissionRejected as exc:  # colocation's admission control: the reason is the message
-        raise ApiError(429, "slo_rejected", str(exc)) from None
+    handle = await submit(state.engine, state.admits_requests, completion)
     if completion.stream:
         return StreamingResponse(
             completion_events(completion, handle),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    output = await call_in_daemon_thread(handle.result, f"sage-wait-{completion.request_id}")
-    if output.finish_reason == "error":
-        raise ApiError(500, "engine_error", output.error or "the engine failed on this request")
-    if output.finish_reason == "rejected":  # deferred by colocation, then no room within its slack
-        raise ApiError(429, "slo_rejected", output.error or "rejected by admission control")
+    output = await final_output(handle, completion.request_id)
     answer = completion.answer(output.text, output.finish_reason)
     answer["usage"] = usage(output)
     return json_response(answer)
@@ -389,6 +359,8 @@ ROUTES = [
     Route("/v1/eviction/logs", eviction_logs, methods=["GET"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/cache/reset", reset_cache, methods=["POST"]),

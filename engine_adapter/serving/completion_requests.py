@@ -4,12 +4,13 @@
 serves, and sage's extensions: priority, tenant, cache_salt, ignore_eos, kv_compression, the
 SLOs) and build the OpenAI-shaped answer, whole or as stream chunks; `usage` is the answer's
 token counts. OpenAI's fields are all taken: applied (sampling, the penalties, seed, stop,
-user as the tenant), or taken where sage serves the value asked (``n: 1``, ``logprobs`` off,
-``response_format: {"type": "text"}``, an empty ``logit_bias``); any other value is a 400
-that names the field. A stream gives its usage once, in a last chunk, only when
-``stream_options.include_usage`` asks, as OpenAI's does. Without ``max_tokens`` a completion
-generates at most 16 tokens and a chat the rest of the context (what the engine resolves once the
-messages are rendered): OpenAI's and vLLM's defaults, so a chat answer is not cut short unasked.
+user as the tenant, the prompt-cache fields read by `prompt_cache`), or taken where sage serves
+the value asked (``n: 1``, ``logprobs`` off, ``response_format: {"type": "text"}``, an empty
+``logit_bias``); any other value is a 400 that names the field. A stream gives its usage once,
+in a last chunk, only when ``stream_options.include_usage`` asks, as OpenAI's does. Without
+``max_tokens`` a completion generates at most 16 tokens and a chat the rest of the context (what
+the engine resolves once the messages are rendered): OpenAI's and vLLM's defaults, so a chat
+answer is not cut short unasked.
 
 Imports: the shared request handling (`requests`); the model's sampling and chat template and
 token-level eviction's request record, inside the functions that need them.
@@ -21,6 +22,7 @@ import time
 import uuid
 from typing import Any
 
+from engine_adapter.serving.prompt_cache import OPENAI_CACHE_FIELDS, CacheAsk, cache_counts, openai_cache_ask
 from engine_adapter.serving.requests import (
     ApiError,
     bad_value,
@@ -33,7 +35,7 @@ from engine_adapter.serving.requests import (
     opt_str,
 )
 
-__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ChatCompletion", "Completion", "usage"]
+__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ChatCompletion", "Completion", "sampling_params", "usage"]
 
 # The top-level fields of POST /v1/completions: OpenAI's that we serve, and sage's extensions.
 # Every field OpenAI's clients and frameworks send by default is here: a value sage applies
@@ -46,6 +48,7 @@ COMPLETION_FIELDS = frozenset(
         "logit_bias",
         "priority", "tenant", "cache_salt", "ignore_eos", "kv_compression", "slo_ttft_ms", "slo_tpot_ms",
     }
+    | OPENAI_CACHE_FIELDS
 )  # fmt: skip
 CHAT_FIELDS = (COMPLETION_FIELDS - {"prompt", "echo"}) | {
     "messages", "max_completion_tokens", "response_format", "top_logprobs",
@@ -172,9 +175,20 @@ def _sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     return sampling
 
 
+def sampling_params(kwargs: dict[str, Any]) -> Any:
+    """`SamplingParams` of checked keywords; a value it refuses is a 400 with its message."""
+    from engine_adapter.model.sampling import SamplingParams
+
+    try:
+        return SamplingParams(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "invalid_value", str(exc)) from None
+
+
 class Completion:
     """A parsed POST /v1/completions body."""
 
+    is_chat = False  # its prompt is a string or token ids
     object_name = "text_completion"
     id_prefix = "cmpl"
 
@@ -193,6 +207,8 @@ class Completion:
         if self.cache_salt == "":
             raise bad_value("cache_salt", "must not be empty; leave it out for no salt")
         self.kv_compression = _kv_compression(body.get("kv_compression"))
+        # prompt_cache_key, _retention, _options, the parts' breakpoints (docs/concepts/prompt-caching.md)
+        self.cache_ask: CacheAsk = openai_cache_ask(body)
         # SLO extensions (spec 004); None: the tenant's default from the engine config.
         self.slo_ttft_ms = opt_slo_ms(body, "slo_ttft_ms")
         self.slo_tpot_ms = opt_slo_ms(body, "slo_tpot_ms")
@@ -203,12 +219,7 @@ class Completion:
         return _prompt(body)
 
     def sampling_params(self) -> Any:
-        from engine_adapter.model.sampling import SamplingParams
-
-        try:
-            return SamplingParams(**self.sampling_kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ApiError(400, "invalid_value", str(exc)) from None
+        return sampling_params(self.sampling_kwargs)
 
     def _envelope(self, object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -251,6 +262,7 @@ class ChatCompletion(Completion):
     """A parsed POST /v1/chat/completions body: the same fields as a completion, with messages
     instead of a prompt; the engine renders them with the model's chat template."""
 
+    is_chat = True  # its prompt is messages, rendered with the chat template
     object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
 
@@ -279,15 +291,21 @@ class ChatCompletion(Completion):
 
 
 def usage(output: Any) -> dict[str, Any]:
+    """OpenAI's usage: read tokens as ``cached_tokens``, written ones as ``cache_write_tokens``
+    (the name OpenAI's client gives them), and sage's extensions beside them."""
     prompt_tokens = int(output.prompt_tokens)
     completion_tokens = int(output.completion_tokens)
+    counts = cache_counts(output)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {
-            "cached_tokens": int(output.cached_tokens),
+            "cached_tokens": counts.read,
             # of those, from a prefix compressed instead of evicted (--compress-on-evict)
             "compressed_cached_tokens": int(getattr(output, "compressed_cached_tokens", 0)),
+            "cache_write_tokens": counts.written,
+            # sage's extension: the minimum lifetime granted to what it wrote (null: none)
+            "cache_ttl_s": counts.ttl_s,
         },
     }

@@ -512,13 +512,14 @@ class Engine(EngineControl):
         self._inbox.put(("embed" if kind == "embedding" else "add", item))
         self._wake.set()
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        """The prompt ids of a conversation, rendered with the model's chat template.
+    def chat_prompt(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
+        """The prompt ids of a conversation, rendered with the model's chat template (without
+        the generation prompt: a conversation's prefix, which locates a cache breakpoint).
 
         Raises:
             RequestError: The model has no chat template, or the template refused the messages.
         """
-        return self.intake.chat_prompt(messages)
+        return self.intake.chat_prompt(messages, add_generation_prompt=add_generation_prompt)
 
     def rest_of_context(self, prompt_tokens: int) -> int:
         """A chat request's default ``max_tokens`` (`RequestIntake.rest_of_context`)."""

@@ -11,6 +11,7 @@ Imports: the scheduler's records only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,18 +42,8 @@ class RequestHandle:
         self._text.append(output.text)
         self._tokens.extend(output.token_ids)
         if output.finished:
-            self._final = RequestOutput(
-                request_id=output.request_id,
-                text="".join(self._text),
-                token_ids=list(self._tokens),
-                finished=True,
-                finish_reason=output.finish_reason,
-                error=output.error,
-                prompt_tokens=output.prompt_tokens,
-                cached_tokens=output.cached_tokens,
-                completion_tokens=output.completion_tokens,
-                compressed_cached_tokens=output.compressed_cached_tokens,
-            )
+            # the last delta's counts (cached, written, retention ...) with the whole text and tokens
+            self._final = dataclasses.replace(output, text="".join(self._text), token_ids=list(self._tokens))
             self._done.set()
         self._queue.put(output)
 

@@ -150,8 +150,11 @@ class RequestIntake:
             budget_ms = seq.slo_ttft_ms + seq.slo_tpot_ms * max(seq.sampling.max_tokens - 1, 0)
             seq.deadline = self.cache.clock() + budget_ms / 1e3
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
         """The prompt ids of a conversation, rendered with the model's chat template.
+
+        Without the generation prompt it renders a conversation's prefix, whose tokens locate a
+        prompt-cache breakpoint in the whole prompt (`engine_adapter.serving.prompt_cache`).
 
         Raises:
             RequestError: The model has no chat template, or the template refused the messages.
@@ -166,6 +169,7 @@ class RequestIntake:
             text = render_chat(
                 template,
                 messages,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=tokenizer.token_text(tokenizer.bos_token_id),
                 eos_token=tokenizer.token_text(tokenizer.eos_token_id),
             )

@@ -11,6 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine_adapter.serving.openapi_messages import (
+    anthropic_error_schema,
+    chat_text_part,
+    messages_paths,
+    openai_cache_fields,
+    openai_usage,
+)
 from engine_adapter.serving.openapi_schemas import (
     cache_schemas,
     engine_schemas,
@@ -130,6 +137,8 @@ def _completion_request(
         # SLOs (spec 004): defaults per tenant from the engine config.
         "slo_ttft_ms": _SLO_MS,
         "slo_tpot_ms": _SLO_MS,
+        # OpenAI's prompt-cache fields (docs/concepts/prompt-caching.md)
+        **openai_cache_fields(),
     }
     schema = _obj({prompt_field: prompt}, {**fields, **extra}, extra=False)
     # stream_options only with stream: true.
@@ -146,7 +155,7 @@ def _completion_answer(object_name: str, choice: Schema) -> Schema:
             "created": INT,
             "model": _nullable(STR),
             "choices": {"type": "array", "items": choice},
-            "usage": _obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT}),
+            "usage": openai_usage(),
         }
     )
     return {
@@ -269,8 +278,7 @@ def _completion_paths() -> dict[str, Schema]:
     chat_choice = _obj(
         {"index": INT, "message": _obj({"role": STR, "content": STR}), "finish_reason": finish}
     )
-    text_part = _obj({"type": {"const": "text"}, "text": STR})
-    content = {"anyOf": [STR, {"type": "array", "items": text_part}, {"type": "null"}]}
+    content = {"anyOf": [STR, {"type": "array", "items": chat_text_part()}, {"type": "null"}]}
     message = _obj(
         {"role": {"enum": ["system", "user", "assistant", "tool", "developer"]}}, {"content": content}
     )
@@ -446,6 +454,7 @@ def _paths() -> dict[str, Schema]:
         **_eviction_paths(),
         **_token_and_log_paths(),
         **_completion_paths(),
+        **messages_paths(),
         **_embedding_paths(),
         **_cache_paths(),
         **_process_paths(),
@@ -459,6 +468,7 @@ def _components() -> Schema:
             **eviction_schemas(),
             **tier_and_token_schemas(),
             **cache_schemas(),
+            "AnthropicError": anthropic_error_schema(),
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
     }

@@ -77,8 +77,7 @@ def _cache_request(
         deadline: When its blocks should be done by (the `slo` policy); none: no deadline.
     """
     return CacheRequest(
-        seq.seq_id,
-        seq.all_ids,
+        seq.seq_id, seq.all_ids,
         cache_salt=seq.cache_salt,
         tenant=seq.tenant,
         priority=seq.priority,

@@ -23,6 +23,9 @@ The run (one policy at one capacity):
     sim_result.py      `SimResult`: the row a run ends with (every cache model writes it)
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
     cache_models.py    the radix model (the real `CacheManager`) and the flat model
+    cache_model_kinds.py  the cache models as objects: their options, what they build, why a
+                       row runs compiled or not (`cache_model_for`, `model_traits`)
+    model_names.py     the one list of cache model and twin names (the CLI reads it by path)
     flat_run.py        a flat row's whole run in one compiled call (`_flat_run.pyx`), same row
     radix_run.py       a radix row's whole run in one compiled call (`_radix_run.pyx`: the
                        cache, its policy's state and the accounting in C), same row

@@ -54,10 +54,11 @@ from engine_adapter.sim.benchmark_inputs import (
     build_workload,
     capacities_for,
 )
+from engine_adapter.sim.cache_model_kinds import model_traits
 from engine_adapter.sim.cost_model import CostModel, CostModelError
 from engine_adapter.sim.cost_models import shipped_cost_model
 from engine_adapter.sim.saturation import saturation
-from engine_adapter.sim.simulator import CACHE_MODELS, UNBOUNDED
+from engine_adapter.sim.simulator import UNBOUNDED
 from engine_adapter.sim.sweep import (
     Executor,
     RowOutcome,
@@ -67,7 +68,6 @@ from engine_adapter.sim.sweep import (
     usable_cores,
 )
 from engine_adapter.sim.sweep_bar import SweepBar, sweep_progress
-from engine_adapter.sim.twins import TWINS
 from engine_adapter.sim.workloads import Workload, unique_blocks
 
 __all__ = [
@@ -105,9 +105,10 @@ def _cost_model(
 def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptive_batch: bool) -> None:
     if mode != "sim":
         raise BenchmarkError("engine mode is run by the CLI against a live engine, not by the simulator")
-    models = (*CACHE_MODELS, *TWINS)
-    if cache_model not in models:
-        raise BenchmarkError(f"unknown cache model {cache_model!r}; cache models: {', '.join(models)}")
+    try:
+        traits = model_traits(cache_model)
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -115,7 +116,7 @@ def _check_options(mode: str, cache_model: str, plot: str | Path | None, adaptiv
             raise BenchmarkError(
                 "--plot needs matplotlib: install matplotlib (pip install 'sage-kv[plot]')"
             ) from None
-    if adaptive_batch and cache_model != "radix":
+    if adaptive_batch and not traits.radix_options:
         raise BenchmarkError(f"--adaptive-batch needs --cache-model radix (not in the {cache_model} model)")
 
 
@@ -142,7 +143,7 @@ def _check_schedule_policy(policy: str, cache_model: str) -> None:
         raise BenchmarkError(
             f"--schedule-policy {policy}: the sglang model has {', '.join(SCHEDULE_POLICIES)}"
         )
-    if policy != "fcfs" and cache_model != "sglang":
+    if policy != "fcfs" and not model_traits(cache_model).queue_orders:
         raise BenchmarkError(f"--schedule-policy {policy} is SGLang's: it needs --cache-model sglang")
 
 
@@ -162,7 +163,7 @@ def _compress_spec(opts: SimBenchmarkOptions) -> str | None:
     """The compressed rows' ``PRESS:RATIO``, checked (None: no such rows)."""
     if opts.compress_on_evict is None:
         return None
-    if opts.cache_model != "radix":
+    if not model_traits(opts.cache_model).radix_options:
         raise BenchmarkError("--compress-on-evict needs --cache-model radix (the flat model has no tree)")
     try:
         return str(parse_compress_spec(opts.compress_on_evict))
@@ -212,7 +213,7 @@ def _runs(
 def _online_only(runs: list[RowSpec], cache_model: str) -> list[RowSpec]:
     """An engine's model (a twin, or the sglang cache model) runs what the engine can: no
     offline reference row (SGLang and vLLM order their evictions themselves)."""
-    if cache_model not in TWINS and cache_model != "sglang":
+    if not model_traits(cache_model).online_only:
         return runs
     return [replace(row, index=i) for i, row in enumerate(r for r in runs if r.policy != REFERENCE_BELADY)]
 
@@ -246,7 +247,7 @@ def _tier_rows(opts: SimBenchmarkOptions, workload: Workload) -> _TierRows | Non
             raise BenchmarkError(f"{name} {ratio!r} is not in (0, 1]")
     if not 0.0 <= opts.prefetch_ratio <= 1.0:
         raise BenchmarkError(f"--prefetch-ratio {opts.prefetch_ratio!r} is not in [0, 1]")
-    if opts.cache_model != "radix":
+    if not model_traits(opts.cache_model).radix_options:
         raise BenchmarkError("KV tiers need --cache-model radix (the flat model has no tree to demote from)")
     if opts.host_write_policy not in WRITE_POLICIES:
         raise BenchmarkError(
@@ -376,6 +377,20 @@ def _policy_calls(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
     return {policy: "; ".join(sorted(found)) for policy, found in paths.items()}
 
 
+def _python_loops(outcomes: Sequence[RowOutcome]) -> dict[str, str]:
+    """The policies with rows in the Python event loop -> why (joined when their rows differ): the
+    table says so under the rows, the JSON beside them (each row's ``event_loop``). Rows that ran
+    in Python because the compiled core is not built (or `SAGE_PURE_PYTHON`) are left out: the
+    run's ``implementation`` says that once for all of them."""
+    found: dict[str, set[str]] = {}
+    for outcome in outcomes:
+        why = outcome.event_loop.removeprefix("python (").removesuffix(")")
+        slow = outcome.event_loop != "compiled" and not why.startswith("pure-python")
+        if slow and outcome.row.get("policy") != UNBOUNDED:
+            found.setdefault(str(outcome.row.get("policy")), set()).add(why)
+    return {policy: "; ".join(sorted(whys)) for policy, whys in found.items()}
+
+
 def _labelled_rows(outcomes: Sequence[RowOutcome], runs: Sequence[RowSpec]) -> list[dict[str, Any]]:
     """The rows, each labelled with its spec's params (``slru:protected_threshold=3``: a model
     names a row by its policy alone, and two rows of one policy must be told apart) and saying
@@ -387,6 +402,7 @@ def _labelled_rows(outcomes: Sequence[RowOutcome], runs: Sequence[RowSpec]) -> l
         if params:
             row["policy"] = f"{row['policy']}:{params}"
         row["policy_calls"] = outcome.policy_calls
+        row["event_loop"] = outcome.event_loop
         rows.append(row)
     return rows
 
@@ -416,7 +432,7 @@ def run_sweep(**options: Any) -> SweepRun:
     capacities = capacities_for(built, opts.capacity_blocks, opts.capacity_ratios, opts.cache_model)
     executor = _executor(opts)
     tiers = _tier_rows(opts, built)
-    if opts.cache_model == "sglang":
+    if model_traits(opts.cache_model).queue_orders:  # SGLang's model: SGLang's strategies
         _check_sglang_policies(opts.policies)
     _check_schedule_policy(opts.schedule_policy, opts.cache_model)
     runs = _runs(opts.policies, capacities, opts.adaptive_batch, tiers, fleet, _compress_spec(opts))
@@ -431,6 +447,7 @@ def run_sweep(**options: Any) -> SweepRun:
         **executor.describe(len(runs)),
         "implementation": "; ".join(sorted({outcome.implementation for outcome in outcomes})),
         "policy_calls": _policy_calls(outcomes),
+        "python_loops": _python_loops(outcomes),
         "wall_s": time.perf_counter() - wall0,
     }
     _set_throughput_impact(rows)
@@ -492,7 +509,7 @@ def _settings(
         "adaptive_batch": opts.adaptive_batch,
         "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
         **({"compress_on_evict": opts.compress_on_evict} if opts.compress_on_evict else {}),
-        **({"schedule_policy": opts.schedule_policy} if opts.cache_model == "sglang" else {}),
+        **({"schedule_policy": opts.schedule_policy} if model_traits(opts.cache_model).queue_orders else {}),
     }
 
 
@@ -520,7 +537,7 @@ def _fleet(opts: SimBenchmarkOptions) -> tuple[list[int], list[str]] | None:
     from engine_adapter.sim.fleet.plan import fleet_plan
 
     refused = (
-        f"the {opts.cache_model} cache model" if opts.cache_model != "radix"
+        f"the {opts.cache_model} cache model" if not model_traits(opts.cache_model).radix_options
         else "KV tiers" if opts.host_capacity_ratio is not None
         else "--adaptive-batch" if opts.adaptive_batch
         else "--compress-on-evict" if opts.compress_on_evict
@@ -536,7 +553,7 @@ def _executor(opts: SimBenchmarkOptions) -> Executor:
     """The executor of the rows, once `protect_queued` is checked against the cache model."""
     if not 0.0 <= opts.protect_queued <= 1.0:
         raise BenchmarkError(f"protect_queued={opts.protect_queued!r} must be within [0, 1]")
-    if opts.protect_queued > 0 and opts.cache_model != "radix":
+    if opts.protect_queued > 0 and not model_traits(opts.cache_model).radix_options:
         raise BenchmarkError("protect_queued needs the radix cache model (the flat model has no queue)")
     try:
         return Executor(jobs=usable_cores() if opts.jobs is None else opts.jobs, ray_address=opts.ray_address)

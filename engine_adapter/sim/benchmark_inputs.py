@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.sim.cache_model_kinds import model_traits
 from engine_adapter.sim.simulator import min_capacity
 from engine_adapter.sim.sources import load
 from engine_adapter.sim.synthetic import preset, synthetic
@@ -26,6 +27,7 @@ __all__ = ["DEFAULT_CAPACITY_RATIOS", "BenchmarkError", "build_workload", "capac
 
 DEFAULT_CAPACITY_RATIOS = (0.05, 0.10)
 """Capacities as fractions of the workload's distinct blocks when none are given."""
+
 
 class BenchmarkError(ValueError):
     """Options the benchmark cannot run with; the message is one line."""
@@ -125,8 +127,8 @@ def capacities_for(
             if not 0.0 < ratio <= 1.0:
                 raise BenchmarkError(f"capacity ratio {ratio!r} is not in (0, 1]")
         capacities = [max(1, int(unique * ratio)) for ratio in ratios]
-    # vLLM's pool gives one block to its null block: N blocks hold N-1.
-    need = 1 if cache_model == "flat" else min_capacity(workload) + (cache_model == "vllm")
+    traits = model_traits(cache_model)  # vLLM's pool keeps a null block: N blocks hold N-1
+    need = min_capacity(workload) + traits.reserved_blocks if traits.holds_running else 1
     if not capacity_blocks and not capacity_ratios:
         # The default sizes grow to what the largest request needs, rather than fail.
         capacities = [min(max(capacity, need), unique) for capacity in capacities]

@@ -25,6 +25,7 @@ from engine_adapter.cache.ages import HistogramSnapshot
 from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.sim_result import ModelStats, TierLoads
 from engine_adapter.sim.workloads import SimRequest, int64_keys, lookup_keys, next_use_positions
 from sage_eviction import EntryMeta, native
 from sage_eviction.flat import FlatCache
@@ -33,7 +34,15 @@ from sage_eviction.metrics import LatencyRecorder, ReprefillTracker, percentile
 from sage_eviction.policies.belady import BeladyPolicy
 from sage_eviction.registry import get_policy_class, parse_policy_spec
 
-__all__ = ["FlatModel", "RadixBelady", "RadixFigures", "RadixModel", "array_quantiles", "window_quantiles"]
+__all__ = [
+    "FlatLookup",
+    "FlatModel",
+    "RadixBelady",
+    "RadixFigures",
+    "RadixModel",
+    "array_quantiles",
+    "window_quantiles",
+]
 
 
 class RadixBelady(BeladyPolicy):
@@ -98,6 +107,14 @@ class RadixBelady(BeladyPolicy):
         HeapPolicy.access(self, key, now)
 
 
+@dataclass(frozen=True, slots=True)
+class FlatLookup:
+    """One request's lookup in the flat model."""
+
+    hit_blocks: int
+    served_tokens: int  # the hit blocks' tokens, less a partial last block's padding
+
+
 class FlatModel:
     """A `sage_eviction.flat.FlatCache` looked up block by block, with the re-prefill rate and the
     decision times recorded through its hooks."""
@@ -127,20 +144,20 @@ class FlatModel:
     def evictions(self) -> int:
         return self.cache.evictions
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
+    def stats(self) -> ModelStats:
         """The row's figures as the radix and sglang models give them (`SGLangModel.stats`):
         no pool to fill and no preemption, so utilization is 1 once anything was evicted."""
         p50, p99 = window_quantiles(self.latency, 0.5, 0.99)
         utilization = 1.0 if self.evictions else 0.0
-        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, 0)
+        return ModelStats(self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, 0)
 
-    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> tuple[int, int]:
-        """Look each block up in order (a miss is admitted); returns hit blocks and tokens served."""
+    def lookup(self, keys: Sequence[Hashable], input_len: int, block_size: int) -> FlatLookup:
+        """Look each block up in order (a miss is admitted): the hit blocks and tokens served."""
         hits, last_hit = self.cache.lookup(keys)
         served = hits * block_size
         if last_hit:
             served -= max(len(keys) * block_size - input_len, 0)  # a partial last block
-        return hits, max(served, 0)
+        return FlatLookup(hits, max(served, 0))
 
 
 def window_quantiles(latency: LatencyRecorder, *qs: float) -> list[float]:
@@ -194,9 +211,9 @@ class RadixFigures:
     regrets: int
     histograms: tuple[HistogramSnapshot, ...]
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
+    def stats(self) -> ModelStats:
         p50, p99 = array_quantiles(self.decision_times, 0.5, 0.99)
-        return (
+        return ModelStats(
             self.re_prefill_rate,
             self.memory_utilization,
             self.evictions,
@@ -229,7 +246,7 @@ class RadixModel:
         self._requests: dict[int, CacheRequest] = {}  # by sid, until it is freed
         # tokens a sequence admitted on a compressed prefix stands for beyond what its cache holds
         self._shrink: dict[int, int] = {}
-        self.loaded = (0, 0)  # the last allocation's blocks loaded back from host and from disk
+        self.loaded = TierLoads()  # the last allocation's blocks loaded back from host and disk
 
     def _request(self, seq: SimSequence) -> CacheRequest:
         """`seq`'s `CacheRequest`, built once while its tokens stay the same: the head of the queue
@@ -250,24 +267,24 @@ class RadixModel:
         self._commit(seq.sid, block_keys=seq.keys, num_computed_tokens=seq.prompt_tokens)
         if self.manager.tiers is not None:
             self.manager.take_moves()  # nothing copies bytes here: the cost model prices the loads
-            self.loaded = (alloc.num_host_blocks, alloc.num_disk_blocks)
+            self.loaded = TierLoads(alloc.num_host_blocks, alloc.num_disk_blocks)
         if alloc.num_compressed_tokens:
             shrink = alloc.num_compressed_tokens - alloc.num_compressed_blocks * self.manager.block_size
             self._shrink[seq.sid] = shrink
         hits: int = alloc.num_cached_tokens // self.manager.block_size  # the prompt's, not the cache's
         return hits
 
-    def prefetch(self, seq: SimSequence) -> tuple[int, int]:
+    def prefetch(self, seq: SimSequence) -> TierLoads:
         """Load a queued request's host/disk-resident prefix ahead of time (within the manager's
         prefetch budget); returns the blocks loaded from host and from disk."""
         tiers = self.manager.tiers
         assert tiers is not None
         before = [level.promotions for level in tiers.levels]
         if not self.manager.prefetch(self._request(seq)):
-            return 0, 0
+            return TierLoads()
         self.manager.take_moves()
         after = [level.promotions - b for level, b in zip(tiers.levels, before, strict=True)]
-        return after[0], sum(after[1:])
+        return TierLoads(after[0], sum(after[1:]))
 
     def protect(self, seq: SimSequence) -> None:
         """Protect the cached prefix a queued request will hit (queue-aware protection)."""
@@ -335,13 +352,13 @@ class RadixModel:
         hits: int = stats.prefetch_hits
         return hits
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
-        """re-prefill rate, memory utilization, evictions, p50 and p99 (us), preemptions."""
+    def stats(self) -> ModelStats:
+        """The row's figures: the compiled loop's, or the manager's."""
         if self.figures is not None:
             return self.figures.stats()
         stats = self.manager.stats()
         utilization = stats.memory_utilization if stats.eviction_calls else 0.0
-        return (
+        return ModelStats(
             stats.re_prefill_rate,
             utilization,
             stats.total_evictions,

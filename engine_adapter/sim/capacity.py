@@ -26,10 +26,11 @@ def min_capacity(workload: Workload | Sequence[SimRequest], block_size: int | No
 
 
 def checked_capacity(
-    workload: Workload, cache_model: str, unbounded: bool, capacity_blocks: int | None
+    workload: Workload, holds_running: bool, unbounded: bool, capacity_blocks: int | None
 ) -> int:
     """A row's capacity in blocks: the workload's distinct blocks when `unbounded`, else
-    `capacity_blocks`, at least the largest request in the radix model.
+    `capacity_blocks`, at least the largest request where the pool `holds_running` requests'
+    blocks (`CacheModelKind.holds_running`: the radix and sglang models).
 
     Raises:
         ValueError: No positive capacity, or one that cannot hold the largest request.
@@ -38,7 +39,7 @@ def checked_capacity(
         capacity_blocks = max(1, unique_blocks(workload.requests))
     if capacity_blocks is None or type(capacity_blocks) is not int or capacity_blocks < 1:
         raise ValueError(f"capacity_blocks={capacity_blocks!r} must be a positive number of blocks")
-    if cache_model != "flat" and not unbounded:
+    if holds_running and not unbounded:
         need = min_capacity(workload)
         if capacity_blocks < need:
             raise ValueError(

@@ -149,22 +149,27 @@ def flat_columns(requests: RunRequests) -> FlatColumns:
     return _list_columns(requests, by_tenant)
 
 
-def compiled_run(sim: LoopSettings, st: RunState) -> bool:
+def compiled_run(sim: LoopSettings, st: RunState) -> str | None:
     """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
-    as `Simulator.advance(st, math.inf)` leaves it for `Simulator.row`; False (nothing done)
-    when the Python loop must run."""
+    as `Simulator.advance(st, math.inf)` leaves it for `Simulator.row`: None when it did, else
+    why the Python loop must run (nothing done)."""
     loop = compiled_loop()
     flat = st.flat
-    if loop is None or sim.cache_model != "flat" or flat is None or sim.horizon is not None:
-        return False
+    if loop is None:
+        return native.unavailable(LOOP_MODULE)
+    if flat is None:
+        return "not a flat row"
+    if sim.horizon is not None:
+        return "a fleet replica"
     if flat.policy_calls != "c-state":
-        return False
+        calls = "its C table" if flat.policy_calls == "compiled" else "Python"
+        return f"{flat.cache.policy.name} keeps no state in C, called through {calls}"
     columns = flat_columns(st.requests)
     try:
         _call(loop, sim, st, columns)
     finally:
         flat.cache.sync_from_state()
-    return True
+    return None
 
 
 def _call(loop: ModuleType, sim: LoopSettings, st: RunState, columns: FlatColumns) -> None:

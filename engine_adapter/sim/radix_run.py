@@ -10,8 +10,9 @@ back into the `RunState` and the `RadixModel`'s `figures`, from which `Simulator
 row as for the Python loop. Same row either way, timings aside (tests/test_radix_run.py holds
 the two to it, TTFTs bit for bit).
 
-It runs when (`compiled_run`): the radix cache model in a plain `run()` (no fleet `horizon`, no
-adaptive batch, KV tiers, queue protection or compress-on-evict, not `compiled=False`), the
+It runs when (`compiled_run`, which otherwise says why not: the row's `event_loop`): the radix
+cache model in a plain `run()` (no fleet `horizon`, no adaptive batch, KV tiers, queue
+protection or compress-on-evict, not `compiled=False`), the
 policy's class one the loop has a kind for (`policy_kind`, from `_POLICY_KINDS`), every key an
 int64 (the ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row
 that would raise (a request larger than the pool) runs in the Python loop, which raises.
@@ -33,20 +34,14 @@ from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, cost_coeffici
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import EvictionPolicy, native
+from sage_eviction.compiled_kinds import compiled_in
 from sage_eviction.metrics import LatencyRecorder
-from sage_eviction.policies.arc import ARCPolicy
-from sage_eviction.policies.fifo import FIFOPolicy
-from sage_eviction.policies.filo import FILOPolicy
-from sage_eviction.policies.gdsf import GDSFPolicy
-from sage_eviction.policies.lfu import LFUPolicy
-from sage_eviction.policies.lru import LRUPolicy
-from sage_eviction.policies.mru import MRUPolicy
-from sage_eviction.policies.s3fifo import S3FIFOPolicy
-from sage_eviction.policies.sieve import SIEVEPolicy
+from sage_eviction.policies import POLICIES
 
 __all__ = [
     "RADIX_LOOP",
     "RadixFuture",
+    "RadixOptions",
     "RadixSettings",
     "compiled_policies",
     "compiled_run",
@@ -63,19 +58,31 @@ _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _ARC = 5  # arc (_radix_pol_arc.pxi)
 _GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
-_POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
-    LRUPolicy: (_TICK, _TOUCH_ON_ACCESS),
-    FIFOPolicy: (_TICK, 0),
-    MRUPolicy: (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
-    FILOPolicy: (_TICK, _NEWEST_FIRST),
-    SIEVEPolicy: (_SIEVE, 0),
-    LFUPolicy: (_LEVELLED, _LEVEL_HITS),
-    S3FIFOPolicy: (_S3FIFO, 0),
-    ARCPolicy: (_ARC, 0),
-    GDSFPolicy: (_GDSF, 0),
-    RadixBelady: (_BELADY, 0),
+_CODES: dict[str, tuple[int, int]] = {
+    "lru": (_TICK, _TOUCH_ON_ACCESS),
+    "fifo": (_TICK, 0),
+    "mru": (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
+    "filo": (_TICK, _NEWEST_FIRST),
+    "sieve": (_SIEVE, 0),
+    "lfu": (_LEVELLED, _LEVEL_HITS),
+    "s3fifo": (_S3FIFO, 0),
+    "arc": (_ARC, 0),
+    "gdsf": (_GDSF, 0),
+    "belady": (_BELADY, 0),
 }
-"""The policies the loop runs, by exact class: (kind, variant)."""
+"""The loop's C codes, (kind, variant), of each policy `compiled_in("radix")` lists (a policy
+registered there without codes here fails at import)."""
+
+
+def _radix_class(name: str) -> type[EvictionPolicy]:
+    """The class the loop runs for registry name `name` (belady's: the radix model's own)."""
+    return RadixBelady if name == "belady" else POLICIES[name]
+
+
+_POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
+    _radix_class(name): _CODES[name] for name in compiled_in("radix")
+}
+"""The policies the loop runs, by exact class: (kind, variant); from sage_eviction.compiled_kinds."""
 
 _CANDIDATE_KEYS = {
     "lru": 0, "seen_once_first": 0, "s3fifo": 0, "lfu": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4
@@ -92,13 +99,19 @@ class RadixLoopSettings(LoopSettings, Protocol):
     """What the radix loop reads of the `Simulator` beyond the flat loop's."""
 
     @property
+    def tiers(self) -> object | None: ...
+
+
+class RadixOptions(Protocol):
+    """What the radix loop reads of the radix cache model's options
+    (`cache_model_kinds.RadixCacheModel`)."""
+
+    @property
     def adaptive_batch(self) -> bool: ...
     @property
     def protect_queued(self) -> float: ...
     @property
-    def compress(self) -> str | None: ...
-    @property
-    def tiers(self) -> object | None: ...
+    def compress_on_evict(self) -> str | None: ...
     @property
     def compiled(self) -> bool | None: ...
 
@@ -164,17 +177,17 @@ def radix_loop() -> ModuleType | None:
     return native.load(RADIX_LOOP)
 
 
-def _plain(sim: RadixLoopSettings) -> bool:
-    """A radix row with none of the features the compiled loop leaves to the Python loop."""
-    return (
-        sim.cache_model == "radix"
-        and sim.compiled is not False  # the pure-Python cache asked for: no compiled loop either
-        and sim.horizon is None
-        and not sim.adaptive_batch
-        and not sim.protect_queued
-        and sim.compress is None
-        and sim.tiers is None
+def _python_only(sim: RadixLoopSettings, options: RadixOptions) -> str | None:
+    """The feature of a radix row that the compiled loop leaves to the Python loop, or None."""
+    features = (
+        (options.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
+        (sim.horizon is not None, "a fleet replica"),
+        (options.adaptive_batch, "adaptive batch"),
+        (bool(options.protect_queued), "queue protection"),
+        (options.compress_on_evict is not None, "compress-on-evict"),
+        (sim.tiers is not None, "KV tiers"),
     )
+    return next((why for found, why in features if found), None)
 
 
 def _settings(
@@ -222,25 +235,32 @@ def _tenants(requests: RunRequests) -> tuple[np.ndarray, list[str]]:
     return np.asarray(codes_list, dtype=np.int32), list(names)
 
 
-def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
+def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) -> str | None:
     """Run the whole of `st` in the compiled loop when it can (module docstring) and fill `st`
     and its cache's `figures` as `Simulator.advance(st, math.inf)` leaves them for
-    `Simulator.row`; False (nothing done) when the Python loop must run."""
+    `Simulator.row`: None when it did, else why the Python loop must run (nothing done)."""
     loop, ghosts_core, core = radix_loop(), native.load(GHOSTS_CORE), native.load(native.CORE)
     cache = st.cache
-    if loop is None or ghosts_core is None or core is None or not _plain(sim):
-        return False
+    if loop is None or ghosts_core is None or core is None:
+        return native.unavailable(RADIX_LOOP, GHOSTS_CORE, native.CORE)
+    feature = _python_only(sim, options)
+    if feature is not None:
+        return feature
     if not isinstance(cache, RadixModel):
-        return False
+        return "not a radix row"
     manager = cache.manager
     kind = policy_kind(type(manager.policy))
     order = type(manager.policy).candidate_order
     candidates = None if order is None else _CANDIDATE_KEYS.get(order[0])
     held = manager.accounting.ghosts
-    if kind is None or candidates is None or not isinstance(held, ghosts_core.IntGhostSet):
-        return False
+    if kind is None:
+        return f"{manager.policy_name} has no kind in the compiled loop"
+    if candidates is None:
+        return f"{manager.policy_name}'s preemption order has no key in the compiled loop"
+    if not isinstance(held, ghosts_core.IntGhostSet):
+        return "keys that are not all int64"
     if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:
-        return False
+        return "a lookup log, explanations or an eviction threshold"
     fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
     columns = flat_columns(st.requests)
     policy = _kind_policy(cache, columns)
@@ -249,10 +269,10 @@ def compiled_run(sim: RadixLoopSettings, st: RunState) -> bool:
     codes, tenants = _tenants(st.requests)
     run = loop.RadixLoop(columns, settings, codes, tenants)
     if not run.run(float(st.clock)):
-        return False
+        return "a request larger than the pool"
     _fill_state(st, run)
     cache.figures = _figures(run, settings)
-    return True
+    return None
 
 
 def _fill_state(st: RunState, run: Any) -> None:

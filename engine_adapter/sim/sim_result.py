@@ -10,7 +10,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SimResult"]
+__all__ = ["ModelStats", "SimResult", "TierLoads"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierLoads:
+    """Blocks loaded back to the device from the host and from the disk tier (an allocation's or a
+    prefetch's; both 0 without tiers)."""
+
+    host_blocks: int = 0
+    disk_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    """A cache model's own figures for the row (`stats()` of the radix, flat and sglang models;
+    the rest of the row is the event loop's)."""
+
+    re_prefill_rate: float
+    memory_utilization: float  # 0.0 until something was evicted
+    evictions: int
+    eviction_p50_us: float
+    eviction_p99_us: float
+    preemptions: int
 
 
 @dataclass(slots=True)

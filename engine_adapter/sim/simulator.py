@@ -83,11 +83,9 @@ from functools import partial
 from typing import Any
 
 from engine_adapter.cache.adaptive_batch import AdaptiveBatch
-from engine_adapter.cache.block_allocator import BlockAllocator
-from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
-from engine_adapter.sim import flat_run, radix_run
-from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
+from engine_adapter.sim.cache_model_kinds import COMPILED, cache_model_for
+from engine_adapter.sim.cache_models import FlatModel, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.decode_steps import (
@@ -97,14 +95,13 @@ from engine_adapter.sim.decode_steps import (
     steps_to_next,
     steps_until,
 )
+from engine_adapter.sim.model_names import EVENT_LOOP_MODELS
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState, SimResult, StepAdmission, run_requests
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_model import SGLangModel
-from engine_adapter.sim.workloads import SimRequest, Workload, any_tenant, int64_keys, request_ends
-from sage_eviction import get_policy_class
+from engine_adapter.sim.workloads import SimRequest, Workload, any_tenant, request_ends
 from sage_eviction.metrics import jain_fairness, percentile
-from sage_eviction.policies.belady import BeladyPolicy
 
 __all__ = [
     "CACHE_MODELS",
@@ -115,7 +112,8 @@ __all__ = [
     "simulate",
 ]
 
-CACHE_MODELS = ("radix", "flat", "sglang")
+CACHE_MODELS = EVENT_LOOP_MODELS
+"""The cache models `Simulator` runs (`cache_model_kinds`; the twins run on their own)."""
 UNBOUNDED = "unbounded"
 """The reference row's policy name: a cache that never evicts."""
 
@@ -179,31 +177,29 @@ class Simulator:
         compress_on_evict: str | None = None,
         schedule_policy: str = "fcfs",
     ) -> None:
-        if cache_model not in CACHE_MODELS:
-            raise ValueError(f"unknown cache model {cache_model!r}; cache models: {', '.join(CACHE_MODELS)}")
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be positive")
-        if not 0.0 <= protect_queued <= 1.0:
-            raise ValueError(f"protect_queued={protect_queued!r} must be within [0, 1]")
-        if cache_model == "sglang" and (protect_queued > 0 or compress_on_evict is not None):
-            raise ValueError("protect_queued and compress_on_evict are sage's radix model's, not SGLang's")
-        if cache_model != "sglang" and schedule_policy != "fcfs":
-            raise ValueError(f"schedule policy {schedule_policy!r} is SGLang's: needs the sglang model")
-        self.schedule_policy = schedule_policy
-        self.protect_queued = protect_queued
-        self.compiled, self.compress = compiled, compress_on_evict
+        self.model = cache_model_for(
+            cache_model,
+            protect_queued=protect_queued,
+            adaptive_batch=adaptive_batch,
+            compiled=compiled,
+            tiers=tiers,
+            compress_on_evict=compress_on_evict,
+            schedule_policy=schedule_policy,
+        )
+        self.protect_queued = protect_queued  # the loop's queue protection (the radix model's option)
         self.workload = workload
         self.block_size = workload.block_size
         self.cache_model = cache_model
         self.cost = cost_model if cost_model is not None else CostModel()
         self.max_running = max_running
-        if (adaptive_batch or (tiers is not None and tiers.enabled)) and cache_model != "radix":
-            raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
         self.adaptive_batch = adaptive_batch
         self.adaptive: AdaptiveBatch | None = None
         self.ttft_s: list[float] = []  # every request's TTFT after `run`, sorted (the plot's CDF)
         self.horizon: float | None = None  # a fleet's next arrival (`advance`); None alone
         self.event_loop = "python"  # "compiled" after a `run` in a compiled loop (flat_run, radix_run)
+        self.python_because: str | None = None  # why a `run` did not: `CacheModelKind.run_compiled`
         self.max_prefill_tokens = max_prefill_tokens
         self.progress = progress
         self.progress_every = max(1, progress_every)
@@ -211,59 +207,20 @@ class Simulator:
         self.tiers = tiers if tiers is not None and tiers.enabled and not self.unbounded else None
         self.prefetch = self.tiers is not None and self.tiers.prefetch_blocks > 0
         self.policy_spec = "lru" if self.unbounded else policy
-        self.capacity = checked_capacity(workload, cache_model, self.unbounded, capacity_blocks)
-        self.policy_name = UNBOUNDED if self.unbounded else self._policy_name(policy)
+        self.capacity = checked_capacity(workload, self.model.holds_running, self.unbounded, capacity_blocks)
+        self.policy_name = UNBOUNDED if self.unbounded else self.model.policy_name(policy)
         group_by_tenant = any_tenant(workload.requests)
         self._group_of: Callable[[SimRequest], Hashable] = (
             (lambda r: r.tenant) if group_by_tenant else (lambda r: r.session)
         )
 
-    # ------------------------------------------------------------------ cache models
-
-    def _policy_name(self, policy: str) -> str:
-        """The row's policy: sage's registry name, or the SGLang strategy (checked when the model
-        is built, `SGLangModel`)."""
-        name = policy.split(":", 1)[0]
-        return name.strip().lower() if self.cache_model == "sglang" else get_policy_class(name).name
-
-    def _pool_blocks(self) -> int:
-        """The capacity, or (unbounded) room for every distinct and every private block at once."""
-        bs = self.block_size
-        num_blocks = self.capacity
-        if self.unbounded:
-            for r in self.workload.requests:
-                prompt = max(r.input_len, len(r.block_hashes) * bs)
-                num_blocks += -(-(prompt + max(r.output_len - 1, 0)) // bs) - len(r.block_hashes)
-        return num_blocks
-
-    def _build_radix(self, requests: RunRequests) -> RadixModel:
-        num_blocks = self._pool_blocks()
-        manager = CacheManager(
-            BlockAllocator(num_blocks, self.block_size),
-            policy=self.policy_spec, record_events=False,
-            whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds the keys)
-            clock=self._now,
-            protect_queued=0.0 if self.unbounded else self.protect_queued,
-            compiled=self.compiled,
-            tiers=self.tiers,
-            compress_on_evict=None if self.unbounded else self.compress,
-            int_keys=int64_keys(self.workload.requests),  # the whole workload's: a fleet's replica grows
-            # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
-            ghost_factor=1 / num_blocks if self.unbounded else 2.0,
-        )  # fmt: skip
-        belady = None
-        if manager.policy.offline:
-            if not isinstance(manager.policy, BeladyPolicy):
-                raise ValueError(
-                    f"offline policy {manager.policy_name!r} has no future the radix model can give"
-                )
-            belady = RadixBelady(requests)
-            manager.radix.set_policy(belady)
-        manager.policy.stop_recording_evicted()  # the row's re-prefills are the manager's own
-        return RadixModel(manager, belady)
-
     def _now(self) -> float:
         return self._clock
+
+    @property
+    def loop_label(self) -> str:
+        """How the last `run` ran, for its row: "compiled", or "python (why)"."""
+        return COMPILED if self.python_because is None else f"python ({self.python_because})"
 
     # ------------------------------------------------------------------ the run
 
@@ -283,8 +240,9 @@ class Simulator:
         wall0 = time.perf_counter()
         st = self.start_run()
         # a flat or radix row in one compiled call, where it can
-        if flat_run.compiled_run(self, st) or radix_run.compiled_run(self, st):
-            self.event_loop = "compiled"
+        self.python_because = self.model.run_compiled(self, st)
+        if self.python_because is None:
+            self.event_loop = COMPILED
         else:
             self.advance(st, math.inf)
         if self.progress is not None and st.finished % self.progress_every:
@@ -332,17 +290,15 @@ class Simulator:
         ends = request_ends(requests)  # no list of keys
         self._clock = 0.0
         self.adaptive = AdaptiveBatch(self.max_running) if self.adaptive_batch else None
-        cache: RadixModel | SGLangModel | None = None
-        flat = None
-        if self.cache_model == "radix":
-            cache = self._build_radix(requests)
-        elif self.cache_model == "sglang":
-            cache = SGLangModel(self.policy_spec, self._pool_blocks(), self.block_size, self.schedule_policy)
-        else:
-            flat = FlatModel(self.policy_spec, self.capacity, requests)
+        model = self.model.build(self, requests)
+        cache, flat = (None, model) if isinstance(model, FlatModel) else (model, None)
         first_arrival = requests[0].arrival_s if requests else 0.0
         st = RunState(requests, ends, cache, flat, clock=first_arrival, first_arrival=first_arrival)
-        if isinstance(requests, RequestTable) and self.cache_model != "sglang" and not self.protect_queued:
+        if (
+            isinstance(requests, RequestTable)
+            and not isinstance(cache, SGLangModel)
+            and not self.protect_queued
+        ):
             st.queue_window = self.max_running + _PREFETCH_AHEAD + 1  # more than a step admits
         return st
 
@@ -372,7 +328,7 @@ class Simulator:
                     break
                 hit_blocks = hit
                 served = min(hit_blocks * bs, r.input_len)
-                host, disk = st.cache.loaded
+                host, disk = st.cache.loaded.host_blocks, st.cache.loaded.disk_blocks
                 batch.host_tokens += host * bs
                 batch.disk_tokens += disk * bs
                 if seq.epoch == 0:
@@ -380,7 +336,8 @@ class Simulator:
                     st.disk_hits += disk
             else:
                 assert st.flat is not None
-                hit_blocks, served = st.flat.lookup(seq.keys, r.input_len, bs)
+                found = st.flat.lookup(seq.keys, r.input_len, bs)
+                hit_blocks, served = found.hit_blocks, found.served_tokens
             st.waiting.popleft()
             if seq.epoch == 0:  # a re-admission after preemption is re-prefill, not a lookup
                 self._count_lookup(st, seq, hit_blocks, served)
@@ -480,8 +437,8 @@ class Simulator:
         self._clock = st.clock
         host = disk = 0
         for seq in itertools.islice(st.waiting, _PREFETCH_AHEAD):
-            h, d = st.cache.prefetch(seq)
-            host, disk = host + h, disk + d
+            loads = st.cache.prefetch(seq)
+            host, disk = host + loads.host_blocks, disk + loads.disk_blocks
         return self.cost.load_time(host * self.block_size, disk * self.block_size)
 
     def _load_cost(self, st: RunState, batch: StepAdmission) -> float:
@@ -547,7 +504,7 @@ class Simulator:
         model = st.cache if st.cache is not None else st.flat
         assert model is not None
         self.policy_calls: str = model.policy_calls  # the run block's: how the policy was called
-        re_prefill, utilization, evictions, p50, p99, preemptions = model.stats()
+        stats = model.stats()
         rates = [hits / looked for hits, looked in st.group_hits.values() if looked]
         lookups = st.block_lookups or 1
         tiers = self.tiers
@@ -559,19 +516,19 @@ class Simulator:
             block_lookups=st.block_lookups,
             block_hits=st.block_hits,
             hit_rate=st.tokens_hit / st.tokens_looked_up if st.tokens_looked_up else 0.0,
-            re_prefill_rate=re_prefill,
+            re_prefill_rate=stats.re_prefill_rate,
             fairness_score=jain_fairness(rates),
-            memory_utilization=utilization,
-            evictions=evictions,
-            eviction_p50_us=p50,
-            eviction_p99_us=p99,
+            memory_utilization=stats.memory_utilization,
+            evictions=stats.evictions,
+            eviction_p50_us=stats.eviction_p50_us,
+            eviction_p99_us=stats.eviction_p99_us,
             ttft_p50_s=percentile(st.ttfts, 0.5),
             ttft_p99_s=percentile(st.ttfts, 0.99),
             tpot_p50_s=percentile(st.tpots, 0.5),
             tpot_p99_s=percentile(st.tpots, 0.99),
             throughput_tok_s=st.total_tokens / makespan if makespan > 0 else 0.0,
             throughput_impact=0.0,
-            preemptions=preemptions,
+            preemptions=stats.preemptions,
             wall_s=wall,
             lookups_per_s=st.block_lookups / wall if wall > 0 else 0.0,
             adaptive_batch=self.adaptive is not None,

@@ -137,13 +137,15 @@ class RowOutcome:
     cache called the policy: "c-state" (in C with its state in C arrays: the flat model's
     `sage_eviction._core.FlatState`), "compiled" (the policy's C table,
     `sage_eviction._core.PolicyOps`) or "python" (its methods: the pure-Python core, the twin
-    models, a plugin)."""
+    models, a plugin); and its event loop: "compiled" (the whole row in one compiled call) or
+    "python (why)" (`Simulator.loop_label`)."""
 
     index: int
     row: dict[str, Any]
     implementation: str
     ttft_quantiles_s: tuple[float, ...] = ()
     policy_calls: str = "python"
+    event_loop: str = "python"
 
 
 def ttft_quantiles(sorted_ttfts: Sequence[float]) -> tuple[float, ...]:
@@ -236,12 +238,16 @@ def run_row(
             core_implementation(),
             ttft_quantiles(fleet.ttft_s),
             fleet.policy_calls,
+            "python (a fleet: its replicas step on one clock)",
         )
     if context.cache_model in TWINS:  # an engine's twin: its own scheduler on the cost model's clock
         twin = twin_runner(context.cache_model)(
             context.workload, spec.policy, spec.capacity, cost_model=context.cost_model
         )
-        return RowOutcome(spec.index, twin.result.to_dict(), "twin", ttft_quantiles(twin.ttft_s))
+        twin_loop = f"python (the {context.cache_model} twin)"
+        return RowOutcome(
+            spec.index, twin.result.to_dict(), "twin", ttft_quantiles(twin.ttft_s), event_loop=twin_loop
+        )
     simulator = Simulator(
         context.workload,
         spec.policy,
@@ -257,9 +263,9 @@ def run_row(
         schedule_policy=context.schedule_policy,
     )
     row = simulator.run().to_dict()
-    return RowOutcome(
-        spec.index, row, core_implementation(), ttft_quantiles(simulator.ttft_s), simulator.policy_calls
-    )
+    quantiles = ttft_quantiles(simulator.ttft_s)
+    calls, loop = simulator.policy_calls, simulator.loop_label
+    return RowOutcome(spec.index, row, core_implementation(), quantiles, calls, loop)
 
 
 def run_rows(

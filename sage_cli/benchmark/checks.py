@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sage_cli.benchmark.options import BenchmarkArgs, CacheModel, Mode, TraceFormat, Workload
+from sage_cli.benchmark.options import BenchmarkArgs, Mode, TraceFormat, Workload
 from sage_cli.errors import CLIUsageError
 
 __all__ = [
@@ -298,9 +298,9 @@ def _check_protect_queued(args: BenchmarkArgs) -> None:
         raise CLIUsageError(
             "--protect-queued applies to the simulator; start the engine with --protect-queued instead"
         )
-    if args.protect_queued > 0 and args.cache_model is not CacheModel.radix:
-        raise CLIUsageError(f"--protect-queued needs --cache-model radix (not {args.cache_model.value})")
-    radix_sim = args.mode is not Mode.engine and args.cache_model is CacheModel.radix
+    if args.protect_queued > 0 and args.cache_model != "radix":
+        raise CLIUsageError(f"--protect-queued needs --cache-model radix (not {args.cache_model})")
+    radix_sim = args.mode is not Mode.engine and args.cache_model == "radix"
     if args.compress_on_evict is not None and not radix_sim:
         raise CLIUsageError(
             "--compress-on-evict here is the simulator's radix model's; an engine starts with its own"
@@ -322,8 +322,8 @@ def _tier_plan(args: BenchmarkArgs) -> TierPlan | None:
         raise CLIUsageError(
             "--host-capacity-ratio applies to the simulator; start the engine with --host-kv-cache instead"
         )
-    if args.cache_model is not CacheModel.radix:
-        raise CLIUsageError(f"--host-capacity-ratio needs --cache-model radix (not {args.cache_model.value})")
+    if args.cache_model != "radix":
+        raise CLIUsageError(f"--host-capacity-ratio needs --cache-model radix (not {args.cache_model})")
     for flag, ratio in (("--host-capacity-ratio", host), ("--disk-capacity-ratio", disk)):
         if ratio is not None and not 0.0 < ratio <= 1.0:
             raise CLIUsageError(f"{flag} {ratio:g}: give a ratio in (0, 1]")

@@ -12,7 +12,7 @@ from typing import Any
 
 from sage_cli.benchmark.checks import check_plan, parse_policies
 from sage_cli.benchmark.colocation import check_grid
-from sage_cli.benchmark.options import BenchmarkArgs, CacheModel, EngineKind, Mode, Workload
+from sage_cli.benchmark.options import BenchmarkArgs, EngineKind, Mode, Workload
 from sage_cli.errors import CLIUsageError
 from sage_cli.options import record_parameters, with_parameters
 
@@ -64,7 +64,7 @@ def _policies(args: BenchmarkArgs) -> list[str]:
 
         return remote_policies(args)
     # None is the default; an empty string is a mistake (it used to run the default silently).
-    if args.cache_model is CacheModel.sglang and args.mode is Mode.sim:
+    if args.cache_model == "sglang" and args.mode is Mode.sim:
         # SGLang's own strategies, checked by the simulator (sage's registry has no mru or filo)
         text = "lru,lfu" if args.eviction_policies is None else args.eviction_policies
         names = [item.strip() for item in text.split(",") if item.strip()]

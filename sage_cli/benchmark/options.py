@@ -8,19 +8,22 @@ read the record.
 
 from __future__ import annotations
 
+import importlib.util
+import runpy
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from sage_cli.options import NameOpt, SocketOpt
 
 __all__ = [
+    "CACHE_MODELS",
+    "SCHEDULE_POLICIES",
     "Arrival",
     "BenchmarkArgs",
-    "CacheModel",
     "Compute",
     "EngineKind",
     "Mode",
@@ -51,23 +54,30 @@ class EngineKind(str, Enum):
     vllm = "vllm"
 
 
-class CacheModel(str, Enum):
-    """The simulator's cache models: its own two and the engine twins (one member per name of
-    `engine_adapter.sim.twins.TWINS`, which this module may not import; a test keeps them equal)."""
+def simulator_names(path: Path | None = None) -> dict[str, Any]:
+    """The simulator's list of names (`engine_adapter/sim/model_names.py`, or `path`), loaded by
+    path: this module may not import engine_adapter (the light commands never load it), and that
+    file imports nothing, so the CLI's choices are the simulator's own list, not a copy."""
+    if path is None:
+        spec = importlib.util.find_spec("engine_adapter")  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("sage's engine_adapter package is not installed")
+        path = Path(next(iter(spec.submodule_search_locations))) / "sim" / "model_names.py"
+    return runpy.run_path(str(path), run_name="sage_model_names")
 
-    radix = "radix"
-    flat = "flat"
-    vllm = "vllm"
-    sglang = "sglang"
 
+_NAMES = simulator_names()
+CACHE_MODELS: tuple[str, ...] = tuple(_NAMES["CACHE_MODELS"])
+"""``--cache-model``'s choices: the simulator's cache models and engine twins."""
+SCHEDULE_POLICIES: tuple[str, ...] = tuple(_NAMES["SCHEDULE_POLICIES"])
+"""``--schedule-policy``'s choices: SGLang's queue orders the sglang model has."""
 
-class SchedulePolicy(str, Enum):
-    """SGLang's queue orders the sglang model has (`engine_adapter.sim.twins.sglang_queue`'s
-    `SCHEDULE_POLICIES`; a test keeps them equal)."""
-
-    fcfs = "fcfs"
-    lpm = "lpm"
-    dfs_weight = "dfs-weight"
+if TYPE_CHECKING:  # a name, to the type checker; to Typer, one of the choices read above
+    CacheModelName = str
+    SchedulePolicyName = str
+else:
+    CacheModelName = Literal[CACHE_MODELS]
+    SchedulePolicyName = Literal[SCHEDULE_POLICIES]
 
 
 class Arrival(str, Enum):
@@ -233,7 +243,7 @@ CapacityRatioOpt = Annotated[
     ),
 ]
 CacheModelOpt = Annotated[
-    CacheModel,
+    CacheModelName,
     typer.Option(
         "--cache-model",
         help=(
@@ -245,7 +255,7 @@ CacheModelOpt = Annotated[
     ),
 ]
 SchedulePolicyOpt = Annotated[
-    SchedulePolicy,
+    SchedulePolicyName,
     typer.Option(
         "--schedule-policy",
         help="sglang model: SGLang's queue order (its --schedule-policy); the other models admit fcfs.",
@@ -557,9 +567,9 @@ class BenchmarkArgs:
     seed: SeedOpt = 0
     capacity_blocks: CapacityBlocksOpt = None
     capacity_ratio: CapacityRatioOpt = None
-    cache_model: CacheModelOpt = CacheModel.radix
+    cache_model: CacheModelOpt = "radix"
     block_size: BlockSizeOpt = None
-    schedule_policy: SchedulePolicyOpt = SchedulePolicy.fcfs
+    schedule_policy: SchedulePolicyOpt = "fcfs"
     protect_queued: ProtectQueuedOpt = 0.0
     compress_on_evict: CompressOnEvictOpt = None
     host_capacity_ratio: HostCapacityRatioOpt = None

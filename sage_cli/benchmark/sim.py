@@ -40,7 +40,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> dict[str, Any
         seed=source.seed,
         capacity_blocks=plan.capacity_blocks,
         capacity_ratios=plan.capacity_ratios,
-        cache_model=args.cache_model.value,
+        cache_model=args.cache_model,
         duration=source.duration,
         output=args.output,
         plot=args.plot,
@@ -62,7 +62,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> dict[str, Any
         routers=_routers(args.router),
         compress_on_evict=args.compress_on_evict,
         block_size=args.block_size,
-        schedule_policy=args.schedule_policy.value,
+        schedule_policy=args.schedule_policy,
     )
 
 

@@ -127,6 +127,10 @@ def run_caption(run: Any) -> str | None:
     if run.get("implementation"):
         parts.append(f"core: {run['implementation']}")
     parts.extend(_policy_calls(run.get("policy_calls")))
+    loops = run.get("python_loops")
+    if isinstance(loops, dict) and loops:
+        slow = ", ".join(f"{policy} ({why})" for policy, why in sorted(loops.items()))
+        parts.append(f"Python event loop: {slow}")
     executor = run.get("executor")
     if executor == "ray":
         parts.append(f"Ray tasks at {run.get('ray_address')}")

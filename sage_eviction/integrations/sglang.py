@@ -28,8 +28,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Hashable
-from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Mapping, Sized
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from sage_eviction.errors import PolicyConfigError
 from sage_eviction.integrations.bridge import PolicyBridge
@@ -38,7 +38,15 @@ from sage_eviction.integrations.sglang_hicache import HOST_POLICY_KEY, _SageHost
 from sage_eviction.registry import available_policies
 from sage_eviction.types import EntryMeta
 
-__all__ = ["PREFIX", "host_spec_of", "register", "sage_full_component_class", "spec_of"]
+__all__ = [
+    "PREFIX",
+    "SageTreeEvents",
+    "TreeNode",
+    "host_spec_of",
+    "register",
+    "sage_full_component_class",
+    "spec_of",
+]
 
 PREFIX = "sage-"
 BACKEND = "sage"
@@ -134,6 +142,123 @@ def _wrap_default_factory(original: Any) -> Any:
     return default_radix_cache_factory
 
 
+_Self = TypeVar("_Self", bound="TreeNode")
+
+
+class TreeNode(Protocol):
+    """What `SageTreeEvents` reads of a radix tree node (SGLang's `TreeNode`, the simulator's
+    `sglang_radix.RadixNode`)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def key(self) -> Sized: ...
+    @property
+    def parent(self: _Self) -> _Self | None: ...
+
+
+N = TypeVar("N", bound=TreeNode)
+
+
+class SageTreeEvents(Generic[N]):
+    """The event mapping: SGLang's radix-tree events as `PolicyBridge` calls keyed by node id.
+
+    Written once, engine-free, and called both by `_SageFullComponent` inside SGLang and by the
+    simulator's SGLang twin (`engine_adapter.sim.twins.sglang_radix`), so that the twin predicts
+    what the component does by running the same code:
+
+    - a node gets KV: a new leaf of an insert and the nodes above it not yet tracked (`track_up`,
+      leaf first), a split's new parent (`track`) -> ``insert``, not evictable yet;
+    - a prefix match (`matched`) -> ``access`` of every node of its path, the root's child first;
+    - a node leaves the tier for another reason than the policy's choice (`removed`) -> ``remove``;
+    - an eviction walk: `start` sets every tracked node's flag to "is an evictable leaf" (in the
+      order the nodes were tracked), then `next_victim` takes the policy's victims one at a time,
+      first flagging the previous victim's parent when that left it an evictable leaf (`settle`).
+
+    Args:
+        bridge: The policy.
+        clock: Times for the entries' metadata (SGLang's: the wall clock; the twin's: its own).
+        is_root: Whether a node is the tree's root (never tracked).
+        holds_kv: Whether a node holds KV in this tier (SGLang: its component value is set);
+            a node without is not tracked.
+    """
+
+    def __init__(
+        self,
+        bridge: PolicyBridge,
+        clock: Callable[[], float],
+        is_root: Callable[[N], bool],
+        holds_kv: Callable[[N], bool] | None = None,
+    ) -> None:
+        self.bridge = bridge
+        self.nodes: dict[Hashable, N] = {}  # tracked, in the order they were tracked
+        self._clock = clock
+        self._is_root = is_root
+        self._holds_kv = holds_kv
+        self._last: N | None = None  # the walk's previous victim
+
+    def meta(self, node: N) -> EntryMeta:
+        """A node's entry: its tokens as size and cost, created and accessed now."""
+        now = self._clock()
+        size = len(node.key)
+        return EntryMeta(size=size, cost=float(size), created_at=now, last_access=now)
+
+    def track(self, node: N) -> None:
+        """`node` holds KV now (a split's new parent, a HiCache load-back, a step of `track_up`)."""
+        if node.id not in self.bridge and (self._holds_kv is None or self._holds_kv(node)):
+            self.bridge.insert(node.id, self.meta(node), evictable=False)
+            self.nodes[node.id] = node
+
+    def track_up(self, leaf: N) -> None:
+        """An insert gave `leaf` its KV: it and the untracked nodes above it, leaf first (the walk
+        may have split a node on the way)."""
+        walk: N | None = leaf
+        while walk is not None and not self._is_root(walk) and walk.id not in self.bridge:
+            self.track(walk)
+            walk = walk.parent
+
+    def matched(self, node: N | None) -> None:
+        """A match ended at `node`: every node of its path is accessed, the root's child first
+        (the deepest node is the most recent)."""
+        path: list[Hashable] = []
+        walk = node
+        while walk is not None and not self._is_root(walk):
+            path.append(walk.id)
+            walk = walk.parent
+        for node_id in reversed(path):
+            self.bridge.access(node_id)
+
+    def removed(self, node: N) -> None:
+        """`node` left the tier (a no-op for the policy's own victims, already gone)."""
+        if node.id in self.bridge:
+            self.bridge.remove(node.id)
+            self.nodes.pop(node.id, None)
+
+    def start(self, leaves: Mapping[N, None] | set[N]) -> None:
+        """An eviction walk begins: the flags follow the tree's evictable leaves."""
+        for node_id, node in self.nodes.items():
+            self.bridge.set_evictable(node_id, node in leaves)
+        self._last = None
+
+    def settle(self, leaves: Mapping[N, None] | set[N]) -> None:
+        """The previous victim's parent, left an evictable leaf, becomes evictable."""
+        last, self._last = self._last, None
+        if last is not None and last.parent is not None and last.parent in leaves:
+            self.bridge.set_evictable(last.parent.id, True)
+
+    def next_victim(self, leaves: Mapping[N, None] | set[N]) -> N | None:
+        """The policy's next victim among `leaves` (None: none left)."""
+        self.settle(leaves)
+        while True:
+            victims = self.bridge.evict(1)
+            if not victims:
+                return None
+            node = self.nodes.pop(victims[0], None)
+            if node is not None and node in leaves:
+                self._last = node
+                return node
+
+
 class _SageFullComponent(EngineClass):  # type: ignore[misc]
     """SGLang's `FullComponent` whose device victims are the policy `sage_spec` names (None:
     SAGE_POLICY); a mixin over SGLang's class (`sage_full_component_class`).
@@ -150,39 +275,29 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
     def __init__(self, cache: Any, params: Any) -> None:
         super().__init__(cache, params)
         self.sage = PolicyBridge(self.sage_spec, engine="sglang")
-        self._nodes: dict[Hashable, Any] = {}
-        self._last_victim: Any = None
+        self.sage_events: SageTreeEvents[Any] = SageTreeEvents(
+            self.sage,
+            time.time,
+            is_root=lambda node: node is self.tree_core.root_node,
+            holds_kv=lambda node: node.component_data[self.component_type].value is not None,
+        )
+        self._nodes = self.sage_events.nodes
 
     def _meta(self, node: Any) -> EntryMeta:
-        now = time.time()
-        return EntryMeta(size=len(node.key), cost=float(len(node.key)), created_at=now, last_access=now)
-
-    def _track(self, node: Any) -> None:
-        if node.id not in self.sage and node.component_data[self.component_type].value is not None:
-            self.sage.insert(node.id, self._meta(node), evictable=False)
-            self._nodes[node.id] = node
+        """A node's entry (the HiCache host tier's too, `_SageHostTier`)."""
+        return self.sage_events.meta(node)
 
     def commit_insert_component_data(self, node: Any, *args: Any, **kwargs: Any) -> None:
         super().commit_insert_component_data(node, *args, **kwargs)
-        # The walk may have added the leaf and split a node on the way: track the new ones.
-        walk = node
-        while walk is not None and walk is not self.tree_core.root_node and walk.id not in self.sage:
-            self._track(walk)
-            walk = walk.parent
+        self.sage_events.track_up(node)
 
     def redistribute_on_node_split(self, new_parent: Any, child: Any) -> None:
         super().redistribute_on_node_split(new_parent, child)
-        self._track(new_parent)
+        self.sage_events.track(new_parent)
 
     def finalize_match_result_in_tree_core(self, result: Any, *args: Any, **kwargs: Any) -> Any:
         out = super().finalize_match_result_in_tree_core(result, *args, **kwargs)
-        path = []
-        node = result.last_device_node
-        while node is not None and node is not self.tree_core.root_node:
-            path.append(node.id)
-            node = node.parent
-        for node_id in reversed(path):  # root first: the deepest node is the most recent
-            self.sage.access(node_id)
+        self.sage_events.matched(result.last_device_node)
         return out
 
     def evict_component(self, node: Any, *args: Any, **kwargs: Any) -> Any:
@@ -191,9 +306,8 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
         out = super().evict_component(node, *args, **kwargs)
         # Only a device-layer eviction leaves the device tier (the value itself is cleared later,
         # in SGLang's cascade); HiCache also frees host copies alone (write-back reclaim).
-        if EvictLayer.DEVICE in kwargs.get("target", EvictLayer.DEVICE) and node.id in self.sage:
-            self.sage.remove(node.id)  # a no-op for the policy's own victims, already gone
-            self._nodes.pop(node.id, None)
+        if EvictLayer.DEVICE in kwargs.get("target", EvictLayer.DEVICE):
+            self.sage_events.removed(node)
         return out
 
     def commit_hicache_transfer(self, node: Any, phase: Any, *args: Any, **kwargs: Any) -> Any:
@@ -202,36 +316,26 @@ class _SageFullComponent(EngineClass):  # type: ignore[misc]
         out = super().commit_hicache_transfer(node, phase, *args, **kwargs)
         if phase == CacheTransferPhase.LOAD_BACK:  # HiCache: host hits back on device
             for node_id in _loaded_node_ids(args, kwargs):
-                self._track(self.tree_core.node_by_id(node_id))
+                self.sage_events.track(self.tree_core.node_by_id(node_id))
         return out
 
     def _evict_device_start(self, request_cnt: int) -> None:
         super()._evict_device_start(request_cnt)  # keeps SGLang's bookkeeping consistent
         self._evict_device_heap: list[Any] = []  # SGLang's heap: not used for device victims
-        leaves = self.tree_core.evictable_device_leaves
-        for node_id, node in self._nodes.items():
-            self.sage.set_evictable(node_id, node in leaves)
-        self._last_victim = None
+        self.sage_events.start(self.tree_core.evictable_device_leaves)
 
     def _evict_device_next_node(
         self, tracker: Any, device_frees: Any, host_frees: Any, cache_actions: Any
     ) -> Any:
         leaves = self.tree_core.evictable_device_leaves
-        last = self._last_victim
-        if last is not None and last.parent is not None and last.parent in leaves:
-            self.sage.set_evictable(last.parent.id, True)  # the parent became a leaf
-        self._last_victim = None
+        self.sage_events.settle(leaves)  # before the stop: the last victim's parent is a leaf now
         if tracker[self.component_type] >= self._evict_device_request_cnt:
             return None
-        while True:
-            victims = self.sage.evict(1)
-            if not victims:
-                return None
-            node = self._nodes.pop(victims[0], None)
-            if node is not None and node in leaves:
-                self.sage.note("engine_evict", key=node.id)
-                self._last_victim = node
-                return node.id
+        node = self.sage_events.next_victim(leaves)
+        if node is None:
+            return None
+        self.sage.note("engine_evict", key=node.id)
+        return node.id
 
 
 def _loaded_node_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine_adapter.sim.cache_model_kinds import model_traits
 from engine_adapter.sim.fleet.registry import parse_router
 from engine_adapter.sim.fleet.replica import Replica
 from engine_adapter.sim.fleet.router import Router, RouterError
@@ -114,7 +115,10 @@ def simulate_fleet(
         raise ValueError(f"replicas={replicas!r}: a fleet needs at least one replica")
     name, params = parse_router(router)
     _check_policy(policy)
-    if options.get("cache_model", "radix") != "radix" or options.get("tiers") is not None:
+    if (
+        not model_traits(options.get("cache_model", "radix")).radix_options
+        or options.get("tiers") is not None
+    ):
         raise ValueError("the fleet runs the radix cache model without KV tiers")
     collecting = gc.isenabled()
     gc.disable()  # as `Simulator.run`: no cycles in the records, full collections cost a lot

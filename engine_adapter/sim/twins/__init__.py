@@ -1,7 +1,8 @@
 """Engine twins: cache models that replay what a serving engine's own cache and scheduler do.
 
-`TWINS` names each twin model `sage llm benchmark --cache-model` accepts beside ``radix`` and
-``flat``, mapped to the module and function that runs one row (``module:function``, imported
+`TWINS` (listed in `engine_adapter.sim.model_names`, the one list of cache model names, which
+the CLI's ``--cache-model`` choices are read from) names each twin model beside the event loop's
+models, mapped to the module and function that runs one row (``module:function``, imported
 on first use, so a twin costs nothing until it is asked for). A runner is called as
 ``runner(workload, policy, capacity_blocks, cost_model=..., block_size=...)`` and returns an
 object whose ``result`` is the row (`SimResult`) and ``hit_tokens`` each request's hit.
@@ -23,8 +24,10 @@ workloads the twins are proven on.
     sglang_model.py   `SGLangModel`: that tree in SGLang's request life cycle (admission,
                       checkpoint, retraction), the simulator's ``sglang`` cache model
     sglang_queue.py   `QueueOrder`: SGLang's queue orders (fcfs, lpm, dfs-weight) over that tree
-    sglang_sage.py    `SageVictims`: a sage policy choosing the tree's victims, as sage's
-                      component inside SGLang does (``sage-<spec>``)
+
+A sage policy (``sage-<spec>``) chooses the tree's victims through the integration's own event
+mapping (`sage_eviction.integrations.sglang.SageTreeEvents`), as the vLLM twin's pool runs the
+integration's mixin: one copy of the mapping, held to SGLang by tests_integration/sglang.
 
 Importing this package imports no twin module.
 """
@@ -35,11 +38,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TWINS", "twin_runner"]
+from engine_adapter.sim.model_names import TWINS
 
-TWINS: dict[str, str] = {
-    "vllm": "engine_adapter.sim.twins.vllm_run:simulate_vllm",
-}
+__all__ = ["TWINS", "twin_runner"]
 
 
 def twin_runner(name: str) -> Callable[..., Any]:

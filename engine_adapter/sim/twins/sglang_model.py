@@ -38,7 +38,8 @@ A request's life, as SGLang 0.5.23's scheduler runs it (managers/schedule_batch.
   the tree from the root, heavier subtrees (more waiting requests ending in them) first, a
   node's own requests after its subtrees'. The matches refresh the tree as SGLang's do.
 - A sage policy plugged into SGLang (``sage-<spec>``, SGLang's own name for it) chooses the
-  tree's victims as `sage_eviction.integrations.sglang` does (`SageVictims`).
+  tree's victims through `sage_eviction.integrations.sglang`'s own event mapping
+  (`SageTreeEvents`), the code that runs inside SGLang.
 
 Hits are counted in pages (blocks): SGLang's ``match_prefix`` length over the page size; keys
 are pages, so SGLang's token thresholds (the in-batch check's 32 tokens) read as whole pages.
@@ -54,9 +55,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_adapter.sim.sequence import SimSequence
+from engine_adapter.sim.sim_result import ModelStats, TierLoads
 from engine_adapter.sim.twins.sglang_queue import SCHEDULE_POLICIES, QueueOrder
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
-from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX
+from sage_eviction.integrations.sglang import PREFIX as SAGE_PREFIX
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
 
 __all__ = ["SCHEDULE_POLICIES", "SGLangModel", "check_sglang_policy", "parse_sglang_policy"]
@@ -117,7 +119,7 @@ class SGLangModel:
         schedule_policy: SGLang's queue order, one of `SCHEDULE_POLICIES`.
     """
 
-    loaded = (0, 0)  # no host tier: nothing is loaded back
+    loaded = TierLoads()  # no host tier: nothing is loaded back
     policy_calls = "python"  # the tree calls SGLang's strategies and sage's policies in Python
 
     def __init__(self, policy: str, capacity: int, block_size: int, schedule_policy: str = "fcfs") -> None:
@@ -248,9 +250,11 @@ class SGLangModel:
     def prefetch_hits(self) -> int:
         return 0
 
-    def stats(self) -> tuple[float, float, int, float, float, int]:
-        """re-prefill rate, memory utilization (peak pages in use / pool, once anything was
-        evicted), evictions (pages), p50 and p99 eviction call (us), preemptions."""
+    def stats(self) -> ModelStats:
+        """The row's figures: memory utilization is the peak pages in use over the pool (once
+        anything was evicted), evictions are pages."""
         p50, p99 = self.latency.quantiles(0.5, 0.99)
         utilization = self.peak_used / self.capacity if self.evictions else 0.0
-        return (self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions)
+        return ModelStats(
+            self.reprefill.rate, utilization, self.evictions, p50 * 1e6, p99 * 1e6, self.preemptions
+        )

@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 
+from engine_adapter.sim.model_names import SCHEDULE_POLICIES
 from engine_adapter.sim.sequence import SimSequence
 from engine_adapter.sim.twins.sglang_radix import RadixNode, SGLangRadixTree
 
 __all__ = ["SCHEDULE_POLICIES", "QueueOrder"]
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
-"""SGLang's queue orders the model has (``fcfs`` is SGLang's default)."""
 
 _MATCH_MAX = 128  # WAITING_QUEUE_PREFIX_MATCH_MAX: lpm turns to fcfs past this many waiting
 _REFRESH_INTERVAL = 32  # WAITING_PREFIX_REFRESH_INTERVAL: fcfs refreshes every 32nd round

@@ -42,7 +42,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine_adapter.sim.twins.sglang_sage import SAGE_PREFIX, SageVictims
+from sage_eviction.integrations.bridge import PolicyBridge
+from sage_eviction.integrations.sglang import PREFIX as SAGE_PREFIX
+from sage_eviction.integrations.sglang import SageTreeEvents
 
 __all__ = ["EVICTION_POLICIES", "FLAVORS", "Match", "RadixNode", "SGLangRadixTree", "eviction_key"]
 
@@ -151,10 +153,13 @@ class SGLangRadixTree:
     Args:
         page_size: Tokens per page (1: token granularity).
         eviction_policy: One of `EVICTION_POLICIES`, or ``sage-<spec>``: a sage policy plugged into
-            SGLang (``sage-s3fifo:small_ratio=0.2``; `SageVictims`; the unified tree only).
+            SGLang (``sage-s3fifo:small_ratio=0.2``; the unified tree only), its victims chosen
+            by the integration's own event mapping (`sage_eviction.integrations.sglang.
+            SageTreeEvents`) at the same points of the tree as inside SGLang.
         policy_config: The strategy's keyword arguments (``{"protected_threshold": 3}`` for slru).
         flavor: ``"unified"`` or ``"radix_cache"`` (module docstring, "Clock").
-        capacity: A sage policy's capacity where its spec gives none (`SageVictims`).
+        capacity: A sage policy's capacity where its spec gives none (the pool's pages; in
+            SGLang the spec must give it: ``sage-s3fifo:capacity=N``).
 
     Raises:
         ValueError: A bad page size, tree, policy or config.
@@ -178,13 +183,13 @@ class SGLangRadixTree:
         self.eviction_policy = eviction_policy.lower()
         self._clock = 0.0
         self._ids = 0
-        self._sage: SageVictims[RadixNode] | None = None
+        self._sage: SageTreeEvents[RadixNode] | None = None
         if self.eviction_policy.startswith(SAGE_PREFIX):
             if not self.unified or policy_config:
                 raise ValueError(
                     f"{eviction_policy}: a sage policy runs in the unified tree, its params in its spec"
                 )
-            self._sage = SageVictims(eviction_policy[len(SAGE_PREFIX) :], lambda: self._clock, capacity)
+            self._sage = _sage_events(eviction_policy[len(SAGE_PREFIX) :], lambda: self._clock, capacity)
         else:
             self._key = eviction_key(eviction_policy, policy_config)
         self.root = self._new_node((), None, _ROOT_PRIORITY)
@@ -318,20 +323,18 @@ class SGLangRadixTree:
                 heapq.heappush(heap, (key(parent), parent))
         return evicted
 
-    def _evict_by_sage(self, sage: SageVictims[RadixNode], num_tokens: int) -> list[RadixNode]:
-        """`evict` with the sage policy's victims (`SageVictims`)."""
+    def _evict_by_sage(self, sage: SageTreeEvents[RadixNode], num_tokens: int) -> list[RadixNode]:
+        """`evict` with the sage policy's victims, one walk as SGLang's component makes it."""
         sage.start(self._leaves)
         evicted: list[RadixNode] = []
         freed = 0
-        last: RadixNode | None = None
         while freed < num_tokens:
-            node = sage.next_victim(self._leaves, last)
+            node = sage.next_victim(self._leaves)
             if node is None:
                 break
             freed += len(node.key)
             self._delete_leaf(node)
             evicted.append(node)
-            last = node
         return evicted
 
     def inc_lock_ref(self, node: RadixNode) -> int:
@@ -411,3 +414,16 @@ class SGLangRadixTree:
             self._leaves.pop(node, None)
         elif node is not self.root:
             self._leaves[node] = None
+
+
+def _sage_events(spec: str, clock: Callable[[], float], capacity: int | None) -> SageTreeEvents[RadixNode]:
+    """The sage policy `spec` behind the tree's victims, through the integration's event mapping.
+
+    Entry times are the tree's clock (SGLang's component reads the wall clock), so a policy that
+    orders by those times rather than by its events is predicted only up to ties of that clock.
+
+    Raises:
+        PolicyConfigError: An unknown policy or parameter, or an offline one (Belady).
+    """
+    bridge = PolicyBridge(spec, capacity, engine="sglang model", log_path="", clock=clock)
+    return SageTreeEvents(bridge, clock, is_root=lambda node: node.parent is None)
