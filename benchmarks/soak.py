@@ -22,6 +22,12 @@ the start. A leak of a few KiB a request, or one descriptor a connection, fails 
     python benchmarks/soak.py                                  # 10 minutes, 8 clients, sage-tiny
     python benchmarks/soak.py --duration 120 --model smollm2-135m
     python benchmarks/soak.py --duration 5 --clients 4 --json
+
+With ``--unique-prompts`` it is the other soak, where every request is a new prompt and the
+verdict is the fitted RSS slope per 10,000 requests after warm-up, for the engine or a policy
+bridge's event replay (benchmarks/soak_unique.py says the rest):
+
+    python benchmarks/soak.py --unique-prompts --requests 100000
 """
 
 from __future__ import annotations
@@ -695,6 +701,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--unique-prompts" in (sys.argv[1:] if argv is None else argv):
+        from soak_unique import main as unique_prompts_main
+
+        return unique_prompts_main(argv)
     args = _arguments(argv)
     report = soak(args)
     report["failed"] = verdict(report)

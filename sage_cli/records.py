@@ -151,6 +151,7 @@ class EvictionStats(_Record):
     regrets: int | None = None
     regret_ratio: float | None = None
     window_regret_ratio: float | None = None
+    re_prefill_window: int | None = None
     thrashing: bool | None = None
     thrashing_threshold: float | None = None
     tiers: list[TierStats] = field(default_factory=list)

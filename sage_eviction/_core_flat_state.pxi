@@ -180,7 +180,8 @@ cdef class FlatState:
         self.policy_name = policy.name
         self.capacity = capacity
         _map_init(&self.index, capacity * 2, True)
-        self.evicted = KeySet()
+        # the tracker's window (None: the whole run, a simulator row's), held here in its stead
+        self.evicted = KeySet(window=None if reprefill is None else reprefill.window)
         self.node_key = <int64_t*>malloc(capacity * sizeof(int64_t))
         self.newer = <int32_t*>malloc(capacity * sizeof(int32_t))
         self.older = <int32_t*>malloc(capacity * sizeof(int32_t))

@@ -16,6 +16,16 @@
 # hashes, the synthetic workloads') are spread over int64 and land in the table. A key compares as Python compares it for ints and bools (True is 1); a
 # float equal to an int is a different key here (it is in the Python part), which no cache's
 # keys are.
+#
+# A window (`KeySet(window)`, a positive int) bounds it, with the semantics of the reference
+# `EvictedWindow` (sage_eviction/keyset.py), line for line: a ring of the last `window` keys added,
+# in order, and each held key's slot in the ring (its latest add: the int keys in the same table
+# in map mode, the others in a dict); when the ring is full, an add takes the oldest slot and
+# drops that slot's key from the set unless it was discarded or added again since. No bitmap
+# then (it cannot say which slot a key sits in): at most `window` ring slots (8 bytes each) and
+# `window` keys in the table, whatever the keys seen. A long-lived cache's re-prefill record
+# (the engine's, the policies' own, the bridges') is windowed; a simulator row, whose trace bounds
+# its keys, keeps the whole run (no window).
 
 
 from libc.stdlib cimport realloc
@@ -38,6 +48,13 @@ cdef class KeySet:
     cdef Py_ssize_t _words  # words of _bits (a power of two)
     cdef Py_ssize_t _bit_count  # bits set
     cdef set _others
+    # the window (0: none): the ring of the latest adds, their int keys (`_ring`) or, for the
+    # other keys, the key in `_ring_objs` (None until the first such key) and its slot in `_at`
+    cdef readonly Py_ssize_t window
+    cdef int64_t* _ring
+    cdef Py_ssize_t _ring_len, _ring_cap, _next
+    cdef list _ring_objs
+    cdef dict _at
 
     def __cinit__(self):
         self._ints.keys = self._ints.vals = NULL
@@ -46,13 +63,67 @@ cdef class KeySet:
         self._bits = NULL
         self._words = self._bit_count = 0
         self._others = set()
+        self.window = 0
+        self._ring = NULL
+        self._ring_len = self._ring_cap = self._next = 0
+        self._ring_objs = None
+        self._at = {}
 
-    def __init__(self, keys=()):
+    def __init__(self, keys=(), window=None):
+        if window is not None:
+            if window <= 0:
+                raise ValueError(f"window={window} must be a positive number of keys")
+            self.window = window
         self.update(keys)
 
     def __dealloc__(self):
         _map_free(&self._ints)
         free(self._bits)
+        free(self._ring)
+
+    cdef Py_ssize_t _take_slot(self) except -1:
+        # the ring slot of a new add: the next free one while the ring fills, else the oldest,
+        # whose key leaves the set when that slot is still its latest add
+        cdef Py_ssize_t slot, cap
+        cdef int64_t* ring
+        cdef object old
+        if self._ring_len < self.window:
+            if self._ring_len == self._ring_cap:  # grown by doubling up to the window
+                cap = min(self.window, max(16, 2 * self._ring_cap))
+                ring = <int64_t*>realloc(self._ring, cap * sizeof(int64_t))
+                if ring == NULL:
+                    raise MemoryError()
+                self._ring, self._ring_cap = ring, cap
+            self._ring_len += 1
+            if self._ring_objs is not None:
+                self._ring_objs.append(None)
+            return self._ring_len - 1
+        slot = self._next
+        self._next = slot + 1 if slot + 1 < self.window else 0
+        old = None if self._ring_objs is None else self._ring_objs[slot]
+        if old is not None:
+            if self._at.get(old) == slot:
+                del self._at[old]
+            self._ring_objs[slot] = None
+        elif _map_get(&self._ints, self._ring[slot]) == slot:
+            _map_del(&self._ints, self._ring[slot])
+        return slot
+
+    cdef int _window_add_int(self, int64_t value) except -1:
+        cdef Py_ssize_t slot = self._take_slot()
+        self._ring[slot] = value
+        if self._ints.keys == NULL:
+            _map_init(&self._ints, 16, True)
+        return _map_put(&self._ints, value, slot)
+
+    cdef int _window_add_other(self, object key) except -1:
+        cdef Py_ssize_t slot
+        if self._ring_objs is None:
+            self._ring_objs = [None] * self._ring_len
+        slot = self._take_slot()
+        self._ring_objs[slot] = key
+        self._at[key] = slot
+        return 0
 
     cdef inline bint _as_int(self, object key, int64_t* out) except -1:
         # True with the key's int64 when it belongs in the table
@@ -67,6 +138,8 @@ cdef class KeySet:
         return True
 
     cdef inline bint _find(self, int64_t value) noexcept:
+        if self.window:
+            return self._ints.keys != NULL and _map_get(&self._ints, value) != _ABSENT
         if 0 <= value < _DENSE_LIMIT:
             return (value >> 6) < self._words and (self._bits[value >> 6] >> (value & 63)) & 1
         return self._ints.keys != NULL and _map_get(&self._ints, value) != _ABSENT
@@ -86,6 +159,8 @@ cdef class KeySet:
 
     cdef int _add_int(self, int64_t value) except -1:
         cdef uint64_t bit
+        if self.window:
+            return self._window_add_int(value)
         if 0 <= value < _DENSE_LIMIT:
             if (value >> 6) >= self._words:
                 self._grow_bits(value)
@@ -100,6 +175,8 @@ cdef class KeySet:
 
     cdef bint _discard_int(self, int64_t value) noexcept:
         cdef uint64_t bit
+        if self.window:  # its ring slot stays: it goes stale (no longer the key's latest add)
+            return self._ints.keys != NULL and _map_del(&self._ints, value)
         if 0 <= value < _DENSE_LIMIT:
             if (value >> 6) >= self._words:
                 return False
@@ -115,6 +192,8 @@ cdef class KeySet:
         cdef int64_t value
         if self._as_int(key, &value):
             return self._add_int(value)
+        if self.window:
+            return self._window_add_other(key)
         self._others.add(key)
         return 0
 
@@ -123,6 +202,8 @@ cdef class KeySet:
         cdef int64_t value
         if self._as_int(key, &value):
             return self._discard_int(value)
+        if self.window:
+            return self._at.pop(key, None) is not None
         if key in self._others:
             self._others.discard(key)
             return True
@@ -132,7 +213,7 @@ cdef class KeySet:
         cdef int64_t value
         if self._as_int(key, &value):
             return self._find(value)
-        return key in self._others
+        return key in (self._at if self.window else self._others)
 
     def add(self, key):
         self.add_key(key)
@@ -147,7 +228,7 @@ cdef class KeySet:
     def remove_present(self, keys):
         """Discard each of `keys` that is held; returns how many were (each once)."""
         cdef Py_ssize_t count = 0
-        if self._ints.size == 0 and self._bit_count == 0 and not self._others:
+        if not self:
             return 0
         for key in keys:
             if self.discard_key(key):
@@ -162,15 +243,25 @@ cdef class KeySet:
         self._bits = NULL
         self._words = self._bit_count = 0
         self._others.clear()
+        free(self._ring)
+        self._ring = NULL
+        self._ring_len = self._ring_cap = self._next = 0
+        self._ring_objs = None
+        self._at = {}
+
+    @property
+    def held(self):
+        """Ring slots in use (at most `window`; 0 without a window): the bound's witness."""
+        return self._ring_len
 
     def __contains__(self, key):
         return self.has_key(key)
 
     def __len__(self):
-        return self._ints.size + self._bit_count + len(self._others)
+        return self._ints.size + self._bit_count + len(self._others) + len(self._at)
 
     def __bool__(self):
-        return self._ints.size > 0 or self._bit_count > 0 or bool(self._others)
+        return self._ints.size > 0 or self._bit_count > 0 or bool(self._others) or bool(self._at)
 
     def __iter__(self):
         # a snapshot: the bitmap's keys ascending, the table's ints in slot order (INT64_MIN,
@@ -189,6 +280,7 @@ cdef class KeySet:
                 if self._ints.keys[i] != _FREE:
                     keys.append(self._ints.keys[i])
         keys.extend(self._others)
+        keys.extend(self._at)
         return iter(keys)
 
     def __eq__(self, other):
@@ -197,15 +289,32 @@ cdef class KeySet:
         return NotImplemented
 
     def __reduce__(self):
-        return (KeySet, (list(self),))
+        # windowed: the held keys in the order of their latest adds, oldest first
+        return (KeySet, (self._window_order() if self.window else list(self), self.window or None))
+
+    cdef list _window_order(self):
+        cdef Py_ssize_t i, slot
+        cdef list keys = []
+        cdef object key
+        for i in range(self._ring_len):
+            slot = (self._next + i) % self._ring_len
+            key = None if self._ring_objs is None else self._ring_objs[slot]
+            if key is not None:
+                if self._at.get(key) == slot:
+                    keys.append(key)
+            elif _map_get(&self._ints, self._ring[slot]) == slot:
+                keys.append(self._ring[slot])
+        return keys
 
     def __repr__(self):
-        return f"KeySet({len(self)} keys)"
+        window = f", window {self.window}" if self.window else ""
+        return f"KeySet({len(self)} keys{window})"
 
     def table_bytes(self):
-        """Bytes of the int64 table and the bitmap (the Python part not counted)."""
-        table = 0 if self._ints.keys == NULL else (self._ints.mask + 1) * sizeof(int64_t)
-        return table + self._words * sizeof(uint64_t)
+        """Bytes of the int64 table, the bitmap and the window's ring (the Python part not counted)."""
+        cdef Py_ssize_t per_slot = sizeof(int64_t) * (2 if self._ints.vals != NULL else 1)
+        table = 0 if self._ints.keys == NULL else (self._ints.mask + 1) * per_slot
+        return table + self._words * sizeof(uint64_t) + self._ring_cap * sizeof(int64_t)
 
 
 # The C operations that update a set of evicted keys: a compiled `KeySet` through its C methods,

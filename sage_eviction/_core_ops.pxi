@@ -14,6 +14,7 @@ import time as _time
 from heapq import heapify as _heapify, heappop as _heappop, heappush as _heappush
 
 from sage_eviction.errors import DuplicateKeyError, PolicyStateError, UnknownKeyError
+from sage_eviction.metrics import MAX_TENANTS as _MAX_TENANTS_VALUE, OTHER_TENANTS as _OTHER_TENANTS
 from sage_eviction.types import EntryMeta as _EntryMeta
 
 # ---- a default EntryMeta without a Python frame ----------------------------------------------------
@@ -102,17 +103,25 @@ cdef inline object tick_clock(dict a):
     return clock
 
 
+cdef Py_ssize_t _MAX_TENANTS = _MAX_TENANTS_VALUE
+
+
 cdef inline int _count_tenant(dict a, object meta, bint hit) except -1:
-    # the `_tenants` counters: [hits, lookups] per tenant
+    # the `_tenants` counters: [hits, lookups] per tenant, up to MAX_TENANTS of them, the rest
+    # under OTHER_TENANTS (sage_eviction/metrics.py, `count_tenant`, line for line)
     cdef dict tenants = a["_tenants"]
     cdef object tenant = meta.tenant
     cdef object counts = tenants.get(tenant)
     if counts is None:
-        tenants[tenant] = [1 if hit else 0, 1]
-    else:
-        if hit:
-            counts[0] += 1
-        counts[1] += 1
+        if len(tenants) >= _MAX_TENANTS:
+            tenant = _OTHER_TENANTS
+            counts = tenants.get(tenant)
+        if counts is None:
+            tenants[tenant] = [1 if hit else 0, 1]
+            return 0
+    if hit:
+        counts[0] += 1
+    counts[1] += 1
     return 0
 
 

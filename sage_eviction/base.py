@@ -31,7 +31,7 @@ from sage_eviction import native
 from sage_eviction.errors import DuplicateKeyError, UnknownKeyError
 from sage_eviction.handover import EntryHandover
 from sage_eviction.keyset import new_key_set
-from sage_eviction.metrics import LatencyRecorder
+from sage_eviction.metrics import LatencyRecorder, count_tenant, reprefill_window
 from sage_eviction.sequence_level import SequenceLevelInterface
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
@@ -72,14 +72,14 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._meta: dict[Hashable, EntryMeta] = {}
         self._evictable: set[Hashable] = set()
         self._clock = 0  # logical time: one tick per insert or access
-        # evicted and not yet requested again: compact for int keys (sage_eviction/keyset.py);
-        # None once `stop_recording_evicted` is called
-        self._evicted: Any = new_key_set()
+        # evicted within the last `reprefill_window(capacity)` evictions and not requested again
+        # (bounded: a policy that serves for weeks sees keys without end; the compiled `KeySet`'s
+        # window, or `EvictedWindow`: sage_eviction/keyset.py); None once `stop_recording_evicted`
+        self._evicted: Any = new_key_set(reprefill_window(capacity))
         self._evictions = 0
         self._re_prefills = 0
-        self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups]
+        self._tenants: dict[str | None, list[int]] = {}  # tenant -> [hits, lookups], capped: count_tenant
         self._select_latency = LatencyRecorder(4096)
-        self._sequence_access: dict[int, list[float]] = {}  # sequence id -> [count, last time]
         # Whether this policy uses the compiled core (its score heap, its select_victims) or the
         # pure-Python code; chosen once, here (sage_eviction/native.py). A flag, not the module,
         # so that a policy still pickles and deep-copies.
@@ -110,11 +110,7 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         if evicted is not None and key in evicted:
             evicted.discard(key)
             self._re_prefills += 1
-        counts = self._tenants.get(meta.tenant)
-        if counts is None:
-            self._tenants[meta.tenant] = [0, 1]
-        else:
-            counts[1] += 1
+        count_tenant(self._tenants, meta.tenant, False)
         self._on_insert(key, meta, evictable)
 
     def access(self, key: Hashable, now: float | None = None) -> None:
@@ -129,12 +125,7 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
         self._clock += 1
         meta.hits += 1
         meta.last_access = time.time() if now is None else now
-        counts = self._tenants.get(meta.tenant)
-        if counts is None:
-            self._tenants[meta.tenant] = [1, 1]
-        else:
-            counts[0] += 1
-            counts[1] += 1
+        count_tenant(self._tenants, meta.tenant, True)
         self._on_access(key, meta)
 
     def set_evictable(self, key: Hashable, evictable: bool) -> None:
@@ -194,9 +185,9 @@ class EvictionPolicy(EntryHandover, SequenceLevelInterface):
 
     def stop_recording_evicted(self) -> None:
         """Forget the evicted keys and record no more: for a cache that counts re-prefills
-        itself (the simulator's rows: `ReprefillTracker`), so that the keys are held once, not
-        twice (about 15 M keys on a 10^8-lookup trace). This policy's `get_metrics` then
-        reports no re-prefills; nothing else it does depends on them."""
+        itself (the engine's cache and the simulator's rows: `ReprefillTracker`), so that one
+        tracker holds them, not two. This policy's `get_metrics` then reports no re-prefills;
+        nothing else it does depends on them."""
         self._evicted = None
 
     def __len__(self) -> int:

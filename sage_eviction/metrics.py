@@ -3,7 +3,8 @@
 Their definitions: docs/architecture.md, "Metrics".
 
 - `jain_fairness`: Jain's index (sum x)^2 / (n * sum x^2); 1.0 for zero or one value.
-- `ReprefillTracker`: evicted keys that were requested again later / evicted keys.
+- `ReprefillTracker`: evicted keys that were requested again later / evicted keys, over a bounded
+  window of the latest evictions (`reprefill_window`; sage_eviction/keyset.py, `EvictedWindow`).
 - `HitCounter`: hit rate overall and per tenant (tokens or blocks served from cache / looked up).
 - `LatencyRecorder` and `percentile`: eviction-decision wall times and their p50/p99.
 """
@@ -12,18 +13,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
 
-from sage_eviction.keyset import new_key_set
+from sage_eviction.keyset import EvictedWindow, new_key_set  # EvictedWindow: re-exported
 from sage_eviction.types import EvictionMetrics
 
 __all__ = [
+    "MAX_TENANTS",
+    "OTHER_TENANTS",
+    "REPREFILL_WINDOW",
+    "EvictedWindow",
     "HitCounter",
     "LatencyRecorder",
     "ReprefillTracker",
     "build_metrics",
+    "count_tenant",
     "jain_fairness",
     "percentile",
+    "reprefill_window",
 ]
 
 
@@ -55,19 +61,63 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac
 
 
-class ReprefillTracker:
-    """Counts evicted keys that come back.
+MAX_TENANTS = 1024
+"""Tenants counted apart in a per-tenant table (hit counts, age histograms, and so the /metrics
+label sets drawn from them); tenants first seen once a table holds this many are counted
+together under `OTHER_TENANTS`. Tenants are strings clients choose: a row per tenant ever seen
+would grow without end, and so would the label sets a scrape exports."""
 
-    A key is counted once per eviction: evicted, requested again (and so recomputed), it adds
-    one to `re_prefilled`; evicted again, it may count again. The evicted keys not yet requested
-    again are a `KeySet` (sage_eviction/keyset.py): 16 to 32 bytes an int key where the compiled
-    core is used, against about 80 in a set of int objects.
+OTHER_TENANTS = "(other)"
+"""The tenant that the tenants past `MAX_TENANTS` are counted under."""
+
+
+def count_tenant(table: dict[str | None, list[int]], tenant: str | None, hit: bool) -> None:
+    """Add one lookup (a hit when `hit`) to `tenant`'s [hits, lookups] in `table`, or to
+    `OTHER_TENANTS`' when the table is full (`MAX_TENANTS`). The compiled core has the same
+    (sage_eviction/_core_ops.pxi, `_count_tenant`)."""
+    counts = table.get(tenant)
+    if counts is None:
+        if len(table) >= MAX_TENANTS:
+            tenant = OTHER_TENANTS
+            counts = table.get(tenant)
+        if counts is None:
+            table[tenant] = [1 if hit else 0, 1]
+            return
+    if hit:
+        counts[0] += 1
+    counts[1] += 1
+
+
+REPREFILL_WINDOW = 8192
+"""The re-prefill window's least size, in evicted keys: a key counts as re-prefilled when it is
+requested again while it is among the last `window` keys evicted (`new_key_set(window)`)."""
+
+
+def reprefill_window(capacity: int | None) -> int:
+    """The stated window for a cache of `capacity` blocks: 4 x capacity, at least
+    `REPREFILL_WINDOW` (a cache that evicts a key and wants it back after four cache-fulls of
+    other evictions is not told it was a re-prefill: ghost lists hold 1 to 2 cache-fulls)."""
+    return REPREFILL_WINDOW if capacity is None else max(REPREFILL_WINDOW, 4 * capacity)
+
+
+class ReprefillTracker:
+    """Counts evicted keys that come back, over a window of the last `window` evictions.
+
+    A key is counted once per eviction: evicted, requested again while it is among the last
+    `window` evictions (and so recomputed), it adds one to `re_prefilled`; evicted again, it may
+    count again. The rate is `re_prefilled / evictions`: where a run evicts no more than `window`
+    keys it is exactly the share of evicted keys requested again; beyond, a key requested back
+    after more than `window` later evictions is not counted (the rate is windowed, and the stats
+    say so: `re_prefill_window`). Memory: `new_key_set(window)` (the compiled `KeySet`'s window
+    or `EvictedWindow`), bounded by `window`. `window=None` keeps every evicted key of the run:
+    for a simulator row only, whose trace bounds the keys (its rate is then the exact one).
     """
 
-    __slots__ = ("_evicted", "evictions", "re_prefilled")
+    __slots__ = ("_evicted", "evictions", "re_prefilled", "window")
 
-    def __init__(self) -> None:
-        self._evicted: Any = new_key_set()
+    def __init__(self, window: int | None = REPREFILL_WINDOW) -> None:
+        self.window = window  # how many of the latest evictions a re-prefill is looked for in
+        self._evicted = new_key_set(window)
         self.evictions = 0
         self.re_prefilled = 0
 
@@ -103,12 +153,13 @@ class ReprefillTracker:
 
     @property
     def rate(self) -> float:
-        """Re-prefilled / evicted; 0.0 before any eviction."""
+        """Re-prefilled (within the window) / evicted; 0.0 before any eviction."""
         return self.re_prefilled / self.evictions if self.evictions else 0.0
 
 
 class HitCounter:
-    """Hits and lookups, overall and per tenant, in any unit (tokens or blocks)."""
+    """Hits and lookups, overall and per tenant (up to `MAX_TENANTS`, the rest together under
+    `OTHER_TENANTS`), in any unit (tokens or blocks)."""
 
     __slots__ = ("hits", "lookups", "per_tenant")
 
@@ -125,10 +176,14 @@ class HitCounter:
         self.lookups += lookups
         counts = self.per_tenant.get(tenant)
         if counts is None:
-            self.per_tenant[tenant] = [hits, lookups]
-        else:
-            counts[0] += hits
-            counts[1] += lookups
+            if len(self.per_tenant) >= MAX_TENANTS:  # past the cap: counted together
+                tenant = OTHER_TENANTS
+                counts = self.per_tenant.get(tenant)
+            if counts is None:
+                self.per_tenant[tenant] = [hits, lookups]
+                return
+        counts[0] += hits
+        counts[1] += lookups
 
     @property
     def hit_rate(self) -> float:

@@ -50,7 +50,6 @@ class SequenceLevelInterface(EvictionPolicyProtocol):
     _re_prefills: int
     _tenants: dict[str | None, list[int]]
     _select_latency: LatencyRecorder
-    _sequence_access: dict[int, list[float]]
 
     @staticmethod
     def candidate_key(candidate: EvictionCandidate) -> Any:
@@ -89,13 +88,12 @@ class SequenceLevelInterface(EvictionPolicyProtocol):
         return victims
 
     def update_access(self, sequence_id: int) -> None:
-        """Record an access to a sequence (count and wall time)."""
-        record = self._sequence_access.get(sequence_id)
-        if record is None:
-            self._sequence_access[sequence_id] = [1.0, time.time()]
-        else:
-            record[0] += 1.0
-            record[1] = time.time()
+        """An access to a running sequence: nothing to keep here.
+
+        The module spec's API has it; what it records lives with the sequence, which the caller
+        owns and hands back in each `EvictionCandidate` (`last_access_time`, `access_count`),
+        and goes with it. A per-sequence table here would outlive its sequences (the policy is
+        never told that one ended) and grow with every sequence served, read by nothing."""
 
     def get_metrics(self) -> EvictionMetrics:
         """Evictions, `select_victims` latency (ms), re-prefill rate and Jain's fairness over

@@ -20,7 +20,7 @@ from sage_eviction.policies.sieve import _Node
 from sage_eviction.recency import _TickQueue
 
 # Counters of lookups and re-prefills: `insert` counts them, a swap's load does not.
-_NOT_STATE = {"_tenants", "_select_latency", "_sequence_access", "_re_prefills", "_evicted"}
+_NOT_STATE = {"_tenants", "_select_latency", "_re_prefills", "_evicted"}
 _HEAPS = {"_heap", "_levels"}  # heap layouts may differ (heapify vs pushes); contents may not
 
 

@@ -51,12 +51,12 @@ def test_the_core_runs_the_policies_this_file_tests() -> None:
     assert _core().flat_state_policies() == sorted(STATE_POLICIES)
 
 
-def _state_cache(policy: str, capacity: int, future: list[int]) -> FlatCache:
+def _state_cache(policy: str, capacity: int, future: list[int], window: int | None = None) -> FlatCache:
     cache = FlatCache(
         policy,
         capacity,
         future=future,  # belady's (the others ignore it)
-        reprefill=ReprefillTracker(),
+        reprefill=ReprefillTracker(window),
         latency=LatencyRecorder(window=4),
         int_keys=True,
     )
@@ -67,14 +67,16 @@ def _state_cache(policy: str, capacity: int, future: list[int]) -> FlatCache:
     return cache
 
 
-def _python_cache(policy: str, capacity: int, future: list[int]) -> tuple[FlatCache, list[Any]]:
+def _python_cache(
+    policy: str, capacity: int, future: list[int], window: int | None = None
+) -> tuple[FlatCache, list[Any]]:
     victims: list[Any] = []
     with native.pure_python():
         cache = FlatCache(
             policy,
             capacity,
             future=future,
-            reprefill=ReprefillTracker(),
+            reprefill=ReprefillTracker(window),
             latency=LatencyRecorder(window=4),
             on_evict=lambda victim, seconds: victims.append(victim),
         )
@@ -99,13 +101,17 @@ def _picture(cache: FlatCache, victims: list[Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("policy", STATE_POLICIES)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chunks=STREAMS, capacity=st.integers(1, 12), by_key=st.booleans())
+@given(
+    chunks=STREAMS, capacity=st.integers(1, 12), by_key=st.booleans(), window=st.sampled_from([None, 1, 3, 8])
+)
 def test_the_state_in_c_is_the_python_policy(
-    policy: str, chunks: list[list[int]], capacity: int, by_key: bool
+    policy: str, chunks: list[list[int]], capacity: int, by_key: bool, window: int | None
 ) -> None:
+    """Line for line, the re-prefill counts included: over the whole run (a simulator row's
+    tracker) or a window of the last evictions (the state keeps the tracker's window)."""
     future = [key for chunk in chunks for key in chunk]
-    state = _state_cache(policy, capacity, future)
-    reference, reference_victims = _python_cache(policy, capacity, future)
+    state = _state_cache(policy, capacity, future, window)
+    reference, reference_victims = _python_cache(policy, capacity, future, window)
     for chunk in chunks:
         if by_key:  # `request` one key at a time, as `lookup` does inside
             assert [state.request(k) for k in chunk] == [reference.request(k) for k in chunk]

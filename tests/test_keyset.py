@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sage_eviction import get_policy_class, native
-from sage_eviction.keyset import PyKeySet, new_key_set
-from sage_eviction.metrics import ReprefillTracker
+from sage_eviction.keyset import EvictedWindow, PyKeySet, new_key_set
 
 _core = native.load(native.CORE)
 IMPLEMENTATIONS = [PyKeySet] + ([_core.KeySet] if _core is not None else [])
@@ -121,9 +120,71 @@ def test_deletions_in_probe_runs_that_wrap_around_the_table() -> None:
 @pytest.mark.skipif(_core is None, reason="the compiled core is not built")
 def test_compact_where_the_core_is_used() -> None:
     assert type(new_key_set()) is _core.KeySet
-    assert type(ReprefillTracker()._evicted) is _core.KeySet
+    assert type(new_key_set(8)) is _core.KeySet and new_key_set(8).window == 8
     with native.pure_python():
         assert type(new_key_set()) is PyKeySet
+        assert type(new_key_set(8)) is EvictedWindow
+
+
+few_keys = st.one_of(  # few, so that a key is often evicted again while its older slot is still in the ring
+    st.integers(0, 5), st.sampled_from(["a", (1, 2), INT64_MIN, DENSE, 2**63, True])
+)
+window_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), few_keys),
+        st.tuples(st.just("add"), few_keys),
+        st.tuples(st.just("discard"), few_keys),
+        st.tuples(st.just("in"), few_keys),
+        st.tuples(st.just("remove_present"), st.lists(few_keys, max_size=3)),
+        st.tuples(st.just("clear"), st.none()),
+    ),
+    max_size=120,
+)
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+@settings(max_examples=200, deadline=None)
+@given(window=st.integers(1, 6), ops=st.one_of(operations, window_operations))
+def test_the_compiled_window_answers_as_the_reference(window: int, ops: list[tuple[str, object]]) -> None:
+    """`KeySet(window=n)` against `EvictedWindow(n)`: the same ring, so the same keys held after
+    every add (the oldest eviction dropped unless discarded or evicted again since), discard, in,
+    remove_present and clear, ints and other keys mixed; the same slots in use (`held`)."""
+    held, reference = _core.KeySet(window=window), EvictedWindow(window)
+    for op, arg in ops:
+        if op == "add":
+            held.add(arg)
+            reference.add(arg)
+        elif op == "discard":
+            held.discard(arg)
+            reference.discard(arg)
+        elif op == "in":
+            assert (arg in held) == (arg in reference)
+        elif op == "remove_present":
+            assert held.remove_present(arg) == reference.remove_present(arg)  # type: ignore[arg-type]
+        else:
+            held.clear()
+            reference.clear()
+        assert len(held) == len(reference) <= window
+        assert held.held == reference.held <= window
+        assert set(held) == set(reference)
+    copied = pickle.loads(pickle.dumps(held))
+    assert copied.window == window and set(copied) == set(reference)
+    copied.add("after")  # the copy's ring keeps the held keys' order: it drops the same one first
+    reference.add("after")
+    assert set(copied) == set(reference)
+
+
+@pytest.mark.skipif(_core is None, reason="the compiled core is not built")
+def test_the_compiled_window_is_bounded_by_its_size() -> None:
+    """10^6 unique keys (dense ids, hashed ints, strings) through a window of 1,000: 1,000 held,
+    the table and the ring sized for 1,000, not for the keys seen."""
+    held = _core.KeySet(window=1000)
+    for key in range(1_000_000):
+        held.add(key if key % 3 else (key * 0x9E3779B97F4A7C15) % 2**62 if key % 2 else f"k{key}")
+    assert len(held) == 1000 and held.held == 1000
+    assert held.table_bytes() <= 1000 * 8 + 2048 * 16 * 2
+    with pytest.raises(ValueError, match="window=0"):
+        _core.KeySet(window=0)
 
 
 @pytest.mark.parametrize("path", ["python", "c_table"])
@@ -158,3 +219,7 @@ def test_a_radix_row_keeps_the_evicted_keys_once() -> None:
     sim.advance(st, float("inf"))
     assert st.cache is not None and st.cache.manager.policy._evicted is None
     assert len(st.cache.manager._metrics.reprefill._evicted) > 0
+    # over the whole run, as the compiled radix loop counts (its KeySet gets the same window):
+    # the engine's bounded window here split the Python rows from the compiled ones on long traces
+    assert st.cache.manager._metrics.reprefill.window is None
+    assert st.cache.manager.stats().re_prefill_window == 0

@@ -22,6 +22,8 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sage_eviction.metrics import MAX_TENANTS, OTHER_TENANTS
+
 __all__ = ["AGE_BUCKETS_S", "DISTANCE_BUCKETS", "HISTOGRAM_KINDS", "AgeHistograms", "HistogramSnapshot"]
 
 AGE_BUCKETS_S: tuple[float, ...] = (
@@ -96,11 +98,22 @@ class HistogramSnapshot:
 class AgeHistograms:
     """The histograms of `HISTOGRAM_KINDS`, one per (kind, policy, tenant) seen."""
 
-    __slots__ = ("_counts", "_sums")
+    __slots__ = ("_counts", "_sums", "_tenants")
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str, str], list[int]] = {}
         self._sums: dict[tuple[str, str, str], float] = {}
+        self._tenants: set[str] = set()  # the tenants with histograms of their own: MAX_TENANTS
+
+    def _label(self, tenant: str | None) -> str:
+        """The tenant's label: ``-`` for none, `OTHER_TENANTS` for those past `MAX_TENANTS`
+        (histograms, and their /metrics label sets, do not grow with the tenants seen)."""
+        label = "-" if tenant is None else tenant
+        if label not in self._tenants:
+            if len(self._tenants) >= MAX_TENANTS:
+                return OTHER_TENANTS
+            self._tenants.add(label)
+        return label
 
     def observe(self, kind: str, policy: str, tenant: str | None, value: float) -> None:
         """Count `value` in its bucket of the (`kind`, `policy`, `tenant`) histogram."""
@@ -110,7 +123,7 @@ class AgeHistograms:
         """`observe` of each value (one lookup's hits, one eviction's victims)."""
         if not values:
             return
-        key = (kind, policy, "-" if tenant is None else tenant)
+        key = (kind, policy, self._label(tenant))
         bounds = HISTOGRAM_KINDS[kind]
         counts = self._counts.get(key)
         if counts is None:
@@ -132,7 +145,7 @@ class AgeHistograms:
         bounds = HISTOGRAM_KINDS[kind]
         if len(counts) != len(bounds) + 1:
             raise ValueError(f"{kind}: {len(counts)} counts for {len(bounds) + 1} buckets")
-        key = (kind, policy, "-" if tenant is None else tenant)
+        key = (kind, policy, self._label(tenant))
         held = self._counts.get(key)
         if held is None:
             held = self._counts[key] = [0] * (len(bounds) + 1)

@@ -101,6 +101,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
         int_keys: Every block key is an int64 (the simulator checks): the regret ghost set in C.
         lookup_log: Where each admitted lookup's record goes (`lookup_log`); None: off.
         retention: What prompt-cache contracts are granted (`retention`); None: the defaults.
+        whole_run_reprefill: Re-prefills over the whole run, not a window (a simulator row's).
 
     Attributes:
         lock: Re-entrant lock held by every public method; the engine and server may hold it too.
@@ -130,6 +131,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
         int_keys: bool = False,
         lookup_log: LookupLog | None = None,
         retention: RetentionConfig | None = None,
+        whole_run_reprefill: bool = False,
     ) -> None:
         if block_size is None:
             block_size = allocator.block_size
@@ -149,7 +151,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
         keys = self._keys = PromptKeys(block_size, isolate_tenants)
         protection = self._protection = QueueProtection(self.radix, protect_queued)
         acct = CacheAccounting(self.num_blocks, clock, self._binding, ghost_factor, lookup_log, int_keys)
-        metrics = self._metrics = CacheMetrics(acct)  # lookups, preemptions; evictions count in the step
+        metrics = self._metrics = CacheMetrics(acct, self.num_blocks, whole_run_reprefill)
         store = self._tiers = TierStore.from_config(tiers, self.events, clock, metrics.reprefill.on_evicts)
         squeeze = CompressedPrefixes.from_spec(compress_on_evict, block_size, allocator, clock)
         self._compressed = squeeze

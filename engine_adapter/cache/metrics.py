@@ -19,7 +19,7 @@ from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.stats import CacheStats, TierStats
-from sage_eviction.metrics import HitCounter, ReprefillTracker
+from sage_eviction.metrics import HitCounter, ReprefillTracker, reprefill_window
 
 __all__ = ["CacheMetrics"]
 
@@ -29,17 +29,21 @@ class CacheMetrics:
 
     Attributes:
         hits: Prompt tokens looked up and served from cache, overall and per tenant.
-        reprefill: Evicted blocks and the ones requested again.
+        reprefill: Evicted blocks and the ones requested again within its window.
         preemptions: Sequences preempted.
         accounting: Ages, regret and lookup records (`accounting`).
     """
 
     __slots__ = ("accounting", "hits", "preemptions", "reprefill")
 
-    def __init__(self, accounting: CacheAccounting) -> None:
+    def __init__(self, accounting: CacheAccounting, capacity: int, whole_run: bool = False) -> None:
         self.accounting = accounting
         self.hits = HitCounter()
-        self.reprefill = ReprefillTracker()
+        # The cache's one re-prefill record (its policies record none: `PolicyBinding`), over the
+        # last `reprefill_window(capacity)` evictions: bounded however long the cache serves. A
+        # simulator row (`whole_run`) keeps every eviction of its run, as its compiled loops do:
+        # its trace bounds the keys, and its rate is then the exact one.
+        self.reprefill = ReprefillTracker(None if whole_run else reprefill_window(capacity))
         self.preemptions = 0
 
     def record_lookup(
@@ -95,6 +99,7 @@ class CacheMetrics:
             prefix_cache_queries_tokens=self.hits.lookups,
             prefix_cache_hits_tokens=self.hits.hits,
             re_prefill_blocks=self.reprefill.re_prefilled,
+            re_prefill_window=self.reprefill.window or 0,  # 0: the whole run
             running_sequences=running_sequences,
             reserved_blocks=reserved_blocks,
             tiers=tiers,

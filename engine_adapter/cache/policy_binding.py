@@ -55,7 +55,7 @@ class PolicyBinding:
 
     def new_policy(self) -> EvictionPolicy:
         """An empty policy of the active spec (for a new radix index)."""
-        return self._resolved.build()
+        return _unrecorded(self._resolved.build())
 
     def swap(self, radix: RadixCache, spec: str, **params: Any) -> SwapResult:
         """Replace `radix`'s policy with one built by `from_entries(old.entries(), ...)`, handed
@@ -100,7 +100,7 @@ class PolicyBinding:
             t0 = time.perf_counter()
             keys, metas, flags = old.entry_columns()
             t1 = time.perf_counter()
-            new = resolved.build((keys, metas, flags))
+            new = _unrecorded(resolved.build((keys, metas, flags)))
             t2 = time.perf_counter()
         finally:
             if gc_was_enabled:
@@ -128,3 +128,10 @@ class PolicyBinding:
         self.swaps += 1
         self.last_swap_time_s = result.swap_time_s
         return result, new, copied
+
+
+def _unrecorded(policy: EvictionPolicy) -> EvictionPolicy:
+    """`policy`, told to keep no evicted keys of its own: the cache's `ReprefillTracker`
+    (`CacheMetrics.reprefill`) is the one re-prefill record, so the keys are held once."""
+    policy.stop_recording_evicted()
+    return policy

@@ -71,7 +71,8 @@ class CacheStats:
         avg_eviction_time_us: Mean wall time of a policy decision.
         p50_eviction_time_us: Its median.
         p99_eviction_time_us: Its 99th percentile.
-        re_prefill_rate: Evicted blocks requested again later / evicted blocks.
+        re_prefill_rate: Evicted blocks requested again later / evicted blocks, a block counted
+            when it comes back within `re_prefill_window` evictions of its own.
         fairness_score: Jain's index over per-tenant hit rates.
         hit_rate: Prompt tokens served from cache / prompt tokens looked up.
         memory_utilization: Used / total blocks right after each eviction, averaged (used / total
@@ -104,6 +105,9 @@ class CacheStats:
         missed_blocks, ghost_hits, regrets, regret_ratio, ghost_capacity, thrashing,
             thrashing_threshold, window_regret_ratio: Regret (`accounting.AccountingStats`;
             docs/architecture.md, "Ages and regret").
+        re_prefill_window: The evictions a re-prefill is looked for in (`re_prefill_rate`):
+            4 x the pool's blocks, at least 8192 (`sage_eviction.metrics.reprefill_window`); 0 in
+            a simulator row, which counts over its whole run.
         age_histograms: Block age at hit and at eviction, reuse distance at hit and regret age,
             per policy and tenant (`ages.HistogramSnapshot`).
         retained_blocks: Blocks under an unexpired retention now (prompt-cache lifetimes,
@@ -161,6 +165,7 @@ class CacheStats:
     thrashing: bool = False
     thrashing_threshold: float = 0.0
     window_regret_ratio: float | None = None
+    re_prefill_window: int = 0
     age_histograms: tuple[HistogramSnapshot, ...] = ()
     retained_blocks: int = 0
     retention_granted_blocks: int = 0

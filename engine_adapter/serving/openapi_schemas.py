@@ -87,6 +87,7 @@ def eviction_schemas() -> dict[str, Schema]:
                 "thrashing": BOOL,
                 "thrashing_threshold": NUM,
                 "window_regret_ratio": nullable(NUM),
+                "re_prefill_window": INT,
                 "age_histograms": {"type": "array", "items": ref("AgeHistogram")},
             },
         ),

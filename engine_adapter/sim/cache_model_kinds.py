@@ -146,6 +146,7 @@ class RadixCacheModel(CacheModelKind):
             int_keys=int64_keys(sim.workload.requests),  # the whole workload's: a fleet's replica grows
             # never evicting, unbounded needs 1 ghost, not 2 a block (the horizon stays its pool)
             ghost_factor=1 / num_blocks if sim.unbounded else 2.0,
+            whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds the keys)
         )
         belady = None
         if manager.policy.offline:

@@ -120,7 +120,9 @@ class FlatModel:
     decision times recorded through its hooks."""
 
     def __init__(self, policy: str, capacity: int, requests: Sequence[SimRequest]) -> None:
-        self.reprefill = ReprefillTracker()
+        # The whole run (the trace bounds its keys): the row's rate is the exact one, counted as
+        # the compiled FlatState counts it (it keeps the tracker's window); per run, freed.
+        self.reprefill = ReprefillTracker(None)
         self.latency = LatencyRecorder()
         offline = get_policy_class(parse_policy_spec(policy)[0]).offline
         self.cache = FlatCache(

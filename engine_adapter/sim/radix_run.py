@@ -133,7 +133,7 @@ class RadixSettings:
     candidates: int  # its candidate key
     policy_name: str
     ghosts: object  # a fresh compiled ghost set of the manager's size
-    evicted_keys: object  # a fresh compiled KeySet: the re-prefill tracker's evicted keys
+    evicted_keys: object  # a fresh compiled KeySet of the tracker's window: its evicted keys
     window: int  # the accounting's regret window (missed blocks)
     horizon: int  # the ghost set's reuse-time horizon
     close_window: Callable[[float], None]
@@ -264,7 +264,8 @@ def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) ->
     fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
     columns = flat_columns(st.requests)
     policy = _kind_policy(cache, columns)
-    settings = _settings(sim, cache, kind, candidates, policy, fresh, core.KeySet())
+    window = manager._metrics.reprefill.window  # the row's: the whole run (None), as the manager's
+    settings = _settings(sim, cache, kind, candidates, policy, fresh, core.KeySet(window=window))
     codes, tenants = _tenants(st.requests)
     run = loop.RadixLoop(columns, settings, codes, tenants)
     if not run.run(float(st.clock)):

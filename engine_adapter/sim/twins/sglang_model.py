@@ -135,7 +135,7 @@ class SGLangModel:
         self.evictions = 0
         self.preemptions = 0
         self.peak_used = 0
-        self.reprefill = ReprefillTracker()
+        self.reprefill = ReprefillTracker(None)  # a simulator row's: the whole run
         self.latency = LatencyRecorder()
 
     # ------------------------------------------------------------------ the pool

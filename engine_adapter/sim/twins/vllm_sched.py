@@ -120,7 +120,7 @@ class VllmTwin:
         self.running: list[TwinSequence] = []
         self.preemptions = 0
         # Evicted blocks that a later lookup misses and recomputes, as the radix model counts them.
-        self.reprefill = ReprefillTracker()
+        self.reprefill = ReprefillTracker(None)  # a simulator row's: the whole run
         pool.on_evict = self.reprefill.on_evict
 
     def add(self, seq: TwinSequence) -> None:
