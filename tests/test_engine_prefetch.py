@@ -75,7 +75,11 @@ def test_a_small_pool_with_many_queued_requests_finishes(
 
 
 def test_a_request_that_leaves_the_queue_has_its_prefetch_forgotten() -> None:
-    engine = started_engine(num_blocks=40, host_kv_cache="128KiB", max_num_seqs=1)
+    # generated tokens cached too (the engine frees them by default): their blocks push the
+    # queued prompt's down to host, which its prefetch needs
+    engine = started_engine(
+        num_blocks=40, host_kv_cache="128KiB", max_num_seqs=1, cache_generated_tokens=True
+    )
     prefetches = engine.cache._prefetches
     assert prefetches is not None and engine.scheduler.prefetch is not None
     seen: dict[str, Any] = {}
