@@ -289,22 +289,24 @@ cdef class KeySet:
         return NotImplemented
 
     def __reduce__(self):
-        # windowed: the held keys in the order of their latest adds, oldest first
-        return (KeySet, (self._window_order() if self.window else list(self), self.window or None))
+        # windowed: the whole ring, oldest slot first, each slot's key and whether that slot is
+        # still its latest add: a copy keeps the stale slots too, so it drops what this would
+        if not self.window:
+            return (KeySet, (list(self), None))
+        return (_window_from_ring, (self.window, self._ring_entries()))
 
-    cdef list _window_order(self):
+    cdef list _ring_entries(self):
         cdef Py_ssize_t i, slot
-        cdef list keys = []
+        cdef list entries = []
         cdef object key
         for i in range(self._ring_len):
             slot = (self._next + i) % self._ring_len
             key = None if self._ring_objs is None else self._ring_objs[slot]
             if key is not None:
-                if self._at.get(key) == slot:
-                    keys.append(key)
-            elif _map_get(&self._ints, self._ring[slot]) == slot:
-                keys.append(self._ring[slot])
-        return keys
+                entries.append((key, self._at.get(key) == slot))
+            else:
+                entries.append((self._ring[slot], _map_get(&self._ints, self._ring[slot]) == slot))
+        return entries
 
     def __repr__(self):
         window = f", window {self.window}" if self.window else ""
@@ -355,3 +357,14 @@ cdef int keyset_discard_int(object keys, int64_t key) except -1:
     if type(keys) is not KeySet:
         raise TypeError(f"expected a KeySet, got {type(keys).__name__}")
     return 1 if (<KeySet>keys)._discard_int(key) else 0
+
+
+def _window_from_ring(window, entries):
+    """A windowed `KeySet` from its ring (`KeySet.__reduce__`): the adds replayed oldest first,
+    then the keys none of whose slots is live discarded (their slots stay, as stale ones do)."""
+    held = KeySet(window=window)
+    for key, _ in entries:
+        held.add(key)
+    for key in {key for key, _ in entries} - {key for key, live in entries if live}:
+        held.discard(key)
+    return held
