@@ -33,6 +33,16 @@ def running_engine(config: Callable[[Path], EngineConfig], prefix: str) -> Itera
             engine.shutdown(drain=False, timeout=10)
 
 
+@contextmanager
+def serving(**overrides: object) -> Iterator[Engine]:
+    """`started_engine(**overrides)`, shut down without draining on the way out."""
+    engine = started_engine(**overrides)
+    try:
+        yield engine
+    finally:
+        engine.shutdown(drain=False, timeout=10)
+
+
 def app_client(engine: Engine) -> TestClient:
     """The engine's HTTP app; server errors come back as responses, not exceptions."""
     return TestClient(build_app(engine), raise_server_exceptions=False)
@@ -63,6 +73,13 @@ class SubmitRecorder:
         self.contracts: list[CacheContract | None] = []
         self.prompts: list[Any] = []
         self._submit = engine.submit
+
+    @classmethod
+    def installed(cls, engine: Engine, monkeypatch: Any) -> SubmitRecorder:
+        """A recorder put in place of `engine.submit` for one test (`monkeypatch` undoes it)."""
+        recorder = cls(engine)
+        monkeypatch.setattr(engine, "submit", recorder)
+        return recorder
 
     def __call__(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
         self.contracts.append(kwargs.get("cache_contract"))

@@ -17,7 +17,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from engine_fixtures import SubmitRecorder, app_client, started_engine
+from engine_fixtures import SubmitRecorder, app_client, serving
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
@@ -35,18 +35,13 @@ HELLO = [{"role": "user", "content": "Say something."}]
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    eng = started_engine(num_blocks=1024)
-    try:
+    with serving(num_blocks=1024) as eng:
         yield eng
-    finally:
-        eng.shutdown(drain=False, timeout=10)
 
 
 @pytest.fixture
 def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> SubmitRecorder:
-    recorder = SubmitRecorder(engine)
-    monkeypatch.setattr(engine, "submit", recorder)
-    return recorder
+    return SubmitRecorder.installed(engine, monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from engine_fixtures import SubmitRecorder, app_client, started_engine
+from engine_fixtures import SubmitRecorder, app_client, serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_fixtures import (  # noqa: F401 (fixtures: tests ask for them by name)
@@ -40,18 +40,13 @@ CHAT = [{"role": "user", "content": "Say something."}]
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    eng = started_engine(num_blocks=1024)
-    try:
+    with serving(num_blocks=1024) as eng:
         yield eng
-    finally:
-        eng.shutdown(drain=False, timeout=10)
 
 
 @pytest.fixture
 def recorded(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> SubmitRecorder:
-    recorder = SubmitRecorder(engine)
-    monkeypatch.setattr(engine, "submit", recorder)
-    return recorder
+    return SubmitRecorder.installed(engine, monkeypatch)
 
 
 @pytest.fixture(scope="module")
