@@ -185,6 +185,7 @@ def test_apply_chat_template_uses_the_tokenizers_template_and_checks_raw_message
 
 
 @needs_transformers
+@pytest.mark.slow  # transformers' import alone is ~3 s of the quick loop; the full run holds us to it
 @pytest.mark.parametrize("generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=CONVERSATION_IDS)
 @pytest.mark.parametrize("name", sorted(TEMPLATES))

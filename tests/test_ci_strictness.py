@@ -25,12 +25,18 @@ TESTS = Path(__file__).resolve().parent
 
 SAMPLE = '''
 import pytest
+from lazy_extras import lazy
+
+missing_lazily = lazy("sage_no_such_lazy_extra")  # collected without importing it
 
 def test_runs():
     assert True
 
 def test_needs_a_missing_extra():
     pytest.importorskip("sage_no_such_extra")
+
+def test_needs_a_missing_extra_lazily():
+    missing_lazily.anything
 
 def test_needs_a_gpu():
     pytest.skip("needs CUDA")
@@ -51,6 +57,7 @@ def _run(folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def sample(tmp_path: Path) -> Path:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(TESTS / "lazy_extras.py", tmp_path / "lazy_extras.py")
     (tmp_path / "test_sample.py").write_text(SAMPLE, encoding="utf-8")
     return tmp_path
 
@@ -64,7 +71,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_without_require_all_a_missing_extra_skips(sample: Path) -> None:
     result = _run(sample, _env())
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed, 2 skipped" in result.stdout
+    assert "1 passed, 3 skipped" in result.stdout
 
 
 def test_under_require_all_a_missing_extra_fails_and_a_gpu_skip_stays(sample: Path) -> None:
@@ -73,7 +80,7 @@ def test_under_require_all_a_missing_extra_fails_and_a_gpu_skip_stays(sample: Pa
         pytest.skip(f"this machine lacks {'; '.join(lacking)}")
     result = _run(sample, _env(SAGE_REQUIRE_ALL="1"))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 failed, 1 passed, 1 skipped" in result.stdout
+    assert "2 failed, 1 passed, 1 skipped" in result.stdout
     assert "skipped under SAGE_REQUIRE_ALL=1" in result.stdout
     assert "sage_no_such_extra" in result.stdout
 
@@ -94,15 +101,16 @@ from real_conftest import pytest_make_collect_report, pytest_runtest_makereport 
 
 def test_under_require_all_the_skip_hooks_fail_a_missing_extra_and_keep_a_gpu_skip(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "real_conftest.py")
+    shutil.copy(TESTS / "lazy_extras.py", tmp_path / "lazy_extras.py")
     (tmp_path / "conftest.py").write_text(SKIP_HOOKS_ONLY, encoding="utf-8")
     (tmp_path / "test_sample.py").write_text(SAMPLE, encoding="utf-8")
     result = _run(tmp_path, _env(SAGE_REQUIRE_ALL="1"))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 failed, 1 passed, 1 skipped" in result.stdout
+    assert "2 failed, 1 passed, 1 skipped" in result.stdout
     assert "skipped under SAGE_REQUIRE_ALL=1, where nothing may be missing" in result.stdout
-    assert "SKIPPED [1] test_sample.py:11: needs CUDA" in result.stdout
+    assert "SKIPPED [1] test_sample.py:17: needs CUDA" in result.stdout
     # the same hooks without SAGE_REQUIRE_ALL: both skips stay skips
-    assert "1 passed, 2 skipped" in _run(tmp_path, _env()).stdout
+    assert "1 passed, 3 skipped" in _run(tmp_path, _env()).stdout
 
 
 def test_under_require_all_a_missing_extra_stops_the_session(sample: Path) -> None:

@@ -15,11 +15,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import pytest
 from engine_fixtures import SubmitRecorder, app_client, serving
 from hypothesis import given
 from hypothesis import strategies as st
+from lazy_extras import lazy
 from starlette.testclient import TestClient
 
 from engine_adapter.cache.contract import CacheContract
@@ -28,6 +28,8 @@ from engine_adapter.serving.auth import ApiKeyGate
 from engine_adapter.serving.engine import Engine
 from engine_adapter.serving.messages import anthropic_usage
 from engine_adapter.serving.sequence import RequestOutput
+
+anthropic = lazy("anthropic")  # the official client, imported by the first test that uses it
 
 MODEL = "sage-tiny"
 HELLO = [{"role": "user", "content": "Say something."}]

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 import torch
+from lazy_extras import lazy
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy("transformers")
 
 from engine_adapter.model import ForwardBatch, HFTokenizer, load_model  # noqa: E402
 from engine_adapter.model.decoder import Decoder  # noqa: E402

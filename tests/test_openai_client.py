@@ -23,10 +23,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from lazy_extras import lazy
 
 from engine_adapter.model.builtin import SMOLLM2_NAME, smollm2_gguf_path
 
-openai = pytest.importorskip("openai")
+openai = lazy("openai")  # imported by the first test that runs (every one is slow)
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 from engine_fixtures import SubmitRecorder, app_client, serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lazy_extras import lazy
 from model_fixtures import (  # noqa: F401 (fixtures: tests ask for them by name)
     needs_smollm2,
     one_thread_fixture,
@@ -34,6 +34,8 @@ from engine_adapter.serving.engine import Engine
 from engine_adapter.serving.handles import RequestHandle
 from engine_adapter.serving.prompt_cache import cache_contract, openai_cache_ask, parse_duration
 from engine_adapter.serving.sequence import RequestOutput
+
+openai = lazy("openai")  # the official client, imported by the first test that uses it
 
 CHAT = [{"role": "user", "content": "Say something."}]
 

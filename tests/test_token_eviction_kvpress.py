@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import torch
+from lazy_extras import lazy
 
-transformers = pytest.importorskip("transformers")
-kvpress = pytest.importorskip("kvpress")
+transformers = lazy("transformers")
+kvpress = lazy("kvpress")
 
 from model_fixtures import (  # noqa: E402
     needs_smollm2,
@@ -42,9 +43,13 @@ from engine_adapter.token_eviction.registry import make_token_policy  # noqa: E4
 
 __all__ = ["one_thread_fixture", "reference_fixture", "reference_tokenizer_fixture", "smollm2_fixture"]
 
+# The whole file is left to the full run: it needs transformers and kvpress (about 5 s of import
+# on 2 cores) and builds random tiny models per fixture; the quick loop stays under a minute.
+pytestmark = pytest.mark.slow
+
 PROMPT_LEN = 120
 # Ratio 0.5 in the quick loop; the others (seconds each, with the model fixtures) in the full run.
-RATIOS = [pytest.param(r, marks=[] if r == 0.5 else [pytest.mark.slow]) for r in (0.25, 0.5, 0.75, 0.9)]
+RATIOS = [0.25, 0.5, 0.75, 0.9]
 
 
 def _pairs(ratio: float) -> list[tuple[Any, TokenEvictionPolicy]]:

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from lazy_extras import lazy
 
-transformers = pytest.importorskip("transformers")
-kvpress = pytest.importorskip("kvpress")
+transformers = lazy("transformers")
+kvpress = lazy("kvpress")
 
 from model_fixtures import (  # noqa: E402
     needs_smollm2,
@@ -36,6 +37,10 @@ from engine_adapter.token_eviction.presses.kvzip import KVzipPolicy  # noqa: E40
 from engine_adapter.token_eviction.registry import token_policy_from_spec  # noqa: E402
 
 __all__ = ["one_thread_fixture", "reference_fixture", "smollm2_fixture"]
+
+# The whole file is left to the full run: it needs transformers and kvpress (about 5 s of import
+# on 2 cores) and builds random tiny models per fixture; the quick loop stays under a minute.
+pytestmark = pytest.mark.slow
 
 PROMPT_LEN = 120
 SENTENCES = [
