@@ -18,11 +18,14 @@ no simulator can replay.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import benchmark
 from engine_fixtures import serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,3 +229,16 @@ def test_every_request_finishes_and_hits_at_most_the_unbounded_row_alone(
     assert unbounded.preemptions == 0 and unbounded.result.evictions == 0
     if gap:  # one request at a time: a bounded cache holds a subset of what the unbounded one holds
         assert all(h <= u for h, u in zip(run.hit_tokens, unbounded.hit_tokens, strict=True))
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_the_sage_model_in_a_real_process(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = benchmark("--eviction-policies", "lru,s3fifo", "--cache-model", "sage", "--requests", "120",
+                     "--jobs", "1", "--output", str(out), home=tmp_path, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert {r["cache_model"] for r in rows} == {"sage"}
+    assert rows[-1]["policy"] == "unbounded" and "belady" not in {r["policy"] for r in rows}
+    assert all(0 < r["hit_rate"] <= rows[-1]["hit_rate"] for r in rows)
+    assert rows[-1]["evictions"] == 0 and any(r["preemptions"] > 0 for r in rows[:-1])
