@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--policies", default="lru,lfu,s3fifo,arc")
     parser.add_argument("--pool", type=int, default=fidelity.POOL, help="the engine's --num-blocks")
     args = parser.parse_args()
-    script = chat_script(**fidelity.SCRIPT)  # type: ignore[arg-type]
+    script = chat_script(**fidelity.SCRIPT)
     for policy in args.policies.split(","):
         one = fidelity.one_at_a_time(script, policy, args.pool)
         every = fidelity.all_at_once(one.prompts, policy, args.pool)

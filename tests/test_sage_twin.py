@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_adapter.model.sampling import SamplingParams
+from engine_adapter.serving.engine import Engine
 from engine_adapter.sim.twins import TWINS, twin_runner
 from engine_adapter.sim.twins.chats import ChatScript, chat_script, stand_in_answers, token_workload
 from engine_adapter.sim.twins.sage_run import make_cache, simulate_sage
@@ -43,7 +45,7 @@ MAX_NUM_SEQS = 8
 MAX_NUM_BATCHED_TOKENS = 64  # a 100-token prompt prefills in chunks
 OUTPUT_LEN = 6
 # sage-tiny's vocabulary is 264 tokens; 24 chats turns, prompts up to 100 tokens (25 blocks)
-SCRIPT = {
+SCRIPT: dict[str, Any] = {
     "requests": 24, "chats": 4, "system_tokens": 24, "message_tokens": (4, 12),
     "max_prompt_tokens": 100, "output_len": OUTPUT_LEN, "seed": 3, "token_range": (4, 260),
 }  # fmt: skip
@@ -63,7 +65,7 @@ class EngineRun:
     preemptions: int
 
 
-def _engine(policy: str, pool: int) -> object:
+def _engine(policy: str, pool: int) -> AbstractContextManager[Engine]:
     return serving(
         num_blocks=pool,
         block_size=BLOCK_SIZE,
@@ -81,7 +83,7 @@ def one_at_a_time(script: ChatScript, policy: str, pool: int) -> EngineRun:
     n = len(script.turns)
     answers: list[tuple[int, ...]] = []
     prompts, cached = [], []
-    with _engine(policy, pool) as engine:  # type: ignore[attr-defined]
+    with _engine(policy, pool) as engine:
         for i in range(n):
             prompt = script.prompts([*answers, *[()] * (n - i)])[i]  # turn i reads answers < i only
             out = engine.submit(list(prompt), _SAMPLING, priority=priority_of(i)).result(120)
@@ -94,7 +96,7 @@ def one_at_a_time(script: ChatScript, policy: str, pool: int) -> EngineRun:
 
 def all_at_once(prompts: Sequence[tuple[int, ...]], policy: str, pool: int) -> EngineRun:
     """Every prompt queued before the engine's first step (module docstring)."""
-    with _engine(policy, pool) as engine:  # type: ignore[attr-defined]
+    with _engine(policy, pool) as engine:
         with engine.cache.lock:
             handles = [
                 engine.submit(list(p), _SAMPLING, priority=priority_of(i)) for i, p in enumerate(prompts)
@@ -136,7 +138,7 @@ def check_twin(
 
 
 def _engine_case(policy: str) -> None:
-    script = chat_script(**SCRIPT)  # type: ignore[arg-type]
+    script = chat_script(**SCRIPT)
     one = one_at_a_time(script, policy, POOL)
     check_twin(script, one, policy, POOL, ONE_AT_A_TIME_GAP_S)
     every = all_at_once(one.prompts, policy, POOL)
@@ -158,9 +160,9 @@ def _request(i: int, prompt: Sequence[int], output_len: int = 2, priority: int =
     return SimRequest(i, 0.0, (), len(prompt), output_len, priority=priority, token_ids=tokens)
 
 
-def _hits(requests: list[SimRequest], **options: object) -> list[int]:
+def _hits(requests: list[SimRequest], **options: Any) -> list[int]:
     workload = Workload(requests=requests, block_size=4, source="test")
-    return simulate_sage(workload, "lru", 64, max_num_seqs=1, **options).hit_tokens  # type: ignore[arg-type]
+    return simulate_sage(workload, "lru", 64, max_num_seqs=1, **options).hit_tokens
 
 
 def test_admission_is_by_priority_then_age_as_in_the_engine() -> None:
@@ -214,7 +216,7 @@ def test_the_sage_twin_is_registered_for_the_cli() -> None:
 def test_every_request_finishes_and_hits_at_most_the_unbounded_row_alone(
     seed: int, pool: int, gap: float, policy: str
 ) -> None:
-    script = chat_script(**{**SCRIPT, "requests": 16, "seed": seed})  # type: ignore[arg-type]
+    script = chat_script(**{**SCRIPT, "requests": 16, "seed": seed})
     answers = stand_in_answers(script)
     workload = token_workload(script, script.prompts(answers), answers, block_size=BLOCK_SIZE, gap_s=gap)
     run = simulate_sage(
