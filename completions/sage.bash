@@ -37,7 +37,7 @@ _sage() {
         "sage llm benchmark:--compute")
             COMPREPLY=($(compgen -W "shared split" -- "$cur")); return ;;
         "sage llm benchmark:--cache-model")
-            COMPREPLY=($(compgen -W "radix flat sglang vllm" -- "$cur")); return ;;
+            COMPREPLY=($(compgen -W "radix flat sglang vllm sage" -- "$cur")); return ;;
         "sage llm benchmark:--schedule-policy")
             COMPREPLY=($(compgen -W "fcfs lpm dfs-weight" -- "$cur")); return ;;
         "sage llm benchmark:--engine-kind")

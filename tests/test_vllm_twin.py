@@ -160,7 +160,7 @@ def test_the_cli_reads_the_simulators_one_list_of_names(tmp_path: Path) -> None:
     from engine_adapter.sim import model_names
 
     source = Path(model_names.__file__).read_text(encoding="utf-8")
-    anchor = '    "vllm": "engine_adapter.sim.twins.vllm_run:simulate_vllm",\n'
+    anchor = '    "sage": "engine_adapter.sim.twins.sage_run:simulate_sage",\n'  # the last twin
     assert anchor in source
     copy = tmp_path / "model_names.py"
     copy.write_text(source.replace(anchor, anchor + '    "trtllm": "x:y",\n'), encoding="utf-8")

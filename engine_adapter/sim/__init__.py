@@ -41,7 +41,7 @@ The benchmark (`sage llm benchmark --mode sim`):
     plot_ages.py       the plot's panels of block age at hit and at eviction per policy
     fleet/             ``--replicas N --router R``: the workload over N engines behind a router
                        on one clock (docs/fleet.md; its own docstring lists its files)
-    twins/             engine twins, ``--cache-model vllm|sglang``: an engine's own cache (and
+    twins/             engine twins, ``--cache-model vllm|sage|sglang``: an engine's own cache (and
                        where it decides hits, its scheduler) as a cache model, proven against
                        the real package (its own docstring lists its files and the registry `TWINS`)
 

@@ -264,10 +264,10 @@ def simulate(
         capacities: Cache sizes in blocks, a list of whole numbers; or
         capacity_ratios: Cache sizes as fractions of the trace's distinct blocks (default 5 %
             and 10 %). Not both.
-        cache_model: ``"radix"`` (sage's engine), ``"flat"`` (libCacheSim's model),
+        cache_model: ``"radix"`` (sage's cache), ``"flat"`` (libCacheSim's model),
             ``"sglang"`` (SGLang's radix cache, queue order and retraction: SGLang's eviction
             strategies or ``sage-<spec>``; ``schedule_policy="lpm"`` among the options), or an
-            engine twin (``"vllm"``).
+            engine twin (``"vllm"``, ``"sage"``: sage's own engine scheduler).
         jobs: Worker processes for the rows (1: this process, the default here; None: every
             usable core); 1 with a policy class of the session.
         **options: Any other field of `engine_adapter.sim.benchmark.SimBenchmarkOptions`

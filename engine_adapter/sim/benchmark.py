@@ -277,8 +277,9 @@ class SimBenchmarkOptions:
         capacity_ratios: Cache sizes as fractions of the distinct blocks (default 0.05, 0.10).
         cache_model: ``"radix"``, ``"flat"``, ``"sglang"`` (SGLang's radix cache in the event loop;
             its policies are SGLang's eviction strategies) or an engine twin with its own loop
-            (`engine_adapter.sim.twins.TWINS`: ``"vllm"``; its capacities are vLLM's
-            `num_gpu_blocks`). The engines' models have no Belady row.
+            (`engine_adapter.sim.twins.TWINS`: ``"vllm"``, whose capacities are vLLM's
+            `num_gpu_blocks`; ``"sage"``, sage's engine scheduler). The engines' models have no
+            Belady row.
         duration: Keep only the requests arriving within this many seconds of the first.
         output: Write the result here as JSON.
         plot: Write a PNG of hit rate against the capacity ratio and the TTFT CDFs here (needs

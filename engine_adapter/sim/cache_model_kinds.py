@@ -222,10 +222,20 @@ class TwinCacheModel(CacheModelKind):
         raise ValueError(f"the {self.name} twin runs on its own (twins.twin_runner), not in Simulator")
 
 
+class SageTwinCacheModel(TwinCacheModel):
+    """sage's own engine's scheduler over its cache (`twins.sage_run`): the engine's admission,
+    chunked prefill and preemption; its pool has no null block."""
+
+    name: ClassVar[str] = "sage"
+    reserved_blocks: ClassVar[int] = 0
+
+
 _KINDS: dict[str, type[CacheModelKind]] = {
     kind.name: kind for kind in (RadixCacheModel, FlatCacheModel, SGLangCacheModel)
 }
-_TWIN_KINDS: dict[str, type[CacheModelKind]] = {TwinCacheModel.name: TwinCacheModel}
+_TWIN_KINDS: dict[str, type[CacheModelKind]] = {
+    kind.name: kind for kind in (TwinCacheModel, SageTwinCacheModel)
+}
 if tuple(_KINDS) != EVENT_LOOP_MODELS or tuple(_TWIN_KINDS) != tuple(TWINS):  # model_names' list
     raise ImportError(f"cache model kinds {tuple(_KINDS)}, {tuple(_TWIN_KINDS)} are not model_names'")
 

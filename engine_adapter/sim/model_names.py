@@ -16,6 +16,7 @@ sage's engine's radix cache, libCacheSim's flat cache, SGLang's radix cache and 
 
 TWINS: dict[str, str] = {
     "vllm": "engine_adapter.sim.twins.vllm_run:simulate_vllm",
+    "sage": "engine_adapter.sim.twins.sage_run:simulate_sage",
 }
 """Engine twins with their own scheduler: name -> the row runner, ``module:function``, imported
 on first use (`engine_adapter.sim.twins.twin_runner`)."""

@@ -249,6 +249,7 @@ CacheModelOpt = Annotated[
         help=(
             "radix: prefix cache (a hit stops at the first miss); flat: independent blocks;"
             " vllm: vLLM v1's block pool and scheduler (capacities are its num_gpu_blocks);"
+            " sage: sage's engine's own scheduler (priority admission, chunked prefill, preemption);"
             " sglang: SGLang's radix cache, queue order and retraction (policies: SGLang's lru, lfu,"
             " fifo, mru, filo, priority, slru, or sage-NAME: a sage policy plugged into SGLang)."
         ),

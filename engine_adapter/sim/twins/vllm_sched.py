@@ -233,6 +233,14 @@ class VllmTwin:
             scheduled[seq] = num_new
             budget -= num_new
 
+    def stuck(self) -> str:
+        """Why nothing runs: the queue's head needs more blocks than the pool has."""
+        seq = self.waiting[0]
+        return (
+            f"request {seq.index} ({seq.num_tokens} tokens) needs more blocks than the "
+            f"{self.config.num_gpu_blocks - 1} usable of num_gpu_blocks={self.config.num_gpu_blocks}"
+        )
+
     def step(self) -> tuple[StepWork, list[TwinSequence]]:
         """One engine step: schedule, then run it; returns its work and the finished requests."""
         scheduled: dict[TwinSequence, int] = {}
