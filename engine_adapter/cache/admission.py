@@ -122,7 +122,7 @@ class Admission:
             matchable = self.matchable_keys(keys, n_tokens, request)
             path = self._radix.match(matchable)
             if self._tiers is not None:
-                below = self._tiers.match(matchable, len(path))
+                below = self._running.cut_promotions(salt, self._tiers.match(matchable, len(path)))
             if self._compressed is not None:
                 hit = self._compressed.match(matchable, len(path))
         seq, evicted = self._running.admit(request, path, keys, salt, n_tokens, n_blocks, below, hit)

@@ -56,6 +56,7 @@ from engine_adapter.cache.promotion import Prefetches
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_front import QueueFront
 from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.quota_front import QuotaFront
 from engine_adapter.cache.radix_cache import RadixCache, new_radix_cache
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.request import CacheRequest
@@ -72,7 +73,7 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
+class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
@@ -163,8 +164,9 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
         self._pins = Pins(self.radix, keys)
         kept = self._retention = Retention(retention, self.radix, clock, tiered=store is not None)
         eviction.bind_retention(kept)
+        quotas = self._bind_quotas(self.radix, store, eviction, evict_own=squeeze is None)
         running = self._running = RunningSequences(
-            allocator, self.radix, keys, eviction, protection, clock, store, squeeze, kept
+            allocator, self.radix, keys, eviction, protection, clock, store, squeeze, kept, quotas
         )  # fmt: skip
         self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
@@ -460,6 +462,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
             self._metrics.reprefill.forget()
             self._metrics.accounting.forget()
             self._retention.clear()
+            self._quotas.clear_books()
             below = self._tiers.resident_below() if self._tiers is not None else {}
             removed = self.radix.reclaim_all()
             dropped = 0 if self._compressed is None else self._compressed.drop_all()

@@ -14,7 +14,7 @@ one ``freed`` event per call (docs/architecture.md, "Cache core" and "Metrics").
 counts for re-prefill ("Tiers"). With `--compress-on-evict` (`compressed`), a victim's chain is
 compacted instead of dropped and entries already compressed go last ("Compress on evict").
 Called under the cache manager's lock. Imports
-`block_allocator`, `block_keys`, `cached_block`, `compressed`, `errors`, `events`, `policy_binding`,
+`block_allocator`, `block_keys`, `cached_block`, `compressed`, `errors`, `events`, `policy_binding`, `quotas`,
 `queue_protection`, `radix_cache`, `tiers` and the policy library's metrics.
 """
 
@@ -33,6 +33,7 @@ from engine_adapter.cache.errors import NoEvictableBlocksError
 from engine_adapter.cache.events import EvictionEventLog
 from engine_adapter.cache.policy_binding import PolicyBinding
 from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.quotas import SaltQuotas
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.retention import Retention
 from engine_adapter.cache.tiers import TierStore
@@ -103,6 +104,7 @@ class EvictionStep:
         self.compressed = compressed
         self.accounting = accounting
         self.retention: Retention | None = None
+        self.quotas: SaltQuotas | None = None  # per-salt quotas (set by the manager)
         self.explain = explain
         self.total_evictions = 0  # blocks
         self.eviction_calls = 0
@@ -204,6 +206,25 @@ class EvictionStep:
             victims, decision = self._radix.evict(n)
         if not victims:
             return 0
+        return self._retire(victims, reason, decision, reasons, pending)
+
+    def evict_chosen(self, victims: list[CachedBlock], reason: str = "quota") -> int:
+        """Evict the given evictable leaves, chosen by the caller (a salt's own blocks for its
+        quota, `quotas`): each leaves the tree as a policy victim would (demoted, freed, counted,
+        recorded). Returns how many."""
+        for block in victims:
+            self._radix.remove(block)
+        return self._retire(victims, reason, 0.0, None, 0) if victims else 0
+
+    def _retire(
+        self,
+        victims: list[CachedBlock],
+        reason: str,
+        decision: float,
+        reasons: list[dict[str, Any]] | None,
+        pending: int,
+    ) -> int:
+        """The victims left the tree: demote or drop them, free their ids, count and record it."""
         pool = self._pool
         policy_name = self._binding.name
         # demoted before the ids are freed: each copy-out move precedes any reuse of the block
@@ -370,6 +391,14 @@ class EvictionStep:
                 if self.retention is not None:
                     self.retention.forget(block.key)  # a break when it was retained
                 tiers.drop_below(block.key)
+        if self.quotas:  # a salt past its host quota drops its own oldest host blocks
+            assert self.quotas is not None
+            gone = {id(b) for b in dropped}
+            for block in victims:
+                if id(block) not in gone:
+                    for key in self.quotas.demoted(block.key):
+                        if tiers.drop_key(key, "quota"):
+                            self.quotas.dropped_host(block.key)
         return dropped
 
     def _write_events(

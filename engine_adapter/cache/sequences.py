@@ -29,6 +29,7 @@ from engine_adapter.cache.eviction import EvictionStep
 from engine_adapter.cache.promotion import load_below
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
+from engine_adapter.cache.quotas import SaltQuotas
 from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.records import SequenceState
 from engine_adapter.cache.request import CacheRequest
@@ -53,6 +54,7 @@ class RunningSequences:
         tiers: The host/disk tiers, or None.
         compressed: Compress-on-evict's prefixes, or None.
         retention: The prompt-cache lifetimes and write limits (`retention`), or None (none).
+        quotas: The per-salt quotas (`quotas`): what a salt may cache and promote, or None.
     """
 
     def __init__(
@@ -66,7 +68,9 @@ class RunningSequences:
         tiers: TierStore | None = None,
         compressed: CompressedPrefixes | None = None,
         retention: Retention | None = None,
+        quotas: SaltQuotas | None = None,
     ) -> None:
+        self._quotas = quotas
         self._compressed = compressed
         self._retention = retention
         self._pool = pool
@@ -179,6 +183,8 @@ class RunningSequences:
             seq.write_limit = prompt // bs
         if receipt is not None and receipt.counted_upto < 0:
             receipt.counted_upto = len(seq.cached_path) + n_hit  # what it read is not a write
+        if self._quotas:
+            self._quotas.seen(seq.salt, seq.cached_path)  # its hit and promotions: its salt's
         ttl = None if retention is None else retention.ttl_for(contract)
         if ttl is not None:
             seq.retain_until = now + ttl  # one time for all its blocks: parents outlive children
@@ -299,8 +305,11 @@ class RunningSequences:
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens)
         if seq.write_limit is not None:
             keys = keys[: seq.write_limit]  # freed at its finish, so not shared meanwhile
+        keys = self._within_quota(seq, keys)
         fields = self._meta_fields(seq)
         added = self._radix.commit(seq.cached_path, keys, seq.block_table, sequence_id, fields)
+        if added and self._quotas:
+            self._quotas.seen(seq.salt, seq.cached_path[-added:])
         if added and self._tiers is not None:
             self._tiers.cached_on_device(seq.cached_path[-added:])
         if added:
@@ -323,10 +332,12 @@ class RunningSequences:
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
         if finish and seq.write_limit is not None:
             keys = keys[: seq.write_limit]  # a preempted one keeps all: its re-prefill hits them
+        keys = self._within_quota(seq, keys)
         fields = self._meta_fields(seq)
         radix = self._radix
         announce = self._eviction.events is not None and self._eviction.events.record_stores
-        track = seq.request.receipt is not None or seq.retain_until is not None
+        quota = self._quotas is not None and self._quotas.tracks(seq.salt)
+        track = seq.request.receipt is not None or seq.retain_until is not None or quota
         fresh_keys = (
             [k for k in keys[len(seq.cached_path) :] if k not in radix]
             if self._tiers or announce or track
@@ -345,12 +356,42 @@ class RunningSequences:
             self._tiers.cached_on_device(new_blocks)
         if added and track:
             self._wrote(seq, first_new, new_blocks)
+        if added and quota:
+            assert self._quotas is not None
+            self._quotas.seen(seq.salt, new_blocks)
         if added and announce:
             self._announce(keys, first_new, added, token_ids)
         del self._states[sequence_id]
         if to_free:
             self._pool.free(to_free)
         return added
+
+    def _within_quota(self, seq: SequenceState, keys: list[Hashable]) -> list[Hashable]:
+        """`keys` cut to what `seq`'s salt may newly cache under its device quota (`quotas`:
+        its own blocks are evicted first to make room); the rest stays private, freed at finish."""
+        quotas = self._quotas
+        if not quotas or not quotas.tracks(seq.salt):
+            return keys
+        radix, start = self._radix, len(seq.cached_path)
+        wanted = sum(1 for k in keys[start:] if k not in radix)
+        allowed = quotas.room(seq.salt, wanted)
+        # its own evictions may have made a cached key beyond its path new again: look afresh
+        fresh = [i for i in range(start, len(keys)) if keys[i] not in radix]
+        if len(fresh) <= allowed:
+            return keys
+        quotas.refused(seq.salt, len(fresh) - allowed)
+        return keys[: fresh[allowed]]
+
+    def cut_promotions(self, salt: str | None, below: list[TierEntry]) -> list[TierEntry]:
+        """The tier entries a lookup of `salt` found below its device hit, cut to the room its
+        device quota leaves (a promotion never evicts for a quota: the rest is recomputed)."""
+        quotas = self._quotas
+        if not below or not quotas or not quotas.tracks(salt):
+            return below
+        allowed = quotas.room(salt, len(below), evict=False)
+        if allowed < len(below):
+            quotas.refused(salt, len(below) - allowed, promotion=True)
+        return below[:allowed]
 
     def _announce(
         self, keys: Sequence[Hashable], start: int, count: int, token_ids: Sequence[int] | None
