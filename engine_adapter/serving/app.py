@@ -46,6 +46,7 @@ from engine_adapter.serving.control_requests import (
 from engine_adapter.serving.embedding_requests import EMBEDDING_FIELDS, EmbeddingRequest
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError, RequestError
 from engine_adapter.serving.messages import count_message_tokens, messages
+from engine_adapter.serving.quota_routes import QUOTA_ROUTES
 from engine_adapter.serving.requests import (
     MAX_BODY_BYTES,
     ApiError,
@@ -370,6 +371,7 @@ ROUTES = [
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
     *WORKER_ROUTES,
+    *QUOTA_ROUTES,
 ]
 
 

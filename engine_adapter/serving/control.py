@@ -245,6 +245,32 @@ class EngineControl:
             out["explain_evictions"] = self.cache.explain
         return out
 
+    # ---- per-salt quotas (``/v1/cache/quotas``) --------------------------------------------------
+
+    def set_quota(self, salt: str, device_blocks: int | None, host_blocks: int | None) -> dict[str, Any]:
+        """PUT /v1/cache/quotas/{salt}: set (or replace) `salt`'s quota; its view after.
+
+        Raises:
+            QuotaLimitError: `salt` is new and the most salts that may have a quota have one.
+        """
+        with self.cache.lock:
+            self.cache.set_quota(salt, device_blocks, host_blocks)
+            view = self.cache.quota(salt)
+        assert view is not None  # just set, under the lock
+        return view
+
+    def quota(self, salt: str) -> dict[str, Any] | None:
+        """GET /v1/cache/quotas/{salt}: its quota and use now, or None when it has none."""
+        return self.cache.quota(salt)
+
+    def quotas(self) -> list[dict[str, Any]]:
+        """GET /v1/cache/quotas: every quota and its use, by salt."""
+        return self.cache.quotas()
+
+    def delete_quota(self, salt: str) -> bool:
+        """DELETE /v1/cache/quotas/{salt}: whether it had one."""
+        return self.cache.delete_quota(salt)
+
     # ---- metrics -------------------------------------------------------------------------------
 
     def metrics_registry(self) -> CollectorRegistry:
