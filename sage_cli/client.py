@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -239,6 +240,25 @@ class ControlClient:
     def reset_cache(self) -> JSONObject:
         """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
         return self._request("POST", "/v1/cache/reset")
+
+    # -- per-salt quotas (``/v1/cache/quotas``) ---------------------------------------------------
+
+    def set_quota(self, salt: str, device_blocks: int | None, host_blocks: int | None) -> JSONObject:
+        """``PUT /v1/cache/quotas/{salt}``: set (or replace) a salt's quota (None: uncapped)."""
+        body = {"device_blocks": device_blocks, "host_blocks": host_blocks}
+        return self._request("PUT", _quota_path(salt), json_body=body)
+
+    def quota(self, salt: str) -> JSONObject:
+        """``GET /v1/cache/quotas/{salt}``: the quota and its use now (a 404 `EngineError`: none)."""
+        return self._request("GET", _quota_path(salt))
+
+    def quotas(self) -> JSONObject:
+        """``GET /v1/cache/quotas``: ``{"quotas": [...], "max_salts"}``."""
+        return self._request("GET", "/v1/cache/quotas")
+
+    def delete_quota(self, salt: str) -> JSONObject:
+        """``DELETE /v1/cache/quotas/{salt}``: ``{"salt", "deleted": true}`` (a 404: none)."""
+        return self._request("DELETE", _quota_path(salt))
 
     # -- typed records (sage_cli.records) -------------------------------------------------------
 
@@ -447,3 +467,8 @@ class ControlClient:
         if not isinstance(event, dict):
             raise EngineProtocolError(f"eviction log stream: not a JSON object: {line[:120]!r}")
         return event
+
+
+def _quota_path(salt: str) -> str:
+    """The path of a salt's quota, the salt percent-encoded (a salt may hold ``/`` or ``?``)."""
+    return "/v1/cache/quotas/" + quote(salt, safe="")

@@ -12,6 +12,7 @@
     lookups.py       ``explain --lookup``: the lookup log read, each lookup beside its eviction
     ages_view.py     the regret, thrashing and age lines of ``stats`` and ``top``
     installed.py     the policies installed here, from the registry (``policies``)
+    quota.py         ``quota set|show|delete``: per-salt quotas of cached blocks (a sub-group)
 
 The rendering modules are pure functions of the engine's JSON; none of these modules imports
 torch or `engine_adapter` (beyond `engine_adapter.paths`), and only `installed` imports
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import typer
 
-from sage_cli.eviction import commands
+from sage_cli.eviction import commands, quota
 
 __all__ = ["app"]
 
@@ -41,3 +42,4 @@ app.command("policies")(commands.policies)
 app.command("explain")(commands.explain)
 app.command("tree")(commands.tree)
 app.command("top")(commands.top)
+app.add_typer(quota.app, name="quota")
