@@ -121,3 +121,21 @@ def test_a_flooding_salt_stays_within_its_quota_and_another_salts_prefix_still_h
     )
     stats = client.get("/v1/eviction/stats").json()
     assert stats["evictions_by_reason"].get("quota", 0) == view["device_evictions"]
+
+
+def test_stats_and_metrics_show_salts_with_a_quota_only(client: TestClient) -> None:
+    client.put("/v1/cache/quotas/tenant-a", json={"device_blocks": 8})
+    _complete(client, "A prompt of tenant a, a few blocks long.", "tenant-a")
+    _complete(client, "A prompt of tenant z, who has no quota.", "tenant-z")
+    stats = client.get("/v1/eviction/stats").json()
+    assert [q["salt"] for q in stats["salt_quotas"]] == ["tenant-a"]
+    assert 0 < stats["salt_quotas"][0]["device_blocks_used"] <= 8
+    text = client.get("/metrics").text
+    assert 'sage:salt_quota_limit_blocks{salt="tenant-a",tier="device"} 8.0' in text
+    assert 'sage:salt_quota_used_blocks{salt="tenant-a",tier="device"}' in text
+    assert 'sage:salt_quota_hit_blocks{event="own_eviction",salt="tenant-a"}' in text
+    assert 'sage:salt_quota_limit_blocks{salt="tenant-a",tier="host"}' not in text  # uncapped
+    assert "tenant-z" not in text  # a salt without a quota has no series
+    client.delete("/v1/cache/quotas/tenant-a")
+    assert "tenant-a" not in client.get("/metrics").text
+    assert client.get("/v1/eviction/stats").json()["salt_quotas"] == []

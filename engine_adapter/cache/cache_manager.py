@@ -566,7 +566,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
                 compressed=None if self._compressed is None else self._compressed.counters(),
             )
-            return dataclasses.replace(snapshot, **self._retention.counters())
+            return dataclasses.replace(snapshot, **self._retention.counters(), **self._quota_fields())
 
     def usage(self) -> dict[str, Any]:
         """Pool use now, by tenant and by priority class (``GET /v1/cache/usage``, the top view,

@@ -32,6 +32,10 @@ class QuotaFront:
         )
         return quotas
 
+    def _quota_fields(self) -> dict[str, Any]:
+        """The quotas' fields of `CacheStats` (called under `lock`)."""
+        return {"salt_quotas": self._quotas.stats()}
+
     def set_quota(self, salt: str, device_blocks: int | None = None, host_blocks: int | None = None) -> None:
         """Cap what `salt` may cache on the device and hold on host (None: that tier uncapped);
         replaces its quota. Takes effect at its next write or demotion.

@@ -296,3 +296,7 @@ class SaltQuotas:
     def views(self) -> list[dict[str, Any]]:
         """Every quota's `view`, by salt (at most `MAX_QUOTA_SALTS`)."""
         return [self.view(salt) for salt in sorted(self._books)]
+
+    def stats(self) -> tuple[dict[str, Any], ...]:
+        """`views` for `CacheStats.salt_quotas` (empty, and free, without quotas)."""
+        return tuple(self.views()) if self._books else ()

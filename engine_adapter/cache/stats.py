@@ -118,6 +118,9 @@ class CacheStats:
         retention_broken_blocks: Retained blocks dropped before they expired (every lower tier
             full of unexpired blocks, or, without one, the pool needed for a request).
         retention_expired_blocks: Retentions that lapsed.
+        salt_quotas: Each salt with a quota (at most `quotas.MAX_QUOTA_SALTS`): its caps, the
+            device and host blocks it holds now, and its quota hits: its own blocks evicted for
+            its writes, blocks not cached, promotions cut, host blocks dropped (`quotas`).
     """
 
     strategy: str
@@ -172,6 +175,7 @@ class CacheStats:
     retention_refused_blocks: int = 0
     retention_broken_blocks: int = 0
     retention_expired_blocks: int = 0
+    salt_quotas: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
@@ -181,4 +185,5 @@ class CacheStats:
         }
         out["tiers"] = [dataclasses.asdict(t) for t in self.tiers]
         out["age_histograms"] = [h.to_dict() for h in self.age_histograms]
+        out["salt_quotas"] = [dict(q) for q in self.salt_quotas]
         return out

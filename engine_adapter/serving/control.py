@@ -37,6 +37,7 @@ from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine_thread import EngineThread, ThreadSettings, check_threads
 from engine_adapter.serving.errors import RequestError
 from engine_adapter.serving.metrics import EngineMetrics
+from engine_adapter.serving.quota_metrics import SaltQuotaMetrics
 from engine_adapter.serving.scheduler import Scheduler
 from engine_adapter.token_eviction.pressure import TokenCacheManager
 from engine_adapter.token_eviction.registry import token_policy_from_spec
@@ -278,7 +279,15 @@ class EngineControl:
         with self.cache.lock:
             self._refresh_gauges()
             self.metrics.set_pool_breakdown(self.cache.usage(), self.cache.tenant_hit_rates())
+            self._salt_quota_metrics().set(self.cache.quotas())
         return self.metrics.registry
+
+    def _salt_quota_metrics(self) -> SaltQuotaMetrics:
+        """The per-salt quota families, registered on the engine's registry at the first scrape."""
+        found: SaltQuotaMetrics | None = getattr(self, "_quota_metrics", None)
+        if found is None:
+            found = self._quota_metrics = SaltQuotaMetrics(self.metrics.registry)
+        return found
 
     def _refresh_gauges(self) -> None:
         """Pool use, the queues and reservations now, and the re-prefills since the last call
