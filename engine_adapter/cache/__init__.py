@@ -22,6 +22,8 @@ front down (docs/architecture.md, "Cache core"):
     compress_front.py   CompressFront: the manager's compress-on-evict methods (a mixin)
     retention.py        Retention: prompt-cache lifetimes (demotion, retention pins, breaks)
     retention_front.py  RetentionFront: the manager's retention methods (a mixin)
+    quotas.py           SaltQuotas: per-salt quotas of cached device and host blocks (bounded)
+    quota_front.py      QuotaFront: the manager's quota methods (a mixin)
     pins.py             Pins: system prompts' cached prefixes held against eviction
     policy_binding.py   PolicyBinding: the policy's resolved spec, and the hot swap
     eviction.py         EvictionStep: the deficit, eviction through the index, its counters and events
