@@ -206,3 +206,40 @@ def test_quotas_are_bounded_and_deleted() -> None:
     assert m.quota("one-more") is not None and m.quota("s0") is None
     with pytest.raises(ValueError, match="device_blocks=-1"):
         m.set_quota("x", device_blocks=-1)
+
+
+def test_every_policy_orders_the_salts_own_victims(policy_name: str, implementation: str) -> None:
+    """With each registered policy (compiled and pure Python): the quota holds and its victims
+    are the salt's own, one per block over."""
+    m = CacheManager(BlockAllocator(64, BS), policy=policy_name, record_events=False)
+    m.set_quota("a", device_blocks=4)
+    b_prompt = [9, 9, 8, 8, 0]
+    m.allocate(CacheRequest(1, b_prompt, cache_salt="b"))
+    m.free_sequence(1, b_prompt)
+    prompts = [[s, s, s + 100, s + 100, 0] for s in range(2, 10)]
+    for sid, prompt in enumerate(prompts, start=2):
+        m.allocate(CacheRequest(sid, prompt, cache_salt="a"))
+        m.free_sequence(sid, prompt)
+        assert device_blocks(m, keys_of_prompts("a", prompts)) <= 4
+        m.check_invariants()
+    assert device_blocks(m, keys_of_prompts("b", [b_prompt])) == 2  # b untouched
+    view = m.quota("a")
+    assert view is not None and view["device_evictions"] == 2 * len(prompts) - 4
+
+
+def test_the_policy_chooses_among_the_salts_own_blocks() -> None:
+    """LRU: the salt's least recently used blocks go, not the ones it just hit again."""
+    m = CacheManager(BlockAllocator(64, BS), policy="lru", record_events=False)
+    m.set_quota("a", device_blocks=4)
+    first, second, third = [1, 1, 2, 2, 0], [3, 3, 4, 4, 0], [5, 5, 6, 6, 0]
+    for sid, prompt in enumerate([first, second], start=1):
+        m.allocate(CacheRequest(sid, prompt, cache_salt="a"))
+        m.free_sequence(sid, prompt)
+    again = m.allocate(CacheRequest(3, first, cache_salt="a"))  # first is used again: hot
+    assert again.num_cached_blocks == 2
+    m.free_sequence(3, first)
+    m.allocate(CacheRequest(4, third, cache_salt="a"))
+    m.free_sequence(4, third)
+    assert device_blocks(m, keys_of_prompts("a", [first])) == 2  # kept: recently used
+    assert device_blocks(m, keys_of_prompts("a", [second])) == 0  # the salt's LRU blocks went
+    assert device_blocks(m, keys_of_prompts("a", [third])) == 2

@@ -217,11 +217,11 @@ class SaltQuotas:
             return wanted
         short = wanted - (cap - self.device_count(salt))
         while short > 0 and evict and self._evict_own is not None:
-            # a parent becomes a leaf only when its child goes: one round per layer of leaves
-            victims = self._own_victims(books, short)
-            if not victims:
+            # one at a time, as the policy evicts: a parent left a leaf competes with the rest
+            victim = self._own_victim(books)
+            if victim is None:
                 break
-            books.device_evictions += self._evict_own(victims)
+            books.device_evictions += self._evict_own([victim])
             short = wanted - (cap - self.device_count(salt))
         return wanted if short <= 0 else max(wanted - short, 0)
 
@@ -234,20 +234,21 @@ class SaltQuotas:
             else:
                 books.not_cached += n
 
-    def _own_victims(self, books: _Books, n: int) -> list[CachedBlock]:
-        """Up to `n` of the salt's evictable device blocks, the policy's first choice first: the
-        smallest `rank` where the policy has one, else the least recently used (leaves only: a
-        parent is evictable once its child has gone)."""
+    def _own_victim(self, books: _Books) -> CachedBlock | None:
+        """The salt's evictable device block the policy would take first among them: the
+        smallest `rank` where the policy has one, else the least recently used; None: none."""
         policy = self._radix.policy
-        candidates = [b for b in books.device.values() if b.evictable]
-        if not candidates:
-            return []
-        ranks = [policy.rank(b.key) for b in candidates]
-        if all(r is not None for r in ranks):
-            order = sorted(range(len(candidates)), key=lambda i: ranks[i])  # type: ignore[arg-type,return-value]
-        else:
-            order = sorted(range(len(candidates)), key=lambda i: candidates[i].meta.last_access)
-        return [candidates[i] for i in order[:n]]
+        best: CachedBlock | None = None
+        best_rank: Any = None
+        for block in books.device.values():
+            if not block.evictable:
+                continue
+            rank = policy.rank(block.key)
+            if rank is None:  # an adaptive order (ARC, S3-FIFO, ...): no fixed key to compare
+                rank = (block.meta.last_access,)
+            if best is None or rank < best_rank:
+                best, best_rank = block, rank
+        return best
 
     def demoted(self, key: Hashable) -> list[Hashable]:
         """The device victim `key` was demoted to host: if its salt has a host quota it joins
