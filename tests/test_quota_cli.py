@@ -59,6 +59,8 @@ def test_set_show_delete_while_a_salt_fills_its_quota(live: tuple[dict[str, str]
     assert table.returncode == 0, table.stderr
     assert "Per-salt quotas" in table.stdout and "tenant/a" in table.stdout
     assert f"{view['device_blocks_used']} / 5" in table.stdout
+    stats = _sage(env, "llm", "eviction", "stats", "--name", "quota")
+    assert "Salt Quotas: 1" in stats.stdout and "tenant/a: device " in stats.stdout, stats.stdout
     deleted = _sage(env, "llm", "eviction", "quota", "delete", "tenant/a", "--name", "quota")
     assert deleted.returncode == 0 and "deleted" in deleted.stdout
     assert "No salt has a quota." in _sage(env, "llm", "eviction", "quota", "show", "--name", "quota").stdout

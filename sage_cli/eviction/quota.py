@@ -23,7 +23,7 @@ from sage_cli.output import Output
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["app", "quota_table"]
+__all__ = ["app", "quota_lines", "quota_table"]
 
 app = typer.Typer(
     name="quota",
@@ -142,3 +142,26 @@ def quota_table(views: list[dict[str, Any]]) -> Table | str:
     table.caption = "- : uncapped. Blocks of the salt the cache saw since its quota was set."
     table.caption_justify = "left"
     return table
+
+
+STATS_SALTS = 5  # salts named in the stats block; `quota show` lists them all
+
+
+def quota_lines(stats: dict[str, Any]) -> list[str]:
+    """The lines of ``stats`` for the salts with a quota (none without): each salt's use / cap
+    and what its quota did, the first `STATS_SALTS` of them."""
+    views = stats.get("salt_quotas")
+    if not isinstance(views, list) or not views:
+        return []
+    lines = [f"  Salt Quotas: {len(views)}"]
+    for view in views[:STATS_SALTS]:
+        device = _cap(view.get("device_blocks_used"), view.get("device_blocks"))
+        lines.append(
+            f"    {view.get('salt')}: device {device}, "
+            f"host {_cap(view.get('host_blocks_used'), view.get('host_blocks'))} (own evictions "
+            f"{view.get('device_evictions', 0)}, not cached {view.get('not_cached_blocks', 0)}, "
+            f"host drops {view.get('host_drops', 0)})"
+        )
+    if len(views) > STATS_SALTS:
+        lines.append(f"    and {len(views) - STATS_SALTS} more (sage llm eviction quota show)")
+    return lines

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sage_cli.eviction.ages_view import age_lines, regret_line, thrashing_warning
+from sage_cli.eviction.quota import quota_lines
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -154,6 +155,7 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
     colocation = stats.get("colocation")
     if isinstance(colocation, dict):
         lines += _colocation_lines(colocation)
+    lines += quota_lines(stats)
     return "\n".join(lines)
 
 
