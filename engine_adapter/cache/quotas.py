@@ -33,6 +33,7 @@ O(the pool). Called under the cache manager's lock. Imports `cached_block`, `rad
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,6 +201,20 @@ class SaltQuotas:
 
     # ---- enforcement ------------------------------------------------------------------------------
 
+    def left(self, blocks: Sequence[CachedBlock]) -> None:
+        """`blocks` left the device tree (evicted, demoted, removed): out of their salt's books,
+        which so stay exact. Called after a demotion has entered a victim in its host books."""
+        owner, books_of = self.owner, self._books
+        for block in blocks:
+            salt = owner.get(block.key)
+            if salt is None:
+                continue
+            books = books_of[salt]
+            if books.device.get(block.key) is block:
+                del books.device[block.key]
+                if block.key not in books.host:
+                    del owner[block.key]
+
     def seen(self, salt: str | None, blocks: Sequence[CachedBlock]) -> None:
         """`blocks` of `salt` are in the device tree (it hit them, or cached them within `room`)."""
         if blocks and salt is not None and salt in self._books:
@@ -213,16 +228,10 @@ class SaltQuotas:
             return wanted
         assert salt is not None  # books exist only for a salt
         cap = books.quota.device_blocks
-        if len(books.device) + wanted <= cap:  # the books only overcount: surely within the quota
-            return wanted
-        short = wanted - (cap - self.device_count(salt))
-        while short > 0 and evict and self._evict_own is not None:
-            # one at a time, as the policy evicts: a parent left a leaf competes with the rest
-            victim = self._own_victim(books)
-            if victim is None:
-                break
-            books.device_evictions += self._evict_own([victim])
-            short = wanted - (cap - self.device_count(salt))
+        short = wanted - (cap - len(books.device))  # the books are exact (`left`)
+        if short > 0 and evict and self._evict_own is not None:
+            books.device_evictions += self._evict_own_blocks(books, short)
+            short = wanted - (cap - len(books.device))
         return wanted if short <= 0 else max(wanted - short, 0)
 
     def refused(self, salt: str | None, n: int, *, promotion: bool = False) -> None:
@@ -234,21 +243,31 @@ class SaltQuotas:
             else:
                 books.not_cached += n
 
-    def _own_victim(self, books: _Books) -> CachedBlock | None:
-        """The salt's evictable device block the policy would take first among them: the
-        smallest `rank` where the policy has one, else the least recently used; None: none."""
-        policy = self._radix.policy
-        best: CachedBlock | None = None
-        best_rank: Any = None
-        for block in books.device.values():
-            if not block.evictable:
-                continue
-            rank = policy.rank(block.key)
-            if rank is None:  # an adaptive order (ARC, S3-FIFO, ...): no fixed key to compare
-                rank = (block.meta.last_access,)
-            if best is None or rank < best_rank:
-                best, best_rank = block, rank
-        return best
+    def _evict_own_blocks(self, books: _Books, n: int) -> int:
+        """Evict up to `n` of the salt's evictable device blocks, one at a time in the order the
+        policy would take them among themselves: the smallest `rank` where the policy has one,
+        else the least recently used; a parent left a leaf by its child's eviction joins the
+        candidates, as in the policy's own order. One pass over the salt's books, then a heap.
+        Returns blocks evicted."""
+        assert self._evict_own is not None  # checked by the caller
+        heap = [(self._rank(b), i, b) for i, b in enumerate(books.device.values()) if b.evictable]
+        heapq.heapify(heap)
+        pushed, evicted = len(heap), 0
+        device = books.device
+        while evicted < n and heap:
+            block = heapq.heappop(heap)[2]
+            evicted += self._evict_own([block])  # it leaves the books there (`left`)
+            parent = block.parent
+            if parent is not None and parent.evictable and device.get(parent.key) is parent:
+                pushed += 1
+                heapq.heappush(heap, (self._rank(parent), pushed, parent))
+        return evicted
+
+    def _rank(self, block: CachedBlock) -> Any:
+        """The device policy's sort key for `block`; its last access where the policy has no
+        fixed key (an adaptive order: ARC, S3-FIFO, SIEVE, SLRU, MQ)."""
+        rank = self._radix.policy.rank(block.key)
+        return (block.meta.last_access,) if rank is None else rank
 
     def demoted(self, key: Hashable) -> list[Hashable]:
         """The device victim `key` was demoted to host: if its salt has a host quota it joins

@@ -115,6 +115,8 @@ def handle_failed_moves(
         # its copy below (write-through) is the unreadable one or an orphan now
         if not store.drop_key(block.key, "failed"):
             store.drop_below(block.key)
+    if eviction.quotas:
+        eviction.quotas.left(gone)
     pool.free([b.block_id for b in gone if b.block_id not in claimed])
     for seq, index in shared:
         if pool.num_free == 0 and not eviction.evict(1, "alloc"):
