@@ -229,8 +229,7 @@ class EvictionStep:
         policy_name = self._binding.name
         # demoted before the ids are freed: each copy-out move precedes any reuse of the block
         dropped = victims if self.tiers is None else self._demote(victims, policy_name)
-        if self.quotas:
-            self.quotas.left(victims)
+        self._left_device(victims)
         if reasons is not None and self.tiers is not None:
             gone = {id(b) for b in dropped}
             for block, record in zip(victims, reasons, strict=True):
@@ -250,6 +249,11 @@ class EvictionStep:
         if self.events is not None:
             self._write_events(victims, policy_name, reason, decision, reasons, first_id=first_id)
         return len(victims)
+
+    def _left_device(self, blocks: list[CachedBlock]) -> None:
+        """`blocks` left the device tree: their salts' quota books are told (`quotas.left`)."""
+        if self.quotas:
+            self.quotas.left(blocks)
 
     def _count(self, count: int, reason: str, decision: float, pending: int) -> None:
         """One eviction call's counters: `count` blocks dropped."""
@@ -287,8 +291,7 @@ class EvictionStep:
             if store.blocks_kept(len(chain) + 1) > len(chain):  # no block to give back
                 pool.free([leaf.block_id])
                 dropped.append(leaf)
-                if self.quotas:
-                    self.quotas.left([leaf])
+                self._left_device([leaf])
                 if self.explain:
                     dropped_why.append(_then(why, "drop: too short to give a block back when compressed"))
                 gone += _because(store.drop_under(leaf.key), _UNDER)
@@ -296,8 +299,7 @@ class EvictionStep:
                 continue
             for block in chain:  # nearest first: each is a leaf once the one below has left
                 radix.remove(block)
-            if self.quotas:
-                self.quotas.left([*chain, leaf])
+            self._left_device([*chain, leaf])
             path = [*reversed(chain), leaf]
             gone += _because(store.drop_named(leaf.key if not chain else chain[-1].key), _AGAIN)
             for block in path:

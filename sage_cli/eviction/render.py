@@ -155,8 +155,7 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
     colocation = stats.get("colocation")
     if isinstance(colocation, dict):
         lines += _colocation_lines(colocation)
-    lines += quota_lines(stats)
-    return "\n".join(lines)
+    return "\n".join([*lines, *quota_lines(stats)])
 
 
 def _colocation_lines(colocation: dict[str, Any]) -> list[str]:
