@@ -23,12 +23,11 @@ wrote, hit or had promoted (a block's key is a one-way hash of its salt, so an o
 salt cannot be read back); set quotas before a tenant's traffic, or reset the cache.
 
 Bookkeeping, bounded: at most `MAX_QUOTA_SALTS` salts have a quota; each keeps the device blocks
-and host keys it was seen with, checked against the tree and the host tier lazily (a block that
-left is dropped from the books when its salt is counted), and compacted when the books pass
-twice what was live at the last count; `owner` maps those keys back to their salt (a demoted
-device victim's). Per write the cost is O(the salt's blocks) only when it is at its quota, never
-O(the pool). Called under the cache manager's lock. Imports `cached_block`, `radix_cache` and
-`tiers`.
+it was seen with (kept exact: every exit from the device tree tells `left`) and the host keys it
+demoted (checked against the host tier when counted); `owner` maps those keys back to their salt
+(a demoted device victim's). A write costs O(the salt's blocks) only when it is at its quota (one
+pass to rank its evictable blocks), never O(the pool), and nothing without quotas. Called under
+the cache manager's lock. Imports `cached_block`, `radix_cache` and `tiers`.
 """
 
 from __future__ import annotations
