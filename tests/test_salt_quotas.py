@@ -94,7 +94,7 @@ def test_a_salt_never_holds_more_than_its_quota_and_no_request_is_refused(
         tiers=TierConfig(host_blocks=host) if host else None,
         event_log=events,
         compiled=compiled,
-        clock=itertools.count().__next__,  # type: ignore[arg-type]
+        clock=itertools.count().__next__,
     )
     m.set_quota("a", device_blocks=device_quota, host_blocks=host_quota)
     bound = device_quota  # the most salt a may hold: its quota, or what it held when lowered
