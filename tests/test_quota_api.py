@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from starlette.testclient import TestClient
@@ -133,3 +134,11 @@ def test_stats_and_metrics_show_salts_with_a_quota_only(client: TestClient) -> N
     client.delete("/v1/cache/quotas/tenant-a")
     assert "tenant-a" not in client.get("/metrics").text
     assert client.get("/v1/eviction/stats").json()["salt_quotas"] == []
+
+
+def test_any_salt_a_request_can_carry_has_its_route(client: TestClient) -> None:
+    for salt in ("tenant/a?x=1", "line\nbreak", "ünï cödé"):
+        path = "/v1/cache/quotas/" + quote(salt, safe="")
+        assert client.put(path, json={"device_blocks": 3}).status_code == 200, salt
+        assert client.get(path).json()["salt"] == salt
+        assert client.delete(path).status_code == 200

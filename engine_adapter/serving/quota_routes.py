@@ -14,6 +14,7 @@ Imports: the shared request handling (`requests`); the cache's quota bound and e
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -78,7 +79,13 @@ async def quotas(request: Request) -> Response:
     return json_response({"quotas": views, "max_salts": MAX_QUOTA_SALTS})
 
 
-QUOTA_ROUTES = [
-    Route("/v1/cache/quotas", quotas, methods=["GET"]),
-    Route("/v1/cache/quotas/{salt:path}", quota, methods=["GET", "PUT", "DELETE"]),
-]
+def _salt_route() -> Route:
+    """The route of one salt's quota, for any salt a request may carry as its ``cache_salt``:
+    Starlette's ``path`` parameter (``.*``) stops at a line break, which would make such a salt
+    an undocumented 404 of the router; ``[\\s\\S]*`` takes every character."""
+    route = Route("/v1/cache/quotas/{salt:path}", quota, methods=["GET", "PUT", "DELETE"])
+    route.path_regex = re.compile(r"^/v1/cache/quotas/(?P<salt>[\s\S]*)$")
+    return route
+
+
+QUOTA_ROUTES = [Route("/v1/cache/quotas", quotas, methods=["GET"]), _salt_route()]
