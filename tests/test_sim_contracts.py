@@ -50,11 +50,13 @@ ONE_SECOND = CostModel(
 )
 
 TRACE = [  # session a comes back after b and c have turned the 4-block pool over
-    {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2], "session": "a", "cache_ttl_s": 100},
-    {"timestamp": 10000, "input_length": 1024, "output_length": 1, "hash_ids": [3, 4], "session": "b"},
-    {"timestamp": 20000, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6], "session": "c"},
-    {"timestamp": 30000, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 7], "session": "a", "cache_ttl_s": 100},
-]  # fmt: skip
+    {"timestamp": 0, "input_length": 1024, "hash_ids": [1, 2], "session": "a", "cache_ttl_s": 100},
+    {"timestamp": 10000, "input_length": 1024, "hash_ids": [3, 4], "session": "b"},
+    {"timestamp": 20000, "input_length": 1024, "hash_ids": [5, 6], "session": "c"},
+    {"timestamp": 30000, "input_length": 1536, "hash_ids": [1, 2, 7], "session": "a", "cache_ttl_s": 100},
+]
+for _record in TRACE:
+    _record["output_length"] = 1  # one token: the request finishes with its prefill step
 
 
 def _write(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -181,20 +183,33 @@ def test_a_bad_contract_field_is_a_one_line_error_naming_line_and_field(
 
 
 def test_the_table_keeps_the_fields_and_the_stream_reads_them(tmp_path: Path) -> None:
-    path = _write(
-        tmp_path / "t.jsonl", [_request(0, 0, [1], cache_salt="s", cache_ttl_s=30, cache_breakpoint=100)]
-    )
+    """The table's contract columns start at the first request that carries one (the ones before
+    read none) and the streamed requests are the table's."""
+    records = [
+        _request(0, 0, [1]),
+        _request(1, 1, [1], cache_salt="s", cache_ttl_s=30, cache_breakpoint=100),
+        _request(2, 2, [1]),
+    ]
+    path = _write(tmp_path / "t.jsonl", records)
     table = read_mooncake(path).requests
     streamed = list(mooncake_stream(path))
     assert list(table) == streamed
-    r = streamed[0]
-    assert (r.cache_salt, r.cache_ttl_s, r.cache_breakpoint, r.block_hashes) == (
-        "s",
-        30.0,
-        100,
-        tuple(salted_keys("s", [1])),
+    fields = [(r.cache_salt, r.cache_ttl_s, r.cache_breakpoint, r.block_hashes) for r in streamed]
+    assert fields == [
+        (None, None, None, (1,)),
+        ("s", 30.0, 100, tuple(salted_keys("s", [1]))),
+        (None, None, None, (1,)),
+    ]
+    assert (
+        isinstance(table, RequestTable)
+        and table.has_contracts()
+        and list(table.take([2, 1])) == streamed[:0:-1]
     )
-    assert isinstance(table, RequestTable) and table.has_contracts() and list(table.take([0])) == streamed
+    plain = read_mooncake(
+        _write(tmp_path / "p.jsonl", [records[0], _request(1, 1, [1]), records[2]])
+    ).requests
+    assert isinstance(plain, RequestTable) and not plain.has_contracts()
+    assert plain.nbytes() < table.nbytes()  # no contract columns until one is carried
 
 
 # ---- properties ---------------------------------------------------------------------------------
@@ -348,3 +363,14 @@ def test_the_cli_refuses_a_bad_contract_field_in_one_line(tmp_path: Path) -> Non
         done.stderr.strip()
         == f"Error: {trace}:2: 'cache_ttl_s' must be a positive number of seconds or null, got '1h'"
     )
+
+
+@pytest.mark.slow  # runs the benchmark's reference rows too
+def test_the_library_entry_point_takes_a_trace_with_contracts(tmp_path: Path) -> None:
+    from engine_adapter.sim import Trace
+    from engine_adapter.sim import simulate as library_simulate
+
+    results = library_simulate(Trace.read(_write(tmp_path / "t.jsonl", TRACE)), "lru", capacities=[4])
+    lru = next(row for row in results.rows if row["policy"] == "lru")
+    assert lru["cache_contract"]["retention_hit_blocks"] == 1
+    assert lru["event_loop"].startswith("python (prompt-cache contracts")

@@ -109,7 +109,8 @@ class RequestTable(Sequence[SimRequest]):
         self._priority = array("q")
         self._tenants = _Labels()
         self._sessions = _Labels()
-        # prompt-cache contracts (`engine_adapter.sim.contracts`): NaN / -1 / code -1 for none
+        # prompt-cache contracts (`engine_adapter.sim.contracts`): NaN / -1 / code -1 for none;
+        # empty until a request carries one (then filled for the ones before): no cost without
         self._ttl = array("d")
         self._breakpoint = array("q")
         self._salts = _Labels()
@@ -150,14 +151,25 @@ class RequestTable(Sequence[SimRequest]):
         self._priority.append(priority)
         self._tenants.append(tenant)
         self._sessions.append(session)
-        self._salts.append(cache_salt)
-        self._ttl.append(math.nan if cache_ttl_s is None else cache_ttl_s)
-        self._breakpoint.append(-1 if cache_breakpoint is None else cache_breakpoint)
-        if cache_salt is not None or cache_ttl_s is not None or cache_breakpoint is not None:
-            self._contracts = True
+        if (
+            self._contracts
+            or cache_salt is not None
+            or cache_ttl_s is not None
+            or cache_breakpoint is not None
+        ):
+            if not self._contracts:  # the first: the requests before it carry none
+                before = len(self._ids) - 1
+                self._ttl, self._breakpoint = array("d", [math.nan]) * before, array("q", [-1]) * before
+                self._salts.codes = array("i", [-1]) * before
+                self._contracts = True
+            self._salts.append(cache_salt)
+            self._ttl.append(math.nan if cache_ttl_s is None else cache_ttl_s)
+            self._breakpoint.append(-1 if cache_breakpoint is None else cache_breakpoint)
 
     def _contract(self, i: int) -> tuple[str | None, float | None, int | None]:
         """Request `i`'s salt, lifetime and breakpoint (None each where not given)."""
+        if not self._contracts:
+            return None, None, None
         ttl, breakpoint_ = self._ttl[i], self._breakpoint[i]
         return self._salts.get(i), None if math.isnan(ttl) else ttl, None if breakpoint_ < 0 else breakpoint_
 
@@ -370,4 +382,5 @@ class RequestTable(Sequence[SimRequest]):
             self._ttl, self._breakpoint,
         )  # fmt: skip
         keys = self._keys.itemsize * len(self._keys) if isinstance(self._keys, array) else 8 * len(self._keys)
-        return keys + sum(c.itemsize * len(c) for c in columns) + 12 * len(self)
+        labels = (self._tenants.codes, self._sessions.codes, self._salts.codes)
+        return keys + sum(c.itemsize * len(c) for c in (*columns, *labels))
