@@ -19,7 +19,8 @@ What the row gains (`SimResult.cache_contract`, docs/reference/simulator.md):
 - `idle_block_s` per tier: the integral over simulated time of the blocks held but referenced
   by no running request (device: cached blocks with no reference; host and disk: every entry).
   The cache changes only inside the calls below, so the counts are constant between them and
-  the integral is exact: each call adds the counts since the last one times the time between.
+  the integral is exact: each call adds the counts the last one left times the time between
+  (counted once per point in time: a step's calls share its clock).
 
 Memory: a receipt per request in flight, dropped when it finishes; the figures are counters.
 """
@@ -57,6 +58,7 @@ class ContractRadixModel(RadixModel):
         self.idle_block_s = [0.0, 0.0, 0.0]
         self._held = [0, 0, 0]  # idle blocks per tier since `_since`
         self._since: float | None = None
+        self._changed = False  # a call changed the cache since `_held` was counted
 
     # ---- the requests as the engine's scheduler hands them --------------------------------------
 
@@ -75,14 +77,22 @@ class ContractRadixModel(RadixModel):
 
     # ---- the calls that change the cache: the idle integral around each -------------------------
 
-    def _advance(self) -> None:
-        """Add the idle blocks held since the last call, up to now (the manager's clock)."""
-        now: float = self.manager.clock()
-        if self._since is not None:
-            dt = now - self._since
-            for i, held in enumerate(self._held):
-                self.idle_block_s[i] += held * dt
-        self._since = now
+    def _advance(self, now: float | None = None) -> None:
+        """Add the idle blocks held since the last call up to `now` (default: the manager's
+        clock). They are counted here, lazily, from the cache as the last call left it (nothing
+        else changes it), and only when time has moved: a step's calls share one clock."""
+        if now is None:
+            now = self.manager.clock()
+        since = self._since
+        if since is None or now > since:
+            if since is not None:
+                if self._changed:
+                    self._measure()
+                    self._changed = False
+                dt = now - since
+                for i, held in enumerate(self._held):
+                    self.idle_block_s[i] += held * dt
+            self._since = now
 
     def _measure(self) -> None:
         """The idle blocks per tier now (module docstring)."""
@@ -111,7 +121,7 @@ class ContractRadixModel(RadixModel):
         first = seq.epoch == 0
         retained = self._retained(seq.keys) if first else None
         hits = super().allocate(seq)
-        self._measure()
+        self._changed = True
         if hits is None or not first:
             return hits
         if retained is not None:
@@ -127,30 +137,30 @@ class ContractRadixModel(RadixModel):
     def prefetch(self, seq: SimSequence) -> TierLoads:
         self._advance()
         loads = super().prefetch(seq)
-        self._measure()
+        self._changed = True
         return loads
 
     def reserve(self, seq: SimSequence, tokens: int) -> bool:
         self._advance()
         done = super().reserve(seq, tokens)
-        self._measure()
+        self._changed = True
         return done
 
     def reserve_many(self, wants: Sequence[tuple[SimSequence, int]]) -> int:
         self._advance()
         done = super().reserve_many(wants)
-        self._measure()
+        self._changed = True
         return done
 
     def preempt(self, seq: SimSequence) -> None:
         self._advance()
         super().preempt(seq)
-        self._measure()
+        self._changed = True
 
     def free(self, seq: SimSequence) -> None:
         self._advance()
         super().free(seq)
-        self._measure()
+        self._changed = True
         receipt = self._receipts.pop(seq.sid, None)
         if receipt is not None:
             self.written_tokens += receipt.written_tokens
@@ -160,10 +170,7 @@ class ContractRadixModel(RadixModel):
     def contract_figures(self, end_s: float) -> dict[str, Any]:
         """The row's `cache_contract` (module docstring), the idle integral taken to `end_s` (the
         run's last event)."""
-        if self._since is not None and end_s > self._since:
-            for i, held in enumerate(self._held):
-                self.idle_block_s[i] += held * (end_s - self._since)
-            self._since = end_s
+        self._advance(end_s)
         manager = self.manager
         written = [self.written_tokens, 0, 0]
         if manager.tiers is not None:
