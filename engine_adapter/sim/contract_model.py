@@ -28,7 +28,7 @@ Memory: a receipt per request in flight, dropped when it finishes; the figures a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from engine_adapter.cache.contract import CacheContract, CacheReceipt
@@ -59,6 +59,7 @@ class ContractRadixModel(RadixModel):
         self._held = [0, 0, 0]  # idle blocks per tier since `_since`
         self._since: float | None = None
         self._changed = False  # a call changed the cache since `_held` was counted
+        self._running: dict[int, Sequence[Hashable]] = {}  # the admitted requests' keys, by sid
 
     # ---- the requests as the engine's scheduler hands them --------------------------------------
 
@@ -95,13 +96,22 @@ class ContractRadixModel(RadixModel):
             self._since = now
 
     def _measure(self) -> None:
-        """The idle blocks per tier now (module docstring)."""
+        """The idle blocks per tier now (module docstring). Without a lower tier, the device's
+        are the reclaimable blocks and the retention-pinned ones no running request references:
+        every referenced cached block is among the running requests' keys, so these are counted
+        there (bounded by the batch), not over every retained block."""
         manager = self.manager
-        radix, retention = manager.radix, manager.retention
+        radix = manager.radix
         device = radix.num_reclaimable
-        if not retention.tiered and retention.expiry:  # retention pins: held, maybe unreferenced
+        if radix.num_pinned:
             get = radix.get
-            device += sum(1 for k in retention.expiry if (b := get(k)) is not None and b.ref_count == 0)
+            referenced = {
+                id(b)
+                for keys in self._running.values()
+                for k in keys
+                if (b := get(k)) is not None and b.pin_count > 0 and b.ref_count > 0
+            }
+            device += radix.num_pinned - len(referenced)
         held = [device, 0, 0]
         if manager.tiers is not None:
             for i, level in enumerate(manager.tiers.levels, start=1):
@@ -122,7 +132,10 @@ class ContractRadixModel(RadixModel):
         retained = self._retained(seq.keys) if first else None
         hits = super().allocate(seq)
         self._changed = True
-        if hits is None or not first:
+        if hits is None:
+            return hits
+        self._running[seq.sid] = seq.keys
+        if not first:
             return hits
         if retained is not None:
             self.retention_hits += sum(retained[:hits])
@@ -156,11 +169,13 @@ class ContractRadixModel(RadixModel):
         self._advance()
         super().preempt(seq)
         self._changed = True
+        self._running.pop(seq.sid, None)
 
     def free(self, seq: SimSequence) -> None:
         self._advance()
         super().free(seq)
         self._changed = True
+        self._running.pop(seq.sid, None)
         receipt = self._receipts.pop(seq.sid, None)
         if receipt is not None:
             self.written_tokens += receipt.written_tokens
