@@ -6,6 +6,7 @@ Workloads (what a run replays):
     request_table.py   `RequestTable`: a workload's requests as arrays (keys, offsets, columns)
     trace_file.py      trace files as a stream of lines (and their sha256); `WorkloadError`
     mooncake_trace.py  `read_mooncake`: the native JSON-lines format
+    contracts.py       a request's prompt-cache contract fields (salt, lifetime, breakpoint)
     azure_trace.py     `read_azure`: the Azure CSV, with prefixes from the prefix model
     prefix_model.py    `PrefixModel`: seeded shared system prompts and multi-turn conversations
     synthetic.py       the seeded synthetic generator and the presets (the module spec's)
@@ -23,6 +24,8 @@ The run (one policy at one capacity):
     sim_result.py      `SimResult`: the row a run ends with (every cache model writes it)
     decode_steps.py    runs of decode-only steps: how many to the next event, and how long
     cache_models.py    the radix model (the real `CacheManager`) and the flat model
+    contract_model.py  the radix model handing each request's contract to the cache, and the
+                       row's contract figures (retention, tokens per tier, idle block-seconds)
     cache_model_kinds.py  the cache models as objects: their options, what they build, why a
                        row runs compiled or not (`cache_model_for`, `model_traits`)
     model_names.py     the one list of cache model and twin names (the CLI reads it by path)

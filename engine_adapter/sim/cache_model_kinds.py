@@ -7,7 +7,8 @@ A name resolves to one (`cache_model_for`): ``Simulator(cache_model="radix")``,
 
 - `RadixCacheModel`: sage's engine's cache (`cache_models.RadixModel`), with its options: queue
   protection, adaptive batch, KV tiers, compress-on-evict, `compiled`. A plain row runs in one
-  compiled call (`radix_run`); its `event_loop` says why a row did not.
+  compiled call (`radix_run`); its `event_loop` says why a row did not. A workload carrying
+  prompt-cache contracts runs `contract_model.ContractRadixModel` in the Python loop.
 - `FlatCacheModel`: libCacheSim's model (`cache_models.FlatModel`); no options. Compiled where
   the flat cache keeps its policy's state in C (`flat_run`).
 - `SGLangCacheModel`: SGLang's radix cache and scheduler (`twins.sglang_model.SGLangModel`), with
@@ -24,10 +25,11 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim import flat_run, radix_run
 from engine_adapter.sim.cache_models import FlatModel, RadixBelady, RadixModel
+from engine_adapter.sim.contract_model import CONTRACT_LOOP_REASON, ContractRadixModel
 from engine_adapter.sim.model_names import EVENT_LOOP_MODELS, SCHEDULE_POLICIES, TWINS
 from engine_adapter.sim.run_state import RunRequests, RunState
 from engine_adapter.sim.twins.sglang_model import SGLangModel
-from engine_adapter.sim.workloads import Workload, int64_keys
+from engine_adapter.sim.workloads import Workload, any_contract, int64_keys
 from sage_eviction import get_policy_class
 from sage_eviction.policies.belady import BeladyPolicy
 
@@ -157,9 +159,13 @@ class RadixCacheModel(CacheModelKind):
             belady = RadixBelady(requests)
             manager.radix.set_policy(belady)
         manager.policy.stop_recording_evicted()  # the row's re-prefills are the manager's own
+        if any_contract(sim.workload.requests):  # prompt-cache contracts: handed to the cache
+            return ContractRadixModel(manager, belady)
         return RadixModel(manager, belady)
 
     def run_compiled(self, sim: Any, st: RunState) -> str | None:
+        if isinstance(st.cache, ContractRadixModel):
+            return CONTRACT_LOOP_REASON  # the compiled loop has no retention nor receipts
         return radix_run.compiled_run(sim, st, self)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "RadixFigures",
     "RadixModel",
     "array_quantiles",
+    "cache_request",
     "window_quantiles",
 ]
 
@@ -179,7 +180,7 @@ def array_quantiles(values: npt.NDArray[np.float64], *qs: float) -> list[float]:
     return [percentile(ordered, q) for q in qs]
 
 
-def _cache_request(seq: SimSequence) -> CacheRequest:
+def cache_request(seq: SimSequence) -> CacheRequest:
     """What a simulated request brings to the cache manager: its block keys (a re-prefill after
     preemption covers its regenerated output too), tenant, priority and session; the last token
     is never recomputed in simulation."""
@@ -253,7 +254,7 @@ class RadixModel:
         retries each step until it fits, and a protected request is allocated with the same one."""
         request = self._requests.get(seq.sid)
         if request is None or request.num_tokens != seq.tokens:
-            request = self._requests[seq.sid] = _cache_request(seq)
+            request = self._requests[seq.sid] = cache_request(seq)
         return request
 
     def allocate(self, seq: SimSequence) -> int | None:

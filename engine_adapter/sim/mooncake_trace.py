@@ -4,7 +4,9 @@
 One JSON object per line (docs/architecture.md, "Simulator"): `timestamp` (ms from the trace's
 start), `input_length`, `output_length`, `hash_ids` (prefix-chained block keys of
 `MOONCAKE_BLOCK_SIZE` tokens each, the last block possibly partial); optional `tenant`,
-`session` and `priority`. The file is streamed line by line (`engine_adapter.sim.trace_file`);
+`session` and `priority`; and the optional prompt-cache contract fields `cache_salt`,
+`cache_ttl_s` and `cache_breakpoint` (`engine_adapter.sim.contracts`: a salted request's keys
+are its hash ids salted). The file is streamed line by line (`engine_adapter.sim.trace_file`);
 a malformed line is a one-line `WorkloadError` ``path:line: what is wrong``, the lines after it
 unread. `read_mooncake` fills a `RequestTable` record by record (the hash ids in one int32 or
 int64 array, no object per request or per id); `mooncake_stream` yields `SimRequest`s.
@@ -19,6 +21,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from engine_adapter.sim.contracts import ContractFields, contract_fields, salted_keys
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.trace_file import TraceLines, WorkloadError, shown
 from engine_adapter.sim.workloads import SimRequest, Workload, check_limit
@@ -42,9 +45,10 @@ def _optional_label(value: object, name: str, where: str) -> str | None:
     raise WorkloadError(f"{where}: {name!r} must be a string, an integer or null, got {shown(value)}")
 
 
-_Fields = tuple[float, list[int], int, int, "str | None", int, "str | None"]
+_Fields = tuple[float, list[int], int, int, "str | None", int, "str | None", ContractFields]
 """A record's fields as `RequestTable.add` takes them after the request id: arrival (s), hash
-ids, input and output lengths, tenant, priority, session."""
+ids (salted), input and output lengths, tenant, priority, session; and its contract (salt,
+lifetime, breakpoint)."""
 
 
 def _mooncake_fields(record: object, where: str) -> _Fields:
@@ -85,7 +89,10 @@ def _mooncake_fields(record: object, where: str) -> _Fields:
         raise WorkloadError(f"{where}: 'priority' must be an integer, got {shown(priority)}")
     tenant = _optional_label(record.get("tenant"), "tenant", where)
     session = _optional_label(record.get("session"), "session", where)
-    return (timestamp / 1000.0, hash_ids, input_len, output_len, tenant, priority, session)
+    contract: ContractFields = contract_fields(record, input_len, where)
+    if contract[0] is not None:
+        hash_ids = salted_keys(contract[0], hash_ids)
+    return (timestamp / 1000.0, hash_ids, input_len, output_len, tenant, priority, session, contract)
 
 
 def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
@@ -93,8 +100,9 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
 
     Fields: `timestamp` (ms from trace start), `input_length`, `output_length` (tokens),
     `hash_ids` (prefix-chained block keys, 512 tokens each); optional `tenant`, `session`
-    (string or integer) and `priority` (integer). Blank lines are skipped. The file is read as a
-    stream of lines (module docstring).
+    (string or integer), `priority` (integer), and the prompt-cache contract's `cache_salt`
+    (string), `cache_ttl_s` (seconds) and `cache_breakpoint` (tokens). Blank lines are skipped.
+    The file is read as a stream of lines (module docstring).
 
     Args:
         path: The `.jsonl` file.
@@ -111,7 +119,7 @@ def read_mooncake(path: str | Path, *, limit: int | None = None) -> Workload:
     with TraceLines(path) as lines:
         if limit != 0:
             for request_id, fields in enumerate(_records(lines, limit)):
-                table.add(request_id, *fields)
+                table.add(request_id, *fields[:-1], *fields[-1])
         digest = lines.sha256()
     if not table and limit != 0:
         raise WorkloadError(f"{path}: no requests in the file")
@@ -151,11 +159,14 @@ def _requests(lines: TraceLines, limit: int | None) -> Iterator[SimRequest]:
     # consumer that keeps the keys keeps one shared object per id.
     canonical: dict[int, int] = {}
     intern = canonical.setdefault
-    for request_id, (arrival, hash_ids, input_len, output_len, tenant, priority, session) in enumerate(
-        _records(lines, limit)
-    ):
+    for request_id, fields in enumerate(_records(lines, limit)):
+        arrival, hash_ids, input_len, output_len, tenant, priority, session, contract = fields
         keys = tuple([intern(hash_id, hash_id) for hash_id in hash_ids])
-        yield SimRequest(request_id, arrival, keys, input_len, output_len, tenant, priority, session)
+        salt, ttl, breakpoint_ = contract
+        yield SimRequest(
+            request_id, arrival, keys, input_len, output_len, tenant, priority, session,
+            cache_salt=salt, cache_ttl_s=ttl, cache_breakpoint=breakpoint_,
+        )  # fmt: skip
 
 
 def _records(lines: TraceLines, limit: int | None) -> Iterator[_Fields]:

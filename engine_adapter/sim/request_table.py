@@ -21,6 +21,8 @@ Imports the workload record and numpy only.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from array import array
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any, overload
@@ -107,6 +109,12 @@ class RequestTable(Sequence[SimRequest]):
         self._priority = array("q")
         self._tenants = _Labels()
         self._sessions = _Labels()
+        # prompt-cache contracts (`engine_adapter.sim.contracts`): NaN / -1 / code -1 for none;
+        # empty until a request carries one (then filled for the ones before): no cost without
+        self._ttl = array("d")
+        self._breakpoint = array("q")
+        self._salts = _Labels()
+        self._contracts = False
         self._last: tuple[int, SimRequest] | None = None
 
     @classmethod
@@ -129,8 +137,11 @@ class RequestTable(Sequence[SimRequest]):
         tenant: str | None = None,
         priority: int = 0,
         session: str | None = None,
+        cache_salt: str | None = None,
+        cache_ttl_s: float | None = None,
+        cache_breakpoint: int | None = None,
     ) -> None:
-        """Append one request: its fields, its keys in prefix order."""
+        """Append one request: its fields, its keys in prefix order (salted already)."""
         self._extend_keys(keys)
         self._offsets.append(len(self._keys))
         self._ids.append(request_id)
@@ -140,6 +151,31 @@ class RequestTable(Sequence[SimRequest]):
         self._priority.append(priority)
         self._tenants.append(tenant)
         self._sessions.append(session)
+        if (
+            self._contracts
+            or cache_salt is not None
+            or cache_ttl_s is not None
+            or cache_breakpoint is not None
+        ):
+            if not self._contracts:  # the first: the requests before it carry none
+                before = len(self._ids) - 1
+                self._ttl, self._breakpoint = array("d", [math.nan]) * before, array("q", [-1]) * before
+                self._salts.codes = array("i", [-1]) * before
+                self._contracts = True
+            self._salts.append(cache_salt)
+            self._ttl.append(math.nan if cache_ttl_s is None else cache_ttl_s)
+            self._breakpoint.append(-1 if cache_breakpoint is None else cache_breakpoint)
+
+    def _contract(self, i: int) -> tuple[str | None, float | None, int | None]:
+        """Request `i`'s salt, lifetime and breakpoint (None each where not given)."""
+        if not self._contracts:
+            return None, None, None
+        ttl, breakpoint_ = self._ttl[i], self._breakpoint[i]
+        return self._salts.get(i), None if math.isnan(ttl) else ttl, None if breakpoint_ < 0 else breakpoint_
+
+    def has_contracts(self) -> bool:
+        """Whether some request carries a prompt-cache contract field."""
+        return self._contracts
 
     def append(self, request: SimRequest) -> None:
         """Append `request` (its `token_ids`, if any, are not kept)."""
@@ -153,6 +189,9 @@ class RequestTable(Sequence[SimRequest]):
             r.tenant,
             r.priority,
             r.session,
+            r.cache_salt,
+            r.cache_ttl_s,
+            r.cache_breakpoint,
         )
 
     def _extend_keys(self, keys: Sequence[Hashable]) -> None:
@@ -200,6 +239,11 @@ class RequestTable(Sequence[SimRequest]):
             priority=self._priority[i],
             session=self._sessions.get(i),
         )
+        if self._contracts:
+            salt, ttl, breakpoint_ = self._contract(i)
+            request = dataclasses.replace(
+                request, cache_salt=salt, cache_ttl_s=ttl, cache_breakpoint=breakpoint_
+            )
         self._last = (index, request)
         return request
 
@@ -230,6 +274,7 @@ class RequestTable(Sequence[SimRequest]):
                 self._tenants.get(i),
                 self._priority[i],
                 self._sessions.get(i),
+                *self._contract(i),
             )
         return table
 
@@ -332,6 +377,10 @@ class RequestTable(Sequence[SimRequest]):
 
     def nbytes(self) -> int:
         """Bytes of the arrays (the label lists not counted)."""
-        columns = (self._offsets, self._ids, self._arrival, self._input, self._output, self._priority)
+        columns = (
+            self._offsets, self._ids, self._arrival, self._input, self._output, self._priority,
+            self._ttl, self._breakpoint,
+        )  # fmt: skip
         keys = self._keys.itemsize * len(self._keys) if isinstance(self._keys, array) else 8 * len(self._keys)
-        return keys + sum(c.itemsize * len(c) for c in columns) + 8 * len(self)
+        labels = (self._tenants.codes, self._sessions.codes, self._salts.codes)
+        return keys + sum(c.itemsize * len(c) for c in (*columns, *labels))

@@ -51,7 +51,9 @@ class SimResult:
     has none of these keys (rows are unchanged when it is off). The radix model's rows carry the
     regret (`regrets`, `ghost_hits`, `regret_ratio` = regrets / missed blocks) and the age
     histograms on the virtual clock (`age_histograms`, `ages.HistogramSnapshot.to_dict` each;
-    docs/architecture.md, "Ages and regret"); the flat model's have zeros and none.
+    docs/architecture.md, "Ages and regret"); the flat model's have zeros and none. A radix row
+    of a workload with prompt-cache contracts carries `cache_contract`
+    (`contract_model.ContractRadixModel.contract_figures`); other rows have no such key.
     """
 
     policy: str
@@ -95,6 +97,7 @@ class SimResult:
     ghost_hits: int = 0
     regret_ratio: float = 0.0
     age_histograms: list[dict[str, Any]] = field(default_factory=list)
+    cache_contract: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-able dict."""
@@ -102,4 +105,6 @@ class SimResult:
         if self.compress_on_evict is None:
             for key in ("compress_on_evict", "compressions", "compressed_hits", "compressed_hit_tokens"):
                 del row[key]
+        if self.cache_contract is None:
+            del row["cache_contract"]
         return row

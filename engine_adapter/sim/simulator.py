@@ -87,6 +87,7 @@ from engine_adapter.cache.tiers import TierConfig
 from engine_adapter.sim.cache_model_kinds import COMPILED, cache_model_for
 from engine_adapter.sim.cache_models import FlatModel, RadixModel
 from engine_adapter.sim.capacity import checked_capacity, min_capacity
+from engine_adapter.sim.contract_model import contract_figures
 from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.decode_steps import (
     decode_time,
@@ -544,6 +545,7 @@ class Simulator:
             prefetch_hits=st.cache.prefetch_hits() if self.prefetch and st.cache is not None else 0,
             **(st.cache.compressed() if st.cache is not None else {}),
             **(st.cache.regret() if st.cache is not None else {}),
+            cache_contract=contract_figures(st.cache, st.clock),
         )
 
 

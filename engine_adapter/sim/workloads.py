@@ -71,6 +71,7 @@ __all__ = [
     "check_int",
     "check_limit",
     "RequestColumns",
+    "any_contract",
     "any_tenant",
     "int64_keys",
     "lookup_keys",
@@ -99,6 +100,11 @@ class SimRequest:
         token_ids: The prompt's tokens followed by the tokens generated for it, where the source
             carries tokens (`engine_adapter.sim.twins.chats`); the engine twins hash every block
             the request fills from them, decode blocks included. None: block keys only.
+        cache_salt: Its isolation key (`engine_adapter.sim.contracts`): the trace readers have
+            applied it to `block_hashes` already (`salted_keys`); kept for the row and the cache.
+        cache_ttl_s: The minimum lifetime (s) it asks for the blocks it writes or hits; None: none.
+        cache_breakpoint: Explicit mode: only its first `cache_breakpoint` prompt tokens are
+            written to the cache; None: the whole prompt (implicit mode).
     """
 
     request_id: int
@@ -110,6 +116,15 @@ class SimRequest:
     priority: int = 0
     session: str | None = None
     token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None
+    cache_ttl_s: float | None = None
+    cache_breakpoint: int | None = None
+
+    @property
+    def has_contract(self) -> bool:
+        """Whether it carries a prompt-cache contract field (salt, lifetime or breakpoint)."""
+        fields = (self.cache_salt, self.cache_ttl_s, self.cache_breakpoint)
+        return any(field is not None for field in fields)
 
 
 @runtime_checkable
@@ -125,6 +140,7 @@ class RequestColumns(Protocol):
     def summary(self) -> dict[str, Any]: ...
     def has_tenants(self) -> bool: ...
     def int64_keys(self) -> bool: ...
+    def has_contracts(self) -> bool: ...
 
 
 class RequestList(Protocol):
@@ -144,6 +160,13 @@ def unique_blocks(requests: Iterable[SimRequest]) -> int:
     for request in requests:
         seen.update(request.block_hashes)
     return len(seen)
+
+
+def any_contract(requests: Iterable[SimRequest]) -> bool:
+    """Whether some request carries a prompt-cache contract field (`SimRequest.has_contract`)."""
+    if isinstance(requests, RequestColumns):
+        return requests.has_contracts()
+    return any(r.has_contract for r in requests)
 
 
 def total_block_lookups(requests: Iterable[SimRequest]) -> int:

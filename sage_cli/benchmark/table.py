@@ -167,6 +167,43 @@ _COMPRESS_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# With prompt-cache contracts in the trace (cache_ttl_s, cache_breakpoint, cache_salt): what the
+# contracts cost and bought, per tier (the row's "cache_contract", flattened by `_with_contract`).
+_CONTRACT_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "Policy", "text"),
+    ("capacity_blocks", "Blocks", "int"),
+    ("host_capacity_blocks", "Host blocks", "int"),
+    ("hit_rate", "Hit", "percent"),
+    ("retention_hit_blocks", "Retained hits", "int"),
+    ("retention_broken_blocks", "Breaks", "int"),
+    *(
+        (f"{what}_{tier}", f"{title} {tier}", "int")
+        for what, title in (("written", "Wrote"), ("read", "Read"))
+        for tier in ("device", "host", "disk")
+    ),
+    *((f"idle_{tier}", f"Idle {tier} blk·s", "number") for tier in ("device", "host", "disk")),
+    ("ttft_p50_s", "TTFT p50 s", "number"),
+)
+
+
+def _with_contract(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its ``cache_contract`` figures as flat keys (tokens written and read, idle
+    block-seconds, per tier; a tier the row has no capacity for left out)."""
+    contract = row.get("cache_contract")
+    if not isinstance(contract, dict):
+        return row
+    tiers = ["device"]
+    tiers += ["host"] * bool(row.get("host_capacity_blocks")) + ["disk"] * bool(
+        row.get("disk_capacity_blocks")
+    )
+    flat = {k: v for k, v in contract.items() if not isinstance(v, dict)}
+    for what, prefix in (("written_tokens", "written"), ("read_tokens", "read"), ("idle_block_s", "idle")):
+        figures = contract.get(what)
+        if isinstance(figures, dict):
+            flat.update({f"{prefix}_{tier}": figures.get(tier) for tier in tiers})
+    return {**row, **flat}
+
+
 def results_table(result: dict[str, Any]) -> RenderableType:
     """The rows ``run_benchmark`` returned, one per policy and capacity, as a table, and any
     saturation warning under it."""
@@ -178,13 +215,14 @@ def results_table(result: dict[str, Any]) -> RenderableType:
     rows = result.get("results", result.get("rows"))
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         return "No results."
-    rows = [_with_block_hit_ratio(row) for row in rows]
+    rows = [_with_contract(_with_block_hit_ratio(row)) for row in rows]
     present = {key for row in rows for key in row}
     adaptive = any(row.get("adaptive_batch") for row in rows)
     tiered = any(row.get("host_policy") for row in rows)
     fleet = any(row.get("router") for row in rows)
     compressed = any(row.get("compress_on_evict") for row in rows)
     chosen = _TIER_COLUMNS if tiered else _COMPRESS_COLUMNS if compressed else _COLUMNS
+    chosen = _CONTRACT_COLUMNS if any(row.get("cache_contract") for row in rows) else chosen
     chosen = _ADAPTIVE_COLUMNS if adaptive and not (tiered or compressed) else chosen
     chosen = _FLEET_COLUMNS if fleet else chosen
     chosen = _ROUTED_COLUMNS if any(row.get("workers") for row in rows) else chosen
