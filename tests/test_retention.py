@@ -18,9 +18,10 @@ What the machine holds after every step:
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -28,9 +29,11 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.contract import CacheContract, CacheReceipt
 from engine_adapter.cache.errors import NoEvictableBlocksError, RequestTooLargeError
+from engine_adapter.cache.radix_cache import RadixCache
 from engine_adapter.cache.request import CacheRequest
-from engine_adapter.cache.retention import RetentionConfig
+from engine_adapter.cache.retention import Retention, RetentionConfig
 from engine_adapter.cache.tiers import TierConfig
+from sage_eviction import create_policy
 
 BS = 2
 # prompts sharing prefixes, so that hits refresh lifetimes and siblings compete
@@ -339,3 +342,42 @@ def test_a_block_read_then_written_again_after_a_preemption_is_not_a_write() -> 
     m.free_sequence(2, prompt)
     assert len(m.radix) == 1
     assert receipt.written_tokens == 0  # written + cached never exceeds the prompt
+
+
+# ---- the break's choice: the retention heap walked in order, held to a scan ---------------------
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What `Retention.grant` reads of a cached block when a lower tier exists (no pins)."""
+
+    key: int
+    depth: int
+
+
+@settings(max_examples=200)
+@given(
+    grants=st.lists(
+        st.tuples(st.integers(0, 40), st.integers(1, 6), st.integers(1, 50)), min_size=1, max_size=60
+    ),
+    forgotten=st.sets(st.integers(0, 40), max_size=10),
+    eligible=st.sets(st.integers(0, 40)),
+    limit=st.integers(0, 60),
+)
+def test_the_first_to_expire_is_the_scans_choice(
+    grants: list[tuple[int, int, int]], forgotten: set[int], eligible: set[int], limit: int
+) -> None:
+    """`first_to_expire` (tiers' `_break_retention`) walks the heap in expiry order, skipping
+    refreshed, forgotten and refused entries; it must pick what a scan of every retained block
+    picks: the smallest (expiry, -depth, key) among the eligible, if it expires by `limit`."""
+    radix = RadixCache(create_policy("lru", capacity=64), num_blocks=64)
+    retention = Retention(RetentionConfig(), radix, lambda: 0.0, tiered=True)
+    depth_of: dict[int, int] = {}
+    for key, depth, until in grants:
+        depth = depth_of.setdefault(key, depth)  # a block's depth is fixed
+        retention.grant([_Block(key, depth)], float(until))
+    for key in forgotten:
+        retention.forget(key)
+    live = [(until, -depth_of[key], key) for key, until in retention.expiry.items() if key in eligible]
+    expected = min(live)[2] if live and min(live)[0] <= limit else None
+    assert retention.first_to_expire(float(limit), eligible.__contains__) == expected

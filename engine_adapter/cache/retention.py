@@ -153,6 +153,29 @@ class Retention:
         self.expired += count
         return count
 
+    def first_to_expire(self, limit: float, eligible: Callable[[Hashable], bool]) -> Hashable | None:
+        """The retained key that expires first (ties: the deepest, then the smallest key) among
+        those `eligible` accepts, if it expires no later than `limit`; else None.
+
+        Walks the heap in expiry order without changing it (a frontier heap of heap indices: a
+        node's children come after it), so a choice costs O(k log k) for the k entries it passes
+        over (stale ones, ones `eligible` refuses), never a scan of every retained block: a
+        lower tier full of retained blocks asks this at every block that comes down."""
+        heap, expiry = self._heap, self.expiry
+        while heap and expiry.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)  # stale (refreshed or forgotten): garbage at the front, gone for good
+        frontier: list[tuple[tuple[float, int, Hashable], int]] = [(heap[0], 0)] if heap else []
+        while frontier:
+            (until, _, key), index = heapq.heappop(frontier)
+            if until > limit:
+                return None
+            if expiry.get(key) == until and eligible(key):
+                return key
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+        return None
+
     def _release(self, key: Hashable) -> None:
         if not self.tiered:
             block = self._radix.get(key)

@@ -282,21 +282,23 @@ class TierStore:
         """The last tier is full of entries its policy may not choose, and the retained block
         `incoming` comes down: drop the retained entry closest to its expiry that may leave (a
         leaf, not being read), a break, unless `incoming` expires first (the caller drops it:
-        the break is its). O(n), only when every lower tier is full of unexpired blocks. False
-        when nothing may leave or `incoming` is not retained (it is dropped, no break)."""
+        the break is its). The retention heap is walked in expiry order (`first_to_expire`),
+        not the tier scanned. False when nothing may leave or `incoming` is not retained (it is
+        dropped, no break)."""
         retention = self.retention
         if retention is None or incoming is None or incoming not in retention.expiry:
             return False
-        best: tuple[float, TierEntry] | None = None
-        for entry in level.entries.values():
-            until = retention.expiry.get(entry.key)
-            if until is None or entry.holds or entry.on_device or self._children.get(entry.key):
-                continue
-            if best is None or until < best[0]:
-                best = (until, entry)
-        if best is None or best[0] > retention.expiry[incoming]:
+
+        def may_leave(key: Hashable) -> bool:
+            entry = level.entries.get(key)
+            if entry is None or entry.holds or entry.on_device:
+                return False
+            return not self._children.get(key)  # a leaf below the device: nothing hangs off it
+
+        key = retention.first_to_expire(retention.expiry[incoming], may_leave)
+        if key is None:
             return False
-        self._drop(best[1], None, "retention_break")  # `forget` counts the break
+        self._drop(level.entries[key], None, "retention_break")  # `forget` counts the break
         return True
 
     def _evict_entry(self, index: int, entry: TierEntry, why: dict[str, Any] | None = None) -> None:
