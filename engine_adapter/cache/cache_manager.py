@@ -57,6 +57,7 @@ from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_front import QueueFront
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache, new_radix_cache
+from engine_adapter.cache.receipts_front import ReceiptsFront, attach_receipts
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.reservations import Reservations
@@ -72,7 +73,7 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
+class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, ReceiptsFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
@@ -167,6 +168,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
             allocator, self.radix, keys, eviction, protection, clock, store, squeeze, kept
         )  # fmt: skip
         self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
+        self._receipts = attach_receipts(acct, running, kept, store, self.radix, block_size, clock)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
 
     # ---- properties ---------------------------------------------------------------------
@@ -563,7 +565,8 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront):
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
                 compressed=None if self._compressed is None else self._compressed.counters(),
             )
-            return dataclasses.replace(snapshot, **self._retention.counters())
+            accounts = tuple(self._receipts.accounts())
+            return dataclasses.replace(snapshot, **self._retention.counters(), cache_accounts=accounts)
 
     def usage(self) -> dict[str, Any]:
         """Pool use now, by tenant and by priority class (``GET /v1/cache/usage``, the top view,

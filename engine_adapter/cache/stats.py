@@ -118,6 +118,9 @@ class CacheStats:
         retention_broken_blocks: Retained blocks dropped before they expired (every lower tier
             full of unexpired blocks, or, without one, the pool needed for a request).
         retention_expired_blocks: Retentions that lapsed.
+        cache_accounts: Per tenant and salt (a salt as `receipts.salt_label`; at most
+            `MAX_TENANTS` rows, the rest under `OTHER_TENANTS`): requests, prompt tokens, tokens
+            read per tier and written, lifetimes granted and refused (`receipts.TOTAL_FIELDS`).
     """
 
     strategy: str
@@ -172,6 +175,7 @@ class CacheStats:
     retention_refused_blocks: int = 0
     retention_broken_blocks: int = 0
     retention_expired_blocks: int = 0
+    cache_accounts: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
@@ -181,4 +185,5 @@ class CacheStats:
         }
         out["tiers"] = [dataclasses.asdict(t) for t in self.tiers]
         out["age_histograms"] = [h.to_dict() for h in self.age_histograms]
+        out["cache_accounts"] = [dict(a) for a in self.cache_accounts]
         return out

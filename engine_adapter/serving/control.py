@@ -245,6 +245,22 @@ class EngineControl:
             out["explain_evictions"] = self.cache.explain
         return out
 
+    def cache_request(self, request_id: str) -> dict[str, Any] | None:
+        """GET /v1/cache/requests/{id}: a recent request's cache receipt, each missed block's
+        reason, and with --explain the evict event of each eviction it names; None: unknown or
+        past the receipts' window."""
+        receipt = self.cache.request_receipt(request_id)
+        if receipt is None or not self.cache.explain:
+            return receipt
+        ids = {m["eviction_id"] for m in receipt["misses"] if "eviction_id" in m}
+        if ids:
+            evicts = (e for e in self.events.tail() if e.get("event") == "evict")
+            found = {e.get("id"): e for e in evicts if e.get("id") in ids}
+            for miss in receipt["misses"]:
+                if "eviction_id" in miss:
+                    miss["explanation"] = found.get(miss["eviction_id"])
+        return receipt
+
     # ---- metrics -------------------------------------------------------------------------------
 
     def metrics_registry(self) -> CollectorRegistry:

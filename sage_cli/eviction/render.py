@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sage_cli.eviction.ages_view import age_lines, regret_line, thrashing_warning
+from sage_cli.eviction.receipts_view import prompt_cache_lines
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -148,6 +149,7 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
     tiers = stats.get("tiers")
     if isinstance(tiers, list) and tiers:
         lines += _tier_lines(tiers, stats)
+    lines += prompt_cache_lines(stats)
     token = stats.get("token_eviction")
     if isinstance(token, dict):
         lines += _token_lines(token)
