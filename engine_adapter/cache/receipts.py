@@ -44,6 +44,7 @@ from engine_adapter.cache.request import CacheRequest
 from sage_eviction.metrics import MAX_TENANTS, OTHER_TENANTS
 
 __all__ = [
+    "LATEST",
     "MISS_REASONS",
     "Lookup",
     "RECEIPTS_CAPACITY",
@@ -55,6 +56,10 @@ __all__ = [
 
 RECEIPTS_CAPACITY = 4096
 """Requests whose receipts are kept (the oldest dropped first)."""
+
+LATEST = "latest"
+"""The id that names the last request admitted (the engine's ids start ``cmpl-``, ``chatcmpl-``
+or ``msg_``, so it names no request of its own)."""
 
 MISS_REASONS = (
     "evicted",
@@ -335,8 +340,12 @@ class RequestReceipts:
     # ---- what it answers ------------------------------------------------------------------------
 
     def get(self, request_id: str) -> dict[str, Any] | None:
-        """The receipt of `request_id` as JSON, or None (unknown, or dropped from the table)."""
-        row = self._rows.get(request_id)
+        """The receipt of `request_id` as JSON (``latest``: the last request admitted), or None
+        (unknown, or dropped from the table)."""
+        rows = self._rows
+        row = rows.get(request_id)
+        if row is None and request_id == LATEST and rows:
+            row = rows[next(reversed(rows))]
         if row is None:
             return None
         receipt = row.receipt

@@ -268,6 +268,7 @@ class EngineControl:
         with self.cache.lock:
             self._refresh_gauges()
             self.metrics.set_pool_breakdown(self.cache.usage(), self.cache.tenant_hit_rates())
+            self.metrics.set_cache_accounts(self.cache.cache_accounts())
         return self.metrics.registry
 
     def _refresh_gauges(self) -> None:

@@ -18,6 +18,7 @@ from engine_adapter.serving.openapi_messages import (
     openai_cache_fields,
     openai_usage,
 )
+from engine_adapter.serving.openapi_receipts import receipt_paths, receipt_schemas
 from engine_adapter.serving.openapi_schemas import (
     cache_schemas,
     engine_schemas,
@@ -457,6 +458,7 @@ def _paths() -> dict[str, Schema]:
         **messages_paths(),
         **_embedding_paths(),
         **_cache_paths(),
+        **receipt_paths(),
         **_process_paths(),
     }
 
@@ -468,6 +470,7 @@ def _components() -> Schema:
             **eviction_schemas(),
             **tier_and_token_schemas(),
             **cache_schemas(),
+            **receipt_schemas(),
             "AnthropicError": anthropic_error_schema(),
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

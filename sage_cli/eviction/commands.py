@@ -311,13 +311,22 @@ LookupOpt = Annotated[
         help="Instead: a request's lookups from --lookup-log, each beside the eviction that cost its hit.",
     ),
 ]
+RunOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        metavar="RUN",
+        show_default=False,
+        help="Only the records of this engine run (a log file may hold several: the headings name them).",
+    ),
+]
 RequestOpt = Annotated[
     str | None,
     typer.Option(
         "--request",
         metavar="REQUEST_ID",
         show_default=False,
-        help="Instead: what the cache did for a recent request (its id), and why it missed what it missed.",
+        help="Instead: what the cache did for a recent request (latest: the last), and why it missed.",
     ),
 ]
 LookupLogOpt = Annotated[
@@ -352,15 +361,7 @@ def explain(
         Path | None,
         typer.Option("--file", metavar="PATH", dir_okay=False, show_default=False, help="Search a log file."),
     ] = None,
-    run: Annotated[
-        str | None,
-        typer.Option(
-            "--run",
-            metavar="RUN",
-            show_default=False,
-            help="Only the records of this engine run (a log file may hold several: the headings name them).",
-        ),
-    ] = None,
+    run: RunOpt = None,
     lookup: LookupOpt = None,
     lookup_log: LookupLogOpt = None,
     request: RequestOpt = None,

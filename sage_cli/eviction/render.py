@@ -147,8 +147,7 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
             if isinstance(counts, dict) and counts:
                 lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     tiers = stats.get("tiers")
-    if isinstance(tiers, list) and tiers:
-        lines += _tier_lines(tiers, stats)
+    lines += _tier_lines(tiers, stats) if isinstance(tiers, list) and tiers else []
     lines += prompt_cache_lines(stats)
     token = stats.get("token_eviction")
     if isinstance(token, dict):
