@@ -214,11 +214,18 @@ class RequestReceipts:
         a preemption keeps the first), the salt window, and the totals of what it read."""
         rid = str(request.sequence_id) if request.request_id is None else request.request_id
         unsalted = self._unsalted(request, lookup)
-        if rid in self._rows:
-            return
-        misses = self._reasons(request, lookup, unsalted)
+        if rid not in self._rows:
+            self._add_row(rid, request, lookup, unsalted)
         for i, ghost, _ in lookup.ghosts:  # the ghost set forgets a ghost once found: remember it
             self.windows.note(lookup.keys[i], _evicted(ghost, lookup.keys[i]))
+        if unsalted is not None and lookup.salt is not None:  # after its own reasons were found
+            self.windows.seen_under(unsalted, lookup.salt, lookup.keys)
+
+    def _add_row(
+        self, rid: str, request: CacheRequest, lookup: Lookup, unsalted: Sequence[Hashable] | None
+    ) -> None:
+        """The receipt of a request's first admission, and the totals of what it read."""
+        misses = self._reasons(request, lookup, unsalted)
         contract = request.contract
         session = None if contract is None else contract.session_key
         row = _Row(
@@ -237,15 +244,13 @@ class RequestReceipts:
 
     def _unsalted(self, request: CacheRequest, lookup: Lookup) -> Sequence[Hashable] | None:
         """The prompt's block keys under no salt (its own keys when it has none; None without
-        token ids), and a salted prompt's noted in the salt window."""
+        token ids: then no salt is checked)."""
         if lookup.salt is None:
             return lookup.keys
         if request.token_ids is None:
             return None
         n = len(lookup.keys) * self.block_size
-        plain = block_hashes(request.token_ids[:n], self.block_size, salt=None)
-        self.windows.seen_under(plain, lookup.salt, lookup.keys)
-        return plain
+        return block_hashes(request.token_ids[:n], self.block_size, salt=None)
 
     def wrote(self, request: CacheRequest, tokens: int) -> None:
         """`request` newly wrote `tokens` prompt tokens to the cache."""
@@ -381,7 +386,7 @@ class RequestReceipts:
         totals = self._totals
         found = totals.get((tenant, salt))
         if found is None:
-            if len(totals) >= MAX_TENANTS:  # past the cap: counted together
+            if len(totals) >= MAX_TENANTS - 1:  # past the cap (the other row one of them): together
                 tenant, salt = OTHER_TENANTS, None
                 found = totals.get((tenant, salt))
             if found is None:
