@@ -200,6 +200,7 @@ class RequestReceipts:
         self.ghosted = 0  # keys ever given to the ghost set (past its capacity it forgets)
         self.ghost_capacity = window
         self.reset_at: float | None = None  # the last cache reset: it drops blocks unremembered
+        self._after_reset: dict[str, Any] = {}
         self._clock, self._cached = clock, cached
         self._rows: OrderedDict[str, _Row] = OrderedDict()
         self._totals: dict[tuple[str | None, str | None], list[int]] = {}
@@ -285,23 +286,32 @@ class RequestReceipts:
         self.windows.clear()
         self.ghosted = 0
         self.reset_at = self._clock()
+        note = "never cached, or dropped by the cache reset"
+        self._after_reset = {"reason": "unknown", "note": note, "at": self.reset_at}
 
     # ---- the reasons ----------------------------------------------------------------------------
 
     def _reasons(
         self, request: CacheRequest, lookup: Lookup, unsalted: Sequence[Hashable] | None
     ) -> list[dict[str, Any]]:
-        """Runs of missed blocks with one reason each, in prompt order."""
+        """Runs of missed blocks with one reason each, in prompt order. A fresh prompt's blocks
+        share one constant reason (`_FIRST_USE`), so a long miss costs a few lookups per block and
+        no allocation."""
         ghosts = {i: ghost for i, ghost, _ in lookup.ghosts}
         runs: list[dict[str, Any]] = []
-        keys = lookup.keys
+        keys, bs, last = lookup.keys, self.block_size, None
         for i in range(lookup.n_hit, len(keys)):
             if i >= lookup.matchable:
-                why: dict[str, Any] = {"reason": "recomputed"}
+                why = _RECOMPUTED
             else:
                 plain = None if unsalted is None or i >= len(unsalted) else unsalted[i]
                 why = self._why(keys[i], ghosts.get(i), plain, lookup.salt)
-            _extend(runs, i, why, self.block_size)
+            if last is not None and (why is last or _same(runs[-1], why)):  # the run goes on
+                runs[-1]["blocks"] += 1
+                runs[-1]["tokens"] += bs
+            else:
+                runs.append({"first_block": i, "blocks": 1, "tokens": bs, **why})
+            last = why
         tail = lookup.n_tokens - len(keys) * self.block_size
         if tail > 0:
             runs.append({"first_block": len(keys), "blocks": 1, "tokens": tail, "reason": "partial_block"})
@@ -324,14 +334,10 @@ class RequestReceipts:
             if other is not None:
                 return other
         if self.reset_at is not None:
-            return {
-                "reason": "unknown",
-                "note": "never cached, or dropped by the cache reset",
-                "at": self.reset_at,
-            }
+            return self._after_reset
         if self.ghosted <= self.ghost_capacity and not self.windows.forgotten:
-            return {"reason": "first_use"}
-        return {"reason": "unknown", "note": "never cached, or left the cache beyond the windows"}
+            return _FIRST_USE
+        return _UNKNOWN
 
     def _other_salt(self, plain: Hashable, salt: str | None) -> dict[str, Any] | None:
         """The block cached (or seen) under an isolation key other than `salt`, or None."""
@@ -394,6 +400,12 @@ class RequestReceipts:
         return found
 
 
+_FIRST_USE: dict[str, Any] = {"reason": "first_use"}
+_RECOMPUTED: dict[str, Any] = {"reason": "recomputed"}
+_UNKNOWN: dict[str, Any] = {"reason": "unknown", "note": "never cached, or left the cache beyond the windows"}
+"""Reasons shared by every block they explain (never changed: runs copy them)."""
+
+
 def _evicted(ghost: Ghost, key: Hashable) -> dict[str, Any]:
     """The reason of a block its ghost says was evicted."""
     return {
@@ -406,18 +418,6 @@ def _salt_of(request: CacheRequest) -> str | None:
     """The salt a request is shown and counted under: its `cache_salt` (a tenant used as the
     isolation key with `--isolate-tenants` is shown as the tenant)."""
     return request.cache_salt
-
-
-def _extend(runs: list[dict[str, Any]], i: int, why: dict[str, Any], block_size: int) -> None:
-    """Add block `i` to the last run when it continues it with the same reason (an eviction's
-    run keeps its first block's id), else start a run."""
-    if runs:
-        last = runs[-1]
-        if last["first_block"] + last["blocks"] == i and _same(last, why):
-            last["blocks"] += 1
-            last["tokens"] += block_size
-            return
-    runs.append({"first_block": i, "blocks": 1, "tokens": block_size, **why})
 
 
 def _same(run: dict[str, Any], why: dict[str, Any]) -> bool:
