@@ -218,3 +218,13 @@ def test_every_receipt_adds_up(
         _adds_up(receipt)
     written = sum(r["written_tokens"] for r in receipts)
     assert sum(a["written_tokens"] for a in run.cache.cache_accounts()) == written
+
+
+def test_after_a_cache_reset_a_dropped_prefix_is_not_called_first_use() -> None:
+    run = _Run(64)
+    run.ask(P)
+    run.now = 7.0
+    run.cache.reset_prefix_cache()  # drops P's blocks without an eviction, so without ghosts
+    back = run.ask(P)
+    assert back["misses"][0]["reason"] == "unknown" and back["misses"][0]["at"] == 7.0
+    assert "reset" in back["misses"][0]["note"]
