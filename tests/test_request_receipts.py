@@ -118,6 +118,16 @@ def test_a_different_salt_is_named_by_its_hash_never_in_clear() -> None:
     assert plain["misses"][0]["reason"] == "other_salt"
 
 
+def test_a_salted_miss_of_tokens_evicted_under_no_salt_says_so() -> None:
+    run = _Run(8)
+    run.ask(P)
+    run.ask(list(range(100, 130)))  # P's blocks leave: ghosts under their unsalted keys
+    salted = run.ask(P, salt="x")
+    assert salted["misses"][0] == {
+        "first_block": 0, "blocks": 4, "tokens": 16, "reason": "other_salt", "salt": None, "cached": False
+    }  # fmt: skip
+
+
 def test_explicit_mode_and_generated_tokens_not_stored() -> None:
     run = _Run(64, retention=RetentionConfig(cache_generated=False))
     run.ask(P, contract=CacheContract(write_tokens=8))  # a breakpoint after two blocks

@@ -182,6 +182,7 @@ class RequestReceipts:
         window: Keys each `MissWindows` window keeps (the ghost set's capacity).
         clock: The cache's clock.
         cached: Whether a key is in some tier now (the device index or a tier below).
+        ghost: Whether a key is in the ghost set (evicted not long ago); None: never.
         capacity: Receipts kept.
     """
 
@@ -191,6 +192,7 @@ class RequestReceipts:
         window: int,
         clock: Callable[[], float],
         cached: Callable[[Hashable], bool],
+        ghost: Callable[[Hashable], bool] | None = None,
         capacity: int = RECEIPTS_CAPACITY,
     ) -> None:
         if capacity < 1:
@@ -202,6 +204,7 @@ class RequestReceipts:
         self.reset_at: float | None = None  # the last cache reset: it drops blocks unremembered
         self._after_reset: dict[str, Any] = {}
         self._clock, self._cached = clock, cached
+        self._ghost: Callable[[Hashable], bool] = ghost or (lambda key: False)
         self._rows: OrderedDict[str, _Row] = OrderedDict()
         self._totals: dict[tuple[str | None, str | None], list[int]] = {}
 
@@ -341,8 +344,11 @@ class RequestReceipts:
 
     def _other_salt(self, plain: Hashable, salt: str | None) -> dict[str, Any] | None:
         """The block cached (or seen) under an isolation key other than `salt`, or None."""
-        if salt is not None and self._cached(plain):
-            return {"reason": "other_salt", "salt": None, "cached": True}
+        if salt is not None:  # the same tokens under no salt: their keys are the unsalted ones
+            if self._cached(plain):
+                return {"reason": "other_salt", "salt": None, "cached": True}
+            if self._ghost(plain) or self.windows.why(plain) is not None:
+                return {"reason": "other_salt", "salt": None, "cached": False}
         seen = self.windows.other_salt(plain, salt)
         if seen is None:
             return None

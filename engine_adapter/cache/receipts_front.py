@@ -37,7 +37,8 @@ def attach_receipts(
     def cached(key: Hashable) -> bool:
         return key in radix or (tiers is not None and tiers.entry(key) is not None)
 
-    receipts = RequestReceipts(block_size, accounting.ghosts.capacity, clock, cached)
+    ghosts = accounting.ghosts
+    receipts = RequestReceipts(block_size, ghosts.capacity, clock, cached, ghost=ghosts.__contains__)
     accounting.receipts = running.receipts = receipts
     retention.on_lapse = receipts.lapsed
     if tiers is not None:
