@@ -237,6 +237,11 @@ class ControlClient:
         """``GET /v1/cache/usage``: pool use by tenant and class, queue and batch limit."""
         return self._request("GET", "/v1/cache/usage")
 
+    def cache_request(self, request_id: str) -> JSONObject:
+        """``GET /v1/cache/requests/{id}``: a recent request's cache receipt, and why it missed
+        each block it missed (an `EngineError` of status 404 when unknown or past the engine's window)."""
+        return self._request("GET", f"/v1/cache/requests/{quote(request_id, safe='')}")
+
     def reset_cache(self) -> JSONObject:
         """``POST /v1/cache/reset``: drop every unreferenced cached block and the eviction history."""
         return self._request("POST", "/v1/cache/reset")

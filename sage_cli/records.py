@@ -158,6 +158,12 @@ class EvictionStats(_Record):
     token_eviction: TokenEviction | None = None
     age_histograms: list[JSONObject] = field(default_factory=list)
     colocation: JSONObject | None = None
+    retained_blocks: int | None = None
+    retention_granted_blocks: int | None = None
+    retention_refused_blocks: int | None = None
+    retention_broken_blocks: int | None = None
+    retention_expired_blocks: int | None = None
+    cache_accounts: list[JSONObject] = field(default_factory=list)
 
     @classmethod
     def _convert(cls, name: str, value: Any) -> Any:

@@ -36,6 +36,9 @@ front down (docs/architecture.md, "Cache core"):
     _ghosts.pyx         IntGhostSet: the ghost set and its clocks in C for int64 keys (optional;
                         ghosts.py is the reference and the fallback)
     lookup_log.py       LookupLog: one JSON line per lookup (--lookup-log), rotated
+    receipts.py         RequestReceipts: the last 4,096 requests' cache receipts, each missed
+                        block's reason (bounded windows), totals per tenant and salt
+    receipts_front.py   ReceiptsFront: the manager's receipt methods (a mixin); attach_receipts
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
     _core.pyx           the radix index's hot paths in C (optional; radix_cache.py is the

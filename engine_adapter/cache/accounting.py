@@ -5,7 +5,7 @@ and each eviction's dropped victims (`on_evict`). It keeps the age and reuse-dis
 histograms (`ages`), the regret ghost set (`ghosts`), the thrashing watch, and writes the
 per-lookup record when a `LookupLog` is given (docs/architecture.md, "Ages and regret" and
 "Lookup records"). `snapshot` is its part of `CacheStats`. Called under the cache manager's lock.
-Imports `ages`, `cached_block`, `ghosts`, `lookup_log` and structlog.
+Imports `ages`, `cached_block`, `ghosts`, `lookup_log`, `receipts` and structlog.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from engine_adapter.cache.block_keys import format_block_key
 from engine_adapter.cache.cached_block import CachedBlock
 from engine_adapter.cache.ghosts import Ghost, new_ghost_set
 from engine_adapter.cache.lookup_log import LookupLog
+from engine_adapter.cache.receipts import RequestReceipts
 
 __all__ = ["THRASHING_THRESHOLD", "AccountingStats", "CacheAccounting"]
 
@@ -92,6 +93,7 @@ class CacheAccounting:
         self.ghosts = new_ghost_set(n_ghosts, max(n_ghosts, capacity), int_keys)
         self.ages = AgeHistograms()
         self.lookup_log = lookup_log
+        self.receipts: RequestReceipts | None = None  # set by the manager (`receipts`)
         self._clock = clock
         self._binding = policy
         self.missed = self.ghost_hits = self.regrets = 0
@@ -108,11 +110,12 @@ class CacheAccounting:
         tenant: str | None,
         matchable: int,
         record: dict[str, object] | None = None,
-    ) -> None:
+    ) -> list[tuple[int, Ghost, bool]]:
         """An admitted lookup of `keys` that hit `n_hit` blocks (`path` of them on the device)
         of the `matchable` it could: hit ages and reuse distances, and each missed key against
         the ghost set, in order. `record` (the lookup's record, when logged) gets where the match
-        stopped, and is written."""
+        stopped, and is written. Returns the missed keys that were ghosts (index, ghost, regret),
+        for the request's receipt (`receipts`)."""
         now, policy, ages = self._clock(), self._binding.name, self.ages
         ages.observe_many("age_at_hit_seconds", policy, tenant, [now - b.meta.created_at for b in path])
         times, ghosts = self.ghosts.lookup(keys, n_hit)
@@ -130,6 +133,7 @@ class CacheAccounting:
             record["stop"] = "end" if n_hit >= matchable else ("absent" if stop is None else "evicted")
             record["eviction"] = None if stop is None else self._eviction(stop, keys[n_hit], now)
             self.lookup_log.write(record)
+        return ghosts
 
     @staticmethod
     def _eviction(ghost: Ghost, key: Hashable, now: float) -> dict[str, object]:
@@ -191,6 +195,8 @@ class CacheAccounting:
         else:
             self._observe_by_tenant("age_at_eviction_seconds", policy, tenants, ages)
         self.ghosts.add_many([block.key for block in victims], eviction_ids, tenants, call)
+        if self.receipts is not None:
+            self.receipts.on_evicted(len(victims))
 
     def _observe_by_tenant(
         self, kind: str, policy: str, tenants: list[str | None], values: list[float]
@@ -208,6 +214,8 @@ class CacheAccounting:
     def forget(self) -> None:
         """A cache reset: the ghosts go (what comes back was not evicted); counts stay."""
         self.ghosts.clear()
+        if self.receipts is not None:
+            self.receipts.clear()
 
     def snapshot(self) -> AccountingStats:
         """The figures now."""

@@ -3,7 +3,7 @@ then looked up (`lookup`: what is cached and whether it would fit), admitted (`a
 locked, fresh blocks for the rest, the lookup counted) or protected while it waits in the queue
 (`protect`). Once admitted, a sequence is addressed by its id (`sequences.RunningSequences`).
 Called under the cache manager's lock. Imports `block_allocator`, `cached_block`, `errors`,
-`metrics`, `prompt_keys`, `queue_protection`, `radix_cache`, `records`, `request`, `sequences`,
+`metrics`, `prompt_keys`, `queue_protection`, `radix_cache`, `receipts`, `records`, `request`, `sequences`,
 `tier_moves` and `tiers`: with KV tiers, a lookup that runs past the device tree into host or
 disk entries promotes them (docs/architecture.md, "Tiers").
 """
@@ -21,6 +21,8 @@ from engine_adapter.cache.metrics import CacheMetrics
 from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.receipts import Lookup as _Lookup
+from engine_adapter.cache.receipts import salt_label
 from engine_adapter.cache.records import Allocation, LookupResult
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.sequences import RunningSequences
@@ -129,8 +131,10 @@ class Admission:
         entry, n_entry = hit if hit is not None else (None, 0)
         n_cached_tokens = (len(path) + n_entry) * bs
         self._metrics.record_lookup(request.tenant, keys, len(path) + n_entry, n_cached_tokens, n_tokens)
-        self._account(request, keys, path, len(path) + n_entry, n_cached_tokens, len(matchable), started)
         n_host = sum(1 for e in below if e.tier is Tier.HOST)
+        read = (n_cached_tokens - len(below) * bs, n_host * bs, (len(below) - n_host) * bs)
+        lookup = _Lookup(keys, salt, len(path) + n_entry, len(matchable), n_tokens, read)
+        self._account(request, lookup, path, started)
         return Allocation(
             sequence_id=sequence_id,
             block_table=list(seq.block_table),
@@ -147,30 +151,29 @@ class Admission:
         )
 
     def _account(
-        self,
-        request: CacheRequest,
-        keys: list[Hashable],
-        path: list[CachedBlock],
-        n_hit: int,
-        hit_tokens: int,
-        n_matchable: int,
-        started: float,
+        self, request: CacheRequest, lookup: _Lookup, path: list[CachedBlock], started: float
     ) -> None:
-        """Tell the accounting the admitted lookup (with its record when lookups are logged)."""
+        """Tell the accounting the admitted lookup (with its record when lookups are logged),
+        and the receipts the request's first admission (`receipts`)."""
         accounting = self._metrics.accounting
+        keys, n_hit = lookup.keys, lookup.n_hit
         record: dict[str, object] | None = None
         if accounting.lookup_log is not None:
             record = {
                 "request_id": str(request.sequence_id) if request.request_id is None else request.request_id,
                 "sequence_id": request.sequence_id,
                 "tenant": request.tenant,
-                "prompt_tokens": self._keys.of(request)[0],
+                "salt": salt_label(request.cache_salt),
+                "prompt_tokens": lookup.n_tokens,
                 "prompt_blocks": len(keys),
                 "matched_blocks": n_hit,
-                "matched_tokens": hit_tokens,
+                "matched_tokens": sum(lookup.read),
+                "read_tokens": dict(zip(("device", "host", "disk"), lookup.read, strict=True)),
                 "lookup_us": round((time.perf_counter() - started) * 1e6, 1),
             }
-        accounting.on_lookup(keys, path, n_hit, request.tenant, n_matchable, record)
+        lookup.ghosts = accounting.on_lookup(keys, path, n_hit, request.tenant, lookup.matchable, record)
+        if accounting.receipts is not None:
+            accounting.receipts.on_lookup(request, lookup)
 
     def protect(self, request: CacheRequest) -> int:
         """Protect the cached prefix the waiting request will hit (replacing an earlier

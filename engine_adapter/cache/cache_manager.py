@@ -58,6 +58,7 @@ from engine_adapter.cache.queue_front import QueueFront
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.quota_front import QuotaFront
 from engine_adapter.cache.radix_cache import RadixCache, new_radix_cache
+from engine_adapter.cache.receipts_front import ReceiptsFront, attach_receipts
 from engine_adapter.cache.records import Allocation, LookupResult, PinnedPrefix, SequenceState, SwapResult
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.reservations import Reservations
@@ -73,19 +74,17 @@ from sage_eviction import EvictionCandidate, EvictionPolicy
 __all__ = ["CacheManager"]
 
 
-class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFront):
+class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFront, ReceiptsFront):
     """Pool + radix prefix cache + policy, with the allocation API the scheduler uses; with
     `tiers`, a host (and disk) tier under the pool (the methods in `tier_front.TierFront`).
 
     Args:
         allocator: The free list of block ids (`PagedKVPool.allocator` in the engine).
         block_size: Tokens per block; must equal the pool's (defaults to it).
-        policy: Policy spec, e.g. ``"lru"`` or ``"slru:protected_threshold=3"``; policies that take
-            `capacity` get the pool size.
+        policy: Policy spec (``"lru"``, ``"slru:protected_threshold=3"``); `capacity` is the pool size.
         policy_params: More params (override the spec's).
         max_pinned_ratio: At most this fraction of the pool may be pinned.
-        eviction_threshold: When set, `evict_to_threshold` evicts down to this fraction of the
-            pool in use.
+        eviction_threshold: When set, `evict_to_threshold` evicts down to this fraction of the pool in use.
         event_log: Where eviction events go; a ring-buffer-only log when None.
         record_events: False turns events off (fast simulation).
         isolate_tenants: Use the tenant as isolation key when a request gives no ``cache_salt``.
@@ -94,8 +93,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
             hold protected from eviction (`protect_queued_prefix`); 0 turns it off.
         explain: Each eviction event says why its victim went (O(n) a victim, `explain`); switchable.
         compiled: The radix cache's hot paths in C (`_core`) or Python; None: C when built. Same results.
-        tiers: Host and disk tiers under the pool (`TierConfig`, capacities in blocks); None or
-            ``host_blocks=0``: none, an evicted block is dropped.
+        tiers: Host and disk tiers under the pool (`TierConfig`, in blocks); None or 0: evictions drop.
         compress_on_evict: ``PRESS:RATIO`` (or a `CompressSpec`): an evicted chain is compacted
             in place instead of dropped (`compressed`, the methods in `compress_front`); None: off.
         ghost_factor: The regret ghost set keeps this many times the pool's blocks (`accounting`).
@@ -160,8 +158,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
             self.radix, allocator, self._binding, protection, metrics.reprefill, self.events, clock,
             explain=explain, threshold=eviction_threshold, tiers=store, compressed=squeeze, accounting=acct,
         )  # fmt: skip
-        self._reservations = Reservations(allocator, eviction)
-        self._pins = Pins(self.radix, keys)
+        self._reservations, self._pins = Reservations(allocator, eviction), Pins(self.radix, keys)
         kept = self._retention = Retention(retention, self.radix, clock, tiered=store is not None)
         eviction.bind_retention(kept)
         quotas = self._bind_quotas(self.radix, store, eviction, evict_own=squeeze is None)
@@ -169,6 +166,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
             allocator, self.radix, keys, eviction, protection, clock, store, squeeze, kept, quotas
         )  # fmt: skip
         self._admission = Admission(allocator, self.radix, keys, protection, running, metrics, store, squeeze)
+        self._receipts = attach_receipts(acct, running, kept, store, self.radix, block_size, clock)
         self._prefetches = Prefetches.from_config(tiers, self.radix, store, allocator, eviction)
 
     # ---- properties ---------------------------------------------------------------------
@@ -566,7 +564,8 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
                 prefetched=self._prefetches.counts() if self._prefetches is not None else (0, 0),
                 compressed=None if self._compressed is None else self._compressed.counters(),
             )
-            return dataclasses.replace(snapshot, **self._retention.counters(), **self._quota_fields())
+            fields = {**self._retention.counters(), **self._quota_fields(), **self._receipt_fields()}
+            return dataclasses.replace(snapshot, **fields)
 
     def usage(self) -> dict[str, Any]:
         """Pool use now, by tenant and by priority class (``GET /v1/cache/usage``, the top view,

@@ -12,6 +12,7 @@ metrics.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 from engine_adapter.cache.accounting import CacheAccounting
 from engine_adapter.cache.block_allocator import BlockAllocator
@@ -110,7 +111,7 @@ class CacheMetrics:
         )
 
 
-def _compressed_fields(counters: dict[str, int]) -> dict[str, int]:
+def _compressed_fields(counters: dict[str, int]) -> dict[str, Any]:
     """`CacheStats`' compress-on-evict fields from `CompressedPrefixes.counters`."""
     return {
         "compressed_prefixes": counters["entries"],

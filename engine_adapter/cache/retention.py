@@ -71,6 +71,7 @@ class Retention:
 
     Attributes:
         on_expire: Told each key whose retention lapsed (the tiers refresh its entry).
+        on_lapse: Told each key whose retention lapsed, and when (the request receipts).
         granted, refused, broken, expired: Counters, in blocks.
     """
 
@@ -85,6 +86,7 @@ class Retention:
         self.expiry: dict[Hashable, float] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
         self.on_expire: Callable[[Hashable], None] | None = None
+        self.on_lapse: Callable[[Hashable, float], None] | None = None  # (key, when): the receipts
         self.granted = self.refused = self.broken = self.expired = 0
 
     def __len__(self) -> int:
@@ -149,6 +151,8 @@ class Retention:
                 continue  # refreshed since, or gone
             del expiry[key]
             self._release(key)
+            if self.on_lapse is not None:
+                self.on_lapse(key, until)
             count += 1
         self.expired += count
         return count

@@ -31,6 +31,7 @@ from engine_adapter.cache.prompt_keys import PromptKeys
 from engine_adapter.cache.queue_protection import QueueProtection
 from engine_adapter.cache.quotas import SaltQuotas
 from engine_adapter.cache.radix_cache import RadixCache
+from engine_adapter.cache.receipts import RequestReceipts
 from engine_adapter.cache.records import SequenceState
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.cache.retention import Retention
@@ -81,6 +82,7 @@ class RunningSequences:
         self._protection = protection
         self._clock = clock
         self._states: dict[int, SequenceState] = {}
+        self.receipts: RequestReceipts | None = None  # told writes, grants, blocks not written
 
     def __len__(self) -> int:
         return len(self._states)
@@ -190,13 +192,18 @@ class RunningSequences:
             seq.retain_until = now + ttl  # one time for all its blocks: parents outlive children
             if receipt is not None and receipt.retention_ttl_s is None:
                 receipt.retention_ttl_s = ttl
+                if self.receipts is not None:
+                    self.receipts.retention(request, granted=True)
             self._retain(seq, seq.cached_path)
 
     def _retain(self, seq: SequenceState, blocks: Sequence[CachedBlock]) -> None:
         """Retain `blocks` (its hit, or blocks it newly cached) until its expiry."""
         assert self._retention is not None and seq.retain_until is not None  # checked by callers
-        if not self._retention.grant(blocks, seq.retain_until) and seq.request.receipt is not None:
-            seq.request.receipt.retention_ttl_s = 0.0  # refused in part: the usage says so
+        receipt = seq.request.receipt
+        if not self._retention.grant(blocks, seq.retain_until) and receipt is not None:
+            if receipt.retention_ttl_s and self.receipts is not None:
+                self.receipts.retention(seq.request, granted=False)  # once per request
+            receipt.retention_ttl_s = 0.0  # refused in part: the usage says so
 
     def _wrote(self, seq: SequenceState, start: int, blocks: Sequence[CachedBlock]) -> None:
         """`blocks`, newly cached by `seq` from position `start` on: counted on its receipt
@@ -209,6 +216,8 @@ class RunningSequences:
             if hi > lo:
                 receipt.written_tokens += (hi - lo) * bs
                 receipt.counted_upto = hi
+                if self.receipts is not None:
+                    self.receipts.wrote(seq.request, (hi - lo) * bs)
         if seq.retain_until is not None and blocks:
             self._retain(seq, blocks)
 
@@ -331,6 +340,8 @@ class RunningSequences:
         seq = self.get(sequence_id)
         keys = self._keys.computed(seq, token_ids, block_keys, num_computed_tokens) if cache else []
         if finish and seq.write_limit is not None:
+            if self.receipts is not None and len(keys) > seq.write_limit:
+                self._not_written(seq, keys)
             keys = keys[: seq.write_limit]  # a preempted one keeps all: its re-prefill hits them
         keys = self._within_quota(seq, keys)
         fields = self._meta_fields(seq)
@@ -392,6 +403,13 @@ class RunningSequences:
         if allowed < len(below):
             quotas.refused(salt, len(below) - allowed, promotion=True)
         return below[:allowed]
+
+    def _not_written(self, seq: SequenceState, keys: Sequence[Hashable]) -> None:
+        """Tell the receipts the blocks `seq` frees at its finish past its write limit."""
+        assert self.receipts is not None and seq.write_limit is not None  # checked by the caller
+        receipt = seq.request.receipt
+        prompt = seq.num_prompt_tokens if receipt is None else receipt.prompt_tokens
+        self.receipts.not_written(keys[seq.write_limit :], seq.write_limit, prompt // self._keys.block_size)
 
     def _announce(
         self, keys: Sequence[Hashable], start: int, count: int, token_ids: Sequence[int] | None

@@ -121,6 +121,9 @@ class CacheStats:
         salt_quotas: Each salt with a quota (at most `quotas.MAX_QUOTA_SALTS`): its caps, the
             device and host blocks it holds now, and its quota hits: its own blocks evicted for
             its writes, blocks not cached, promotions cut, host blocks dropped (`quotas`).
+        cache_accounts: Per tenant and salt (a salt as `receipts.salt_label`; at most
+            `MAX_TENANTS` rows, the rest under `OTHER_TENANTS`): requests, prompt tokens, tokens
+            read per tier and written, lifetimes granted and refused (`receipts.TOTAL_FIELDS`).
     """
 
     strategy: str
@@ -176,6 +179,7 @@ class CacheStats:
     retention_broken_blocks: int = 0
     retention_expired_blocks: int = 0
     salt_quotas: tuple[dict[str, Any], ...] = ()
+    cache_accounts: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``GET /v1/eviction/stats``, fields in order (dicts copied)."""
@@ -186,4 +190,5 @@ class CacheStats:
         out["tiers"] = [dataclasses.asdict(t) for t in self.tiers]
         out["age_histograms"] = [h.to_dict() for h in self.age_histograms]
         out["salt_quotas"] = [dict(q) for q in self.salt_quotas]
+        out["cache_accounts"] = [dict(a) for a in self.cache_accounts]
         return out

@@ -138,6 +138,7 @@ class TierStore:
         self._moves: list[TierMove] = []
         self.explain = False
         self.retention: Retention | None = None
+        self.on_dropped: Callable[[Hashable, str, str], None] | None = None  # (key, tier, reason)
         # parent key -> keys of its children that live only below the device (whatever tier
         # the parent is in): what keeps a last-tier entry from being dropped before them
         self._children: dict[Hashable, set[Hashable]] = {}
@@ -333,6 +334,8 @@ class TierStore:
             self._unlink(entry)
             if self.retention is not None:
                 self.retention.forget(entry.key)
+            if self.on_dropped is not None:
+                self.on_dropped(entry.key, level.tier.value, reason)
         self._event("drop", entry, None, None, policy, reason, explain=why)
         if self._on_drop is not None:
             self._on_drop([entry.key])

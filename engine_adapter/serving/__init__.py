@@ -17,6 +17,7 @@ The engine (a request's way in and out):
     metrics.py              EngineMetrics: the sage:* Prometheus metrics, declared in one table
     cache_histograms.py     the cache's age histograms and regret on /metrics, read at each scrape
     quota_metrics.py        SaltQuotaMetrics: the per-salt quotas on /metrics (salts with one only)
+    account_metrics.py      AccountCounters: the prompt cache's totals per tenant and salt on /metrics
 
 The scheduler (one step: admit, reserve or preempt, forward, sample, release):
 
@@ -47,9 +48,10 @@ The control API (HTTP/1.1 JSON on the engine's socket):
     http_limits.py          what uvicorn does not bound: deadlines, a connection cap, JSON errors
     auth.py                 the API key over TCP (a bearer token, or x-api-key)
     openapi.py              the OpenAPI document of all of it (docs/openapi.json), from
-                            openapi_types.py (the shared schema parts), openapi_schemas.py and
-                            openapi_messages.py (Anthropic's API, the prompt-cache fields) and
-                            openapi_quotas.py (the per-salt quotas)
+                            openapi_types.py (the shared schema parts), openapi_schemas.py,
+                            openapi_messages.py (Anthropic's API, the prompt-cache fields),
+                            openapi_quotas.py (the per-salt quotas) and openapi_receipts.py
+                            (a request's cache receipt, the totals per salt)
     worker_routes.py        the routes routers call on their workers (server/model info, load, flush)
     kv_events.py            KV cache events in vLLM's format over ZMQ, off the engine thread
 

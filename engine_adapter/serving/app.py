@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine_adapter.cache.receipts import RECEIPTS_CAPACITY
 from engine_adapter.serving.completion_requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -252,6 +253,19 @@ async def cache_usage(request: Request) -> Response:
 
 
 @endpoint
+async def cache_request(request: Request) -> Response:
+    """A recent request's cache receipt and why it missed what it missed (issue 51 item 5)."""
+    request_id = request.path_params["request_id"]
+    answer = await asyncio.to_thread(_state(request).engine.cache_request, request_id)
+    if answer is None:
+        raise ApiError(
+            404, "not_found", f"no cache receipt for request {request_id!r}: unknown, or older than the last "
+            f"{RECEIPTS_CAPACITY} requests the engine keeps",
+        )  # fmt: skip
+    return json_response(answer)
+
+
+@endpoint
 async def completions(request: Request) -> Response:
     what = "POST /v1/completions"
     body = drop_router_defaults(
@@ -367,6 +381,7 @@ ROUTES = [
     Route("/v1/cache/reset", reset_cache, methods=["POST"]),
     Route("/v1/cache/tree", cache_tree, methods=["GET"]),
     Route("/v1/cache/usage", cache_usage, methods=["GET"]),
+    Route("/v1/cache/requests/{request_id}", cache_request, methods=["GET"]),
     Route("/v1/engine/shutdown", shutdown, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),

@@ -272,6 +272,22 @@ class EngineControl:
         """DELETE /v1/cache/quotas/{salt}: whether it had one."""
         return self.cache.delete_quota(salt)
 
+    def cache_request(self, request_id: str) -> dict[str, Any] | None:
+        """GET /v1/cache/requests/{id}: a recent request's cache receipt, each missed block's
+        reason, and with --explain the evict event of each eviction it names; None: unknown or
+        past the receipts' window."""
+        receipt = self.cache.request_receipt(request_id)
+        if receipt is None or not self.cache.explain:
+            return receipt
+        ids = {m["eviction_id"] for m in receipt["misses"] if "eviction_id" in m}
+        if ids:
+            evicts = (e for e in self.events.tail() if e.get("event") == "evict")
+            found = {e.get("id"): e for e in evicts if e.get("id") in ids}
+            for miss in receipt["misses"]:
+                if "eviction_id" in miss:
+                    miss["explanation"] = found.get(miss["eviction_id"])
+        return receipt
+
     # ---- metrics -------------------------------------------------------------------------------
 
     def metrics_registry(self) -> CollectorRegistry:
@@ -280,6 +296,7 @@ class EngineControl:
             self._refresh_gauges()
             self.metrics.set_pool_breakdown(self.cache.usage(), self.cache.tenant_hit_rates())
             self._salt_quota_metrics().set(self.cache.quotas())
+            self.metrics.set_cache_accounts(self.cache.cache_accounts())
         return self.metrics.registry
 
     def _salt_quota_metrics(self) -> SaltQuotaMetrics:

@@ -59,7 +59,9 @@ reason}`` (blocks), ``sage:eviction_duration_seconds``, ``sage:prefix_cache_quer
 ``sage:kv_tier_failed_moves_total``; with compress-on-evict ``sage:compressed_prefix_blocks`` and
 ``sage:compressed_prefix_total{event}`` (``set_compressed``); the prompt-cache contract's
 ``sage:prompt_cache_retained_blocks``, ``sage:prompt_cache_retention_blocks_total{event}``
-(``set_retention``) and ``sage:prompt_cache_written_tokens_total``. The
+(``set_retention``), ``sage:prompt_cache_written_tokens_total``, and per tenant and salt
+``sage:prompt_cache_account_tokens_total{tenant, salt, kind}`` and
+``sage:prompt_cache_account_requests_total{tenant, salt, event}`` (``set_cache_accounts``). The
 dashboard (dashboards/sage.json) draws them; tests/test_cache_view.py keeps the two in step.
 Each family is declared once, in the table `METRIC_FAMILIES` (name, help, labels, buckets).
 
@@ -76,6 +78,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from engine_adapter.cache.adaptive_batch import BatchChange
+from engine_adapter.serving.account_metrics import AccountCounters
 from sage_eviction.metrics import jain_fairness
 
 __all__ = [
@@ -295,6 +298,19 @@ METRIC_FAMILIES: dict[str, MetricFamily] = {
         "sage:prompt_cache_written_tokens_total",
         "Prompt tokens finished requests newly wrote to the prefix cache (whole blocks).",
     ),
+    "prompt_cache_account_tokens": MetricFamily(
+        Counter,
+        "sage:prompt_cache_account_tokens_total",
+        "Prompt tokens per tenant and salt (a SHA-256 label; at most 1,024 pairs) by kind: prompt, "
+        "read_device, read_host, read_disk, written.",
+        ("tenant", "salt", "kind"),
+    ),
+    "prompt_cache_account_requests": MetricFamily(
+        Counter,
+        "sage:prompt_cache_account_requests_total",
+        "Requests per tenant and salt by event: admitted, retention_granted, retention_refused.",
+        ("tenant", "salt", "event"),
+    ),
     # Token-level eviction (spec 002).
     "token_attention_fallbacks": MetricFamily(
         Counter,
@@ -377,6 +393,8 @@ class EngineMetrics:
     prompt_cache_retained_blocks: Gauge
     prompt_cache_retention: Counter
     prompt_cache_written_tokens: Counter
+    prompt_cache_account_tokens: Counter
+    prompt_cache_account_requests: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None, policy: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -385,6 +403,7 @@ class EngineMetrics:
         self._lock = threading.Lock()  # guards _policies and the policy_info flip
         self._policies: set[str] = set()
         self._tier_counted: dict[tuple[str, str], int] = {}  # (tier, event) -> already counted
+        self._accounts = AccountCounters(self.prompt_cache_account_tokens, self.prompt_cache_account_requests)
         for event, _ in _RETENTION_EVENTS:  # at zero from the start, as the dashboard reads them
             self.prompt_cache_retention.labels(event=event)
         if policy is not None:
@@ -455,6 +474,10 @@ class EngineMetrics:
             if now > before:
                 self.prompt_cache_retention.labels(event=event).inc(now - before)
                 self._tier_counted[("retention", event)] = now
+
+    def set_cache_accounts(self, accounts: Sequence[Mapping[str, Any]]) -> None:
+        """The per tenant-and-salt totals now (`CacheManager.cache_accounts`, at a scrape)."""
+        self._accounts.advance(accounts)
 
     def on_tier_copies(self, seconds: float, failed: int) -> None:
         """A step copied blocks between the tiers for `seconds`; `failed` copies could not read."""

@@ -19,6 +19,7 @@ from engine_adapter.serving.openapi_messages import (
     openai_usage,
 )
 from engine_adapter.serving.openapi_quotas import quota_paths, quota_schemas
+from engine_adapter.serving.openapi_receipts import receipt_paths, receipt_schemas
 from engine_adapter.serving.openapi_schemas import (
     cache_schemas,
     engine_schemas,
@@ -459,6 +460,7 @@ def _paths() -> dict[str, Schema]:
         **_embedding_paths(),
         **_cache_paths(),
         **quota_paths(),
+        **receipt_paths(),
         **_process_paths(),
     }
 
@@ -471,6 +473,7 @@ def _components() -> Schema:
             **tier_and_token_schemas(),
             **cache_schemas(),
             **quota_schemas(),
+            **receipt_schemas(),
             "AnthropicError": anthropic_error_schema(),
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

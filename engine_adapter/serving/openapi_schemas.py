@@ -89,6 +89,13 @@ def eviction_schemas() -> dict[str, Schema]:
                 "window_regret_ratio": nullable(NUM),
                 "re_prefill_window": INT,
                 "age_histograms": {"type": "array", "items": ref("AgeHistogram")},
+                # the prompt-cache contract (issue 51): lifetimes, and totals per tenant and salt
+                "retained_blocks": INT,
+                "retention_granted_blocks": INT,
+                "retention_refused_blocks": INT,
+                "retention_broken_blocks": INT,
+                "retention_expired_blocks": INT,
+                "cache_accounts": {"type": "array", "items": ref("CacheAccount")},
             },
         ),
         "AgeHistogram": obj(

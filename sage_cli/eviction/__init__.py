@@ -10,6 +10,7 @@
     log_file.py      an eviction log file read with no engine (tail, follow, rotations)
     log_tail.py      ``logs --tail N``: the last N printed lines, never a cut eviction
     lookups.py       ``explain --lookup``: the lookup log read, each lookup beside its eviction
+    receipts_view.py ``explain --request``: a request's cache receipt; the stats' prompt-cache lines
     ages_view.py     the regret, thrashing and age lines of ``stats`` and ``top``
     installed.py     the policies installed here, from the registry (``policies``)
     quota.py         ``quota set|show|delete``: per-salt quotas of cached blocks (a sub-group)

@@ -32,6 +32,7 @@ from sage_cli.eviction.explanations import (
 from sage_cli.eviction.log_file import read_log_file
 from sage_cli.eviction.log_tail import Unit, tail_events
 from sage_cli.eviction.lookups import eviction_for, lookup_lines, read_lookups
+from sage_cli.eviction.receipts_view import receipt_view
 from sage_cli.eviction.render import (
     eviction_log_lines,
     policies_table,
@@ -310,6 +311,24 @@ LookupOpt = Annotated[
         help="Instead: a request's lookups from --lookup-log, each beside the eviction that cost its hit.",
     ),
 ]
+RunOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        metavar="RUN",
+        show_default=False,
+        help="Only the records of this engine run (a log file may hold several: the headings name them).",
+    ),
+]
+RequestOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--request",
+        metavar="REQUEST_ID",
+        show_default=False,
+        help="Instead: what the cache did for a recent request (latest: the last), and why it missed.",
+    ),
+]
 LookupLogOpt = Annotated[
     Path | None,
     typer.Option(
@@ -342,24 +361,22 @@ def explain(
         Path | None,
         typer.Option("--file", metavar="PATH", dir_okay=False, show_default=False, help="Search a log file."),
     ] = None,
-    run: Annotated[
-        str | None,
-        typer.Option(
-            "--run",
-            metavar="RUN",
-            show_default=False,
-            help="Only the records of this engine run (a log file may hold several: the headings name them).",
-        ),
-    ] = None,
+    run: RunOpt = None,
     lookup: LookupOpt = None,
     lookup_log: LookupLogOpt = None,
+    request: RequestOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Explain a past eviction from the log: the victim's ranking values, the candidates it was
     chosen before, and the blocks passed over (pinned, in use, shared). Needs an engine started
     with --explain. A log file appended to by several engine runs (sequence ids start again at
     each) is shown run by run, under a heading naming each; --run keeps one. With --lookup, a
-    request's lookups (engine started with --lookup-log) and the evictions that cost their hits."""
+    request's lookups (engine started with --lookup-log) and the evictions that cost their hits.
+    With --request, a recent request's cache receipt: read per tier, written, uncached, and why
+    each missed block was not there."""
+    if request is not None:
+        _explain_request(request, target, lookup, socket, name, url, api_key, Output(json_out))
+        return
     target = _explain_target(target, lookup, lookup_log)
     events = _log_tail(file, tail, socket, name, url, api_key)
     if lookup is not None and lookup_log is not None:
@@ -395,6 +412,20 @@ def _log_tail(
     with client_for(socket, name, url=url, api_key=api_key) as client:
         events: list[dict[str, Any]] = client.eviction_logs(tail)
     return events
+
+
+def _explain_request(
+    request_id: str, target: str | None, lookup: str | None,
+    socket: Path | None, name: str | None, url: str | None, api_key: str | None, out: Output,
+) -> None:  # fmt: skip
+    """``explain --request``: the engine's receipt of the request (``GET /v1/cache/requests/{id}``)."""
+    if target is not None or lookup is not None:
+        raise CLIUsageError("give --request REQUEST_ID alone, without a sequence, block or --lookup")
+    if not request_id.strip():
+        raise CLIUsageError("--request: give a request id")
+    with client_for(socket, name, url=url, api_key=api_key) as client:
+        answer = client.cache_request(request_id.strip())
+    out.result(answer, lambda: receipt_view(answer))
 
 
 def _explain_target(target: str | None, lookup: str | None, lookup_log: Path | None) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sage_cli.eviction.ages_view import age_lines, regret_line, thrashing_warning
 from sage_cli.eviction.quota import quota_lines
+from sage_cli.eviction.receipts_view import prompt_cache_lines
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -147,8 +148,8 @@ def render_stats(stats: dict[str, Any], *, verbose: bool = False) -> str:
             if isinstance(counts, dict) and counts:
                 lines.append(f"  {title}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     tiers = stats.get("tiers")
-    if isinstance(tiers, list) and tiers:
-        lines += _tier_lines(tiers, stats)
+    lines += _tier_lines(tiers, stats) if isinstance(tiers, list) and tiers else []
+    lines += prompt_cache_lines(stats)
     token = stats.get("token_eviction")
     if isinstance(token, dict):
         lines += _token_lines(token)
