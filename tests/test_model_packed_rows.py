@@ -77,8 +77,7 @@ def test_onednn_builds_one_primitive_per_bucket_not_per_row_count() -> None:
     rows = 300
     env = os.environ | {"ONEDNN_VERBOSE": "profile_create", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    log = subprocess.run(
-        [sys.executable, "-c", _COUNT_PRIMITIVES, str(rows)], env=env, capture_output=True, text=True, check=True
-    ).stdout
+    command = [sys.executable, "-c", _COUNT_PRIMITIVES, str(rows)]
+    log = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     built = [line for line in log.splitlines() if "create:cache_miss" in line and "inner_product" in line]
     assert len(built) == len({padded_rows(r) for r in range(1, rows + 1)}) == 29
