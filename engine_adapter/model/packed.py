@@ -112,12 +112,20 @@ class PackedLinear(nn.Module):
         if rows < self.min_rows:
             y = F.linear(flat, self.weight, self.bias)
         else:
-            extra = padded_rows(rows) - rows  # a bounded set of shapes: one oneDNN primitive each
-            if extra:
-                flat = F.pad(flat, (0, 0, 0, extra))
+            bucket = padded_rows(rows)  # a bounded set of shapes: one oneDNN primitive each
+            if bucket != rows:
+                flat = _padded(flat, bucket)
             y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")[:rows]
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
         return out
+
+
+def _padded(flat: torch.Tensor, rows: int) -> torch.Tensor:
+    """`flat` followed by zero rows up to `rows` (one copy; cheaper than ``F.pad``)."""
+    out = flat.new_empty(rows, flat.shape[1])
+    out[: flat.shape[0]].copy_(flat)
+    out[flat.shape[0] :].zero_()
+    return out
 
 
 def _best_of(run: Callable[[], object], repeats: int) -> float:
