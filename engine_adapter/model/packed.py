@@ -20,6 +20,17 @@ small batch then keeps the plain path, a larger batch and every prefill take the
 The reorder is done once, at load, on the engine thread. The results equal ``F.linear``'s up to
 float rounding (another summation order). The packed weight is a copy kept beside the original
 (which the small-batch path reads): packing costs the packed layers' weights once more.
+
+oneDNN builds (JIT-compiles) one primitive per input shape, about 0.5-0.8 MiB each on this CPU, and
+keeps up to 1,024 of them in its primitive cache: an engine whose steps bring every row count from
+1 to 2,048 (`--max-num-batched-tokens`) would grow by hundreds of MiB with the requests it served
+(issue 49). So a packed call's rows are padded with zeros up to `padded_rows` (a small stated set:
+exact to 8, then rounded up to three significant bits: 10, 12, 14, 16, 20, 24, 28, 32, 40, ...; at
+most a quarter more rows, four sizes per doubling, 40 sizes up to 2,048) and the output sliced
+back. A row's output does not depend on the rows beside it in oneDNN's GEMM (what batch invariance
+already relies on, `engine_adapter.model.invariance`), so padding changes no bit of a real row
+(tests/test_model_packed.py checks every bucket edge); the primitives then number at most 40 per
+weight shape to 2,048 rows, whatever the traffic.
 """
 
 from __future__ import annotations
@@ -36,18 +47,33 @@ from engine_adapter.model.decoder import Decoder
 
 __all__ = [
     "PACKED_WEIGHTS_CHOICES",
+    "EXACT_ROWS",
     "PROBE_ROWS",
     "PackedLinear",
     "check_packed_weights",
     "crossover",
     "pack_decoder",
     "packing_available",
+    "padded_rows",
 ]
 
 PACKED_WEIGHTS_CHOICES = ("auto", "on", "off")
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # Rows at which `crossover` times the two kernels: decode batches up to 32, then prefill-sized.
 PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 128)
+# Row counts a packed call keeps as they are (decode batches); larger ones are padded, `padded_rows`.
+EXACT_ROWS = 8
+_SIGNIFICANT_BITS = 3
+
+
+def padded_rows(rows: int) -> int:
+    """The rows a packed call of `rows` rows runs with: `rows` itself up to `EXACT_ROWS`, else
+    `rows` rounded up to three significant bits (at most a quarter more), so that oneDNN builds
+    one primitive per bucket, not per row count."""
+    if rows <= EXACT_ROWS:
+        return rows
+    shift = rows.bit_length() - _SIGNIFICANT_BITS
+    return -(-rows >> shift) << shift
 
 
 def packing_available(decoder: Decoder) -> str | None:
@@ -82,12 +108,24 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] < self.min_rows:
+        rows = flat.shape[0]
+        if rows < self.min_rows:
             y = F.linear(flat, self.weight, self.bias)
         else:
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+            bucket = padded_rows(rows)  # a bounded set of shapes: one oneDNN primitive each
+            if bucket != rows:
+                flat = _padded(flat, bucket)
+            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")[:rows]
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
         return out
+
+
+def _padded(flat: torch.Tensor, rows: int) -> torch.Tensor:
+    """`flat` followed by zero rows up to `rows` (one copy; cheaper than ``F.pad``)."""
+    out = flat.new_empty(rows, flat.shape[1])
+    out[: flat.shape[0]].copy_(flat)
+    out[flat.shape[0] :].zero_()
+    return out
 
 
 def _best_of(run: Callable[[], object], repeats: int) -> float:
