@@ -29,7 +29,7 @@ exact to 8, then rounded up to three significant bits: 10, 12, 14, 16, 20, 24, 2
 most a quarter more rows, four sizes per doubling, 40 sizes up to 2,048) and the output sliced
 back. A row's output does not depend on the rows beside it in oneDNN's GEMM (what batch invariance
 already relies on, `engine_adapter.model.invariance`), so padding changes no bit of a real row
-(tests/test_model_packed.py checks every bucket edge); the primitives then number at most 40 per
+(tests/test_model_packed_rows.py checks every bucket edge); the primitives then number at most 40 per
 weight shape to 2,048 rows, whatever the traffic.
 """
 
