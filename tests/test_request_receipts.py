@@ -238,3 +238,22 @@ def test_after_a_cache_reset_a_dropped_prefix_is_not_called_first_use() -> None:
     back = run.ask(P)
     assert back["misses"][0]["reason"] == "unknown" and back["misses"][0]["at"] == 7.0
     assert "reset" in back["misses"][0]["note"]
+
+
+def test_a_broken_lifetime_is_billed_to_the_request_and_its_tenant_and_salt() -> None:
+    """A's four blocks (10 s) go to the host tier; B's longer lifetimes (100 s) come down behind
+    them, so A's blocks are dropped before their expiry (then B's first run for its second):
+    every break is billed to the request whose lifetime it cut and to its tenant and salt."""
+    run = _Run(8, tiers=TierConfig(host_blocks=4))
+    a = run.ask(P, tenant="t-a", salt="s-a", contract=CacheContract(ttl_s=10.0))
+    b = [
+        run.ask(list(range(start, start + 25)), tenant="t-b", contract=CacheContract(ttl_s=100.0))
+        for start in (100, 200)  # six blocks each
+    ]
+    stats = run.cache.stats()
+    receipts = [run.cache.request_receipt(r["id"]) for r in (a, *b)]
+    broken = [r["retention_broken_tokens"] for r in receipts if r is not None]
+    assert broken[0] == 4 * BS  # all four of A's
+    assert sum(broken) == stats.retention_broken_blocks * BS
+    rows = {(r["tenant"], r["salt"]): r["retention_broken_tokens"] for r in stats.cache_accounts}
+    assert rows == {("t-a", salt_label("s-a")): broken[0], ("t-b", None): sum(broken[1:])}

@@ -169,6 +169,13 @@ class RetentionMachine(RuleBasedStateMachine):
             self.m.check_invariants()
 
     @invariant()
+    def each_retained_block_has_one_owner_and_nothing_else_does(self) -> None:
+        """The owners (whom a break is billed to) die with their lifetimes: bounded as they are."""
+        if hasattr(self, "m"):
+            kept = self.m._retention
+            assert kept.owners.keys() == kept.expiry.keys()
+
+    @invariant()
     def retained_blocks_stay_until_they_expire(self) -> None:
         if not hasattr(self, "m"):
             return

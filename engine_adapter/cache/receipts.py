@@ -3,7 +3,8 @@
 ``GET /v1/cache/requests/{id}`` and ``sage llm eviction explain --request ID`` read this
 (issue 51, item 5; docs/architecture.md, "Request receipts"). `RequestReceipts` keeps, for the
 last `RECEIPTS_CAPACITY` requests (the oldest dropped), each one's prompt tokens, the tokens it
-read per tier (device, host, disk), wrote and left uncached, the lifetime granted, its tenant,
+read per tier (device, host, disk), wrote and left uncached, the lifetime granted (and the tokens
+of it broken: dropped before expiry, `broken`), its tenant,
 its salt and, block by block, why each block it missed was not in the cache:
 
 - ``evicted``: the device policy evicted it at `at` (the ghost set's record: its eviction id,
@@ -48,6 +49,7 @@ __all__ = [
     "MISS_REASONS",
     "Lookup",
     "RECEIPTS_CAPACITY",
+    "RetentionOwner",
     "TOTAL_FIELDS",
     "MissWindows",
     "RequestReceipts",
@@ -84,8 +86,13 @@ TOTAL_FIELDS = (
     "written_tokens",
     "retention_granted_requests",
     "retention_refused_requests",
+    "retention_broken_tokens",
 )
 """The counters kept per tenant and salt (`RequestReceipts.accounts`)."""
+
+RetentionOwner = tuple[str, "str | None", "str | None"]
+"""Whose lifetime a retained block serves: the request id, tenant and salt label of the request
+that last granted it (`Retention` keeps one per retained block, so a break is billed to it)."""
 
 
 def salt_label(salt: str | None) -> str | None:
@@ -159,6 +166,7 @@ class _Row:
     misses: list[dict[str, Any]]
     receipt: Any = None  # the request's CacheReceipt (written tokens, lifetime: filled as it runs)
     retention_ttl_s: float | None = None
+    broken_blocks: int = 0  # blocks of its lifetime dropped before expiry (`broken`)
 
 
 @dataclass(slots=True)
@@ -263,6 +271,20 @@ class RequestReceipts:
     def retention(self, request: CacheRequest, granted: bool) -> None:
         """`request` was granted its lifetime (`granted`), or refused some of it."""
         self._account(request.tenant, salt_label(_salt_of(request)))[6 if granted else 7] += 1
+
+    def owner(self, request: CacheRequest) -> RetentionOwner:
+        """What a block `request` retains is billed to when its lifetime breaks (`broken`)."""
+        rid = str(request.sequence_id) if request.request_id is None else request.request_id
+        return (rid, request.tenant, salt_label(_salt_of(request)))
+
+    def broken(self, owner: RetentionOwner) -> None:
+        """A block retained for `owner` was dropped before its expiry: one block's tokens to its
+        tenant and salt's total and, while its receipt is in the table, to the request."""
+        rid, tenant, salt = owner
+        self._account(tenant, salt)[8] += self.block_size
+        row = self._rows.get(rid)
+        if row is not None:
+            row.broken_blocks += 1
 
     def on_evicted(self, n: int) -> None:
         """`n` more keys went to the ghost set."""
@@ -383,6 +405,7 @@ class RequestReceipts:
             "uncached_tokens": max(row.prompt_tokens - read - written, 0),
             "retention_ttl_s": ttl,
             "retention_refused": ttl == 0.0,
+            "retention_broken_tokens": row.broken_blocks * row.block_size,
             "misses": [dict(run) for run in row.misses],
             "window": {"requests": self.capacity, "blocks": self.windows.capacity},
         }

@@ -41,6 +41,7 @@ def attach_receipts(
     receipts = RequestReceipts(block_size, ghosts.capacity, clock, cached, ghost=ghosts.__contains__)
     accounting.receipts = running.receipts = receipts
     retention.on_lapse = receipts.lapsed
+    retention.on_break = receipts.broken  # the owners it grants for are `receipts.owner`'s
     if tiers is not None:
         tiers.on_dropped = receipts.dropped
     return receipts

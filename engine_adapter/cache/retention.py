@@ -84,6 +84,10 @@ class Retention:
         self.tiered = tiered
         self.max_pinned_blocks = int(config.max_retained_fraction * radix.num_blocks)
         self.expiry: dict[Hashable, float] = {}
+        # Whose lifetime each retained block serves (the last grant's `owner`, opaque here): the
+        # same keys as `expiry`, so bounded as it is; a break is billed to it (`on_break`).
+        self.owners: dict[Hashable, object] = {}
+        self.on_break: Callable[[Any], None] | None = None  # told the owner of each break
         self._heap: list[tuple[float, int, Hashable]] = []
         self.on_expire: Callable[[Hashable], None] | None = None
         self.on_lapse: Callable[[Hashable, float], None] | None = None  # (key, when): the receipts
@@ -105,12 +109,12 @@ class Retention:
 
     # ---- grants -------------------------------------------------------------------------------
 
-    def grant(self, blocks: Sequence[CachedBlock], until: float) -> bool:
+    def grant(self, blocks: Sequence[CachedBlock], until: float, owner: object = None) -> bool:
         """Retain `blocks` (a root path's run, root first) until `until` (never shortening a
-        longer retention). Returns False when the device share refused some (then the rest, so
-        that pins stay path-closed)."""
+        longer retention), for `owner` (whom a break is billed to). Returns False when the device
+        share refused some (then the rest, so that pins stay path-closed)."""
         self.expire()
-        expiry = self.expiry
+        expiry, owners = self.expiry, self.owners
         for i, block in enumerate(blocks):
             old = expiry.get(block.key)
             if old is not None and old >= until:
@@ -119,6 +123,7 @@ class Retention:
                 self.refused += len(blocks) - i
                 return False
             expiry[block.key] = until
+            owners[block.key] = owner
             heapq.heappush(self._heap, (until, -block.depth, block.key))
             self.granted += 1
         if len(self._heap) > 2 * len(expiry) + 64:  # refreshes leave stale entries: compact
@@ -150,6 +155,7 @@ class Retention:
             if expiry.get(key) != until:
                 continue  # refreshed since, or gone
             del expiry[key]
+            self.owners.pop(key, None)
             self._release(key)
             if self.on_lapse is not None:
                 self.on_lapse(key, until)
@@ -191,8 +197,15 @@ class Retention:
     def forget(self, key: Hashable) -> None:
         """`key` left every tier: an unexpired retention ends with it, counted as a break."""
         until = self.expiry.pop(key, None)
+        owner = self.owners.pop(key, None)
         if until is not None and until > self._clock():
-            self.broken += 1
+            self._break(owner)
+
+    def _break(self, owner: object) -> None:
+        """One retained block dropped before its expiry, billed to `owner`."""
+        self.broken += 1
+        if self.on_break is not None and owner is not None:
+            self.on_break(owner)
 
     def unpin_for(self, need: int, path: Sequence[CachedBlock]) -> bool:
         """Without tiers: give up retention pins, closest to expiry first, until `need` more
@@ -212,7 +225,7 @@ class Retention:
                 continue
             del expiry[key]
             self._release(key)
-            self.broken += 1
+            self._break(self.owners.pop(key, None))
             block = get(key)
             if block is not None and block.ref_count == 0 and block.pin_count == 0 and id(block) not in skip:
                 need -= 1
@@ -227,6 +240,7 @@ class Retention:
                 del expiry[key]
                 self._release(key)
         expiry.clear()
+        self.owners.clear()
 
     def counters(self) -> dict[str, Any]:
         """The counters for `CacheStats` (blocks); `retained_blocks` is the unexpired count now."""

@@ -200,7 +200,8 @@ class RunningSequences:
         """Retain `blocks` (its hit, or blocks it newly cached) until its expiry."""
         assert self._retention is not None and seq.retain_until is not None  # checked by callers
         receipt = seq.request.receipt
-        if not self._retention.grant(blocks, seq.retain_until) and receipt is not None:
+        owner = None if self.receipts is None else self.receipts.owner(seq.request)
+        if not self._retention.grant(blocks, seq.retain_until, owner) and receipt is not None:
             if receipt.retention_ttl_s and self.receipts is not None:
                 self.receipts.retention(seq.request, granted=False)  # once per request
             receipt.retention_ttl_s = 0.0  # refused in part: the usage says so

@@ -22,6 +22,7 @@ ACCOUNT_SERIES = (
     ("read_host_tokens", True, "read_host"),
     ("read_disk_tokens", True, "read_disk"),
     ("written_tokens", True, "written"),
+    ("retention_broken_tokens", True, "retention_broken"),
     ("requests", False, "admitted"),
     ("retention_granted_requests", False, "retention_granted"),
     ("retention_refused_requests", False, "retention_refused"),

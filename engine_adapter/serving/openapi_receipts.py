@@ -62,6 +62,7 @@ def receipt_schemas() -> dict[str, Schema]:
                 "uncached_tokens": INT,
                 "retention_ttl_s": nullable(NUM),
                 "retention_refused": BOOL,
+                "retention_broken_tokens": INT,
                 "misses": {"type": "array", "items": ref("CacheMiss")},
                 "window": obj({"requests": INT, "blocks": INT}),
             }

@@ -72,6 +72,8 @@ def receipt_view(answer: dict[str, Any]) -> Group:
         who += f", salt {answer['salt']}"
     ttl = answer.get("retention_ttl_s")
     lifetime = "none asked" if ttl is None else "refused in part" if ttl == 0 else f"{ttl:g} s"
+    if answer.get("retention_broken_tokens"):
+        lifetime += f", {answer['retention_broken_tokens']} tokens of it broken (dropped before expiry)"
     summary = Text(
         f"{who}: {answer.get('prompt_tokens')} prompt tokens; read {answer.get('cached_tokens')} "
         f"(device {read.get('device', 0)}, host {read.get('host', 0)}, disk {read.get('disk', 0)}), "
@@ -120,7 +122,8 @@ def prompt_cache_lines(stats: dict[str, Any]) -> list[str]:
             f"  Prompt Cache ({who}): {a.get('requests')} requests, {a.get('prompt_tokens')} prompt tokens, "
             f"read {a.get('read_device_tokens')} device / {a.get('read_host_tokens')} host / "
             f"{a.get('read_disk_tokens')} disk, wrote {a.get('written_tokens')}, lifetimes "
-            f"{a.get('retention_granted_requests')} granted / {a.get('retention_refused_requests')} refused"
+            f"{a.get('retention_granted_requests')} granted / {a.get('retention_refused_requests')} refused, "
+            f"{a.get('retention_broken_tokens') or 0} tokens broken"
         )
     if len(accounts) > ACCOUNT_ROWS:
         lines.append(f"  ... {len(accounts) - ACCOUNT_ROWS} more tenant/salt rows (--json)")
