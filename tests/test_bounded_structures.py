@@ -221,6 +221,6 @@ def test_a_cache_manager_holds_nothing_that_grows_with_unique_requests() -> None
     grew = {p: (middle.get(p), s) for p, s in end.items() if s > max(middle.get(p, 0), 8 * 64) + 64}
     # still filling: the re-prefill window (8,192), the event ring (10,000), the latency ring,
     # the request receipts (4,096: tests/test_request_receipts.py drives 4,196 ids through them)
-    ends = (".events", ".events._ring", "latency._ring", ".receipts", ".receipts._rows")
+    ends = (".events", ".events._ring", "latency._ring", "receipts", "receipts._rows")
     filling = {p for p in grew if "reprefill" in p or p.endswith(ends)}
     assert set(grew) <= filling, grew
