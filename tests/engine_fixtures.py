@@ -66,8 +66,9 @@ def started_engine(**overrides: object) -> Engine:
 
 
 class SubmitRecorder:
-    """Stands in for an engine's ``submit`` (monkeypatched on it) and records the prompt and the
-    `CacheContract` each request was handed, then submits it to the real engine, which serves it."""
+    """Stands in for an engine's ``submit`` (monkeypatched on it) and records the prompt (text or
+    token ids) and the `CacheContract` each request was handed, then submits it to the real
+    engine, which serves it."""
 
     def __init__(self, engine: Engine) -> None:
         self.contracts: list[CacheContract | None] = []
@@ -83,5 +84,5 @@ class SubmitRecorder:
 
     def __call__(self, prompt: Any, *args: Any, **kwargs: Any) -> Any:
         self.contracts.append(kwargs.get("cache_contract"))
-        self.prompts.append(prompt)
+        self.prompts.append(getattr(prompt, "ids", prompt))  # a rendered chat: its token ids
         return self._submit(prompt, *args, **kwargs)

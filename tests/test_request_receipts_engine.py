@@ -140,3 +140,27 @@ def test_the_totals_reach_the_stats_and_metrics(large: TestClient) -> None:
         f'sage:prompt_cache_account_requests_total{{event="admitted",salt="{salt}",tenant="t-acct"}} 1.0'
         in text
     )
+
+
+def test_a_chat_sent_again_as_its_text_is_told_retokenised() -> None:
+    """The same conversation as a chat (its rendered text, no bos) and then that text as a
+    completion's prompt (a bos first): the second misses every block of the shared text, and its
+    receipt says the text tokenised differently, with how many characters matched."""
+    from engine_adapter.model.chat_template import parse_messages, render_chat
+
+    messages = [{"role": "user", "content": "Where do the evicted blocks of a long prompt go? " * 4}]
+    with serving() as engine:
+        client = app_client(engine)
+        body = {"messages": messages, "max_tokens": 1, "temperature": 0}
+        chat = client.post("/v1/chat/completions", json=body)
+        assert chat.status_code == 200, chat.text
+        assert _first_miss(_receipt(client, chat.json()))["reason"] == "first_use"
+        template = engine.tokenizer.chat_template
+        assert template is not None
+        text = render_chat(template, parse_messages(messages))
+        again = _receipt(client, _complete(client, text))
+    told = _first_miss(again)
+    assert again["cached_tokens"] == 0
+    assert (told["reason"], told["first_block"]) == ("retokenised", 0)
+    assert told["text_chars"] == len(text) // 64 * 64
+    assert told["tokens"] >= told["text_chars"]  # every block that starts within the shared text

@@ -15,6 +15,11 @@ its salt and, block by block, why each block it missed was not in the cache:
 - ``explicit_mode`` / ``generated_not_stored``: a request held it and freed it at its finish
   instead of caching it (past its last breakpoint; generated tokens not cached);
 - ``other_salt``: the same tokens are cached (or were seen) under another isolation key;
+- ``retokenised``: a recent prompt under the same isolation key had the same text up to
+  `text_chars` characters, tokenised into different tokens (a leading special token one route
+  adds, a word cut at the end of one prompt and whole in the next): the blocks never cached
+  that start within that text or at its first token past it (`engine_adapter.cache.text_marks`;
+  only prompts sent as text have marks);
 - ``first_use``: none of the above, and no window has forgotten anything yet, so it was never
   cached; ``unknown`` once a window has: it was never cached, or left beyond the windows;
 - ``recomputed`` (the last token's block, recomputed for its logits) and ``partial_block``
@@ -22,9 +27,8 @@ its salt and, block by block, why each block it missed was not in the cache:
 
 Every memory here is bounded: the rows (`RECEIPTS_CAPACITY`), the why-window and the salt
 window (first in first out, as many keys as the ghost set), the per-tenant-and-salt totals
-(`MAX_TENANTS` rows, the rest under `OTHER_TENANTS`). A text that tokenised differently is not
-told apart: the cache keeps block hashes, not the tokens or text of cached blocks, and keeping
-them to compare would copy every cached prompt.
+(`MAX_TENANTS` rows, the rest under `OTHER_TENANTS`), the text window (the marks of recent
+prompts: digests, never their text, first in first out, as many as the ghost set's keys).
 
 Salts are tenants' secrets (vLLM's `cache_salt` exists to stop one tenant probing another's
 prefixes): they appear only as `salt_label`, a short SHA-256 digest a holder of the salt can
@@ -42,6 +46,7 @@ from typing import Any
 from engine_adapter.cache.block_keys import block_hashes, format_block_key
 from engine_adapter.cache.ghosts import Ghost
 from engine_adapter.cache.request import CacheRequest
+from engine_adapter.cache.text_marks import TextMarks
 from sage_eviction.metrics import MAX_TENANTS, OTHER_TENANTS
 
 __all__ = [
@@ -70,6 +75,7 @@ MISS_REASONS = (
     "explicit_mode",
     "generated_not_stored",
     "other_salt",
+    "retokenised",
     "first_use",
     "unknown",
     "recomputed",
@@ -109,12 +115,14 @@ class MissWindows:
         capacity: Keys each window keeps (first in first out; the ghost set's capacity).
     """
 
-    __slots__ = ("_salts", "_why", "capacity", "forgotten")
+    __slots__ = ("_salts", "_texts", "_why", "capacity", "forgotten")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
         self._why: OrderedDict[Hashable, dict[str, Any]] = OrderedDict()
         self._salts: OrderedDict[Hashable, tuple[str | None, Hashable]] = OrderedDict()
+        # (isolation key, text digest) of a recent prompt's mark -> its (tokens, token digest)
+        self._texts: OrderedDict[tuple[str | None, bytes], tuple[int, bytes]] = OrderedDict()
         self.forgotten = 0  # keys pushed out of the why-window (then `first_use` is uncertain)
 
     def note(self, key: Hashable, why: dict[str, Any]) -> None:
@@ -144,10 +152,34 @@ class MissWindows:
         seen = self._salts.get(plain)
         return None if seen is None or seen[0] == salt else seen
 
+    def saw_text(self, salt: str | None, marks: TextMarks) -> None:
+        """A prompt under isolation key `salt` with text marks `marks` (the latest wins a mark)."""
+        texts = self._texts
+        for digest, tokens, token_digest in zip(marks.text, marks.tokens, marks.token_digest, strict=True):
+            key = (salt, digest)
+            texts.pop(key, None)
+            texts[key] = (tokens, token_digest)
+        for _ in range(len(texts) - self.capacity):
+            texts.popitem(last=False)
+
+    def retokenised(self, salt: str | None, marks: TextMarks) -> tuple[int, int] | None:
+        """(characters, tokens): the longest text of `marks` a recent prompt under `salt` had
+        too, and how many of this prompt's tokens end within it, when the two tokenised it
+        differently (different tokens, or as many tokens digesting differently); None when the
+        longest shared text was tokenised alike, or none was seen."""
+        texts = self._texts
+        for k in range(len(marks) - 1, -1, -1):
+            seen = texts.get((salt, marks.text[k]))
+            if seen is not None:
+                mine = (marks.tokens[k], marks.token_digest[k])
+                return None if seen == mine else (marks.chars[k], mine[0])
+        return None
+
     def clear(self) -> None:
         """A cache reset: what was said of the keys no longer holds."""
         self._why.clear()
         self._salts.clear()
+        self._texts.clear()
         self.forgotten = 0
 
 
@@ -232,6 +264,8 @@ class RequestReceipts:
             self.windows.note(lookup.keys[i], _evicted(ghost, lookup.keys[i]))
         if unsalted is not None and lookup.salt is not None:  # after its own reasons were found
             self.windows.seen_under(unsalted, lookup.salt, lookup.keys)
+        if request.text_marks is not None:
+            self.windows.saw_text(lookup.salt, request.text_marks)
 
     def _add_row(
         self, rid: str, request: CacheRequest, lookup: Lookup, unsalted: Sequence[Hashable] | None
@@ -325,12 +359,17 @@ class RequestReceipts:
         ghosts = {i: ghost for i, ghost, _ in lookup.ghosts}
         runs: list[dict[str, Any]] = []
         keys, bs, last = lookup.keys, self.block_size, None
+        told: tuple[dict[str, Any] | None, int] | None = None  # at the first block never cached
         for i in range(lookup.n_hit, len(keys)):
             if i >= lookup.matchable:
                 why = _RECOMPUTED
             else:
                 plain = None if unsalted is None or i >= len(unsalted) else unsalted[i]
                 why = self._why(keys[i], ghosts.get(i), plain, lookup.salt)
+                if (why is _FIRST_USE or why is _UNKNOWN) and request.text_marks is not None:
+                    told = told or _retokenised(self.windows.retokenised(lookup.salt, request.text_marks))
+                    if told[0] is not None and i * bs <= told[1]:  # it starts in the text, or with
+                        why = told[0]  # the first token past it, which may be the one tokenised otherwise
             if last is not None and (why is last or _same(runs[-1], why)):  # the run goes on
                 runs[-1]["blocks"] += 1
                 runs[-1]["tokens"] += bs
@@ -443,6 +482,13 @@ def _evicted(ghost: Ghost, key: Hashable) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _retokenised(found: tuple[int, int] | None) -> tuple[dict[str, Any] | None, int]:
+    """The reason `MissWindows.retokenised` found (characters, tokens) gives, and the tokens."""
+    if found is None:
+        return None, -1
+    return {"reason": "retokenised", "text_chars": found[0]}, found[1]
+
+
 def _salt_of(request: CacheRequest) -> str | None:
     """The salt a request is shown and counted under: its `cache_salt` (a tenant used as the
     isolation key with `--isolate-tenants` is shown as the tenant)."""
@@ -452,5 +498,6 @@ def _salt_of(request: CacheRequest) -> str | None:
 def _same(run: dict[str, Any], why: dict[str, Any]) -> bool:
     """One reason: the same kind, and the same time, policy, tier and salt where they apply."""
     return all(
-        run.get(k) == why.get(k) for k in ("reason", "at", "policy", "tier", "salt", "lapsed_at", "why")
+        run.get(k) == why.get(k)
+        for k in ("reason", "at", "policy", "tier", "salt", "lapsed_at", "why", "text_chars")
     )

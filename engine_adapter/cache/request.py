@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from engine_adapter.cache.contract import CacheContract, CacheReceipt
+from engine_adapter.cache.text_marks import TextMarks
 
 __all__ = ["CacheRequest"]
 
@@ -51,6 +52,8 @@ class CacheRequest:
             None: none asked.
         receipt: Where the cache records what it wrote and granted for this request (mutable,
             the caller's); None: not recorded.
+        text_marks: Its prompt's text marks, when it came as text (the receipts tell a text
+            that tokenised differently from them); None: none.
     """
 
     sequence_id: int
@@ -70,3 +73,4 @@ class CacheRequest:
     request_id: str | None = None
     contract: CacheContract | None = None
     receipt: CacheReceipt | None = None
+    text_marks: TextMarks | None = None

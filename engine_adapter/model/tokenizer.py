@@ -6,6 +6,7 @@ multi-byte character, for streaming and for stop strings.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,12 @@ class Tokenizer(Protocol):
 
         A rendered chat template already holds its special tokens: encode it with False.
         """
+        ...
+
+    def encode_offsets(self, text: str, *, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        """`encode`'s ids and, for each, the character of `text` where its text and that of the
+        tokens before it end (0 for a special token the tokenizer added, which has no text;
+        never decreasing): a prompt's text marks (`engine_adapter.cache.text_marks`)."""
         ...
 
     def token_text(self, token_id: int | None) -> str:
@@ -97,6 +104,14 @@ class ByteTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
         return [self.BOS, *ids] if self.add_bos and add_special_tokens else ids
+
+    def encode_offsets(self, text: str, *, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        if text.isascii():  # one byte a character
+            ends = list(range(1, len(text) + 1))
+        else:  # every byte of a character ends with it
+            ends = [k + 1 for k, ch in enumerate(text) for _ in range(len(ch.encode("utf-8")))]
+        return ids, [0] * (len(ids) - len(ends)) + ends
 
     def token_text(self, token_id: int | None) -> str:
         return ""  # the specials have no text
@@ -202,6 +217,12 @@ class HFTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_offsets(self, text: str, *, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        # A trimmed offset (byte-level BPE drops a token's surrounding spaces from it) may end
+        # before the token before it: how far the tokens so far reach never decreases.
+        return list(encoding.ids), list(itertools.accumulate((end for _, end in encoding.offsets), max))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))

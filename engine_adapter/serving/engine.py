@@ -56,7 +56,7 @@ from engine_adapter.serving.engine_parts import cache_manager, colocation_gates,
 from engine_adapter.serving.engine_thread import EngineThread
 from engine_adapter.serving.errors import AdmissionRejected, EngineClosedError
 from engine_adapter.serving.handles import RequestHandle
-from engine_adapter.serving.intake import RequestIntake
+from engine_adapter.serving.intake import RequestIntake, TokenisedPrompt
 from engine_adapter.serving.kv_events import start_kv_events
 from engine_adapter.serving.metrics import EngineMetrics
 from engine_adapter.serving.scheduler import Scheduler
@@ -420,7 +420,7 @@ class Engine(EngineControl):
 
     def submit(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | TokenisedPrompt,
         sampling: SamplingParams,
         *,
         priority: int = 0,
@@ -445,7 +445,8 @@ class Engine(EngineControl):
         """
         if self.draining or self.stopped:
             raise EngineClosedError("the engine is shutting down and takes no new request")
-        ids = self.intake.prompt_ids(prompt, sampling)
+        tokenised = self.intake.prompt_ids(prompt, sampling)
+        ids = tokenised.ids
         rid = request_id or f"cmpl-{uuid.uuid4().hex[:16]}"
         handle = RequestHandle(rid, self.abort)
         seq_id = next(self._ids)
@@ -460,6 +461,7 @@ class Engine(EngineControl):
             tenant=tenant,
             cache_salt=cache_salt,
             cache_contract=cache_contract,
+            text_marks=tokenised.marks,
             kv_compression=kv_compression,
         )
         self.intake.set_slo(seq, slo_ttft_ms, slo_tpot_ms)
@@ -520,6 +522,10 @@ class Engine(EngineControl):
             RequestError: The model has no chat template, or the template refused the messages.
         """
         return self.intake.chat_prompt(messages, add_generation_prompt=add_generation_prompt)
+
+    def chat_tokenised(self, messages: list[ChatMessage]) -> TokenisedPrompt:
+        """A conversation's prompt and its text marks (`RequestIntake.chat_tokenised`)."""
+        return self.intake.chat_tokenised(messages)
 
     def rest_of_context(self, prompt_tokens: int) -> int:
         """A chat request's default ``max_tokens`` (`RequestIntake.rest_of_context`)."""

@@ -18,8 +18,10 @@ records and errors.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from engine_adapter.cache.cache_manager import CacheManager
+from engine_adapter.cache.text_marks import TextMarks, text_marks
 from engine_adapter.colocation import Quota
 from engine_adapter.model.chat_template import ChatMessage, ChatTemplateError, render_chat
 from engine_adapter.model.config import ModelConfig
@@ -31,7 +33,16 @@ from engine_adapter.serving.errors import RequestError
 from engine_adapter.serving.sequence import Sequence
 from engine_adapter.token_eviction.pressure import TokenCacheManager
 
-__all__ = ["RequestIntake"]
+__all__ = ["RequestIntake", "TokenisedPrompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenisedPrompt:
+    """A prompt's token ids and, when it came as text, its text marks (the request receipts tell
+    a text that tokenised differently from them: `engine_adapter.cache.text_marks`)."""
+
+    ids: list[int]
+    marks: TextMarks | None = None
 
 
 class RequestIntake:
@@ -65,17 +76,29 @@ class RequestIntake:
 
     # ---- completions ---------------------------------------------------------------------------
 
-    def prompt_ids(self, prompt: str | list[int], sampling: SamplingParams) -> list[int]:
-        """The prompt's token ids, checked: not empty, in the vocabulary, and with ``max_tokens``
-        within the pool (only the prompt with a token policy) and the model's context.
+    def tokenise(self, text: str, *, add_special_tokens: bool = True) -> TokenisedPrompt:
+        """`text`'s token ids and text marks."""
+        ids, ends = self.tokenizer.encode_offsets(text, add_special_tokens=add_special_tokens)
+        return TokenisedPrompt(ids, text_marks(text, ids, ends))
+
+    def prompt_ids(
+        self, prompt: str | list[int] | TokenisedPrompt, sampling: SamplingParams
+    ) -> TokenisedPrompt:
+        """The prompt's token ids (and text marks, given text), checked: not empty, in the
+        vocabulary, and with ``max_tokens`` within the pool (only the prompt with a token
+        policy) and the model's context.
 
         Raises:
             RequestError: What the engine could never serve; the message says why.
         """
-        if isinstance(prompt, str):
+        marks = None
+        if isinstance(prompt, TokenisedPrompt):  # a rendered chat, tokenised already
+            ids, marks = prompt.ids, prompt.marks
+        elif isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt is empty")
-            ids = self.tokenizer.encode(prompt)
+            tokenised = self.tokenise(prompt)
+            ids, marks = tokenised.ids, tokenised.marks
         else:
             ids = [int(t) for t in prompt]
             vocab = self.model_config.vocab_size
@@ -85,7 +108,7 @@ class RequestIntake:
         if not ids:
             raise RequestError("prompt is empty")
         self._check_room(ids, sampling)
-        return ids
+        return TokenisedPrompt(ids, marks)
 
     def rest_of_context(self, prompt_tokens: int) -> int:
         """The most tokens a prompt of `prompt_tokens` leaves room to generate: the rest of the
@@ -159,6 +182,18 @@ class RequestIntake:
         Raises:
             RequestError: The model has no chat template, or the template refused the messages.
         """
+        # The rendered text holds its special tokens already.
+        return self.tokenizer.encode(self._render(messages, add_generation_prompt), add_special_tokens=False)
+
+    def chat_tokenised(self, messages: list[ChatMessage]) -> TokenisedPrompt:
+        """A conversation's prompt (`chat_prompt`, with the generation prompt) and its text marks.
+
+        Raises:
+            RequestError: The model has no chat template, or the template refused the messages.
+        """
+        return self.tokenise(self._render(messages, True), add_special_tokens=False)
+
+    def _render(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
         template = self.tokenizer.chat_template
         if template is None:
             raise RequestError(
@@ -175,8 +210,7 @@ class RequestIntake:
             )
         except ChatTemplateError as exc:
             raise RequestError(str(exc)) from exc
-        # The rendered text holds its special tokens already.
-        return tokenizer.encode(text, add_special_tokens=False)
+        return text
 
     # ---- embeddings ----------------------------------------------------------------------------
 

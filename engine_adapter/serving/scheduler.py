@@ -85,6 +85,7 @@ def _cache_request(
         request_id=seq.request_id,
         contract=seq.cache_contract,
         receipt=seq.cache_receipt,
+        text_marks=seq.text_marks,
     )
 
 

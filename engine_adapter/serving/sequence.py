@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_adapter.cache.contract import CacheContract, CacheReceipt
+from engine_adapter.cache.text_marks import TextMarks
 from engine_adapter.model.decoder import AttentionObserver
 from engine_adapter.model.sampling import SamplingParams
 from engine_adapter.model.tokenizer import IncrementalDetokenizer
@@ -97,6 +98,7 @@ class Sequence:
     tenant: str | None = None
     cache_salt: str | None = None
     cache_contract: CacheContract | None = None  # the prompt-cache fields it sent
+    text_marks: TextMarks | None = None  # its prompt's text marks (it came as text)
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

@@ -48,10 +48,11 @@ class Submission(Protocol):
 def _submit(engine: Engine, request: Submission, sampling: Any) -> Any:
     prompt = request.prompt
     prompt_ids = prompt if is_token_ids(prompt) else None
-    if request.is_chat:
-        prompt = prompt_ids = engine.chat_prompt(prompt)
+    if request.is_chat:  # rendered and tokenised here, with its text marks
+        prompt = engine.chat_tokenised(prompt)
+        prompt_ids = prompt.ids
         if "max_tokens" not in request.sampling_kwargs:  # OpenAI's chat default: the rest of the context
-            sampling = dataclasses.replace(sampling, max_tokens=engine.rest_of_context(len(prompt)))
+            sampling = dataclasses.replace(sampling, max_tokens=engine.rest_of_context(len(prompt_ids)))
     contract = cache_contract(
         request.cache_ask,
         prompt_ids,

@@ -24,6 +24,7 @@ _NAMES = {
     "lapsed": "lifetime lapsed, then evicted",
     "dropped": "dropped",
     "other_salt": "cached under a different salt",
+    "retokenised": "the same text, tokenised differently",
     "unknown": "unknown: beyond the window",
     "recomputed": "last token recomputed (its block is never read)",
     "partial_block": "partial block (only full blocks are cached)",
@@ -48,6 +49,8 @@ def miss_text(miss: dict[str, Any]) -> str:
     elif reason == "other_salt":
         salt = miss.get("salt") or "no salt"
         text += f" ({salt}{', cached now' if miss.get('cached') else ', no longer cached'})"
+    elif reason == "retokenised":
+        text += f" (the first {miss.get('text_chars', '?')} characters match a recent prompt's)"
     elif reason in ("explicit_mode", "generated_not_stored"):
         text += f", freed {_ago(miss.get('at'))}"
     elif reason == "unknown" and miss.get("note"):
