@@ -39,6 +39,8 @@ front down (docs/architecture.md, "Cache core"):
     receipts.py         RequestReceipts: the last 4,096 requests' cache receipts, each missed
                         block's reason (bounded windows), totals per tenant and salt
     receipts_front.py   ReceiptsFront: the manager's receipt methods (a mixin); attach_receipts
+    text_marks.py       TextMarks: a prompt's text digests every 64 characters and its tokens
+                        there (the receipts tell a text that tokenised differently)
     radix_cache.py      RadixCache: full blocks keyed by chained hashes, ref counts, pins,
                         leaf-only eviction through the policy
     _core.pyx           the radix index's hot paths in C (optional; radix_cache.py is the
