@@ -167,11 +167,7 @@ class SaltQuotas:
         books = self._books[salt]
         get = self._radix.get
         gone = [k for k, b in books.device.items() if get(k) is not b]
-        for key in gone:
-            del books.device[key]
-            if key not in books.host:
-                self.owner.pop(key, None)
-        books.live_device = len(books.device)
+        books.live_device = self._forget(books.device, books.host, gone)
         return books.live_device
 
     def host_count(self, salt: str) -> int:
@@ -182,12 +178,17 @@ class SaltQuotas:
             return 0
         entries = self._tiers.host.entries
         gone = [k for k in books.host if (e := entries.get(k)) is None or e.on_device]
-        for key in gone:
-            del books.host[key]
-            if key not in books.device:
-                self.owner.pop(key, None)
-        books.live_host = len(books.host)
+        books.live_host = self._forget(books.host, books.device, gone)
         return books.live_host
+
+    def _forget(self, tier: dict[Hashable, Any], other: dict[Hashable, Any], gone: list[Hashable]) -> int:
+        """`gone` leave a salt's books of one tier (a key's owner too once the salt's `other`
+        tier lacks it): the tier's size after."""
+        for key in gone:
+            del tier[key]
+            if key not in other:
+                self.owner.pop(key, None)
+        return len(tier)
 
     def _seen_on_device(self, salt: str, blocks: Sequence[CachedBlock]) -> None:
         books = self._books[salt]
