@@ -206,6 +206,35 @@ def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
     assert (contract.session_key, contract.ttl_s) == ("session-9", 3_600.0)
     written = engine.tokenizer.decode(recorded.prompts[0][: contract.write_tokens])
     assert written == f"<|system|>{system}\n<|user|>File one."  # sage-tiny's template, to the marked block
+    # the "5m" block after the "1h" one: five minutes past the system prompt, an hour up to it
+    assert contract.short_ttl is not None and contract.short_ttl[1] == 300.0
+    hour = engine.tokenizer.decode(recorded.prompts[0][: contract.short_ttl[0]])
+    assert hour.startswith(f"<|system|>{system}") and "File one" not in hour
+
+
+def test_the_usage_buckets_the_tokens_written_under_each_lifetime(claude: anthropic.Anthropic) -> None:
+    system = "A system prompt kept for an hour, long enough for several blocks. "
+    question = "And a question kept five minutes."
+    usage = claude.messages.create(
+        model=MODEL,
+        max_tokens=1,
+        system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": question, "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": " Unmarked."},
+                ],
+            }
+        ],
+    ).usage
+    creation = usage.cache_creation
+    assert creation is not None  # sage-tiny: a token a byte, 4-token blocks
+    assert creation.ephemeral_1h_input_tokens >= len(system) - 4
+    assert creation.ephemeral_5m_input_tokens >= len(question) - 4
+    total = creation.ephemeral_1h_input_tokens + creation.ephemeral_5m_input_tokens
+    assert total == usage.cache_creation_input_tokens
 
 
 def test_top_level_cache_control_writes_the_whole_prompt_and_none_asks_nothing(

@@ -91,20 +91,29 @@ class RetentionMachine(RuleBasedStateMachine):
     def _held_by_running(self) -> int:
         return len({b for sid in self.running for b in self.m.block_table(sid)})
 
-    def _grant(self, keys: list[object], ttl: float | None, start: float) -> None:
-        if ttl is None:
+    def _grant(self, keys: list[object], contract: CacheContract | None, start: float) -> None:
+        """`keys` (in prompt order; None: a position not cached) retained as `contract` asks:
+        its lifetime, shorter past its `short_ttl` point, bounded by --max-cache-ttl."""
+        if contract is None or contract.ttl_s is None:
             return
-        until = start + min(ttl, 50.0)
-        for key in keys:
-            self.granted[key] = max(self.granted.get(key, until), until)
+        ttl, short = min(contract.ttl_s, 50.0), contract.short_ttl
+        for i, key in enumerate(keys):
+            if key is not None:
+                until = start + (ttl if short is None or i < short[0] // BS else min(short[1], ttl))
+                self.granted[key] = max(self.granted.get(key, until), until)
 
     # ---- steps ----------------------------------------------------------------------------
 
-    @rule(prefix=st.integers(0, len(PREFIXES) - 1), ttl=st.sampled_from([None, 5.0, 30.0, 500.0]))
-    def admit(self, prefix: int, ttl: float | None) -> None:
+    @rule(
+        prefix=st.integers(0, len(PREFIXES) - 1),
+        ttl=st.sampled_from([None, 5.0, 30.0, 500.0]),
+        short=st.sampled_from([None, 2, 4]),  # a shorter lifetime (5 s) past this token
+    )
+    def admit(self, prefix: int, ttl: float | None, short: int | None) -> None:
         sid = next(self.ids)
         tokens = PREFIXES[prefix] + [0]
-        contract = CacheContract(ttl_s=ttl) if ttl is not None else None
+        short_ttl = None if short is None else (short, 5.0)
+        contract = CacheContract(ttl_s=ttl, short_ttl=short_ttl) if ttl is not None else None
         request = CacheRequest(sid, tokens, contract=contract, receipt=CacheReceipt(len(tokens)))
         needed = -(-len(tokens) // BS)
         try:
@@ -118,7 +127,7 @@ class RetentionMachine(RuleBasedStateMachine):
         self.m.take_moves()
         state = self.m.sequence(sid)
         if request.receipt is not None and request.receipt.retention_ttl_s != 0.0:
-            self._grant([b.key for b in state.cached_path], ttl, self.now)
+            self._grant([b.key for b in state.cached_path], contract, self.now)
         self.running[sid] = (tokens, request)
 
     @precondition(lambda self: self.running)
@@ -137,8 +146,7 @@ class RetentionMachine(RuleBasedStateMachine):
             self.m.free_sequence(sid, tokens)
         self.m.take_moves()
         if self.m.stats().retention_refused_blocks == refused_before and receipt.retention_ttl_s != 0.0:
-            ttl = request.contract.ttl_s if request.contract is not None else None
-            self._grant([k for k in keys if k in self.m.radix], ttl, start)
+            self._grant([k if k in self.m.radix else None for k in keys], request.contract, start)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -273,6 +281,23 @@ def test_usage_adds_up_on_a_hit() -> None:
     assert alloc.num_cached_tokens == 4
     assert receipt.written_tokens == 2  # block [5, 6]; the partial [7] is never cached
     assert receipt.written_tokens + alloc.num_cached_tokens <= len(prompt)
+
+
+def test_a_shorter_lifetime_past_its_point_keeps_each_part_its_own() -> None:
+    """Anthropic's "1h" block then a "5m" one: the prompt up to the first keeps the hour, the
+    rest five minutes; the receipt counts the written tokens of each."""
+    m = _manager(num_blocks=8, max_retained_fraction=1.0)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 0]  # four full blocks of 2 tokens
+    receipt = CacheReceipt(len(prompt))
+    contract = CacheContract(ttl_s=3600.0, short_ttl=(4, 300.0))
+    m.allocate(CacheRequest(1, prompt, contract=contract, receipt=receipt))
+    m.free_sequence(1, prompt)
+    expiry = m._retention.expiry
+    by_depth = {m.radix.get(k).depth: t for k, t in expiry.items()}  # type: ignore[union-attr]
+    assert by_depth == {0: 3600.0, 1: 3600.0, 2: 300.0, 3: 300.0}
+    assert (receipt.written_tokens, receipt.written_short_tokens) == (8, 4)
+    m.test_clock[0] = 301.0  # type: ignore[attr-defined]
+    assert m.evict(4) == 2  # the five-minute blocks lapsed; the hour's still held
 
 
 def test_a_lifetime_is_bounded_by_max_cache_ttl_and_lapses() -> None:

@@ -29,11 +29,15 @@ class CacheContract:
             hits (each hit refreshes it); None: no retention (`in_memory`, today's behaviour).
         write_tokens: Explicit mode: write only the prompt's first `write_tokens` tokens (up to
             the last breakpoint) to the cache; None: the whole prompt (implicit mode).
+        short_ttl: ``(tokens, ttl_s)``: past its first `tokens` prompt tokens the lifetime is
+            this shorter one (Anthropic's ``"1h"`` blocks before ``"5m"`` ones: the prompt up
+            to the last ``"1h"`` block keeps an hour, the rest five minutes); None: one lifetime.
     """
 
     session_key: str | None = None
     ttl_s: float | None = None
     write_tokens: int | None = None
+    short_ttl: tuple[int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -54,9 +58,12 @@ class CacheReceipt:
         retention_ttl_s: The lifetime granted (the ask bounded by `--max-cache-ttl`); 0.0 when
             some of its blocks were refused retention (no lower tier, the device share full);
             None: none asked.
+        written_short_tokens: Of `written_tokens`, those past the contract's `short_ttl` point
+            (retained for the shorter lifetime).
     """
 
     prompt_tokens: int
     written_tokens: int = 0
+    written_short_tokens: int = 0
     counted_upto: int = -1
     retention_ttl_s: float | None = None

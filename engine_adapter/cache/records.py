@@ -136,6 +136,10 @@ class SequenceState:
     # not cached; `retention`); None: no limit.
     write_limit: int | None = None
     retain_until: float | None = None  # the expiry its writes and hits get (a lifetime asked)
+    # Blocks from this index on get `short_until` instead (`CacheContract.short_ttl`); None: all
+    # get `retain_until`. The shorter lifetime is the deeper one: parents outlive children.
+    short_from: int | None = None
+    short_until: float | None = None
 
     @property
     def private_blocks(self) -> list[int]:

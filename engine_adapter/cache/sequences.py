@@ -190,6 +190,9 @@ class RunningSequences:
         ttl = None if retention is None else retention.ttl_for(contract)
         if ttl is not None:
             seq.retain_until = now + ttl  # one time for all its blocks: parents outlive children
+            short = None if contract is None else contract.short_ttl
+            if short is not None:  # but a shorter one past a point (never longer than the first)
+                seq.short_from, seq.short_until = short[0] // bs, now + min(short[1], ttl)
             if receipt is not None and receipt.retention_ttl_s is None:
                 receipt.retention_ttl_s = ttl
                 if self.receipts is not None:
@@ -201,7 +204,12 @@ class RunningSequences:
         assert self._retention is not None and seq.retain_until is not None  # checked by callers
         receipt = seq.request.receipt
         owner = None if self.receipts is None else self.receipts.owner(seq.request)
-        if not self._retention.grant(blocks, seq.retain_until, owner) and receipt is not None:
+        runs = [(blocks, seq.retain_until)]
+        if seq.short_from is not None and seq.short_until is not None:  # root first: split by depth
+            cut = next((i for i, b in enumerate(blocks) if b.depth >= seq.short_from), len(blocks))
+            runs = [(blocks[:cut], seq.retain_until), (blocks[cut:], seq.short_until)]
+        granted = all([self._retention.grant(run, until, owner) for run, until in runs if run])
+        if not granted and receipt is not None:
             if receipt.retention_ttl_s and self.receipts is not None:
                 self.receipts.retention(seq.request, granted=False)  # once per request
             receipt.retention_ttl_s = 0.0  # refused in part: the usage says so
@@ -216,6 +224,8 @@ class RunningSequences:
             hi = min(start + len(blocks), receipt.prompt_tokens // bs)
             if hi > lo:
                 receipt.written_tokens += (hi - lo) * bs
+                if seq.short_from is not None:
+                    receipt.written_short_tokens += max(hi - max(lo, seq.short_from), 0) * bs
                 receipt.counted_upto = hi
                 if self.receipts is not None:
                     self.receipts.wrote(seq.request, (hi - lo) * bs)

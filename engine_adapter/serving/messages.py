@@ -83,17 +83,19 @@ def _anthropic_endpoint(fn: Endpoint) -> Endpoint:
 
 def anthropic_usage(output: Any) -> dict[str, Any]:
     """Anthropic's usage of a `RequestOutput`: the written tokens in the bucket of the lifetime
-    the cache granted them (a write with none counts as 5m, Anthropic's default)."""
+    the cache granted them (a write with none counts as 5m, Anthropic's default; past the last
+    "1h" block of a request that also marked "5m" ones, 5m)."""
     counts = cache_counts(output)
     one_hour = counts.ttl_s is not None and counts.ttl_s >= ONE_HOUR_S
+    long = counts.written - counts.written_short if one_hour else 0
     return {
         "input_tokens": counts.uncached,
         "output_tokens": int(output.completion_tokens),
         "cache_creation_input_tokens": counts.written,
         "cache_read_input_tokens": counts.read,
         "cache_creation": {
-            "ephemeral_5m_input_tokens": 0 if one_hour else counts.written,
-            "ephemeral_1h_input_tokens": counts.written if one_hour else 0,
+            "ephemeral_5m_input_tokens": counts.written - long,
+            "ephemeral_1h_input_tokens": long,
         },
         "cache_ttl_s": counts.ttl_s,  # sage's extension, as on the OpenAI routes
     }

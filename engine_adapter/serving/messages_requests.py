@@ -98,6 +98,7 @@ class _Markers:
     def __init__(self) -> None:
         self.ttls: list[float] = []
         self.last: tuple[int, int] | None = None  # (turn, block) of the last marked block
+        self.last_long: tuple[int, int] | None = None  # ... of the last with the longest lifetime
 
     def add(self, where: str, marker: Any, position: tuple[int, int] | None) -> None:
         ttl = _ttl(where, marker)
@@ -112,6 +113,15 @@ class _Markers:
             )
         if position is not None:
             self.last = position
+            if ttl == self.ttls[0]:  # the longest: lifetimes never grow along the conversation
+                self.last_long = position
+
+    def short(self, turns: list[tuple[str, list[str]]]) -> tuple[list[ChatMessage], float] | None:
+        """`CacheAsk.short`: the conversation up to the last longest-lived block, and the
+        shorter lifetime past it; None when every marker asks one lifetime."""
+        if not self.ttls or self.last_long is None or self.ttls[-1] == self.ttls[0]:
+            return None
+        return conversation_prefix(turns, *self.last_long), self.ttls[-1]
 
 
 def _turn(where: str, content: Any, turn: int, markers: _Markers) -> list[str]:
@@ -232,6 +242,7 @@ class MessagesRequest:
             ttl_s=max(markers.ttls) if markers.ttls else None,
             explicit=explicit,
             prefix=conversation_prefix(turns, *markers.last) if explicit and markers.last else None,
+            short=markers.short(turns),
         )
         self.sampling_kwargs = _sampling_kwargs(body, require_max_tokens)
         self.stop_sequences: list[str] = list(self.sampling_kwargs.get("stop", []))

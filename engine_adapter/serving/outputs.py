@@ -63,6 +63,7 @@ def emit_delta(seq: Sequence) -> None:
             completion_tokens=len(seq.output_ids),
             compressed_cached_tokens=seq.compressed_cached_tokens,
             written_tokens=seq.cache_receipt.written_tokens,
+            written_short_tokens=seq.cache_receipt.written_short_tokens,
             retention_ttl_s=seq.cache_receipt.retention_ttl_s,
         )
     )
@@ -88,6 +89,7 @@ def emit_final(seq: Sequence) -> None:
             completion_tokens=len(seq.output_ids),
             compressed_cached_tokens=seq.compressed_cached_tokens,
             written_tokens=seq.cache_receipt.written_tokens,
+            written_short_tokens=seq.cache_receipt.written_short_tokens,
             retention_ttl_s=seq.cache_receipt.retention_ttl_s,
         )
     )

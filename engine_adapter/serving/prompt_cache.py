@@ -64,12 +64,16 @@ class CacheAsk:
         explicit: Only the prompt up to the last marked part is written (OpenAI's explicit mode,
             Anthropic's block-level ``cache_control``); with no marked part, nothing is.
         prefix: The conversation up to and including the last marked part (None: none marked).
+        short: ``(conversation, ttl_s)``: past the conversation up to and including the last
+            part marked with the longest lifetime, a shorter lifetime (Anthropic's ``"5m"``
+            markers after ``"1h"`` ones); None: one lifetime.
     """
 
     session_key: str | None = None
     ttl_s: float | None = None
     explicit: bool = False
     prefix: list[ChatMessage] | None = None
+    short: tuple[list[ChatMessage], float] | None = None
 
     @property
     def asked(self) -> bool:
@@ -196,7 +200,10 @@ def cache_contract(
         write_tokens = 0
         if ask.prefix is not None and prompt_ids is not None:
             write_tokens = shared_prefix_length(prompt_ids, render_prefix(ask.prefix))
-    return CacheContract(session_key=ask.session_key, ttl_s=ask.ttl_s, write_tokens=write_tokens)
+    short_ttl = None
+    if ask.short is not None and prompt_ids is not None:  # the tokens up to the last longer mark
+        short_ttl = (shared_prefix_length(prompt_ids, render_prefix(ask.short[0])), ask.short[1])
+    return CacheContract(ask.session_key, ask.ttl_s, write_tokens, short_ttl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +214,7 @@ class CacheCounts:
     written: int  # written to the cache by this request
     uncached: int  # computed and not written
     ttl_s: float | None  # the minimum lifetime granted to what it wrote (None: none)
+    written_short: int = 0  # of `written`, tokens retained for the shorter lifetime (`short_ttl`)
 
 
 def cache_counts(output: Any) -> CacheCounts:
@@ -215,4 +223,5 @@ def cache_counts(output: Any) -> CacheCounts:
     read = int(output.cached_tokens)
     written = int(getattr(output, "written_tokens", 0) or 0)
     ttl = getattr(output, "retention_ttl_s", None)
-    return CacheCounts(read, written, prompt - read - written, None if ttl is None else float(ttl))
+    short = int(getattr(output, "written_short_tokens", 0) or 0)
+    return CacheCounts(read, written, prompt - read - written, None if ttl is None else float(ttl), short)

@@ -57,6 +57,8 @@ class RequestOutput:
             beside OpenAI's `cached_tokens`; Anthropic's `cache_creation_input_tokens`).
         retention_ttl_s: The minimum lifetime the cache granted its blocks, in seconds (None:
             no retention asked or granted); may be shorter than asked (`--max-cache-ttl`).
+        written_short_tokens: Of `written_tokens`, those retained for the contract's shorter
+            lifetime (`CacheContract.short_ttl`: Anthropic's "5m" blocks after "1h" ones).
     """
 
     request_id: str
@@ -71,6 +73,7 @@ class RequestOutput:
     compressed_cached_tokens: int = 0
     written_tokens: int = 0
     retention_ttl_s: float | None = None
+    written_short_tokens: int = 0
 
 
 @dataclass(slots=True)
