@@ -87,7 +87,7 @@ cdef class CacheCore:
         self.latency_ring = numpy.empty(settings.latency_window, dtype=numpy.float64)
         self.ring = self.latency_ring
         _tree_init(&self.tree, self.num_blocks, self.block_size, settings.policy_kind, settings.policy_flags,
-                   settings.policy)
+                   settings.policy, settings.distinct_keys)
         self.path = <int32_t**>_alloc((n + 1) * sizeof(int32_t*))
         for i in range(n):
             self.path[i] = NULL

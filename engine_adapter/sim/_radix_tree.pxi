@@ -42,9 +42,10 @@ cdef struct Tree:
     Py_ssize_t num_evictable, num_reclaimable
 
 
-cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy) except -1:
+cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy,
+                    Py_ssize_t keys=0) except -1:
     # the nodes, empty, and the policy's state (`policy`: the Python policy the row names, whose
-    # parameters the kind reads)
+    # parameters the kind reads); `keys`: the distinct keys of the run when known (0: not known)
     cdef bint ordered = kind != P_NONE
     t.capacity = capacity
     t.key = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
@@ -65,9 +66,9 @@ cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, 
     # same order, as a stack of every node (node 0 first), but no page of `spare` is touched
     # until an eviction frees a node (the unbounded row's pool is every block of its trace)
     t.n_spare, t.n_fresh = 0, 0
-    # sized once to the pool (it never holds more keys than nodes): no doubling while it fills,
-    # which held the old table and the new one, 1.5 times the final, at once
-    _map_init(&t.index, (capacity * 4) // 3 + 1, True)
+    # sized once to what it can hold, a key per node and per distinct key of the run: no
+    # doubling while it fills, which held the old table and the new one (1.5 times the final)
+    _map_init(&t.index, ((min(capacity, keys) if keys > 0 else capacity) * 4) // 3 + 1, True)
     t.block_size, t.kind, t.flags, t.pol = block_size, kind, flags, NULL
     return _pol_init(t, policy)
 

@@ -109,6 +109,8 @@ class RadixLoopSettings(LoopSettings, Protocol):
     def tiers(self) -> object | None: ...
     @property
     def unbounded(self) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
 
 
 class RadixOptions(Protocol):
@@ -136,6 +138,7 @@ class RadixSettings:
     progress: Callable[[int], None] | None
     progress_every: int
     num_blocks: int  # the pool
+    distinct_keys: int  # the run's distinct keys where known (the unbounded row: its capacity), else 0
     policy_kind: int
     policy_flags: int
     policy: object  # the row's policy (a kind reads its parameters); belady's: its `RadixFuture`
@@ -219,6 +222,9 @@ def _settings(
         progress=progress.callback(),
         progress_every=sim.progress_every,
         num_blocks=manager.num_blocks,
+        distinct_keys=sim.capacity
+        if sim.unbounded
+        else 0,  # an unbounded row's capacity: every distinct block
         policy_kind=kind[0],
         policy_flags=kind[1],
         policy=policy,
@@ -279,8 +285,8 @@ def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) ->
     # tree keeps no eviction order (the policy's tick and heap entry, a node's key, depth, hits
     # and tenant: RadixLoop's P_NONE), unless a key recurs under another prefix and it must
     for order in ((NO_ORDER, 0), kind) if sim.unbounded else (kind,):
-        # its reuse times see every distinct key of its run, at most its pool: sized once
-        keys_seen = manager.num_blocks if sim.unbounded else 0
+        # its reuse times see every distinct key of its run (its capacity): sized once to them
+        keys_seen = sim.capacity if sim.unbounded else 0
         fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon, keys_seen)
         keys = core.KeySet(window=manager._metrics.reprefill.window)  # the row's: the whole run (None)
         settings = _settings(sim, cache, order, candidates, policy, fresh, keys, progress)
