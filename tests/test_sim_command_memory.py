@@ -8,15 +8,19 @@
   pool of millions of blocks costs a byte a block.
 - The unbounded row, which never evicts, keeps one ghost instead of two a block of its pool, its
   figures (age histograms included) those of the full ghost set.
+- A row's simulator, run and cache are freed when the row ends (they refer to each other: the
+  manager's clock is the simulator's), not at a later collection, while the next row is built.
 - Slow: the whole command, reference rows included, on a generated trace of 2 x 10^6 lookups, in
   a child process (`benchmarks/sim_memory.py`), under a peak RSS bound.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 import tracemalloc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,8 @@ from hypothesis import strategies as st
 
 from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
-from engine_adapter.sim import cache_model_kinds, request_table
+from engine_adapter.sim import cache_model_kinds, request_table, sweep
+from engine_adapter.sim.cost_model import CostModel
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
@@ -151,6 +156,36 @@ def test_the_unbounded_row_keeps_one_ghost_and_the_figures_of_the_full_set() -> 
         reference = _row(Simulator(workload, "unbounded", None))
     row = _row(Simulator(workload, "unbounded", None))
     assert row["age_histograms"] and row == reference
+
+
+def test_a_rows_simulator_is_freed_when_the_row_ends() -> None:
+    """`sweep.run_row` leaves nothing of its row for a later collection to free: the command's
+    rows run one after the other, and Belady's next uses (8 bytes a lookup) were still held while
+    the unbounded row ran."""
+    workload = synthetic(requests=200, seed=4)
+    context = sweep.SweepContext(workload, "radix", CostModel())
+    built: list[weakref.ref[Simulator]] = []
+
+    class _Tracked(Simulator):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    specs = [
+        sweep.RowSpec(0, "belady", 400),
+        sweep.RowSpec(1, "lru", 400),
+        sweep.RowSpec(2, "unbounded", None),
+    ]
+    gc.disable()  # a collection between the rows would free them whether run_row does or not
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sweep, "Simulator", _Tracked)
+            for spec in specs:
+                assert sweep.run_row(context, spec).row["policy"] == spec.policy
+                assert built[-1]() is None, spec.policy
+    finally:
+        gc.enable()
+    assert len(built) == len(specs)
 
 
 def _sim_memory() -> Any:

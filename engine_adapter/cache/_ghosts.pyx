@@ -73,6 +73,8 @@ cdef class IntGhostSet:
     Args:
         capacity: Ghosts kept (at least 1).
         horizon: The clocks' horizon (`ghosts.GhostSet`).
+        keys: The distinct keys it will see, when the caller knows them (0: not known): the
+            reuse times' table is sized to them once (`IntReuseTimes`).
     """
 
     cdef readonly Py_ssize_t capacity
@@ -89,12 +91,12 @@ cdef class IntGhostSet:
     cdef int64_t* scratch  # one lookup's keys
     cdef Py_ssize_t scratch_cap
 
-    def __cinit__(self, Py_ssize_t capacity, Py_ssize_t horizon):
+    def __cinit__(self, Py_ssize_t capacity, Py_ssize_t horizon, Py_ssize_t keys=0):
         _ghosts_clear(&self.fifo)
         if capacity < 1:
             raise ValueError(f"ghost capacity {capacity} must be at least 1")
         self.capacity = capacity
-        self.times = IntReuseTimes(horizon)
+        self.times = IntReuseTimes(horizon, keys)
         self.counted = IntReuseClock(horizon)
         _ghosts_init(&self.fifo, capacity)
         self.eviction_id = <int64_t*>malloc(capacity * sizeof(int64_t))
@@ -243,17 +245,31 @@ cdef class IntGhostSet:
         n_hit = min(n_hit, n)
         buf = self._keys(keys, n)
         ghosts = []
-        self._find_ghosts(buf, n, n_hit, ghosts, NULL, NULL)
+        self._find_ghosts(buf, n, n_hit, ghosts, NULL, NULL, False)
         return self.times._access_many(buf, n, n_hit), ghosts
 
+    @property
+    def clock_keys(self) -> int:
+        """Keys the regret clock remembers (its map's entries): with a C caller, none are
+        recorded while no ghost is held (`ghosts_lookup`)."""
+        return self.counted.last.size + (1 if self.counted.last.holds_min else 0)
+
     cdef int _find_ghosts(self, const int64_t* buf, Py_ssize_t n, Py_ssize_t n_hit, list ghosts,
-                          GhostFound* found, Py_ssize_t* n_found) except -1:
+                          GhostFound* found, Py_ssize_t* n_found, bint while_held) except -1:
         # `lookup` but the reuse times: the hits counted, each missed ghost removed and counted,
-        # given back as (index, Ghost, regret) in `ghosts`, or (a C caller) as `GhostFound`s
+        # given back as (index, Ghost, regret) in `ghosts`, or (a C caller) as `GhostFound`s.
+        # `while_held`: record nothing while no ghost is held. Exact for the regrets: a regret
+        # counts the distinct keys seen since its ghost's eviction stamp, and every lookup after
+        # a held ghost's stamp is recorded (it is held until then); a key seen while none was
+        # held sits before every later stamp, seen or not. The stamps' numbers (and so the
+        # compactions' times) then differ from `lookup`'s, which the C caller never reads: a
+        # row that never evicts (the unbounded reference) keeps no clock of every key it saw.
         cdef Py_ssize_t i
         cdef int64_t slot
         cdef int32_t c
         cdef bint regret
+        if while_held and not _ghosts_len(&self.fifo):
+            return 0
         self._room(n)
         if n_hit:
             self.counted._access_many(buf, n_hit)
@@ -353,7 +369,7 @@ cdef int ghosts_lookup(object ghosts, const int64_t* keys, Py_ssize_t n, Py_ssiz
                        int64_t* times, GhostFound* found, Py_ssize_t* n_found) except -1:
     cdef IntGhostSet g = _checked(ghosts)
     n_found[0] = 0
-    g._find_ghosts(keys, n, n_hit, None, found, n_found)
+    g._find_ghosts(keys, n, n_hit, None, found, n_found, True)
     g.times._access_into(keys, n, n_hit, times)
     return 0
 

@@ -268,9 +268,12 @@ cdef class IntReuseTimes:
     cdef I64Map last
     cdef int64_t now
 
-    def __cinit__(self, Py_ssize_t horizon):
+    def __cinit__(self, Py_ssize_t horizon, Py_ssize_t keys=0):
+        # `keys`: the distinct keys it will hold, when known (the simulator's unbounded row: its
+        # pool); the table is sized to them once, instead of doubling (the old and the new table
+        # held at once) as they come
         self.horizon = horizon if horizon > 1 else 1
-        _map_init(&self.last, 16, True)
+        _map_init(&self.last, max(16, (min(keys, 2 * self.horizon) * 4) // 3 + 1), True)
 
     def __dealloc__(self):
         _map_free(&self.last)

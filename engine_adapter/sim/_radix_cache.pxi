@@ -51,6 +51,7 @@ cdef class CacheCore:
     cdef double[::1] ring
     cdef readonly int64_t preemptions, total_evictions, eviction_calls, re_prefilled
     cdef readonly int64_t latency_count, latency_next
+    cdef readonly bint needs_order  # a tree without an order (P_NONE) had to evict: the run bailed
     cdef readonly double utilization_sum
 
     def __cinit__(self):
@@ -65,7 +66,7 @@ cdef class CacheCore:
             for i in range(self.n):
                 free(self.path[i])
             free(self.path)
-        if self.tree.key != NULL:
+        if self.tree.parent != NULL:  # built (`_tree_free` clears it)
             _tree_free(&self.tree)
         free(self.path_len)
         free(self.table_len)
@@ -86,7 +87,7 @@ cdef class CacheCore:
         self.latency_ring = numpy.empty(settings.latency_window, dtype=numpy.float64)
         self.ring = self.latency_ring
         _tree_init(&self.tree, self.num_blocks, self.block_size, settings.policy_kind, settings.policy_flags,
-                   settings.policy)
+                   settings.policy, settings.distinct_keys)
         self.path = <int32_t**>_alloc((n + 1) * sizeof(int32_t*))
         for i in range(n):
             self.path[i] = NULL
@@ -101,6 +102,18 @@ cdef class CacheCore:
         self.victim_tenant = <int32_t*>_alloc((self.num_blocks + 1) * sizeof(int32_t))
         for i in range(n):
             self.path_len[i] = self.table_len[i] = 0
+
+    @property
+    def order_kind(self) -> int:
+        """The policy kind of its tree's eviction order (_radix_policy.pxi: P_NONE, 12, keeps none)."""
+        return self.tree.kind
+
+    cdef int _needs_order(self) noexcept:
+        # the unbounded row's pool is every block of its run, so it never evicts, save where a
+        # key recurs under another prefix (a tree node per place, one pool block per key): the
+        # run stops, and `radix_run` runs the row again with its policy's order
+        self.needs_order = True
+        return BAIL
 
     # ---- CacheManager.allocate and commit_blocks ------------------------------------------------
 
@@ -123,6 +136,9 @@ cdef class CacheCore:
             if deficit > reclaimable:
                 free(path)
                 return -1  # NoEvictableBlocksError
+            if self.tree.kind == P_NONE:
+                free(path)
+                return self._needs_order()
         _lock(&self.tree, path, n_path)
         _touch(&self.tree, path, n_path)
         if deficit > 0:
@@ -165,6 +181,8 @@ cdef class CacheCore:
             if deficit > 0:
                 if deficit > self.tree.num_reclaimable:
                     return 0
+                if self.tree.kind == P_NONE:
+                    return self._needs_order()
                 self._evict(deficit, needed, now)
             self.num_free -= needed
             self.table_len[i] += needed

@@ -10,9 +10,12 @@ cdef enum:
     P_ARC = 5  # arc (_radix_pol_arc.pxi)
     P_GDSF = 10  # gdsf (_radix_pol_score.pxi)
     P_BELADY = 11  # the radix model's Belady (_radix_pol_score.pxi); `policy`: its future
+    P_NONE = 12  # no order: a row that never evicts (the unbounded reference row), no state
 
 
 cdef int _pol_init(Tree* t, object policy) except -1:
+    if t.kind == P_NONE:
+        return 0
     if t.kind == P_TICK:
         return _tick_init(t)
     if t.kind == P_SIEVE:
@@ -104,6 +107,8 @@ cdef inline int32_t _pol_pop(Tree* t) except -2:
         return _arc_pop(t)
     if t.kind == P_GDSF or t.kind == P_BELADY:
         return _score_pop(t)
+    if t.kind == P_NONE:
+        raise RuntimeError("a tree without an eviction order had to evict")  # CacheCore bails first
     raise RuntimeError(f"no policy kind {t.kind}")
 
 

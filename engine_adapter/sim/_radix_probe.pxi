@@ -14,7 +14,7 @@ cdef class PolicyProbe:
         _tree_init(&self.tree, capacity, block_size, kind, flags, policy)
 
     def __dealloc__(self):
-        if self.tree.key != NULL:
+        if self.tree.parent != NULL:  # built (`_tree_free` clears it)
             _tree_free(&self.tree)
 
     cdef int32_t _node(self, int64_t key) except -1:

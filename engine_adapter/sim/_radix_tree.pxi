@@ -15,10 +15,12 @@
 # a key maps to its node in `index`. Nodes left by evictions are reused.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 
 
 cdef struct Tree:
+    # key, depth, hits and tenant are read only by an eviction and the orders' kinds: a tree
+    # without an order (P_NONE, a row that never evicts) keeps none of them (NULL)
     int64_t* key
     int32_t* parent  # -1: a first block
     int32_t* children
@@ -28,8 +30,9 @@ cdef struct Tree:
     double* created  # EntryMeta.created_at
     int32_t* tenant  # its tenant, as the ghost set's id
     uint8_t* evictable  # ref 0, no child: the policy may choose it
-    int32_t* spare  # free node indices, a stack
+    int32_t* spare  # nodes freed by evictions, a stack (reused first)
     Py_ssize_t n_spare, capacity
+    Py_ssize_t n_fresh  # the nodes never used are n_fresh .. capacity - 1
     I64Map index  # key -> node
     int64_t clock  # the policy's logical clock: one tick per insert or hit (EvictionPolicy._clock)
     int64_t block_size
@@ -39,30 +42,33 @@ cdef struct Tree:
     Py_ssize_t num_evictable, num_reclaimable
 
 
-cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy) except -1:
+cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy,
+                    Py_ssize_t keys=0) except -1:
     # the nodes, empty, and the policy's state (`policy`: the Python policy the row names, whose
-    # parameters the kind reads)
-    cdef Py_ssize_t i
+    # parameters the kind reads); `keys`: the distinct keys of the run when known (0: not known)
+    cdef bint ordered = kind != P_NONE
     t.capacity = capacity
-    t.key = <int64_t*>malloc(capacity * sizeof(int64_t))
+    t.key = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
     t.parent = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.children = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.ref = <int32_t*>malloc(capacity * sizeof(int32_t))
-    t.depth = <int32_t*>malloc(capacity * sizeof(int32_t))
-    t.hits = <int64_t*>malloc(capacity * sizeof(int64_t))
+    t.depth = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
+    t.hits = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
     t.created = <double*>malloc(capacity * sizeof(double))
-    t.tenant = <int32_t*>malloc(capacity * sizeof(int32_t))
-    t.evictable = <uint8_t*>malloc(capacity * sizeof(uint8_t))
+    t.tenant = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
+    t.evictable = <uint8_t*>calloc(capacity + 1, sizeof(uint8_t))  # zero pages, touched as used
     t.spare = <int32_t*>malloc(capacity * sizeof(int32_t))
-    if (t.key == NULL or t.parent == NULL or t.children == NULL or t.ref == NULL or t.depth == NULL
-            or t.hits == NULL or t.created == NULL or t.tenant == NULL or t.evictable == NULL
-            or t.spare == NULL):
+    if (ordered and (t.key == NULL or t.depth == NULL or t.hits == NULL or t.tenant == NULL)
+            or t.parent == NULL or t.children == NULL or t.ref == NULL or t.created == NULL
+            or t.evictable == NULL or t.spare == NULL):
         raise MemoryError()
-    for i in range(capacity):
-        t.evictable[i] = 0
-        t.spare[i] = <int32_t>(capacity - 1 - i)  # node 0 first
-    t.n_spare = capacity
-    _map_init(&t.index, 16, True)
+    # the never-used nodes are a counter above the stack of freed ones: the same nodes, in the
+    # same order, as a stack of every node (node 0 first), but no page of `spare` is touched
+    # until an eviction frees a node (the unbounded row's pool is every block of its trace)
+    t.n_spare, t.n_fresh = 0, 0
+    # sized once to what it can hold, a key per node and per distinct key of the run: no
+    # doubling while it fills, which held the old table and the new one (1.5 times the final)
+    _map_init(&t.index, ((min(capacity, keys) if keys > 0 else capacity) * 4) // 3 + 1, True)
     t.block_size, t.kind, t.flags, t.pol = block_size, kind, flags, NULL
     return _pol_init(t, policy)
 
@@ -82,6 +88,7 @@ cdef void _tree_free(Tree* t) noexcept:
     free(t.spare)
     _map_free(&t.index)
     t.key = NULL
+    t.parent = NULL  # the owners' "built" mark
 
 
 # ---- the policy: EvictionPolicy's bookkeeping, then its kind's hook ----------------------------
@@ -98,7 +105,8 @@ cdef int _set_evictable(Tree* t, int32_t node, bint evictable) except -1:
 cdef int _policy_insert(Tree* t, int32_t node, bint evictable) except -1:
     # EvictionPolicy.insert
     t.clock += 1
-    t.hits[node] = 0
+    if t.hits != NULL:
+        t.hits[node] = 0
     t.evictable[node] = evictable
     if evictable:
         t.num_evictable += 1
@@ -108,7 +116,8 @@ cdef int _policy_insert(Tree* t, int32_t node, bint evictable) except -1:
 cdef int _policy_access(Tree* t, int32_t node) except -1:
     # EvictionPolicy.access
     t.clock += 1
-    t.hits[node] += 1
+    if t.hits != NULL:
+        t.hits[node] += 1
     return _pol_access(t, node)
 
 
@@ -184,22 +193,27 @@ cdef int32_t _insert(Tree* t, int32_t parent, int64_t key, int32_t depth, double
     # cache `key` under `parent` (-1: a first block), locked by its sequence or not; a non-leaf
     # (a chain's block, its child follows) enters the policy not evictable
     cdef int32_t node
-    if t.n_spare == 0:
+    if t.n_spare == 0 and t.n_fresh == t.capacity:
         raise RuntimeError("the simulated radix cache holds more blocks than its pool")
     if parent >= 0:
         t.children[parent] += 1
         if t.evictable[parent]:
             _set_evictable(t, parent, False)
-    t.n_spare -= 1
-    node = t.spare[t.n_spare]
+    if t.n_spare:
+        t.n_spare -= 1
+        node = t.spare[t.n_spare]
+    else:
+        node = <int32_t>t.n_fresh
+        t.n_fresh += 1
     _map_put(&t.index, key, node)
-    t.key[node] = key
+    if t.key != NULL:  # a tree with an order (see `Tree`)
+        t.key[node] = key
+        t.depth[node] = depth
+        t.tenant[node] = tenant
     t.parent[node] = parent
     t.children[node] = 0
     t.ref[node] = 1 if locked else 0
-    t.depth[node] = depth
     t.created[node] = now
-    t.tenant[node] = tenant
     if not locked:
         t.num_reclaimable += 1
     _policy_insert(t, node, leaf and not locked)

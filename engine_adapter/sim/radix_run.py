@@ -16,6 +16,11 @@ protection or compress-on-evict, not `compiled=False`), the
 policy's class one the loop has a kind for (`policy_kind`, from `_POLICY_KINDS`), every key an
 int64 (the ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row
 that would raise (a request larger than the pool) runs in the Python loop, which raises.
+
+The unbounded reference row's pool holds every block of its run, so it runs without an eviction
+order (`NO_ORDER`: no policy state, and no key, depth, hit count or tenant per node, which only
+an eviction reads); should it have to evict after all (a key under two prefixes: a tree node per
+place, a pool block per key), the loop stops and the row runs again with its policy's order.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies import POLICIES
 
 __all__ = [
+    "NO_ORDER",
     "RADIX_LOOP",
     "RadixFuture",
     "RadixOptions",
@@ -57,6 +63,7 @@ _LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
 _S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
 _ARC = 5  # arc (_radix_pol_arc.pxi)
 _GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
+NO_ORDER = 12  # no eviction order: the unbounded reference row, which never evicts (_radix_policy.pxi)
 _TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
 _CODES: dict[str, tuple[int, int]] = {
     "lru": (_TICK, _TOUCH_ON_ACCESS),
@@ -100,6 +107,10 @@ class RadixLoopSettings(LoopSettings, Protocol):
 
     @property
     def tiers(self) -> object | None: ...
+    @property
+    def unbounded(self) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
 
 
 class RadixOptions(Protocol):
@@ -127,6 +138,7 @@ class RadixSettings:
     progress: Callable[[int], None] | None
     progress_every: int
     num_blocks: int  # the pool
+    distinct_keys: int  # the run's distinct keys where known (the unbounded row: its capacity), else 0
     policy_kind: int
     policy_flags: int
     policy: object  # the row's policy (a kind reads its parameters); belady's: its `RadixFuture`
@@ -198,6 +210,7 @@ def _settings(
     policy: object,
     ghosts: object,
     keys: object,
+    progress: _Progress,
 ) -> RadixSettings:
     manager = cache.manager
     accounting = manager.accounting
@@ -206,9 +219,12 @@ def _settings(
         block_size=sim.block_size,
         max_running=sim.max_running,
         max_prefill_tokens=sim.max_prefill_tokens,
-        progress=sim.progress,
+        progress=progress.callback(),
         progress_every=sim.progress_every,
         num_blocks=manager.num_blocks,
+        distinct_keys=sim.capacity
+        if sim.unbounded
+        else 0,  # an unbounded row's capacity: every distinct block
         policy_kind=kind[0],
         policy_flags=kind[1],
         policy=policy,
@@ -261,18 +277,52 @@ def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) ->
         return "keys that are not all int64"
     if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:
         return "a lookup log, explanations or an eviction threshold"
-    fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon)
     columns = flat_columns(st.requests)
     policy = _kind_policy(cache, columns)
-    window = manager._metrics.reprefill.window  # the row's: the whole run (None), as the manager's
-    settings = _settings(sim, cache, kind, candidates, policy, fresh, core.KeySet(window=window))
     codes, tenants = _tenants(st.requests)
-    run = loop.RadixLoop(columns, settings, codes, tenants)
-    if not run.run(float(st.clock)):
-        return "a request larger than the pool"
-    _fill_state(st, run)
-    cache.figures = _figures(run, settings)
-    return None
+    progress = _Progress(sim.progress)
+    # the unbounded row's pool holds every block of its run at once, so it does not evict: its
+    # tree keeps no eviction order (the policy's tick and heap entry, a node's key, depth, hits
+    # and tenant: RadixLoop's P_NONE), unless a key recurs under another prefix and it must
+    for order in ((NO_ORDER, 0), kind) if sim.unbounded else (kind,):
+        # its reuse times see every distinct key of its run (its capacity): sized once to them
+        keys_seen = sim.capacity if sim.unbounded else 0
+        fresh = ghosts_core.IntGhostSet(held.capacity, held.times.horizon, keys_seen)
+        keys = core.KeySet(window=manager._metrics.reprefill.window)  # the row's: the whole run (None)
+        settings = _settings(sim, cache, order, candidates, policy, fresh, keys, progress)
+        run = loop.RadixLoop(columns, settings, codes, tenants)
+        if run.run(float(st.clock)):
+            _fill_state(st, run)
+            cache.figures = _figures(run, settings)
+            return None
+        if not run.cache.needs_order:
+            break
+        progress.again()
+    return "a request larger than the pool"
+
+
+class _Progress:
+    """The row's progress callback, told each call once when the row runs again (the unbounded
+    row without an order, then with its policy's): the same calls, up to where it stopped."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.progress, self.told, self.skip = progress, 0, 0
+
+    def __call__(self, done: int) -> None:
+        if self.skip:
+            self.skip -= 1
+        elif self.progress is not None:
+            self.told += 1
+            self.progress(done)
+
+    def again(self) -> None:
+        """The run starts over: its first calls were told already."""
+        self.skip = self.told
+        self.told = 0
+
+    def callback(self) -> Callable[[int], None] | None:
+        """What the loop calls (None: no progress asked)."""
+        return None if self.progress is None else self
 
 
 def _fill_state(st: RunState, run: Any) -> None:
