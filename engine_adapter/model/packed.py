@@ -267,8 +267,7 @@ def warm_buckets(decoder: nn.Module, max_rows: int, max_head_rows: int) -> int:
                 if key not in done:
                     done.add(key)
                     module(module.weight.new_zeros(rows, module.in_features))
-    if done:  # a model with no packed linear allocated nothing here
-        _release_freed_pages()
+    _release_freed_pages()
     return len(done)
 
 
