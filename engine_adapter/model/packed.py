@@ -37,14 +37,11 @@ buffers reach a new high-water mark: a step in a RSS plot that a soak cannot tel
 into a run (issue 49: 1.5 MiB at 23,000 requests). So the engine's warm-up runs every packed weight
 shape once at every bucket a step can reach (`warm_buckets`: to `--max-num-batched-tokens` rows,
 the lm head to `--max-num-seqs`, the rows it sees outside ``return_all_logits``), and the
-primitives exist before the first request; the warm-up's own activations are then handed back to
-the system (``malloc_trim``), so that only the primitives stay.
+primitives exist before the first request.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import time
 from collections.abc import Callable
 from functools import partial
@@ -267,15 +264,4 @@ def warm_buckets(decoder: nn.Module, max_rows: int, max_head_rows: int) -> int:
                 if key not in done:
                     done.add(key)
                     module(module.weight.new_zeros(rows, module.in_features))
-    _release_freed_pages()
     return len(done)
-
-
-def _release_freed_pages() -> None:
-    """Give the pages of the warm-up's freed activations back to the system (glibc's
-    ``malloc_trim``; nothing elsewhere): glibc keeps them in its arenas, and a warm-up to 2,048
-    rows would otherwise hold what no request may ever reach (SmolLM2: about 160 MiB)."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
