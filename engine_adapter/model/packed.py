@@ -37,7 +37,9 @@ buffers reach a new high-water mark: a step in a RSS plot that a soak cannot tel
 into a run (issue 49: 1.5 MiB at 23,000 requests). So the engine's warm-up runs every packed weight
 shape once at every bucket a step can reach (`warm_buckets`: to `--max-num-batched-tokens` rows,
 the lm head to `--max-num-seqs`, the rows it sees outside ``return_all_logits``), and the
-primitives exist before the first request.
+primitives exist before the first request. Its freed activations stay in the allocator's arenas on
+purpose: handed back (``malloc_trim``), the traffic regrew the heap in the same steps (a soak FAILED
+at 3.6 MiB per 10,000 requests, docs/benchmarks/scripts.md).
 """
 
 from __future__ import annotations
