@@ -5,11 +5,14 @@ Every request is a new prompt (mixed lengths; a share of them are turns of multi
 that end after a few turns), so every request brings new block keys: a structure that keeps one
 record per request, sequence, prompt or block (issue 49) grows here, where the classic soak,
 cycling a fixed set of prompts, cannot see it. The RSS is sampled every ``--sample-every``
-requests and a least-squares line is fitted over the samples after the warm-up (the first
-``--warm-up-share`` of the requests, default 20 %: the pool's pages, allocator arenas and the
-bounded windows fill there); the verdict FAILS when its slope reaches ``--max-slope-mib`` MiB per
-10,000 requests (default 1.0). A fitted slope, not a before/after pair: one late spike or one
-early dip does not decide it.
+requests and a least-squares line is fitted over the samples after the warm-up: the first
+``--warm-up-share`` of the requests (default 20 %) or the first ``--warm-up-min`` (default 10,000
+requests for the engine, 0 keys for a bridge), whichever is more: the pool's pages, allocator
+arenas and the bounded windows fill there (the eviction-event ring of 10,000 events and the
+re-prefill window of 8,192 keys fill within the first 10,000 unique-prompt requests, and a short
+run's share alone would end the warm-up before them). The verdict says which ended it. It FAILS
+when its slope reaches ``--max-slope-mib`` MiB per 10,000 requests (default 1.0). A fitted slope,
+not a before/after pair: one late spike or one early dip does not decide it.
 
 Two targets:
 - the engine (`--target engine`, default): a real engine process (`sage-tiny`, or
@@ -45,6 +48,11 @@ from typing import Any
 import httpx
 from _machine import machine_line
 
+# The engine's warm-up at least: the event ring (10,000 events) and the re-prefill window
+# (max(8192, 4 x pool blocks) keys) fill within it; a 32,000-request run's RSS was on its plateau
+# by 10,000 requests (docs/benchmarks/scripts.md).
+ENGINE_WARM_UP_MIN = 10_000
+
 WORDS = [
     *("river", "stone", "cloud", "ember", "lantern", "orchard", "harbor", "meadow", "signal", "copper"),
     *("violet", "thunder", "canyon", "falcon", "glacier", "ribbon", "saffron", "timber", "quartz", "willow"),
@@ -74,13 +82,18 @@ def fitted_slope(points: list[tuple[int, float]]) -> float:
 
 
 def judge(
-    samples: list[tuple[int, float]], total: int, share: float, limit: float, per: int
+    samples: list[tuple[int, float]], total: int, share: float, limit: float, per: int, minimum: int = 0
 ) -> dict[str, Any]:
-    """The verdict over `samples` ((count, RSS MiB)): the slope after the first `share` of
-    `total`, in MiB per `per` counted (requests or keys), against `limit`."""
-    after = [(x, y) for x, y in samples if x >= share * total]
+    """The verdict over `samples` ((count, RSS MiB)): the slope after the warm-up (the first
+    `share` of `total` or the first `minimum` counted, whichever is more), in MiB per `per`
+    counted (requests or keys), against `limit`."""
+    by_share = share * total
+    warm_up_end = max(by_share, minimum)
+    after = [(x, y) for x, y in samples if x >= warm_up_end]
     slope = fitted_slope(after) * per
     return {
+        "warm_up_end": round(warm_up_end),
+        "warm_up_by": f"share {share:g}" if by_share >= minimum else f"minimum {minimum:,}",
         "samples_fitted": len(after),
         "per": per,
         "slope_mib": round(slope, 3),
@@ -331,6 +344,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample-every", type=int, default=0,
                         help="requests (keys) between RSS samples (default: 1/100 of the run)")  # fmt: skip
     parser.add_argument("--warm-up-share", type=float, default=0.2, help="share not fitted (default 0.2)")
+    parser.add_argument("--warm-up-min", type=int, default=None,
+                        help="requests (keys) not fitted at least, whatever the share (default: 10,000 "
+                             "requests for the engine, 0 keys for a bridge)")  # fmt: skip
     parser.add_argument("--max-slope-mib", type=float, default=1.0,
                         help="RSS slope allowed after warm-up, MiB per 10,000 requests or per 10^6 keys "
                              "(default 1.0)")  # fmt: skip
@@ -340,8 +356,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     total = args.requests if args.target == "engine" else args.keys
-    if total <= 0 or args.sample_every < 0:
-        parser.error("--requests/--keys must be positive and --sample-every not negative")
+    if total <= 0 or args.sample_every < 0 or (args.warm_up_min or 0) < 0:
+        parser.error("--requests/--keys must be positive and --sample-every and --warm-up-min not negative")
+    if args.warm_up_min is None:
+        args.warm_up_min = ENGINE_WARM_UP_MIN if args.target == "engine" else 0
     args.sample_every = args.sample_every or max(1, total // 100)
     return args
 
@@ -351,12 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     report = engine_soak(args) if args.target == "engine" else bridge_soak(args)
     total, per = (args.requests, 10_000) if args.target == "engine" else (args.keys, 1_000_000)
     report["machine"] = machine_line()
-    verdict = report["verdict"] = judge(report["samples"], total, args.warm_up_share, args.max_slope_mib, per)
+    verdict = report["verdict"] = judge(
+        report["samples"], total, args.warm_up_share, args.max_slope_mib, per, args.warm_up_min
+    )
     reasons = [f"{len(report['failures'])}+ requests failed"] if report["failures"] else []
     if not verdict["within"]:
         reasons.append(
             f"RSS grows {verdict['slope_mib']:.3f} MiB per {per:,} {report['unit']} after warm-up "
-            f"(limit {args.max_slope_mib:g}; {verdict['samples_fitted']} samples fitted)"
+            f"(limit {args.max_slope_mib:g}; {verdict['samples_fitted']} samples fitted after "
+            f"{verdict['warm_up_end']:,}, the warm-up's {verdict['warm_up_by']})"
         )
     report["failed"] = reasons
     if args.json:

@@ -43,6 +43,30 @@ def test_the_verdict_is_the_fitted_slope_after_warm_up() -> None:
     assert good["samples_fitted"] == 81
 
 
+def test_a_short_run_ends_its_warm_up_at_the_minimum_and_says_so() -> None:
+    """20,000 requests whose RSS fills for the first 10,000 (the event ring and the re-prefill
+    window) and is flat after: the share alone (20 %: 4,000) fits the filling and fails; the
+    minimum of 10,000 requests ends the warm-up after it and passes, and the verdict names it."""
+    module = _module()
+    rng = random.Random(0)
+    filling = [(x, 400 + min(x, 10_000) / 250 + rng.uniform(-0.3, 0.3)) for x in range(500, 20_001, 500)]
+    by_share = module.judge(filling, 20_000, 0.2, 1.0, 10_000)
+    by_minimum = module.judge(filling, 20_000, 0.2, 1.0, 10_000, minimum=10_000)
+    assert not by_share["within"] and by_share["warm_up_by"] == "share 0.2"
+    assert by_share["warm_up_end"] == 4000
+    assert by_minimum["within"] and by_minimum["warm_up_by"] == "minimum 10,000"
+    assert by_minimum["warm_up_end"] == 10_000 and by_minimum["samples_fitted"] == 21
+    long_run = module.judge(filling, 100_000, 0.2, 1.0, 10_000, minimum=10_000)
+    assert long_run["warm_up_by"] == "share 0.2" and long_run["warm_up_end"] == 20_000
+
+
+def test_the_warm_up_minimum_defaults_to_10000_requests_for_the_engine_and_0_keys_for_a_bridge() -> None:
+    arguments = _module().arguments
+    assert arguments(["--requests", "2000"]).warm_up_min == 10_000
+    assert arguments(["--target", "lmcache", "--keys", "1000"]).warm_up_min == 0
+    assert arguments(["--requests", "2000", "--warm-up-min", "500"]).warm_up_min == 500
+
+
 @pytest.mark.slow  # 200,000 keys through a bridge in a new process
 def test_a_bridge_replay_holds_its_window_of_evicted_keys() -> None:
     done = subprocess.run(

@@ -31,6 +31,15 @@ back. A row's output does not depend on the rows beside it in oneDNN's GEMM (wha
 already relies on, `engine_adapter.model.invariance`), so padding changes no bit of a real row
 (tests/test_model_packed_rows.py checks every bucket edge); the primitives then number at most 40 per
 weight shape to 2,048 rows, whatever the traffic.
+
+Each bucket's primitive is built the first time a step brings it, and with it the activation
+buffers reach a new high-water mark: a step in a RSS plot that a soak cannot tell from a leak, hours
+into a run (issue 49: 1.5 MiB at 23,000 requests). So the engine's warm-up runs every packed weight
+shape once at every bucket a step can reach (`warm_buckets`: to `--max-num-batched-tokens` rows,
+the lm head to `--max-num-seqs`, the rows it sees outside ``return_all_logits``), and the
+primitives exist before the first request. Its freed activations stay in the allocator's arenas on
+purpose: handed back (``malloc_trim``), the traffic regrew the heap in the same steps (a soak FAILED
+at 3.6 MiB per 10,000 requests, docs/benchmarks/scripts.md).
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ __all__ = [
     "pack_decoder",
     "packing_available",
     "padded_rows",
+    "row_buckets",
+    "warm_buckets",
 ]
 
 PACKED_WEIGHTS_CHOICES = ("auto", "on", "off")
@@ -87,6 +98,16 @@ def packing_available(decoder: Decoder) -> str | None:
     if decoder.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "oneDNN packs bfloat16 weights only on CPUs with AVX512-BW or AVX-NE-CONVERT"
     return None
+
+
+def row_buckets(min_rows: int, max_rows: int) -> list[int]:
+    """The buckets (`padded_rows`) that calls of `min_rows` to `max_rows` rows run as, ascending."""
+    buckets: list[int] = []
+    rows = max(min_rows, 1)
+    while rows <= max_rows:
+        buckets.append(padded_rows(rows))
+        rows = buckets[-1] + 1
+    return buckets
 
 
 class PackedLinear(nn.Module):
@@ -212,3 +233,37 @@ def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], in
             packed += 1
     decoder.packed_weights = f"{packed} of {dense} linears" if dense else "no"
     return packed
+
+
+def warm_buckets(decoder: nn.Module, max_rows: int, max_head_rows: int) -> int:
+    """Run each packed weight shape of `decoder` once at every row bucket its calls can take, so
+    that oneDNN builds the primitives (and the buffers reach their high-water mark) now, not
+    during the requests; layers of one shape share the primitives, so a shape is run once.
+
+    Args:
+        decoder: A model whose linears may be `PackedLinear` (none: nothing to do).
+        max_rows: The most rows a step brings (the engine's ``max_num_batched_tokens``).
+        max_head_rows: The most rows of the ``lm_head`` (one per sequence: ``max_num_seqs``).
+
+    Returns:
+        How many (shape, bucket) pairs were run.
+    """
+    head = getattr(decoder, "lm_head", None)
+    done: set[tuple[int, int, bool, torch.dtype, int]] = set()
+    with torch.inference_mode():
+        for module in decoder.modules():
+            if not isinstance(module, PackedLinear):
+                continue
+            limit = max_head_rows if module is head else max_rows
+            for rows in row_buckets(module.min_rows, limit):
+                key = (
+                    module.in_features,
+                    module.out_features,
+                    module.bias is not None,
+                    module.weight.dtype,
+                    rows,
+                )
+                if key not in done:
+                    done.add(key)
+                    module(module.weight.new_zeros(rows, module.in_features))
+    return len(done)

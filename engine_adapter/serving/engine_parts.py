@@ -30,6 +30,7 @@ from engine_adapter.model.graphs import enable_cuda_graphs
 from engine_adapter.model.host_pool import HostKVPool
 from engine_adapter.model.kv_pool import PagedKVPool, resolve_dtype
 from engine_adapter.model.loader import load_model
+from engine_adapter.model.packed import warm_buckets
 from engine_adapter.model.tokenizer import Tokenizer
 from engine_adapter.serving.colocation import ColocationGates
 from engine_adapter.serving.config import ConfigError, EngineConfig, colocation_params, colocation_switches
@@ -103,7 +104,7 @@ def load_parts(config: EngineConfig) -> ModelParts:
     threads = apply_threads(config.threads)
     decoder, tokenizer, model_config, pool = model_and_pool(config)
     tiers = kv_tiers(config, pool)
-    warm_up(decoder, config.block_size)
+    warm_up(decoder, config.block_size, config.max_num_batched_tokens, config.max_num_seqs)
     return ModelParts(check_threads(threads), decoder, tokenizer, model_config, pool, tiers)
 
 
@@ -141,11 +142,14 @@ def _tier_blocks(size: int, pool: PagedKVPool, key: str) -> int:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-def warm_up(decoder: Decoder, block_size: int) -> None:
+def warm_up(decoder: Decoder, block_size: int, max_rows: int = 1, max_seqs: int = 1) -> None:
     """One forward of one token through a one-block pool of its own, so that the OpenMP team
-    and the kernels' first-call setup are the engine thread's before the first request."""
+    and the kernels' first-call setup are the engine thread's before the first request; then
+    every packed linear at every row bucket a step of at most `max_rows` rows (`max_seqs`
+    sequences) can bring, so that no request builds a oneDNN primitive (`warm_buckets`)."""
     pool = decoder.make_pool(num_blocks=1, block_size=block_size)
     decoder(ForwardBatch([[0]], [0], [pool.allocator.allocate(1)]), pool)
+    warm_buckets(decoder, max_rows, max_seqs)
 
 
 def model_and_pool(config: EngineConfig) -> tuple[Decoder, Tokenizer, ModelConfig, PagedKVPool]:
