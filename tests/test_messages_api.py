@@ -182,11 +182,12 @@ def test_a_stop_sequence_ends_the_message_and_is_named(claude: anthropic.Anthrop
 # ---- cache_control and metadata reach the engine ---------------------------------------------------
 
 
-def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
-    claude: anthropic.Anthropic, recorded: SubmitRecorder, engine: Engine
-) -> None:
-    system = "You review code. " * 3
-    claude.messages.create(
+def _an_hour_then_five_minutes(
+    claude: anthropic.Anthropic, system: str, marked: str, unmarked: str, **fields: Any
+) -> Any:
+    """A message whose system prompt is marked "1h" and whose user turn is a block marked "5m"
+    (the default) and an unmarked one."""
+    return claude.messages.create(
         model=MODEL,
         max_tokens=1,
         system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
@@ -194,13 +195,20 @@ def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
             {
                 "role": "user",
                 "content": [
-                    {"type": "text", "text": "File one.", "cache_control": {"type": "ephemeral"}},
-                    {"type": "text", "text": " Question?"},
+                    {"type": "text", "text": marked, "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": unmarked},
                 ],
             }
         ],
-        metadata={"user_id": "session-9"},
+        **fields,
     )
+
+
+def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
+    claude: anthropic.Anthropic, recorded: SubmitRecorder, engine: Engine
+) -> None:
+    system = "You review code. " * 3
+    _an_hour_then_five_minutes(claude, system, "File one.", " Question?", metadata={"user_id": "session-9"})
     (contract,) = recorded.contracts
     assert contract is not None and contract.write_tokens is not None
     assert (contract.session_key, contract.ttl_s) == ("session-9", 3_600.0)
@@ -215,20 +223,7 @@ def test_block_markers_write_up_to_the_last_marked_block_under_the_longest_ttl(
 def test_the_usage_buckets_the_tokens_written_under_each_lifetime(claude: anthropic.Anthropic) -> None:
     system = "A system prompt kept for an hour, long enough for several blocks. "
     question = "And a question kept five minutes."
-    usage = claude.messages.create(
-        model=MODEL,
-        max_tokens=1,
-        system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": question, "cache_control": {"type": "ephemeral"}},
-                    {"type": "text", "text": " Unmarked."},
-                ],
-            }
-        ],
-    ).usage
+    usage = _an_hour_then_five_minutes(claude, system, question, " Unmarked.").usage
     creation = usage.cache_creation
     assert creation is not None  # sage-tiny: a token a byte, 4-token blocks
     assert creation.ephemeral_1h_input_tokens >= len(system) - 4

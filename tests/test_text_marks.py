@@ -8,6 +8,8 @@ stays within its bound however many unique prompts pass.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from engine_adapter.cache.block_allocator import BlockAllocator
 from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.receipts import MissWindows
 from engine_adapter.cache.request import CacheRequest
-from engine_adapter.cache.text_marks import MARK_CHARS, text_marks, token_digest
+from engine_adapter.cache.text_marks import MARK_CHARS, text_marks
 from engine_adapter.model.tokenizer import ByteTokenizer, HFTokenizer
 
 BS = 4
@@ -38,6 +40,11 @@ def bpe() -> HFTokenizer:
     )
     tokenizer.train_from_iterator([" ".join(WORDS)] * 50, trainer)
     return HFTokenizer(tokenizer, bos_token_id=0, eos_token_ids=[0])
+
+
+def token_digest(ids: list[int], n: int, size: int = 12) -> bytes:
+    """The digest of ``ids[:n]`` in one pass: what a mark's incremental digest must equal."""
+    return hashlib.blake2b(array("q", ids[:n]).tobytes(), digest_size=size).digest()
 
 
 def _marks(tokenizer: Any, text: str, *, every: int = MARK_CHARS, special: bool = False) -> Any:

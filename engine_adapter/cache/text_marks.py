@@ -14,8 +14,9 @@ shares, without keeping any text: a prompt brings one mark per `MARK_CHARS` char
 
 and the receipts keep a bounded window of the marks of recent prompts. A later prompt with a
 mark whose text digest is in the window, under the same isolation key, shares that much text;
-if its own first ``tokens`` ids (the earlier prompt's count) digest differently, the shared text
-was tokenised differently (`token_digest` gives the digest of any prefix of the ids).
+if its count or token digest there differs from the earlier prompt's, the shared text was
+tokenised differently (same text and same tokens give the same count: a token's text ends where
+it ends in both).
 
 The serving layer builds the marks where it tokenises text (the tokenizer's character offsets:
 `Tokenizer.encode_offsets`); a prompt given as token ids has none. This module imports nothing
@@ -30,7 +31,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARK_CHARS", "TextMarks", "text_marks", "token_digest"]
+__all__ = ["MARK_CHARS", "TextMarks", "text_marks"]
 
 MARK_CHARS = 64
 """Characters between marks: about one 16-token block of English text, so a divergence is
@@ -54,11 +55,6 @@ class TextMarks:
 
 def _ids_bytes(ids: Sequence[int]) -> bytes:
     return array("q", ids).tobytes()
-
-
-def token_digest(ids: Sequence[int], n: int) -> bytes:
-    """The digest of ``ids[:n]`` (the same as a mark's `token_digest` over n tokens)."""
-    return hashlib.blake2b(_ids_bytes(ids[:n]), digest_size=_DIGEST_SIZE).digest()
 
 
 def text_marks(text: str, ids: Sequence[int], ends: Sequence[int], every: int = MARK_CHARS) -> TextMarks:
