@@ -8,11 +8,15 @@ cycling a fixed set of prompts, cannot see it. The RSS is sampled every ``--samp
 requests and a least-squares line is fitted over the samples after the warm-up: the first
 ``--warm-up-share`` of the requests (default 20 %) or the first ``--warm-up-min`` (default 10,000
 requests for the engine, 0 keys for a bridge), whichever is more: the pool's pages, allocator
-arenas and the bounded windows fill there (the eviction-event ring of 10,000 events and the
-re-prefill window of 8,192 keys fill within the first 10,000 unique-prompt requests, and a short
-run's share alone would end the warm-up before them). The verdict says which ended it. It FAILS
-when its slope reaches ``--max-slope-mib`` MiB per 10,000 requests (default 1.0). A fitted slope,
-not a before/after pair: one late spike or one early dip does not decide it.
+arenas and the bounded windows fill there. For the engine it also lasts until the engine has
+evicted as many blocks as its fullest eviction-keyed window holds (the event ring of 10,000
+events, the re-prefill window of 8,192 keys or more), read from its own `/v1/eviction/stats` at
+each sample: those windows fill by evictions, not requests, and a model whose tokenizer packs more
+text per token (SmolLM2's against sage-tiny's bytes) evicts fewer blocks per request. A run that
+never gets there is not judged (it FAILS and says why); ``--long-share`` and ``--long-words``
+make its prompts longer. The verdict says which ended the warm-up. It FAILS when its slope
+reaches ``--max-slope-mib`` MiB per 10,000 requests (default 1.0). A fitted slope, not a
+before/after pair: one late spike or one early dip does not decide it.
 
 Two targets:
 - the engine (`--target engine`, default): a real engine process (`sage-tiny`, or
@@ -26,7 +30,8 @@ Two targets:
   evicted keys costs 16 to 80 MiB per 10^6).
 
     python benchmarks/soak.py --unique-prompts --requests 100000          # sage-tiny, 2 threads
-    python benchmarks/soak.py --unique-prompts --requests 10000 --model smollm2-135m
+    python benchmarks/soak.py --unique-prompts --requests 10000 --model smollm2-135m \
+        --warm-up-min 4096 --long-share 0.5 --long-words 32,96
     python benchmarks/soak.py --unique-prompts --target lmcache --keys 10000000
     python benchmarks/soak.py --unique-prompts --target vllm --keys 10000000
     python benchmarks/soak.py --unique-prompts --requests 2000 --json     # a quick look
@@ -52,6 +57,10 @@ from _machine import machine_line
 # (max(8192, 4 x pool blocks) keys) fill within it; a 32,000-request run's RSS was on its plateau
 # by 10,000 requests (docs/benchmarks/scripts.md).
 ENGINE_WARM_UP_MIN = 10_000
+
+# The engine's eviction-event ring (engine_adapter/serving/engine.py, `ring_size`): one event per
+# evicted block, so it is full once the engine has evicted this many blocks.
+EVENT_RING = 10_000
 
 WORDS = [
     *("river", "stone", "cloud", "ember", "lantern", "orchard", "harbor", "meadow", "signal", "copper"),
@@ -82,18 +91,30 @@ def fitted_slope(points: list[tuple[int, float]]) -> float:
 
 
 def judge(
-    samples: list[tuple[int, float]], total: int, share: float, limit: float, per: int, minimum: int = 0
+    samples: list[tuple[int, float]],
+    total: int,
+    share: float,
+    limit: float,
+    per: int,
+    minimum: int = 0,
+    filled_at: int | None = 0,
 ) -> dict[str, Any]:
-    """The verdict over `samples` ((count, RSS MiB)): the slope after the warm-up (the first
-    `share` of `total` or the first `minimum` counted, whichever is more), in MiB per `per`
-    counted (requests or keys), against `limit`."""
-    by_share = share * total
-    warm_up_end = max(by_share, minimum)
+    """The verdict over `samples` ((count, RSS MiB)): the slope after the warm-up, in MiB per
+    `per` counted (requests or keys), against `limit`. The warm-up ends at the latest of the
+    first `share` of `total`, the first `minimum` counted and `filled_at`, the count at which the
+    engine's stated windows had filled (None: they were still filling at the end, so nothing is
+    fitted and the run is not judged within)."""
+    ends = {f"share {share:g}": share * total, f"minimum {minimum:,}": minimum}
+    if filled_at is None:
+        ends["windows still filling at the end"] = total + 1
+    elif filled_at:
+        ends[f"windows filled at {filled_at:,}"] = filled_at
+    warm_up_by, warm_up_end = max(ends.items(), key=lambda item: item[1])
     after = [(x, y) for x, y in samples if x >= warm_up_end]
     slope = fitted_slope(after) * per
     return {
-        "warm_up_end": round(warm_up_end),
-        "warm_up_by": f"share {share:g}" if by_share >= minimum else f"minimum {minimum:,}",
+        "warm_up_end": round(min(warm_up_end, total)),
+        "warm_up_by": warm_up_by,
         "samples_fitted": len(after),
         "per": per,
         "slope_mib": round(slope, 3),
@@ -102,6 +123,12 @@ def judge(
         "rss_end_mib": round(samples[-1][1], 1) if samples else None,
         "within": len(after) >= 3 and slope < limit,
     }
+
+
+def windows_filled_at(evictions: list[tuple[int, int]], window: int) -> int | None:
+    """The first sampled count at which the engine had evicted `window` blocks (its event ring
+    and its re-prefill window then hold all they ever will), or None when it never did."""
+    return next((count for count, evicted in evictions if evicted >= window), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +150,8 @@ class Prompts:
     rng: random.Random
     session_share: float = 0.3
     max_sessions: int = 16
+    long_share: float = 0.2
+    long_words: tuple[int, int] = (4, 24)
     sessions: dict[int, tuple[str, int]] = field(default_factory=dict)  # id -> (transcript, turns left)
     counter: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -139,7 +168,8 @@ class Prompts:
                 sid = self.rng.choice(list(self.sessions))
                 transcript, left = self.sessions.pop(sid)  # one turn at a time per session
                 return f"{transcript}\nuser {n}: {self._text(1, 4)}", (sid, left - 1)
-            prompt = f"request {n}: {self._text(1, 3) if self.rng.random() < 0.8 else self._text(4, 24)}"
+            long = self.rng.random() < self.long_share
+            prompt = f"request {n}: {self._text(*self.long_words) if long else self._text(1, 3)}"
             if len(self.sessions) < self.max_sessions and self.rng.random() < self.session_share:
                 return prompt, (n, self.rng.randint(1, 4))  # a session's first turn
             return prompt, None
@@ -164,6 +194,9 @@ class EngineRun:
     done: int = 0
     failures: list[str] = field(default_factory=list)
     samples: list[tuple[int, float]] = field(default_factory=list)
+    evictions: list[tuple[int, int]] = field(default_factory=list)  # (requests, blocks evicted)
+    eviction_calls: list[tuple[int, int]] = field(default_factory=list)  # (requests, decisions)
+    re_prefill_window: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self) -> bool:
@@ -173,9 +206,20 @@ class EngineRun:
                 return False
             self.done += 1
             if self.done % self.sample_every == 0:
-                self.samples.append((self.done, rss_mib(self.pid)))
-                print(f"{self.done} requests: RSS {self.samples[-1][1]:.1f} MiB", file=sys.stderr, flush=True)
+                self.sample()
             return True
+
+    def sample(self) -> None:
+        """The engine's RSS and how much it has evicted (its windows fill by evictions)."""
+        self.samples.append((self.done, rss_mib(self.pid)))
+        transport = httpx.HTTPTransport(uds=self.socket)
+        with httpx.Client(transport=transport, base_url="http://sage", timeout=self.timeout) as http:
+            stats = http.get("/v1/eviction/stats").json()
+        self.evictions.append((self.done, stats["total_evictions"]))
+        self.eviction_calls.append((self.done, stats["eviction_calls"]))
+        self.re_prefill_window = stats["re_prefill_window"]
+        line = f"{self.done} requests: RSS {self.samples[-1][1]:.1f} MiB, {stats['total_evictions']} evicted"
+        print(line, file=sys.stderr, flush=True)
 
 
 def _client(run: EngineRun, seed: int) -> None:
@@ -203,7 +247,8 @@ def engine_soak(args: argparse.Namespace) -> dict[str, Any]:
     config = dict(model=args.model, device=args.device, num_blocks=args.num_blocks, threads=args.threads)
     engine = TemporaryEngine(config, timeout=args.start_timeout)
     try:
-        pid, prompts = engine.engine.process.pid, Prompts(random.Random(args.seed))
+        pid = engine.engine.process.pid
+        prompts = Prompts(random.Random(args.seed), long_share=args.long_share, long_words=args.long_words)
         run = EngineRun(str(engine.socket), pid, args.requests, args.sample_every, prompts, args.timeout)
         start = time.monotonic()
         clients = [
@@ -219,11 +264,17 @@ def engine_soak(args: argparse.Namespace) -> dict[str, Any]:
         engine.stop()
     return {
         "target": "engine",
-        "setup": {k: config[k] for k in config} | {"clients": args.clients, "requests": args.requests},
+        "setup": {k: config[k] for k in config}
+        | {"clients": args.clients, "requests": args.requests, "long_share": args.long_share}
+        | {"long_words": list(args.long_words)},
         "completed": run.done - len(run.failures),
         "failures": run.failures[:5],
         "seconds": round(seconds, 1),
         "samples": run.samples,
+        "evictions": run.evictions,
+        "eviction_calls": run.eviction_calls,
+        "windows": {"event_ring": EVENT_RING, "re_prefill_window": run.re_prefill_window},
+        "filled_at": windows_filled_at(run.evictions, max(EVENT_RING, run.re_prefill_window)),
         "unit": "requests",
     }
 
@@ -326,6 +377,17 @@ def bridge_soak(args: argparse.Namespace) -> dict[str, Any]:
 # The command
 
 
+def _word_range(text: str) -> tuple[int, int]:
+    """`LO,HI` with 1 <= LO <= HI."""
+    try:
+        lo, hi = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO,HI (two integers)") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= LO <= HI")
+    return lo, hi
+
+
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -350,12 +412,19 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-slope-mib", type=float, default=1.0,
                         help="RSS slope allowed after warm-up, MiB per 10,000 requests or per 10^6 keys "
                              "(default 1.0)")  # fmt: skip
+    parser.add_argument("--long-share", type=float, default=0.2,
+                        help="engine: share of fresh prompts drawn long (default 0.2)")  # fmt: skip
+    parser.add_argument("--long-words", type=_word_range, default=(4, 24),
+                        help="engine: LO,HI words of a long prompt (default 4,24): a model with "
+                             "a wider tokenizer evicts fewer blocks per request")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="engine: seconds per request")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="engine: seconds to start")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     total = args.requests if args.target == "engine" else args.keys
+    if not 0 <= args.long_share <= 1:
+        parser.error("--long-share must be within 0 and 1")
     if total <= 0 or args.sample_every < 0 or (args.warm_up_min or 0) < 0:
         parser.error("--requests/--keys must be positive and --sample-every and --warm-up-min not negative")
     if args.warm_up_min is None:
@@ -370,10 +439,17 @@ def main(argv: list[str] | None = None) -> int:
     total, per = (args.requests, 10_000) if args.target == "engine" else (args.keys, 1_000_000)
     report["machine"] = machine_line()
     verdict = report["verdict"] = judge(
-        report["samples"], total, args.warm_up_share, args.max_slope_mib, per, args.warm_up_min
-    )
+        report["samples"], total, args.warm_up_share, args.max_slope_mib, per, args.warm_up_min,
+        report.get("filled_at", 0),
+    )  # fmt: skip
     reasons = [f"{len(report['failures'])}+ requests failed"] if report["failures"] else []
-    if not verdict["within"]:
+    if report.get("filled_at", 0) is None:
+        evicted = report["evictions"][-1][1] if report["evictions"] else 0
+        reasons.append(
+            f"not judged: the engine's windows ({report['windows']}) were still filling at the end "
+            f"({evicted:,} blocks evicted); run longer or with longer prompts (--long-share, --long-words)"
+        )
+    elif not verdict["within"]:
         reasons.append(
             f"RSS grows {verdict['slope_mib']:.3f} MiB per {per:,} {report['unit']} after warm-up "
             f"(limit {args.max_slope_mib:g}; {verdict['samples_fitted']} samples fitted after "

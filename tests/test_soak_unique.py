@@ -60,6 +60,43 @@ def test_a_short_run_ends_its_warm_up_at_the_minimum_and_says_so() -> None:
     assert long_run["warm_up_by"] == "share 0.2" and long_run["warm_up_end"] == 20_000
 
 
+def test_the_warm_up_waits_for_the_engines_windows_to_fill_and_a_run_they_never_fill_is_not_judged() -> None:
+    """A model whose prompts evict few blocks per request fills the event ring late: RSS climbs
+    until 6,000 requests (the ring filling) and is flat after. Ended by the share and the minimum
+    (2,000) the fit takes in the filling and fails; ended where the engine had evicted a ring's
+    worth of blocks it passes and says so; a run that never evicted that much fits nothing."""
+    module = _module()
+    rng = random.Random(1)
+    xs = range(100, 10_001, 100)
+    filling = [(x, 1800 + min(x, 6000) / 1000 + rng.uniform(-0.05, 0.05)) for x in xs]
+    evictions = [(x, 2 * x if x <= 3000 else 6000 + (x - 3000)) for x in xs]  # slower once the pool is full
+    filled_at = module.windows_filled_at(evictions, module.EVENT_RING)
+    assert filled_at == 7000
+    early = module.judge(filling, 10_000, 0.2, 1.0, 10_000, minimum=2000)
+    late = module.judge(filling, 10_000, 0.2, 1.0, 10_000, minimum=2000, filled_at=filled_at)
+    assert not early["within"] and early["slope_mib"] > 1.0
+    assert late["within"] and late["warm_up_by"] == "windows filled at 7,000" and late["warm_up_end"] == 7000
+    assert module.windows_filled_at(evictions[:60], module.EVENT_RING) is None
+    short = [(x, y) for x, y in filling if x <= 6000]
+    never = module.judge(short, 6000, 0.2, 1.0, 10_000, minimum=2000, filled_at=None)
+    assert not never["within"] and never["samples_fitted"] == 0
+    assert never["warm_up_by"] == "windows still filling at the end" and never["warm_up_end"] == 6000
+
+
+def test_long_prompts_are_an_option_and_a_bad_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    module = _module()
+    args = module.arguments(["--requests", "100", "--long-share", "0.5", "--long-words", "32,96"])
+    assert (args.long_share, args.long_words) == (0.5, (32, 96))
+    prompts = module.Prompts(random.Random(0), long_share=1.0, long_words=(32, 96))
+    words = [len(prompts.next()[0].split(": ", 1)[1].split()) for _ in range(200)]
+    assert min(words) >= 32 and max(words) <= 96  # sessions' later turns aside, every prompt is long
+    for bad in (["--long-words", "9,3"], ["--long-words", "x"], ["--long-share", "1.5"]):
+        with pytest.raises(SystemExit) as exit_:
+            module.arguments(["--requests", "100", *bad])
+        assert exit_.value.code == 2
+    assert "LO,HI" in capsys.readouterr().err
+
+
 def test_the_warm_up_minimum_defaults_to_10000_requests_for_the_engine_and_0_keys_for_a_bridge() -> None:
     arguments = _module().arguments
     assert arguments(["--requests", "2000"]).warm_up_min == 10_000
