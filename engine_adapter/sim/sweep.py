@@ -88,6 +88,7 @@ class SweepContext:
     protect_queued: float = 0.0
     write_policy: str = "write_back"  # of the rows with KV tiers
     schedule_policy: str = "fcfs"  # the sglang model's queue order
+    preemption_order: str = "policy"  # the radix model's scheduler's (sage_eviction.preemption)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +276,7 @@ def _simulated_row(
         tiers=spec.tiers(context.write_policy),
         compress_on_evict=spec.compress,
         schedule_policy=context.schedule_policy,
+        preemption_order=context.preemption_order,
     )
     row = simulator.run().to_dict()
     quantiles = ttft_quantiles(simulator.ttft_s)
