@@ -28,6 +28,7 @@ from engine_adapter.cache.cache_manager import CacheManager
 from engine_adapter.cache.request import CacheRequest
 from engine_adapter.sim.mooncake_trace import read_mooncake
 from engine_adapter.sim.shipped_traces import shipped_trace
+from engine_adapter.sim.twins.sage_run import simulate_sage
 from engine_adapter.sim.workloads import Workload
 from sage_eviction import EvictionCandidate, PreemptionOrder, preemption
 from sage_eviction.policies import POLICIES
@@ -152,6 +153,20 @@ def test_the_simulators_order_changes_who_is_preempted() -> None:
     assert_same_rows(workload, "mru", 240, preemption_order="lru")
 
 
+@pytest.mark.slow  # the sage twin steps in Python: about 1 s a run
+def test_the_sage_twins_order_changes_who_is_preempted() -> None:
+    """The sage twin (sage's engine's scheduler over its cache) takes the order as the engine's
+    scheduler does: lru's order preempts otherwise than mru's own, which is the default row."""
+    workload = _mooncake(120)
+    own, named, lru = (
+        simulate_sage(workload, "mru", 240, preemption_order=order).result.to_dict()
+        for order in ("policy", "mru", "lru")
+    )
+    assert own["preemptions"] > 0
+    assert without_timings(named) == without_timings(own)
+    assert lru["preemptions"] != own["preemptions"]
+
+
 def test_a_bad_order_is_refused_before_the_simulator_runs() -> None:
     with pytest.raises(ValueError, match="unknown preemption order 'nope'"):
         run_row(_mooncake(2), "lru", 240, preemption_order="nope")
@@ -168,7 +183,7 @@ def test_a_bad_order_on_the_command_line_is_one_line_and_exit_2(tmp_path: Any) -
         ),
         (
             ["--preemption-order", "lru", "--cache-model", "flat"],
-            "needs --cache-model radix, not --cache-model flat",
+            "needs --cache-model radix or sage, not --cache-model flat",
         ),
     ):
         done = subprocess.run(

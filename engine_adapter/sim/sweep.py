@@ -243,8 +243,9 @@ def run_row(
             "python (a fleet: its replicas step on one clock)",
         )
     if context.cache_model in TWINS:  # an engine's twin: its own scheduler on the cost model's clock
+        order = {} if context.preemption_order == "policy" else {"preemption_order": context.preemption_order}
         twin = twin_runner(context.cache_model)(
-            context.workload, spec.policy, spec.capacity, cost_model=context.cost_model
+            context.workload, spec.policy, spec.capacity, cost_model=context.cost_model, **order
         )
         twin_loop = f"python (the {context.cache_model} twin)"
         return RowOutcome(

@@ -310,8 +310,9 @@ def _check_protect_queued(args: BenchmarkArgs) -> None:
 
 def _check_preemption_order(args: BenchmarkArgs) -> None:
     """``--preemption-order``: a name in `sage_eviction.preemption.ORDERS` (or ``policy``), for the
-    simulator's radix model's scheduler; a fleet's replicas keep their policies' own (not plumbed
-    there yet), and an engine is started with its own ``--preemption-order``."""
+    scheduler of the simulator's radix model or of the sage twin (sage's engine's); a fleet's
+    replicas keep their policies' own (not plumbed there yet), and an engine is started with its
+    own ``--preemption-order``."""
     from sage_eviction.preemption import POLICY, resolve_order  # light: the policy library only
 
     try:
@@ -322,10 +323,10 @@ def _check_preemption_order(args: BenchmarkArgs) -> None:
         return
     if args.mode is Mode.engine:
         raise CLIUsageError("--preemption-order applies to the simulator; start the engine with it instead")
-    if args.cache_model != "radix" or args.replicas is not None:
+    if args.cache_model not in ("radix", "sage") or args.replicas is not None:
         where = "--replicas (a fleet)" if args.replicas is not None else f"--cache-model {args.cache_model}"
         raise CLIUsageError(
-            f"--preemption-order {args.preemption_order} needs --cache-model radix, not {where}"
+            f"--preemption-order {args.preemption_order} needs --cache-model radix or sage, not {where}"
         )
 
 
