@@ -31,6 +31,7 @@ __all__ = [
     "ParamOpt",
     "OldPolicyOpt",
     "PolicyOpt",
+    "PreemptionOrderOpt",
     "SocketOpt",
     "UrlOpt",
     "ApiKeyOpt",
@@ -101,6 +102,16 @@ OldPolicyOpt = Annotated[
         help="Deprecated: give NAME as the argument, as set-token-policy takes its SPEC "
         "(--policy is accepted, with a warning, until the next release).",
         show_default=False,
+    ),
+]
+PreemptionOrderOpt = Annotated[
+    str,
+    typer.Option(
+        "--preemption-order",
+        metavar="NAME",
+        help="Which running request the scheduler preempts first when the pool is short: 'policy' "
+        "(each policy's own order) or a named order: lru, mru, fifo, filo, lfu, priority, seen_once_first, "
+        "s3fifo, gdsf, predictive, slo (sage_eviction.preemption; a plugin may add more).",
     ),
 ]
 ParamOpt = Annotated[

@@ -20,6 +20,8 @@ What lives where (docs/architecture.md, "Policy interface"):
 - `base`: `EvictionPolicy`, the incremental interface every policy implements, with its two
   mixins: `handover` (the hot-swap handover: `entries`, `from_entries`, bulk loads) and
   `sequence_level` (the module spec's `select_victims`, `update_access`, `get_metrics`).
+- `preemption`: the orders over running sequences (`PreemptionOrder`, one table `ORDERS`):
+  which sequence a scheduler preempts first; a policy names only its default.
 - `recency` and `heap`: the bases most policies build on (O(1) recency queues; scores in a lazy
   heap).
 - `policies/`: one file and one class per policy; `registry`: names to classes, entry-point
@@ -52,6 +54,7 @@ from sage_eviction.errors import (
 )
 from sage_eviction.flat import FlatCache, FlatResult, simulate_flat
 from sage_eviction.heap import FlatHeapPolicy, HeapPolicy
+from sage_eviction.preemption import PreemptionOrder
 from sage_eviction.recency import LevelledRecencyPolicy, RecencyPolicy
 from sage_eviction.registry import (
     ENTRY_POINT_GROUP,
@@ -101,6 +104,7 @@ __all__ = [
     "PolicyEntry",
     "PolicyParamError",
     "PolicyStateError",
+    "PreemptionOrder",
     "RecencyPolicy",
     "ResolvedPolicy",
     "SageEvictionError",

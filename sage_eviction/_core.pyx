@@ -5,7 +5,8 @@ built-in policies' operations as C functions (`PolicyOps`) and the flat cache's 
 
 Each piece mirrors a pure-Python reference that stays the fallback (sage_eviction/native.py
 picks): `ScoreHeap` is `sage_eviction.heap._ListHeap`, `select_victims` is
-`sage_eviction.sequence_level.select_in_order` over the policy's `candidate_key`. Both hold
+`sage_eviction.sequence_level.select_in_order` over a preemption order's key
+(`sage_eviction.preemption`). Both hold
 Python numbers as C doubles only where a double compares exactly as the number does (a float
 that is not NaN, an int or bool within 2**53); anything else makes them answer "not here"
 (False or None) and the caller runs the pure-Python code, so results never differ

@@ -173,8 +173,9 @@ cdef inline bint slo_key(object c, double* p, Key* k) noexcept:
     return field(c, OFF_TIME, &k.k2)
 
 
-cdef bint candidate_key(object c, int kind, double* p, Key* k) noexcept:
-    """The key of `candidate_key` for this kind as doubles; False when it cannot be exact."""
+cdef bint order_key(object c, int kind, double* p, Key* k) noexcept:
+    """The key of the preemption order of this kind (`sage_eviction.preemption.ORDERS`) as
+    doubles; False when it cannot be exact."""
     cdef double t, a
     k.k1 = 0.0
     k.k2 = 0.0
@@ -261,8 +262,8 @@ cdef object take_in_order(Key* keys, Py_ssize_t m, list candidates, Py_ssize_t r
 
 
 def select_victims(list candidates, object required_blocks, str kind, tuple params):
-    """`select_in_order(candidates, required_blocks, candidate_key)` for the `candidate_key`
-    named `kind` (with its constants `params`): sequence ids in key order (ties by position),
+    """`select_in_order(candidates, required_blocks, order.key)` for the preemption order whose
+    compiled kind is `kind` (with its constants `params`; `PreemptionOrder.compiled`): sequence ids in key order (ties by position),
     unpinned only, until they free `required_blocks` blocks.
 
     Returns None when the answer must come from Python: a candidate of another type, a
@@ -293,7 +294,7 @@ def select_victims(list candidates, object required_blocks, str kind, tuple para
     try:
         for i in range(n):
             c = <object>PyList_GET_ITEM(candidates, i)
-            if type(c) is not _candidate_type or not candidate_key(c, code, p, &keys[m]):
+            if type(c) is not _candidate_type or not order_key(c, code, p, &keys[m]):
                 return None
             keys[m].index = i
             m += 1

@@ -2,16 +2,15 @@
 (docs/architecture.md, "The module spec's interface").
 
 `SequenceLevelInterface` is a mixin of `sage_eviction.base.EvictionPolicy` (its only user): it
-orders `EvictionCandidate` sequences by the policy's `candidate_key` and reports the policy's
-counters, which `EvictionPolicy` keeps (declared here for the type checker only). The victim
-choice runs in the compiled core where it can (`sage_eviction/_core.pyx`, `select_victims`, under
-the policy's `candidate_order`), else in `select_in_order`, its pure-Python reference.
+orders `EvictionCandidate` sequences by a `PreemptionOrder` (`sage_eviction.preemption`: the
+caller's, else the one the policy names) and reports the policy's counters, which
+`EvictionPolicy` keeps (declared here for the type checker only). The victim choice runs in the
+compiled core where the order has a compiled copy (`sage_eviction/_core.pyx`, `select_victims`),
+else in `select_in_order`, its pure-Python reference.
 
-- `select_in_order`: the greedy victim choice shared by every policy.
-- `seen_once_first_key` / `seen_once_first_up_to`: the sequence-level order of the policies that
-  split entries by reuse (ARC, SIEVE, SLRU).
+- `select_in_order`: the greedy victim choice shared by every order.
 
-Imports: the standard library and `sage_eviction.native` / `.metrics` / `.types`.
+Imports: the standard library and `sage_eviction.native` / `.metrics` / `.preemption` / `.types`.
 """
 
 from __future__ import annotations
@@ -22,25 +21,17 @@ from typing import Any, ClassVar
 
 from sage_eviction import native
 from sage_eviction.metrics import LatencyRecorder, jain_fairness
+from sage_eviction.preemption import PreemptionOrder, UpTo, get_order
 from sage_eviction.types import EvictionCandidate, EvictionMetrics, EvictionPolicyProtocol
 
-__all__ = [
-    "SequenceLevelInterface",
-    "seen_once_first_key",
-    "seen_once_first_up_to",
-    "select_in_order",
-]
-
-UpTo = Callable[[list[EvictionCandidate], Any], list[EvictionCandidate]]
-"""A class's `candidates_up_to`: the candidates whose key is <= a bound, in list order."""
+__all__ = ["SequenceLevelInterface", "select_in_order"]
 
 
 class SequenceLevelInterface(EvictionPolicyProtocol):
     """The module spec's sequence-level API on top of a policy's incremental state.
 
-    A policy orders candidate sequences by `candidate_key` (LRU unless overridden); a class that
-    overrides it overrides `candidates_up_to` too, and names the compiled copy of its key in
-    `candidate_order` (or sets it to None).
+    Candidate sequences are ordered by a `PreemptionOrder` (`sage_eviction.preemption`): the
+    caller's, else the one the policy class names in `preemption_order` (LRU unless overridden).
     """
 
     # EvictionPolicy's, set in its __init__ (declared for the type checker).
@@ -51,39 +42,47 @@ class SequenceLevelInterface(EvictionPolicyProtocol):
     _tenants: dict[str | None, list[int]]
     _select_latency: LatencyRecorder
 
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Sort key of a candidate sequence; smaller is evicted first. LRU unless overridden."""
-        return candidate.last_access_time
+    preemption_order: ClassVar[str] = "lru"
+    """The name of this policy's default order over running sequences in
+    `sage_eviction.preemption.ORDERS`; the scheduler may choose another
+    (tests/test_native_core.py checks every registered policy names one that exists)."""
 
-    candidate_order: ClassVar[tuple[str, tuple[float, ...]] | None] = ("lru", ())
-    """The compiled core's copy of `candidate_key`: its name in sage_eviction/_core.pyx and the
-    constants it reads, or None for none. Used only when the class that defines
-    `candidate_key` defines this too (a subclass overriding the key alone is not misread);
-    tests/test_native_core.py holds each copy to its `candidate_key`."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a class written for the old per-policy order (`candidate_key` and its
+        companions), which nothing reads any more: silently ignoring it would preempt in
+        another order than its author wrote."""
+        super().__init_subclass__(**kwargs)
+        old = [a for a in ("candidate_key", "candidates_up_to", "candidate_order") if a in cls.__dict__]
+        if old:
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(old)}, which sage no longer reads: register a "
+                "PreemptionOrder (sage_eviction.preemption.register_order) and name it in the class's "
+                "`preemption_order` (docs/howto.md, 'A preemption order')"
+            )
 
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order, in one list
-        comprehension (no call per candidate). A class that overrides `candidate_key` must
-        override this too, or `select_victims` ignores it and calls `candidate_key` on each."""
-        return [c for c in candidates if c.last_access_time <= bound]
-
-    def select_victims(self, candidates: list[EvictionCandidate], required_blocks: int) -> list[int]:
-        """Pick sequences in policy order until they free `required_blocks` blocks.
+    def select_victims(
+        self, candidates: list[EvictionCandidate], required_blocks: int, order: PreemptionOrder | None = None
+    ) -> list[int]:
+        """Pick sequences in `order` until they free `required_blocks` blocks.
 
         Pinned candidates are never returned; when the unpinned ones together free fewer than
         `required_blocks`, all of them are returned.
+
+        Args:
+            candidates: The running sequences that may be chosen.
+            required_blocks: Blocks the caller needs.
+            order: The order to take them in; None: the policy's (`preemption_order`).
         """
         start = time.perf_counter()
+        if order is None:
+            order = get_order(self.preemption_order)
         victims: list[int] | None = None
-        if self._compiled and type(candidates) is list:
-            order = _order_of(type(self))
+        if self._compiled and order.compiled is not None and type(candidates) is list:
             core = native.load(native.CORE)
-            if order is not None and core is not None:  # None from the core: only Python orders it
-                victims = core.select_victims(candidates, required_blocks, *order)
+            if core is not None:  # None from the core: only Python orders it
+                victims = core.select_victims(candidates, required_blocks, *order.compiled)
         if victims is None:
-            victims = select_in_order(candidates, required_blocks, self.candidate_key, _up_to_of(type(self)))
+            victims = select_in_order(candidates, required_blocks, order.key, order.up_to)
         self._select_latency.record(time.perf_counter() - start)
         return victims
 
@@ -115,50 +114,6 @@ class SequenceLevelInterface(EvictionPolicyProtocol):
         )
 
 
-def seen_once_first_key(candidate: EvictionCandidate) -> tuple[bool, float]:
-    """Sequences seen once before sequences seen again, least recent first within each: the
-    sequence-level order of the policies that split entries by reuse (ARC's T1/T2, SIEVE's
-    visited bit, SLRU's segments) when the candidates carry only counts and times."""
-    return (candidate.access_count > 1, candidate.last_access_time)
-
-
-def seen_once_first_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-    """The candidates whose `seen_once_first_key` is <= `bound`, in list order."""
-    again, t = bound
-    if again:  # every first-timer, and the others up to t
-        return [c for c in candidates if c.access_count <= 1 or c.last_access_time <= t]
-    return [c for c in candidates if c.access_count <= 1 and c.last_access_time <= t]
-
-
-# Per class, read once: which `candidates_up_to` and `candidate_order` go with its key.
-_UP_TO: dict[type[SequenceLevelInterface], UpTo | None] = {}
-_ORDER: dict[type[SequenceLevelInterface], tuple[str, tuple[float, ...]] | None] = {}
-
-
-def _up_to_of(cls: type[SequenceLevelInterface]) -> UpTo | None:
-    """`cls.candidates_up_to` when the class that defines it also defines `candidate_key`."""
-    try:
-        return _UP_TO[cls]
-    except KeyError:
-        pass
-    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
-    up_to = cls.candidates_up_to if "candidates_up_to" in owner.__dict__ else None
-    _UP_TO[cls] = up_to
-    return up_to
-
-
-def _order_of(cls: type[SequenceLevelInterface]) -> tuple[str, tuple[float, ...]] | None:
-    """`cls.candidate_order` when the class that defines `candidate_key` also defines it."""
-    try:
-        return _ORDER[cls]
-    except KeyError:
-        pass
-    owner = next(k for k in cls.__mro__ if "candidate_key" in k.__dict__)
-    order = owner.__dict__.get("candidate_order")
-    _ORDER[cls] = order
-    return order
-
-
 def select_in_order(
     candidates: list[EvictionCandidate],
     required_blocks: int,
@@ -170,7 +125,7 @@ def select_in_order(
 
     Only the few candidates that can be chosen are sorted. A sorted sample of about 64 keys
     gives a threshold below which the candidates should hold twice the blocks needed. With
-    `up_to` (the policy's `candidates_up_to`, which must keep exactly the candidates whose key
+    `up_to` (the order's, which must keep exactly the candidates whose key
     is <= the threshold, in list order), one list comprehension keeps those, a stable sort
     orders them, and when they free enough that is the answer: every other candidate's key is
     larger. Otherwise, or without `up_to`, the keys of all candidates are computed: one pass

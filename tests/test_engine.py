@@ -18,6 +18,7 @@ from engine_adapter.serving.config import EngineConfig
 from engine_adapter.serving.engine import Engine
 from engine_adapter.serving.errors import EngineClosedError, RequestError
 from sage_eviction import OfflinePolicyError
+from sage_eviction.preemption import get_order
 
 pytestmark = pytest.mark.slow  # real processes or long searches: out of the quick loop
 
@@ -65,6 +66,23 @@ def test_greedy_outputs_equal_unbounded_pool_under_eviction_and_preemption(
         engine.shutdown()
     assert outputs == reference_outputs
     assert stats.total_evictions > 0
+    assert stats.preemptions > 0
+
+
+@pytest.mark.parametrize("order", ["lru", "filo"])
+def test_the_engine_preempts_in_the_order_it_was_started_with(
+    reference_outputs: list[list[int]], order: str
+) -> None:
+    """``--preemption-order``: the scheduler hands the cache manager that order (not the policy's
+    default), preempts by it, and greedy outputs stay those of an unbounded pool."""
+    engine = started_engine(num_blocks=24, eviction_policy="mru", preemption_order=order)
+    try:
+        assert engine.cache.preemption_order is get_order(order)
+        outputs = _run_all(engine, PROMPTS)
+        stats = engine.eviction_stats()
+    finally:
+        engine.shutdown()
+    assert outputs == reference_outputs
     assert stats.preemptions > 0
 
 

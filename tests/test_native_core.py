@@ -5,8 +5,9 @@ once inside `native.pure_python()` (the reference), and both twins are driven th
 hypothesis-generated operation sequences (insert, access, set_evictable, remove, evict,
 select_victims, a hot swap through from_entries / from_entry_columns). They must return the
 same victims in the same order, raise the same errors, and end with the same entries, peek,
-rank, explanations and metrics. The sequence-level keys of the core are also held to a third,
-plain reference: a stable sort of the unpinned candidates by the policy's `candidate_key`.
+rank, explanations and metrics. The core's copy of every named preemption order
+(`sage_eviction.preemption.ORDERS`) is also held to a third, plain reference: a stable sort of
+the unpinned candidates by the order's Python key.
 
 NaN scores are left out: NaN is not ordered, and neither implementation promises an order for
 it (the compiled heap hands such items to the pure-Python heap, whose layout differs).
@@ -43,7 +44,7 @@ from sage_eviction import (
 from sage_eviction.flat import FlatCache
 from sage_eviction.heap import HeapPolicy, _ListHeap
 from sage_eviction.policies.lru import LRUPolicy
-from sage_eviction.sequence_level import _order_of
+from sage_eviction.preemption import ORDERS, get_order
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 
@@ -274,49 +275,50 @@ def _recorder(victims: list[Hashable]) -> Callable[[Hashable, float], None]:
 # ---- select_victims --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(candidates=candidate_lists(), required=st.integers(-1, 200))
 def test_select_victims_agrees_with_python_and_with_a_plain_sort(
-    name: str, candidates: list[EvictionCandidate], required: int
+    order: str, candidates: list[EvictionCandidate], required: int
 ) -> None:
-    compiled, pure = twins(name)
-    got = compiled.select_victims(candidates, required)
+    """Every named order, given to `select_victims`: the compiled core's copy of its key, the
+    pure-Python path and a plain stable sort by its key choose the same victims."""
+    compiled, pure = twins("lru")
+    chosen = ORDERS[order]
+    got = compiled.select_victims(candidates, required, chosen)
+    assert got == pure.select_victims(candidates, required, chosen)
     if any(isinstance(c.estimated_lifetime, float) and math.isnan(c.estimated_lifetime) for c in candidates):
-        assert got == pure.select_victims(candidates, required)  # no plain sort with NaN keys
-        return
-    assert got == pure.select_victims(candidates, required)
-    assert got == reference_select(candidates, required, type(compiled).candidate_key)
+        return  # no plain sort with NaN keys
+    assert got == reference_select(candidates, required, chosen.key)
 
 
 @pytest.mark.parametrize("name", ALL)
+@settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(candidates=candidate_lists(), required=st.integers(-1, 200))
+def test_a_policy_without_an_order_given_takes_its_own(
+    name: str, candidates: list[EvictionCandidate], required: int
+) -> None:
+    compiled, pure = twins(name)
+    own = get_order(type(compiled).preemption_order)
+    got = compiled.select_victims(candidates, required)
+    assert got == pure.select_victims(candidates, required)
+    assert got == compiled.select_victims(candidates, required, own)
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(candidates=candidate_lists(plain=True), required=st.integers(1, 200))
 def test_the_core_answers_for_ordinary_candidates(
-    name: str, candidates: list[EvictionCandidate], required: int
+    order: str, candidates: list[EvictionCandidate], required: int
 ) -> None:
-    """On the values engines send (small ints, finite floats) the compiled key answers itself
-    (it does not hand the call back to Python), and gives the plain sort's victims."""
-    cls = get_policy_class(name)
-    order = _order_of(cls)
-    assert order is not None, f"{name} has no compiled candidate key"
-    got = native.load(native.CORE).select_victims(candidates, required, *order)  # type: ignore[union-attr]
+    """On the values engines send (small ints, finite floats) the compiled key of every named
+    order answers itself (it does not hand the call back to Python), and gives the plain sort's
+    victims."""
+    chosen = ORDERS[order]
+    assert chosen.compiled is not None, f"{order} has no compiled candidate key"
+    got = native.load(native.CORE).select_victims(candidates, required, *chosen.compiled)  # type: ignore[union-attr]
     assert got is not None
-    assert got == reference_select(candidates, required, cls.candidate_key)
-
-
-def test_a_subclass_with_its_own_candidate_key_is_not_read_by_the_core() -> None:
-    class Newest(LRUPolicy):
-        name = "newest-test"
-
-        @staticmethod
-        def candidate_key(candidate: EvictionCandidate) -> Any:
-            return -candidate.last_access_time
-
-    assert _order_of(Newest) is None
-    candidates = [EvictionCandidate(i, [i], float(i), 1, 0, False) for i in range(5)]
-    assert Newest().select_victims(candidates, 2) == [4, 3]
-    assert LRUPolicy().select_victims(candidates, 2) == [0, 1]
+    assert got == reference_select(candidates, required, chosen.key)
 
 
 def test_a_non_list_or_foreign_candidate_goes_to_python() -> None:

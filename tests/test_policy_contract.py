@@ -28,6 +28,7 @@ from sage_eviction import (
     UnknownKeyError,
     get_policy_class,
 )
+from sage_eviction.preemption import get_order
 
 # ---- helpers -------------------------------------------------------------------------------
 
@@ -402,7 +403,7 @@ def test_select_in_order_takes_exactly_the_policy_order(
         candidates.sort(key=lambda c: -c.last_access_time)
     policy = build_policy(name)
     victims = policy.select_victims(candidates, required)
-    assert victims == _naive_select(candidates, required, type(policy).candidate_key)
+    assert victims == _naive_select(candidates, required, get_order(type(policy).preemption_order).key)
     _check_selection(candidates, required, victims)
 
 

@@ -96,6 +96,7 @@ SAMPLES: dict[str, tuple[str, Any, dict[str, str]]] = {
     "max_retained_fraction": ("0.5", 0.5, {}),
     "cache_generated_tokens": ("yes", True, {}),
     "protect_queued": ("0.1", 0.1, {}),
+    "preemption_order": ("LRU", "lru", {}),
     "max_num_seqs": ("8", 8, {}),
     "max_num_batched_tokens": ("512", 512, {}),
     "adaptive_batch": ("1", True, {}),

@@ -12,7 +12,7 @@ The request lifecycle::
     alloc = manager.allocate(request)                   # match, lock the hit, allocate the rest
     manager.reserve_tokens(seq_id, n)  -> ids | None    # grow during decode; None: preempt someone
     manager.commit_blocks(seq_id, token_ids)            # share its newly full blocks
-    manager.select_preemption_victims(blocks_needed)    # the policy's select_victims
+    manager.select_preemption_victims(blocks_needed)    # in `preemption_order` (the scheduler's)
     manager.preempt(seq_id, token_ids=...)              # cache its full blocks, release the rest
     manager.free_sequence(seq_id, token_ids=...)        # same when it finishes
     manager.evict_to_threshold()                        # background eviction to the watermark
@@ -69,7 +69,7 @@ from engine_adapter.cache.stats import CacheStats
 from engine_adapter.cache.tier_front import TierFront
 from engine_adapter.cache.tiers import TierConfig, TierStore
 from engine_adapter.cache.usage import pool_usage
-from sage_eviction import EvictionCandidate, EvictionPolicy
+from sage_eviction import EvictionCandidate, EvictionPolicy, PreemptionOrder
 
 __all__ = ["CacheManager"]
 
@@ -107,6 +107,8 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
         radix: The prefix cache.
         events: The event log, or None.
     """
+
+    preemption_order: PreemptionOrder | None = None  # the scheduler's order; None: the policy's
 
     def __init__(
         self,
@@ -361,8 +363,8 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
         *,
         exclude: Iterable[int] = (),
     ) -> list[int]:
-        """Sequences to preempt, in policy order, until they free `required_blocks`
-        (the policy's `select_victims`; all unpinned ones when together they cannot).
+        """Sequences to preempt, in `preemption_order` (None: the policy's), until they free
+        `required_blocks` (the policy's `select_victims`; all unpinned ones when they cannot).
 
         Args:
             required_blocks: Blocks the caller needs.
@@ -372,7 +374,7 @@ class CacheManager(QueueFront, TierFront, CompressFront, RetentionFront, QuotaFr
         with self.lock:
             if candidates is None:
                 candidates = self.preemption_candidates(exclude)
-            return self.policy.select_victims(candidates, required_blocks)
+            return self.policy.select_victims(candidates, required_blocks, self.preemption_order)
 
     def compaction_gain(self, sequence_id: int, num_tokens: int) -> int:
         """Blocks that compacting the sequence to `num_tokens` would give back to the pool (free

@@ -130,6 +130,7 @@ class Engine(EngineControl):
             max_queued_requests=config.max_queued_requests,
             queued_timeout=config.queued_timeout,
             embedding_chunk_tokens=config.embedding_chunk_tokens,
+            preemption_order=config.preemption_order,
         )
         return Scheduler(
             self.cache,

@@ -59,6 +59,7 @@ from engine_adapter.serving.outputs import append_text, emit_delta, emit_final
 from engine_adapter.serving.prefetch import QueuePrefetch
 from engine_adapter.serving.sequence import SchedulerLimits, Sequence, SequenceStatus, StepStats
 from engine_adapter.token_eviction.pressure import TokenCacheManager
+from sage_eviction.preemption import resolve_order
 
 __all__ = ["Scheduler"]
 
@@ -129,6 +130,7 @@ class Scheduler:
         self.pool = pool
         self.tokenizer = tokenizer
         self.limits = limits or SchedulerLimits()
+        cache.preemption_order = resolve_order(self.limits.preemption_order)  # the scheduler's to choose
         self.clock = clock
         self.hooks: SchedulerHooks = hooks if hooks is not None else NoHooks()
         self.token_eviction = token_eviction

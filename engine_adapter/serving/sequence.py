@@ -78,13 +78,14 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class SchedulerLimits:
-    """Batch and queue limits (engine config keys of the same names)."""
+    """Batch and queue limits, and the preemption order (engine config keys of the same names)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_queued_requests: int | None = None
     queued_timeout: float | None = None
     embedding_chunk_tokens: int = 128
+    preemption_order: str = "policy"  # a name in sage_eviction.preemption.ORDERS, or the policy's
 
 
 @dataclass(eq=False)

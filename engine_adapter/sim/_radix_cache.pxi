@@ -11,7 +11,7 @@
 # core's `KeySet`) and the accounting (`Accounting`).
 
 cdef enum:
-    # the policy's candidate_key over running sequences (its `candidate_order`; radix_run.py)
+    # the preemption order's key over running sequences (its name in radix_run._CANDIDATE_KEYS)
     C_LRU = 0
     C_FIFO = 1
     C_MRU = 2
@@ -241,7 +241,7 @@ cdef class CacheCore:
     # ---- select_preemption_victims ---------------------------------------------------------------
 
     cdef inline bint _candidate_before(self, int64_t i, int64_t j) noexcept:
-        # the policy's candidate_key(i) < candidate_key(j); the simulator never touches a
+        # the preemption order's key(i) < key(j); the simulator never touches a
         # running sequence (`touch_sequence`), so every candidate's access count is 0 and the
         # keys of sieve, arc, slru ("seen once first"), s3fifo and lfu order as lru's
         cdef double a, b

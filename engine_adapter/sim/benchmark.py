@@ -69,6 +69,7 @@ from engine_adapter.sim.sweep import (
 )
 from engine_adapter.sim.sweep_bar import SweepBar, sweep_progress
 from engine_adapter.sim.workloads import Workload, unique_blocks
+from sage_eviction.preemption import POLICY
 
 __all__ = [
     "DEFAULT_CAPACITY_RATIOS",
@@ -312,6 +313,8 @@ class SimBenchmarkOptions:
             trace accepts only its 512.
         schedule_policy: The sglang model's queue order (SGLang's ``--schedule-policy``:
             ``fcfs``, ``lpm``, ``dfs-weight``); the other models admit first come, first served.
+        preemption_order: The radix model's scheduler: which running request it preempts first, a
+            name in `sage_eviction.preemption.ORDERS`, or ``policy``: each policy's own order.
     """
 
     policies: Sequence[str]
@@ -347,6 +350,7 @@ class SimBenchmarkOptions:
     compress_on_evict: str | None = None
     block_size: int | None = None
     schedule_policy: str = "fcfs"
+    preemption_order: str = "policy"
 
 
 @dataclass(frozen=True)
@@ -440,8 +444,9 @@ def run_sweep(**options: Any) -> SweepRun:
     runs = _online_only(runs, opts.cache_model)
     wall0 = time.perf_counter()
     context = SweepContext(
-        built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy, opts.schedule_policy
-    )
+        built, opts.cache_model, costs, opts.protect_queued, opts.host_write_policy, opts.schedule_policy,
+        opts.preemption_order,
+    )  # fmt: skip
     outcomes = _simulate_rows(context, runs, executor)
     rows = _labelled_rows(outcomes, runs)
     run = {
@@ -511,6 +516,7 @@ def _settings(
         "fleet": None if fleet is None else {"replicas": fleet[0], "routers": fleet[1]},
         **({"compress_on_evict": opts.compress_on_evict} if opts.compress_on_evict else {}),
         **({"schedule_policy": opts.schedule_policy} if model_traits(opts.cache_model).queue_orders else {}),
+        **({"preemption_order": opts.preemption_order} if opts.preemption_order != POLICY else {}),
     }
 
 

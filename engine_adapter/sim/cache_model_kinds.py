@@ -6,9 +6,9 @@ A name resolves to one (`cache_model_for`): ``Simulator(cache_model="radix")``,
 `model_names.EVENT_LOOP_MODELS` (the one list; the registry below must cover it exactly).
 
 - `RadixCacheModel`: sage's engine's cache (`cache_models.RadixModel`), with its options: queue
-  protection, adaptive batch, KV tiers, compress-on-evict, `compiled`. A plain row runs in one
-  compiled call (`radix_run`); its `event_loop` says why a row did not. A workload carrying
-  prompt-cache contracts runs `contract_model.ContractRadixModel` in the Python loop.
+  protection, adaptive batch, KV tiers, compress-on-evict, `compiled`, the scheduler's preemption
+  order. A plain row runs in one compiled call (`radix_run`); its `event_loop` says why a row did
+  not. A workload carrying prompt-cache contracts runs `contract_model.ContractRadixModel` in the Python loop.
 - `FlatCacheModel`: libCacheSim's model (`cache_models.FlatModel`); no options. Compiled where
   the flat cache keeps its policy's state in C (`flat_run`).
 - `SGLangCacheModel`: SGLang's radix cache and scheduler (`twins.sglang_model.SGLangModel`), with
@@ -32,6 +32,7 @@ from engine_adapter.sim.twins.sglang_model import SGLangModel
 from engine_adapter.sim.workloads import Workload, any_contract, int64_keys
 from sage_eviction import get_policy_class
 from sage_eviction.policies.belady import BeladyPolicy
+from sage_eviction.preemption import POLICY, resolve_order
 
 __all__ = [
     "COMPILED",
@@ -128,11 +129,12 @@ class RadixCacheModel(CacheModelKind):
     adaptive_batch: bool = False
     compiled: bool | None = None
     compress_on_evict: str | None = None
+    preemption_order: str = POLICY
 
     @classmethod
     def from_options(cls, options: ModelOptions) -> RadixCacheModel:
         o = options
-        return cls(o.protect_queued, o.adaptive_batch, o.compiled, o.compress_on_evict)
+        return cls(o.protect_queued, o.adaptive_batch, o.compiled, o.compress_on_evict, o.preemption_order)
 
     def build(self, sim: ModelHost, requests: RunRequests) -> RadixModel:
         num_blocks = self.pool_blocks(sim)
@@ -150,6 +152,7 @@ class RadixCacheModel(CacheModelKind):
             ghost_factor=1 / num_blocks if sim.unbounded else 2.0,
             whole_run_reprefill=True,  # as the compiled radix loop counts (the trace bounds the keys)
         )
+        manager.preemption_order = resolve_order(self.preemption_order)  # the scheduler's choice
         belady = None
         if manager.policy.offline:
             if not isinstance(manager.policy, BeladyPolicy):
@@ -269,6 +272,7 @@ class ModelOptions:
     tiers: TierConfig | None = None
     compress_on_evict: str | None = None
     schedule_policy: str = "fcfs"
+    preemption_order: str = POLICY
 
 
 def cache_model_for(name: str, **options: Any) -> CacheModelKind:
@@ -288,4 +292,9 @@ def cache_model_for(name: str, **options: Any) -> CacheModelKind:
         raise ValueError("adaptive batch and KV tiers need the radix cache model (the flat one: no tree)")
     if given.schedule_policy != "fcfs" and not kind.queue_orders:
         raise ValueError(f"schedule policy {given.schedule_policy!r} is SGLang's: needs the sglang model")
+    resolve_order(given.preemption_order)  # an unknown name: its ValueError lists the known
+    if given.preemption_order != POLICY and not kind.radix_options:
+        raise ValueError(
+            f"preemption order {given.preemption_order!r} is sage's scheduler's: needs the radix model"
+        )
     return kind.from_options(given)

@@ -42,6 +42,7 @@ from sage_eviction import EvictionPolicy, native
 from sage_eviction.compiled_kinds import compiled_in
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies import POLICIES
+from sage_eviction.preemption import get_order
 
 __all__ = [
     "NO_ORDER",
@@ -94,9 +95,10 @@ _POLICY_KINDS: dict[type[EvictionPolicy], tuple[int, int]] = {
 _CANDIDATE_KEYS = {
     "lru": 0, "seen_once_first": 0, "s3fifo": 0, "lfu": 0, "fifo": 1, "mru": 2, "filo": 3, "gdsf": 4
 }  # fmt: skip
-"""The loop's copy of each `candidate_order` (its C_LRU ...): the preemption order over running
-sequences. The simulator never touches a running sequence, so their access counts are all 0,
-where "seen once first", s3fifo's and lfu's keys order as lru's."""
+"""The loop's copy of each named `PreemptionOrder` it has (its C_LRU ...): the order over running
+sequences (the manager's, else its policy's; sage_eviction.preemption). The simulator never
+touches a running sequence, so their access counts are all 0, where "seen once first", s3fifo's
+and lfu's keys order as lru's."""
 
 _KINDS = ("age_at_hit_seconds", "age_at_eviction_seconds", "reuse_distance_blocks", "regret_age_seconds")
 """The histograms in the loop's order (its H_HIT, H_EVICT, H_REUSE, H_REGRET)."""
@@ -266,13 +268,13 @@ def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) ->
         return "not a radix row"
     manager = cache.manager
     kind = policy_kind(type(manager.policy))
-    order = type(manager.policy).candidate_order
-    candidates = None if order is None else _CANDIDATE_KEYS.get(order[0])
+    preempt = manager.preemption_order or get_order(manager.policy.preemption_order)
+    candidates = _CANDIDATE_KEYS.get(preempt.name)
     held = manager.accounting.ghosts
     if kind is None:
         return f"{manager.policy_name} has no kind in the compiled loop"
     if candidates is None:
-        return f"{manager.policy_name}'s preemption order has no key in the compiled loop"
+        return f"preemption order {preempt.name!r} has no key in the compiled loop"
     if not isinstance(held, ghosts_core.IntGhostSet):
         return "keys that are not all int64"
     if manager.accounting.lookup_log is not None or manager.explain or manager.eviction_threshold is not None:

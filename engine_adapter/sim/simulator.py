@@ -153,6 +153,8 @@ class Simulator:
         compress_on_evict: Radix model: ``PRESS:RATIO`` compresses evicted chains (None: off).
         schedule_policy: The sglang model: SGLang's queue order (``fcfs``, ``lpm``,
             ``dfs-weight``; `engine_adapter.sim.twins.sglang_queue`); the others admit ``fcfs``.
+        preemption_order: Radix model: which running request the scheduler preempts first, a
+            name in `sage_eviction.preemption.ORDERS`, or ``"policy"``: the policy's own.
 
     Raises:
         ValueError: An unknown cache model, a capacity below 1 or, in the radix model, below
@@ -177,6 +179,7 @@ class Simulator:
         tiers: TierConfig | None = None,
         compress_on_evict: str | None = None,
         schedule_policy: str = "fcfs",
+        preemption_order: str = "policy",
     ) -> None:
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError("max_running and max_prefill_tokens must be positive")
@@ -188,6 +191,7 @@ class Simulator:
             tiers=tiers,
             compress_on_evict=compress_on_evict,
             schedule_policy=schedule_policy,
+            preemption_order=preemption_order,
         )
         self.protect_queued = protect_queued  # the loop's queue protection (the radix model's option)
         self.workload = workload

@@ -88,6 +88,7 @@ class SweepContext:
     protect_queued: float = 0.0
     write_policy: str = "write_back"  # of the rows with KV tiers
     schedule_policy: str = "fcfs"  # the sglang model's queue order
+    preemption_order: str = "policy"  # the radix model's scheduler's (sage_eviction.preemption)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +243,9 @@ def run_row(
             "python (a fleet: its replicas step on one clock)",
         )
     if context.cache_model in TWINS:  # an engine's twin: its own scheduler on the cost model's clock
+        order = {} if context.preemption_order == "policy" else {"preemption_order": context.preemption_order}
         twin = twin_runner(context.cache_model)(
-            context.workload, spec.policy, spec.capacity, cost_model=context.cost_model
+            context.workload, spec.policy, spec.capacity, cost_model=context.cost_model, **order
         )
         twin_loop = f"python (the {context.cache_model} twin)"
         return RowOutcome(
@@ -275,6 +277,7 @@ def _simulated_row(
         tiers=spec.tiers(context.write_policy),
         compress_on_evict=spec.compress,
         schedule_policy=context.schedule_policy,
+        preemption_order=context.preemption_order,
     )
     row = simulator.run().to_dict()
     quantiles = ttft_quantiles(simulator.ttft_s)

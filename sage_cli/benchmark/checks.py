@@ -3,7 +3,7 @@
 `check_plan` checks, in a fixed order (the first bad option is the one reported), the workload
 (``--trace``: a file, or a trace shipped with sage by name, ``mooncake:conversation``; or a
 generated ``--workload``), the cache sizes, the duration, the files to write,
-the cost model, ``--protect-queued``, the KV tiers (``--host-capacity-ratio`` and its
+the cost model, ``--protect-queued``, ``--preemption-order``, the KV tiers (``--host-capacity-ratio`` and its
 companions) and where the simulator's rows run; it returns a `BenchmarkPlan`. Policy names
 are checked against the light `sage_eviction` registry.
 """
@@ -179,6 +179,7 @@ def check_plan(args: BenchmarkArgs, policies: list[str]) -> BenchmarkPlan:
     _check_targets(args)
     costs = _load_cost_model(args.cost_model) if args.cost_model is not None else None
     _check_protect_queued(args)
+    _check_preemption_order(args)
     if args.block_size is not None and (args.block_size < 1 or args.mode is Mode.engine):
         what = "give a positive number of tokens" if args.block_size < 1 else "the engine has its own"
         raise CLIUsageError(f"--block-size {args.block_size}: {what}")
@@ -304,6 +305,28 @@ def _check_protect_queued(args: BenchmarkArgs) -> None:
     if args.compress_on_evict is not None and not radix_sim:
         raise CLIUsageError(
             "--compress-on-evict here is the simulator's radix model's; an engine starts with its own"
+        )
+
+
+def _check_preemption_order(args: BenchmarkArgs) -> None:
+    """``--preemption-order``: a name in `sage_eviction.preemption.ORDERS` (or ``policy``), for the
+    scheduler of the simulator's radix model or of the sage twin (sage's engine's); a fleet's
+    replicas keep their policies' own (not plumbed there yet), and an engine is started with its
+    own ``--preemption-order``."""
+    from sage_eviction.preemption import POLICY, resolve_order  # light: the policy library only
+
+    try:
+        resolve_order(args.preemption_order)
+    except ValueError as exc:
+        raise CLIUsageError(f"--preemption-order: {exc}") from None
+    if args.preemption_order == POLICY:
+        return
+    if args.mode is Mode.engine:
+        raise CLIUsageError("--preemption-order applies to the simulator; start the engine with it instead")
+    if args.cache_model not in ("radix", "sage") or args.replicas is not None:
+        where = "--replicas (a fleet)" if args.replicas is not None else f"--cache-model {args.cache_model}"
+        raise CLIUsageError(
+            f"--preemption-order {args.preemption_order} needs --cache-model radix or sage, not {where}"
         )
 
 

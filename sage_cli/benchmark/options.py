@@ -2,9 +2,8 @@
 
 `BenchmarkArgs` is the command line as one record, one field per option whose annotation is the
 option's alias: `sage_cli.benchmark.command` gives the command its fields as parameters
-(`sage_cli.options.record_parameters`), so each option is declared once, here, and the modes
-read the record.
-"""
+(`sage_cli.options.record_parameters`), so each option is declared once, here, and the modes read
+the record."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from sage_cli.options import NameOpt, SocketOpt
+from sage_cli.options import NameOpt, PreemptionOrderOpt, SocketOpt
 
 __all__ = [
     "CACHE_MODELS",
@@ -71,7 +70,6 @@ CACHE_MODELS: tuple[str, ...] = tuple(_NAMES["CACHE_MODELS"])
 """``--cache-model``'s choices: the simulator's cache models and engine twins."""
 SCHEDULE_POLICIES: tuple[str, ...] = tuple(_NAMES["SCHEDULE_POLICIES"])
 """``--schedule-policy``'s choices: SGLang's queue orders the sglang model has."""
-
 if TYPE_CHECKING:  # a name, to the type checker; to Typer, one of the choices read above
     CacheModelName = str
     SchedulePolicyName = str
@@ -532,7 +530,8 @@ BENCHMARK_PANELS = _panels(
         "Workload": "trace trace_format workload requests tenants seed duration",
         "Colocation (--workload colocation)": "ratio load arrival output_length compute seeds systems "
         "alpha beta gamma",
-        "Cache model": "schedule_policy protect_queued compress_on_evict cost_model adaptive_batch",
+        "Cache model": "schedule_policy preemption_order protect_queued compress_on_evict cost_model "
+        "adaptive_batch",
         "KV tiers (radix model)": "host_capacity_ratio host_eviction_policies disk_capacity_ratio "
         "host_write_policy prefetch_ratio host_link disk_link",
         "Output": "output plot json_out",
@@ -571,6 +570,7 @@ class BenchmarkArgs:
     cache_model: CacheModelOpt = "radix"
     block_size: BlockSizeOpt = None
     schedule_policy: SchedulePolicyOpt = "fcfs"
+    preemption_order: PreemptionOrderOpt = "policy"
     protect_queued: ProtectQueuedOpt = 0.0
     compress_on_evict: CompressOnEvictOpt = None
     host_capacity_ratio: HostCapacityRatioOpt = None

@@ -63,6 +63,7 @@ def simulator_options(args: BenchmarkArgs, plan: BenchmarkPlan) -> dict[str, Any
         compress_on_evict=args.compress_on_evict,
         block_size=args.block_size,
         schedule_policy=args.schedule_policy,
+        preemption_order=args.preemption_order,
     )
 
 

@@ -170,7 +170,8 @@ START_PANELS = _panels(
     **{
         "Starting": "name socket log_dir config_file detach timeout json_out",
         "Eviction policy": "eviction_policy policy_param enable_lifetime_prediction ghost_factor "
-        "eviction_threshold max_pinned_ratio protect_queued eviction_window memory_threshold",
+        "eviction_threshold max_pinned_ratio protect_queued preemption_order eviction_window "
+        "memory_threshold",
         "Eviction log and explanations": "log_evictions explain lookup_log",
         "Prompt-cache contract (lifetimes, writes)": "max_cache_ttl max_retained_fraction "
         "cache_generated_tokens",

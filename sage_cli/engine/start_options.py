@@ -383,6 +383,18 @@ START_OPTIONS: tuple[ConfigFlag, ...] = (
         metavar="FRACTION",
     ),
     ConfigFlag(
+        key="preemption_order",
+        param="preemption_order",
+        decls=("--preemption-order",),
+        kind="text",
+        help=(
+            "Which running request the scheduler preempts first when the pool is short: 'policy' (the "
+            "policy's own order, which follows a hot swap) or a name in "
+            "sage_eviction.preemption.ORDERS. (default: policy)"
+        ),
+        metavar="NAME",
+    ),
+    ConfigFlag(
         key="max_num_seqs",
         param="max_num_seqs",
         decls=("--max-num-seqs",),

@@ -45,7 +45,6 @@ from typing import Any
 
 from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import DuplicateKeyError
-from sage_eviction.sequence_level import seen_once_first_key, seen_once_first_up_to
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["ARCPolicy"]
@@ -292,6 +291,4 @@ class ARCPolicy(EvictionPolicy):
 
     # Sequences seen once (ARC's T1) before sequences seen again (T2), LRU within each.
     # A running sequence has no ghost history, so p cannot be applied: T1 goes first.
-    candidate_key = staticmethod(seen_once_first_key)
-    candidate_order = ("seen_once_first", ())  # candidate_key in the compiled core
-    candidates_up_to = staticmethod(seen_once_first_up_to)
+    preemption_order = "seen_once_first"  # its default sequence order (preemption.ORDERS)

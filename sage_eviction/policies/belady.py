@@ -29,12 +29,11 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
 
 from sage_eviction.base import Score
 from sage_eviction.errors import PolicyStateError
 from sage_eviction.heap import HeapPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy, PolicyEntry
+from sage_eviction.types import EntryMeta, EvictionStrategy, PolicyEntry
 
 __all__ = ["BeladyPolicy"]
 
@@ -226,14 +225,4 @@ class BeladyPolicy(HeapPolicy):
 
     # ---- the module spec's interface ------------------------------------------------------
 
-    candidate_order = ("lru", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Running sequences have no known future here: least recently used first."""
-        return candidate.last_access_time
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        return [c for c in candidates if c.last_access_time <= bound]
+    preemption_order = "lru"  # running sequences have no known future here

@@ -7,10 +7,8 @@ Computer", IBM Systems Journal 1966); SGLang's `FIFOStrategy`, priority
 
 from __future__ import annotations
 
-from typing import Any
-
 from sage_eviction.recency import RecencyPolicy
-from sage_eviction.types import EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EvictionStrategy
 
 __all__ = ["FIFOPolicy"]
 
@@ -34,15 +32,4 @@ class FIFOPolicy(RecencyPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
-    candidate_order = ("fifo", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The oldest sequence first; sequence ids are given out in arrival order, and a
-        candidate carries no creation time."""
-        return candidate.sequence_id
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        return [c for c in candidates if c.sequence_id <= bound]
+    preemption_order = "fifo"  # its default sequence order (preemption.ORDERS)

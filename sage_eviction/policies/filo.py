@@ -6,10 +6,8 @@ priority `-creation_time`; the stack discipline that protects long-lived (old) e
 
 from __future__ import annotations
 
-from typing import Any
-
 from sage_eviction.recency import RecencyPolicy
-from sage_eviction.types import EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EvictionStrategy
 
 __all__ = ["FILOPolicy"]
 
@@ -34,15 +32,4 @@ class FILOPolicy(RecencyPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
-    candidate_order = ("filo", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The newest sequence first; sequence ids are given out in arrival order, and a
-        candidate carries no creation time."""
-        return -candidate.sequence_id
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        return [c for c in candidates if -c.sequence_id <= bound]
+    preemption_order = "filo"  # its default sequence order (preemption.ORDERS)

@@ -17,7 +17,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from sage_eviction.heap import FlatHeapPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["GDSFPolicy"]
 
@@ -60,23 +60,4 @@ class GDSFPolicy(FlatHeapPolicy):
         values.update(size=meta.size, frequency=meta.hits + 1)
         return values
 
-    candidate_order = ("gdsf", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """With L = 0 at sequence level: (accesses + 1) * recompute cost (the sequence's tokens)
-        / size (its blocks), i.e. the most tokens per block kept longest; then LRU."""
-        blocks = max(len(candidate.block_ids), 1)
-        return ((candidate.access_count + 1) * candidate.sequence_length / blocks, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        value, t = bound
-        return [
-            c
-            for c in candidates
-            # `len(...) or 1` is max(len(...), 1) without a call
-            if (v := (c.access_count + 1) * c.sequence_length / (len(c.block_ids) or 1)) < value
-            or (v == value and c.last_access_time <= t)
-        ]
+    preemption_order = "gdsf"  # its default sequence order (preemption.ORDERS)

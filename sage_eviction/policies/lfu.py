@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from sage_eviction.recency import LevelledRecencyPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["LFUPolicy"]
 
@@ -42,19 +42,4 @@ class LFUPolicy(LevelledRecencyPolicy):
     def _level(self, meta: EntryMeta) -> Any:
         return meta.hits
 
-    candidate_order = ("lfu", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The least accessed sequence first, the least recently accessed among equals."""
-        return (candidate.access_count, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        count, t = bound
-        return [
-            c
-            for c in candidates
-            if (c.last_access_time <= t and c.access_count <= count) or c.access_count < count
-        ]
+    preemption_order = "lfu"  # its default sequence order (preemption.ORDERS)

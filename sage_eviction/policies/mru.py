@@ -7,10 +7,8 @@ Systems", VLDB 1985 (MRU for looping sequential scans); SGLang's `MRUStrategy`
 
 from __future__ import annotations
 
-from typing import Any
-
 from sage_eviction.recency import RecencyPolicy
-from sage_eviction.types import EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EvictionStrategy
 
 __all__ = ["MRUPolicy"]
 
@@ -37,14 +35,4 @@ class MRUPolicy(RecencyPolicy):
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__(capacity)
 
-    candidate_order = ("mru", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The most recently accessed sequence first."""
-        return -candidate.last_access_time
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        return [c for c in candidates if -c.last_access_time <= bound]
+    preemption_order = "mru"  # its default sequence order (preemption.ORDERS)

@@ -20,13 +20,14 @@ from collections.abc import Hashable
 from typing import Any, Protocol, runtime_checkable
 
 from sage_eviction.heap import FlatHeapPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.preemption import (  # its defaults, which its preemption order reads too
+    DEFAULT_CONFIDENCE_THRESHOLD,
+    DEFAULT_DECODE_TIME_PER_TOKEN,
+    DEFAULT_TOKEN_ESTIMATE_CONFIDENCE,
+)
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["LifetimePredictor", "PredictivePolicy", "RemainingTokensPredictor"]
-
-DEFAULT_DECODE_TIME_PER_TOKEN = 0.02  # seconds; a typical TPOT
-DEFAULT_TOKEN_ESTIMATE_CONFIDENCE = 0.95
-DEFAULT_CONFIDENCE_THRESHOLD = 0.9
 
 
 @runtime_checkable
@@ -144,47 +145,4 @@ class PredictivePolicy(FlatHeapPolicy):
             "completion": _completion(meta.seq_len, meta.max_len),
         }
 
-    # candidate_key in the compiled core: decode time per token, whether token estimates count
-    candidate_order = (
-        "predictive",
-        (
-            DEFAULT_DECODE_TIME_PER_TOKEN,
-            float(DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD),
-        ),
-    )
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The same order with the default params: `estimated_lifetime` when given, else the
-        default predictor's token estimate, else none (last); then completion ratio, then LRU."""
-        lifetime = candidate.estimated_lifetime
-        if lifetime is None:
-            if candidate.max_length > 0 and DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD:
-                remaining = max(candidate.max_length - candidate.sequence_length, 0)
-                lifetime = remaining * DEFAULT_DECODE_TIME_PER_TOKEN
-            else:
-                lifetime = math.inf
-        return (
-            lifetime,
-            -_completion(candidate.sequence_length, candidate.max_length),
-            candidate.last_access_time,
-        )
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        by_tokens = DEFAULT_TOKEN_ESTIMATE_CONFIDENCE >= DEFAULT_CONFIDENCE_THRESHOLD
-        return [
-            c
-            for c in candidates
-            if (
-                c.estimated_lifetime
-                if c.estimated_lifetime is not None
-                else max(c.max_length - c.sequence_length, 0) * DEFAULT_DECODE_TIME_PER_TOKEN
-                if c.max_length > 0 and by_tokens
-                else math.inf,
-                -(c.sequence_length / c.max_length if c.max_length > 0 else 0.0),
-                c.last_access_time,
-            )
-            <= bound
-        ]
+    preemption_order = "predictive"  # its default sequence order (preemption.ORDERS)

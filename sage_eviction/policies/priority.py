@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sage_eviction.recency import LevelledRecencyPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["PriorityPolicy"]
 
@@ -39,19 +39,4 @@ class PriorityPolicy(LevelledRecencyPolicy):
     def _level(self, meta: EntryMeta) -> Any:
         return meta.priority
 
-    candidate_order = ("priority", ())  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The lowest priority first, the least recently accessed within a priority."""
-        return (candidate.priority, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        priority, t = bound
-        return [
-            c
-            for c in candidates
-            if (c.last_access_time <= t and c.priority <= priority) or c.priority < priority
-        ]
+    preemption_order = "priority"  # its default sequence order (preemption.ORDERS)

@@ -37,14 +37,14 @@ from typing import Any
 
 from sage_eviction.base import EvictionPolicy
 from sage_eviction.errors import DuplicateKeyError
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.preemption import S3FIFO_MAX_FREQ as _MAX_FREQ  # shared with its preemption order
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["S3FIFOPolicy"]
 
 _NO_KEY: Any = object()
 _SMALL = 0
 _MAIN = 1
-_MAX_FREQ = 3
 
 
 class S3FIFOPolicy(EvictionPolicy):
@@ -295,29 +295,4 @@ class S3FIFOPolicy(EvictionPolicy):
 
     # ---- the module spec's interface ------------------------------------------------------
 
-    candidate_order = ("s3fifo", (float(_MAX_FREQ),))  # candidate_key in the compiled core
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """Sequences seen fewer than twice (S3-FIFO's small queue) first, oldest first; then
-        the rest by capped frequency (the main queue's clock), oldest first."""
-        if candidate.access_count < 2:
-            return (0, 0, candidate.last_access_time)
-        return (1, min(candidate.access_count, _MAX_FREQ), candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        small, freq, t = bound
-        if not small:  # (0, 0, t): the seen-once ones up to t
-            return [c for c in candidates if c.access_count < 2 and c.last_access_time <= t]
-        if freq == _MAX_FREQ:
-            return [c for c in candidates if c.access_count < _MAX_FREQ or c.last_access_time <= t]
-        if freq == 2 < _MAX_FREQ:
-            return [
-                c
-                for c in candidates
-                if c.access_count < 2 or (c.access_count == 2 and c.last_access_time <= t)
-            ]
-        key = S3FIFOPolicy.candidate_key
-        return [c for c in candidates if key(c) <= bound]
+    preemption_order = "s3fifo"  # its default sequence order (preemption.ORDERS)

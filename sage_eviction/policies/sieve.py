@@ -23,7 +23,6 @@ from collections.abc import Hashable
 from itertools import compress, repeat
 
 from sage_eviction.base import EvictionPolicy
-from sage_eviction.sequence_level import seen_once_first_key, seen_once_first_up_to
 from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["SIEVEPolicy"]
@@ -186,6 +185,4 @@ class SIEVEPolicy(EvictionPolicy):
     # ---- the module spec's interface ------------------------------------------------------
 
     # Unvisited sequences (seen once) before visited ones, oldest first within each.
-    candidate_key = staticmethod(seen_once_first_key)
-    candidate_order = ("seen_once_first", ())  # candidate_key in the compiled core
-    candidates_up_to = staticmethod(seen_once_first_up_to)
+    preemption_order = "seen_once_first"  # its default sequence order (preemption.ORDERS)

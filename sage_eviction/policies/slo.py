@@ -29,15 +29,16 @@ from collections.abc import Hashable
 from typing import Any
 
 from sage_eviction.heap import FlatHeapPolicy
-from sage_eviction.types import EntryMeta, EvictionCandidate, EvictionStrategy
+from sage_eviction.preemption import (  # its defaults, which its preemption order reads too
+    DEFAULT_COST_WEIGHT,
+    DEFAULT_EPS,
+    DEFAULT_PRIORITY_BASE,
+    DEFAULT_PROTECT_COMPLETION,
+    DEFAULT_SLACK,
+)
+from sage_eviction.types import EntryMeta, EvictionStrategy
 
 __all__ = ["SLOPolicy"]
-
-DEFAULT_PRIORITY_BASE = 2.0
-DEFAULT_EPS = 1e-3  # seconds
-DEFAULT_COST_WEIGHT = 1e-3  # per token of recompute cost
-DEFAULT_SLACK = 3600.0  # seconds, for a block with no deadline
-DEFAULT_PROTECT_COMPLETION = 0.9
 
 
 class SLOPolicy(FlatHeapPolicy):
@@ -110,40 +111,4 @@ class SLOPolicy(FlatHeapPolicy):
             "completion": meta.seq_len / meta.max_len if meta.max_len > 0 else 0.0,
         }
 
-    # candidate_key in the compiled core
-    candidate_order = (
-        "slo",
-        (DEFAULT_PRIORITY_BASE, DEFAULT_SLACK + DEFAULT_EPS, DEFAULT_COST_WEIGHT, DEFAULT_PROTECT_COMPLETION),
-    )
-
-    @staticmethod
-    def candidate_key(candidate: EvictionCandidate) -> Any:
-        """The same order with the default params, for a sequence: no deadline is known, so
-        slack is `default_slack`; the recompute cost is the sequence's tokens."""
-        protected = (
-            candidate.max_length > 0
-            and candidate.sequence_length >= DEFAULT_PROTECT_COMPLETION * candidate.max_length
-        )
-        urgency = DEFAULT_PRIORITY_BASE**candidate.priority / (DEFAULT_SLACK + DEFAULT_EPS)
-        cost = DEFAULT_COST_WEIGHT * candidate.sequence_length
-        return (protected, urgency + cost, candidate.last_access_time)
-
-    @staticmethod
-    def candidates_up_to(candidates: list[EvictionCandidate], bound: Any) -> list[EvictionCandidate]:
-        """The candidates whose `candidate_key` is <= `bound`, in list order."""
-        protected, value, t = bound
-        slack = DEFAULT_SLACK + DEFAULT_EPS
-        urgency = {p: DEFAULT_PRIORITY_BASE**p / slack for p in {c.priority for c in candidates}}
-        return [
-            c
-            for c in candidates
-            if (p := c.max_length > 0 and c.sequence_length >= DEFAULT_PROTECT_COMPLETION * c.max_length)
-            < protected
-            or (
-                p == protected
-                and (
-                    (v := urgency[c.priority] + DEFAULT_COST_WEIGHT * c.sequence_length) < value
-                    or (v == value and c.last_access_time <= t)
-                )
-            )
-        ]
+    preemption_order = "slo"  # its default sequence order (preemption.ORDERS)

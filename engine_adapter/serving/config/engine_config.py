@@ -53,6 +53,7 @@ from engine_adapter.serving.config.values import (
     parse_path,
     parse_policy,
     parse_port,
+    parse_preemption_order,
     parse_secret,
     parse_size,
     parse_token_policy,
@@ -99,20 +100,17 @@ class EngineConfig:
     eviction_policy: str = "lru"
     """Eviction policy (see 'sage llm eviction policies').
 
-    A registry name of `sage_eviction` (online policies only).
-    """
+    A registry name of `sage_eviction` (online policies only)."""
     policy_params: dict[str, Any] = field(default_factory=dict)
     """A param of the eviction policy; repeat for more.
 
-    Values as given: the registry coerces strings.
-    """
+    Values as given: the registry coerces strings."""
     enable_lifetime_prediction: bool = False
     """Predict remaining sequence lifetimes for the policy (predictive eviction)."""
     log_evictions: bool = False
     """Write eviction events to $SAGE_HOME/logs/<name>/evictions.jsonl.
 
-    Into ``<log_dir>/evictions.jsonl`` when `log_dir` is given.
-    """
+    Into ``<log_dir>/evictions.jsonl`` when `log_dir` is given."""
     lookup_log: str = ""
     """Write one JSON line per prefix-cache lookup to PATH: what it matched and where the match
     stopped (see 'sage llm eviction explain --lookup'); rotated at 16 MiB, 3 kept (default: off)."""
@@ -122,8 +120,7 @@ class EngineConfig:
     """Eviction events say why each victim went (see 'sage llm eviction explain').
 
     Its ranking values, the next candidates it was preferred to, the blocks skipped (O(n) per
-    victim).
-    """
+    victim)."""
     num_blocks: int | None = None
     """KV cache size in blocks."""
     kv_cache_memory: int | None = None
@@ -223,13 +220,15 @@ class EngineConfig:
     protect_queued: float = 0.0
     """Protect waiting requests' cached prefixes from eviction until they run, within this
     fraction of the pool (0: no protection)."""
+    preemption_order: str = "policy"
+    """Which running request the scheduler preempts first when the pool is short: 'policy' (the
+    policy's own order, which follows a hot swap) or a name in sage_eviction.preemption.ORDERS."""
     max_num_seqs: int = 256
     """Most running sequences per step."""
     max_num_batched_tokens: int = 2048
     """Most tokens per step.
 
-    Prefill chunks and decodes.
-    """
+    Prefill chunks and decodes."""
     adaptive_batch: bool = False
     """Halve the running batch when re-prefills pass 0.3 of evictions; grow it back when rare.
 
@@ -515,6 +514,7 @@ PARSERS: dict[str, Parser] = {
     "max_retained_fraction": float_in(0.0, 1.0, low_open=False),
     "cache_generated_tokens": parse_bool,
     "protect_queued": float_in(0.0, 1.0, low_open=False),
+    "preemption_order": parse_preemption_order,
     "max_num_seqs": int_at_least(1),
     "max_num_batched_tokens": int_at_least(1),
     "adaptive_batch": parse_bool,

@@ -116,6 +116,7 @@ START_FLAGS: tuple[StartFlag, ...] = (
         "cache_generated_tokens", ("--cache-generated-tokens/--no-cache-generated-tokens",), show_default=True
     ),
     StartFlag("protect_queued", ("--protect-queued",), metavar="FRACTION", show_default=True),
+    StartFlag("preemption_order", ("--preemption-order",), metavar="NAME", show_default=True),
     StartFlag("max_num_seqs", ("--max-num-seqs",), metavar="N", min=1, show_default=True),
     StartFlag("max_num_batched_tokens", ("--max-num-batched-tokens",), metavar="N", min=1, show_default=True),
     StartFlag("adaptive_batch", ("--adaptive-batch/--no-adaptive-batch",), show_default=True),

@@ -89,6 +89,18 @@ def parse_policy(value: Any, where: str) -> str:
     return parse_text(value, where).lower()
 
 
+def parse_preemption_order(value: Any, where: str) -> str:
+    """``policy`` or a name in `sage_eviction.preemption.ORDERS` (a plugin's included), lower-cased."""
+    from sage_eviction.preemption import resolve_order
+
+    name = parse_text(value, where).lower()
+    try:
+        resolve_order(name)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return name
+
+
 def parse_token_policy(value: Any, where: str) -> str:
     """A token-level policy of `engine_adapter.token_eviction`: a name, or ``name:k=v,...``
     (``adakv:snapkv``). A name is checked without torch; a spec with params is built once here

@@ -28,6 +28,7 @@ from engine_adapter.sim.twins.sage_sched import SageSchedulerConfig, SageSequenc
 from engine_adapter.sim.twins.twin_clock import UNBOUNDED, RowCounts, TwinRun, run_on_clock, twin_row
 from engine_adapter.sim.workloads import Workload
 from sage_eviction import get_policy_class
+from sage_eviction.preemption import resolve_order
 
 __all__ = ["make_cache", "simulate_sage"]
 
@@ -59,11 +60,13 @@ def simulate_sage(
     admission: str = "priority",
     chunked_prefill: bool = True,
     cache_generated: bool = False,
+    preemption_order: str = "policy",
 ) -> TwinRun:
     """Run `workload` through sage's engine scheduler with a pool of `capacity_blocks` blocks.
 
     The keywords are the engine's settings of the same names (`SageSchedulerConfig` for
-    `admission` and `chunked_prefill`); their defaults are the engine's.
+    `admission` and `chunked_prefill`, the cache manager's `preemption_order` as the engine's
+    scheduler sets it); their defaults are the engine's.
 
     Raises:
         ValueError: No capacity, an offline policy, a block size other than the workload's,
@@ -86,6 +89,7 @@ def simulate_sage(
         raise ValueError(f"the sage cache model needs a capacity of at least 1 block, not {capacity_blocks}")
     config = SageSchedulerConfig(max_num_seqs, max_num_batched_tokens, admission, chunked_prefill)
     cache = make_cache(policy, capacity_blocks, bs, cache_generated=cache_generated)
+    cache.preemption_order = resolve_order(preemption_order)  # as the engine's Scheduler does
     twin = SageTwin(cache, config)
     seqs = _sequences(workload)
     clock = run_on_clock(twin, seqs, requests, cost_model if cost_model is not None else CostModel())
