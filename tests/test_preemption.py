@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import typing
 from typing import Any
 
 import pytest
@@ -59,6 +60,15 @@ candidates = st.lists(
     min_size=1,
     max_size=30,
 )
+
+
+def test_the_benchmarks_help_names_exactly_the_built_in_orders() -> None:
+    """``sage llm benchmark --preemption-order``'s help lists the orders by hand (the CLI stays
+    light: it does not import the policy library to render its help); it must list the table."""
+    from sage_cli.options import PreemptionOrderOpt
+
+    listed = typing.get_args(PreemptionOrderOpt)[1].help.split("named order: ")[1].split(" (")[0]
+    assert listed.split(", ") == list(ORDERS)  # a plugin test's order is unregistered after it
 
 
 @pytest.mark.parametrize("name", sorted(ORDERS))
