@@ -53,7 +53,7 @@ from engine_adapter.model.loader import load_model
 from engine_adapter.serving.engine_parts import warm_up
 
 max_rows, max_seqs, step_rows, step_seqs = map(int, sys.argv[1:5])
-decoder, _, _ = load_model("sage-tiny", device="cpu", batch_invariant="on")
+decoder, _, _ = load_model("sage-tiny", device="cpu", dtype=sys.argv[5], batch_invariant="on")
 warm_up(decoder, 16, max_rows, max_seqs)
 pool = decoder.make_pool(num_blocks=32, block_size=16)
 table = pool.allocator.allocate(step_rows // 16 + 1)
@@ -66,12 +66,12 @@ for seqs in range(1, step_seqs + 1):  # one decode step of every batch size: the
 """
 
 
-def _primitives_built_by_the_steps(script: str, max_rows: int, max_seqs: int) -> list[str]:
+def _primitives_built_by_the_steps(script: str, max_rows: int, max_seqs: int, *args: str) -> list[str]:
     """oneDNN's primitive builds (cache misses) during `script`'s steps (to `MAX_ROWS` rows and
     `MAX_SEQS` sequences), after its warm-up to `max_rows` rows and `max_seqs` sequences."""
     env = os.environ | {"ONEDNN_VERBOSE": "profile_create", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    command = [sys.executable, "-c", script, *map(str, (max_rows, max_seqs, MAX_ROWS, MAX_SEQS))]
+    command = [sys.executable, "-c", script, *map(str, (max_rows, max_seqs, MAX_ROWS, MAX_SEQS)), *args]
     log = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=300).stdout
     assert "STEPS" in log, log[-2000:]
     steps = log.split("STEPS", 1)[1]
@@ -96,14 +96,22 @@ def test_after_warm_buckets_no_call_builds_a_primitive() -> None:
 
 
 @pytest.mark.slow  # two fresh processes that load sage-tiny (about 20 s each on the 2-core machine)
-def test_after_the_engines_warm_up_no_step_builds_a_primitive() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_after_the_engines_warm_up_no_step_builds_a_primitive(dtype: str) -> None:
     """The engine's warm-up, then a prefill of every row count to `MAX_ROWS` and a decode step of
     every batch to `MAX_SEQS` on sage-tiny: no primitive built; after the one-token warm-up alone
-    (the control) the steps build one per bucket the load's probes left."""
+    (the control) the steps build one per bucket the load's probes left. In bfloat16 (a CPU
+    where oneDNN runs it) the layers stay plain, ``F.linear`` is a oneDNN matmul, and the
+    bucketing (`BucketedLinear`) is what keeps the steps from building one per row count."""
     _skip_without_onednn()
-    assert _primitives_built_by_the_steps(_STEPS_AFTER_WARM_UP, MAX_ROWS, MAX_SEQS) == []
-    cold = _primitives_built_by_the_steps(_STEPS_AFTER_WARM_UP, 1, 1)
-    assert len([line for line in cold if "inner_product" in line]) >= len(row_buckets(2, MAX_ROWS))
+    if dtype == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip(
+            "oneDNN packs bfloat16 only on CPUs with AVX512-BW or AVX-NE-CONVERT (no bf16 matmul either)"
+        )
+    assert _primitives_built_by_the_steps(_STEPS_AFTER_WARM_UP, MAX_ROWS, MAX_SEQS, dtype) == []
+    cold = _primitives_built_by_the_steps(_STEPS_AFTER_WARM_UP, 1, 1, dtype)
+    kernel = "inner_product" if dtype == "float32" else ",matmul,"
+    assert len([line for line in cold if kernel in line]) >= len(row_buckets(9, MAX_ROWS))
 
 
 def test_row_buckets_are_the_padded_row_counts() -> None:

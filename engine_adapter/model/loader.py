@@ -39,7 +39,12 @@ from engine_adapter.model.config import SAGE_TINY, ModelConfig
 from engine_adapter.model.decoder import Decoder
 from engine_adapter.model.invariance import make_invariant, resolve_batch_invariant
 from engine_adapter.model.kv_pool import resolve_device
-from engine_adapter.model.packed import check_packed_weights, pack_decoder, packing_available
+from engine_adapter.model.packed import (
+    bucket_plain_linears,
+    check_packed_weights,
+    pack_decoder,
+    packing_available,
+)
 from engine_adapter.model.precision import QUANTIZATION_CHOICES
 from engine_adapter.model.precision import run_dtype as resolve_run_dtype
 from engine_adapter.model.quant import Q4Groups, quantize_decoder
@@ -122,6 +127,7 @@ def load_model(
         make_invariant(decoder, prefer_packed=packed_weights != "off")
     else:
         pack_decoder(decoder, packed_weights)
+    bucket_plain_linears(decoder)  # what stays plain: one oneDNN primitive per bucket, not row count
     decoder.tokenizer = tokenizer
     return decoder, tokenizer, config
 

@@ -57,8 +57,11 @@ from engine_adapter.model.decoder import Decoder
 __all__ = [
     "PACKED_WEIGHTS_CHOICES",
     "EXACT_ROWS",
+    "BucketedLinear",
     "PROBE_ROWS",
     "PackedLinear",
+    "bucket_plain_linears",
+    "builds_per_row_count",
     "check_packed_weights",
     "crossover",
     "pack_decoder",
@@ -139,6 +142,68 @@ class PackedLinear(nn.Module):
             y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")[:rows]
         out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
         return out
+
+
+class BucketedLinear(nn.Module):
+    """``F.linear`` with its rows padded to `padded_rows`, on the layer's own weight (no copy).
+
+    In bfloat16 and float16 on the CPU, ``F.linear`` is a oneDNN matmul, and oneDNN builds
+    (JIT-compiles) one primitive per row count, about half a MiB each, keeping up to 1,024: a plain
+    layer in an engine whose steps bring every row count from 1 to 2,048 grew by 70 MiB per
+    10,000 requests of SmolLM2 (issue 49), as the packed layers did before their buckets. Padded,
+    its calls take at most 40 shapes to 2,048 rows, which the warm-up builds (`warm_buckets`).
+    A row's output does not depend on the zero rows below it (the row-independence batch
+    invariance already relies on), so padding changes no bit of a real row."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.min_rows = 1  # every call is bucketed (`warm_buckets` reads it as PackedLinear's)
+        # the layer's own parameters, under the same names: tied weights stay tied and the
+        # state dict (`weights_digest`) is unchanged
+        self.weight = linear.weight  # a Parameter: registered as nn.Linear registers it
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        rows = flat.shape[0]
+        bucket = padded_rows(rows)
+        y = F.linear(_padded(flat, bucket) if bucket != rows else flat, self.weight, self.bias)[:rows]
+        out: torch.Tensor = y.view(*x.shape[:-1], self.out_features)
+        return out
+
+
+def builds_per_row_count(decoder: Decoder) -> bool:
+    """Whether `decoder`'s plain ``F.linear`` is a oneDNN matmul, built per row count: bfloat16
+    or float16 on a CPU where oneDNN runs that dtype (float32 takes MKL's GEMM, and a CPU without
+    the instructions torch's own kernels, neither of which builds anything per shape)."""
+    if decoder.device.type != "cpu" or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    if decoder.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if decoder.dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
+def bucket_plain_linears(decoder: Decoder) -> int:
+    """Replace the dense linear layers still plain (neither packed nor quantized) by
+    `BucketedLinear`, in place, where their kernel is built per row count
+    (`builds_per_row_count`); returns how many were replaced."""
+    if not builds_per_row_count(decoder):
+        return 0
+    replaced = 0
+    for name, module in list(decoder.named_modules()):
+        if type(module) is not nn.Linear:
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = decoder.get_submodule(parent_name) if parent_name else decoder
+        setattr(parent, attr, BucketedLinear(module))
+        replaced += 1
+    return replaced
 
 
 def _padded(flat: torch.Tensor, rows: int) -> torch.Tensor:
@@ -236,12 +301,13 @@ def pack_decoder(decoder: Decoder, mode: str, min_rows: Callable[[nn.Linear], in
 
 
 def warm_buckets(decoder: nn.Module, max_rows: int, max_head_rows: int) -> int:
-    """Run each packed weight shape of `decoder` once at every row bucket its calls can take, so
-    that oneDNN builds the primitives (and the buffers reach their high-water mark) now, not
-    during the requests; layers of one shape share the primitives, so a shape is run once.
+    """Run each packed (or bucketed) weight shape of `decoder` once at every row bucket its calls
+    can take, so that oneDNN builds the primitives (and the buffers reach their high-water mark)
+    now, not during the requests; layers of one shape share the primitives, so a shape is run once.
 
     Args:
-        decoder: A model whose linears may be `PackedLinear` (none: nothing to do).
+        decoder: A model whose linears may be `PackedLinear` or `BucketedLinear` (none: nothing
+            to do).
         max_rows: The most rows a step brings (the engine's ``max_num_batched_tokens``).
         max_head_rows: The most rows of the ``lm_head`` (one per sequence: ``max_num_seqs``).
 
@@ -252,7 +318,7 @@ def warm_buckets(decoder: nn.Module, max_rows: int, max_head_rows: int) -> int:
     done: set[tuple[int, int, bool, torch.dtype, int]] = set()
     with torch.inference_mode():
         for module in decoder.modules():
-            if not isinstance(module, PackedLinear):
+            if not isinstance(module, (PackedLinear, BucketedLinear)):
                 continue
             limit = max_head_rows if module is head else max_rows
             for rows in row_buckets(module.min_rows, limit):
