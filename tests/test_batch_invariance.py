@@ -258,6 +258,24 @@ def test_the_row_probe_tells_an_invariant_kernel_from_a_batched_one() -> None:
     assert not rows_invariant(batch_dependent, 64, torch.float32)
 
 
+def test_the_row_probe_holds_every_row_of_a_call_not_one() -> None:
+    """A kernel that gives most rows of a larger call their lone bits and one other row not (as
+    oneDNN's GEMM with 1,536 inputs does on a CPU with native bf16, SmolLM2's down projection) is
+    not invariant; one probed row at a drawn position passed it."""
+
+    def per_row(x: torch.Tensor) -> torch.Tensor:  # invariant by construction
+        return x[:, :48] * 2.0
+
+    def one_row_off(x: torch.Tensor) -> torch.Tensor:
+        y = per_row(x)
+        if x.shape[0] >= 33:
+            y[20] += 1e-3  # row 20 of a call of 33 rows or more
+        return y
+
+    assert rows_invariant(per_row, 64, torch.float32)
+    assert not rows_invariant(one_row_off, 64, torch.float32)
+
+
 def test_modes_and_refusals() -> None:
     assert resolve_batch_invariant("auto", "cpu") and resolve_batch_invariant("on", "cpu")
     assert not resolve_batch_invariant("off", "cpu") and not resolve_batch_invariant("auto", "meta")

@@ -201,7 +201,7 @@ def test_host_and_disk_tiers_round_trip_the_same_answers(dtype: str) -> None:
     tiered = start(
         "sage-tiny",
         "--num-blocks",
-        "40",
+        "24",  # each request holds 3 blocks or more (20 tokens and 24 answered): 12 overrun 24 blocks
         "--dtype",
         dtype,
         "--host-kv-cache",

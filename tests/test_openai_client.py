@@ -48,6 +48,9 @@ def engine_socket() -> Iterator[Path]:
         "num_blocks": 256,
         "block_size": 16,
         "device": "cpu",
+        # the greedy texts below are float32's: `auto` is bfloat16 on a CPU with native bf16,
+        # whose rounding answers otherwise (tests/conftest.py, `_float32_engines`)
+        "dtype": "float32",
     }
     env = {**os.environ, "SAGE_HOME": str(folder), "PYTHONPATH": str(REPO)}
     log = (folder / "engine.log").open("wb")

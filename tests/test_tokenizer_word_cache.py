@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable
+import subprocess
+import sys
+from pathlib import Path
 
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import BPE
 
 from engine_adapter.model.tokenizer import WORD_CACHE, HFTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _byte_level_bpe() -> Tokenizer:
@@ -27,26 +31,37 @@ def _byte_level_bpe() -> Tokenizer:
     return tokenizer
 
 
-def _rss_mib() -> float:
+_GROWTH = """
+import random, string, sys
+sys.path.insert(0, sys.argv[1])
+from tests.test_tokenizer_word_cache import _byte_level_bpe
+from engine_adapter.model.tokenizer import HFTokenizer
+
+def rss_mib():
     with open("/proc/self/statm", encoding="ascii") as statm:
         return int(statm.read().split()[1]) * 4096 / 2**20
 
-
-def _growth(encode: Callable[[str], object], seed: int) -> float:
-    """RSS growth (MiB) while `encode` takes 10,000 new 40-letter words, 50 to a text."""
+def growth(encode, seed):  # 10,000 new 40-letter words, 50 to a text
     rng = random.Random(seed)
-    before = _rss_mib()
+    before = rss_mib()
     for _ in range(200):
         encode(" ".join("".join(rng.choices(string.ascii_letters, k=40)) for _ in range(50)))
-    return _rss_mib() - before
+    return rss_mib() - before
+
+engines = HFTokenizer(_byte_level_bpe(), bos_token_id=None, eos_token_ids=[])
+grew = growth(engines.encode, 1)  # first: the raw run's cache is not yet there to reuse
+raw = _byte_level_bpe()
+print(grew, growth(lambda text: raw.encode(text), 2))
+"""
 
 
 def test_unique_words_do_not_grow_the_engines_tokenizer() -> None:
+    """In a fresh process (a long-lived one's allocator may already hold the room)."""
     assert WORD_CACHE == 0
-    engines = HFTokenizer(_byte_level_bpe(), bos_token_id=None, eos_token_ids=[])
-    grew = _growth(engines.encode, seed=1)  # first: the raw run's cache is not yet there to reuse
-    raw = _byte_level_bpe()
-    control = _growth(lambda text: raw.encode(text), seed=2)
+    run = subprocess.run(
+        [sys.executable, "-c", _GROWTH, str(REPO)], capture_output=True, text=True, check=True, timeout=120
+    )
+    grew, control = map(float, run.stdout.split())
     assert control > 8.0, f"the control: a raw tokenizer's cache kept only {control:.1f} MiB"
     assert grew < 2.0, f"the engine's tokenizer grew {grew:.1f} MiB over 10,000 new words"
 
