@@ -98,6 +98,10 @@ def handle_failed_moves(
             block = radix.get(move.key)
             if block is not None and block.block_id == move.dst:
                 bad.append(block)
+            else:
+                # It left the tree in the step that loaded it (a loose prefetch evicted again),
+                # and its demotion may have copied the garbage below: drop the key's copy there.
+                store.drop_key(move.key, "failed")
         else:
             store.drop_key(move.key, "failed")
     if not bad:
