@@ -96,6 +96,8 @@ class RowByRow(nn.Module):
     """A linear layer called one row at a time: invariant by construction (every call has one
     row), and slow; the layer of last resort when no kernel passes `rows_invariant`."""
 
+    calls_one_row = True  # so its inner layer is not bucketed (`packed.bucket_plain_linears`)
+
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner

@@ -201,6 +201,8 @@ def bucket_plain_linears(decoder: Decoder) -> int:
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = decoder.get_submodule(parent_name) if parent_name else decoder
+        if getattr(parent, "calls_one_row", False):  # `invariance.RowByRow`: one row, one shape
+            continue
         setattr(parent, attr, BucketedLinear(module))
         replaced += 1
     return replaced
