@@ -22,7 +22,8 @@ of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve,
 s3fifo, arc, mq), `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call) and
 `_core_flat_state.pxi` (`FlatState`: the flat cache with int64 keys and its policy's state in C
 arrays, for lru, fifo, mru, filo, sieve, s3fifo, arc and belady, over the int64 tables of
-`_core_i64map.pxi` and the lists and ghosts of `_core_flat_lists.pxi`), and `_core_keyset.pxi`
+`_core_i64map.pxi` and the policies' one C home, `_kinds.pxi`: `_kind_nodes.pxi` and a file per
+kind, which the simulator's radix loop includes too), and `_core_keyset.pxi`
 (`KeySet`, the compact set of evicted keys, over the same int64 table). Each mirrors its Python
 reference (tests/test_policy_ops*.py, tests/test_flat_lookup.py, tests/test_flat_state.py,
 tests/test_keyset.py).
@@ -117,4 +118,6 @@ include "_core_ops_heap.pxi"
 include "_core_ops_ghosts.pxi"
 include "_core_flat.pxi"
 include "_core_flat_lists.pxi"
+include "_core_memory.pxi"
+include "_kinds.pxi"  # the policies' C home (_kind_*.pxi), shared with the simulator's radix loop
 include "_core_flat_state.pxi"

@@ -1,17 +1,19 @@
 # The flat cache with its policy's state in C: `FlatState` (sage_eviction/flat.py, `FlatCache`
-# built with `int_keys=True`). Part of sage_eviction/_core.pyx, included after _core_flat.pxi.
+# built with `int_keys=True`). Part of sage_eviction/_core.pyx, included after _core_flat.pxi and
+# the policies' C home (_kinds.pxi).
 #
 # `flat_lookup` calls a policy through its C table, but over the policy's own Python containers,
-# whose dict and set operations are most of the cost (docs/performance.md). Here the state is C
-# arrays: the keys are int64 (the simulator's block keys are ints), held in an open-addressing
-# table (key -> node, _core_i64map.pxi), the nodes in intrusive doubly linked lists (head:
-# newest), the ghosts as FIFOs of keys (_core_flat_lists.pxi), and the re-prefill tracker's
-# evicted keys in a `KeySet` (_core_keyset.pxi: a trace's dense ids as bits, other ints in a
-# table). The policies whose whole decision is a place in one list (lru, fifo, mru, filo, sieve),
-# the adaptive queues (s3fifo, arc) and belady run here: `FlatCache.request` per key, line for
-# line, with each policy's Python hooks as the reference (tests/test_flat_state.py runs both).
+# whose dict and set operations are most of the cost (docs/performance.md). Here the state is C:
+# the keys are int64 (the simulator's block keys are ints), held in an open-addressing table
+# (key -> node, _core_i64map.pxi), the policy's state is the policies' one C home over the nodes
+# (`Nodes`, _kind_nodes.pxi, with a file per kind: the same C the simulator's radix loop runs,
+# every block evictable here), and the re-prefill tracker's evicted keys are a `KeySet`
+# (_core_keyset.pxi: a trace's dense ids as bits, other ints in a table). belady is
+# `BeladyPolicy` over its whole future, by next use in a heap of its own (`FarHeap`,
+# _core_flat_lists.pxi). `FlatCache.request` per key, line for line, with each policy's Python
+# hooks as the reference (tests/test_flat_state.py runs both).
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free, malloc
 
 
@@ -20,22 +22,7 @@ cdef extern from "Python.h":
     object PyNumber_Index(object)
 
 
-cdef enum _Kind:
-    K_LRU = 0
-    K_FIFO = 1
-    K_MRU = 2
-    K_FILO = 3
-    K_SIEVE = 4
-    K_S3FIFO = 5
-    K_ARC = 6
-    K_BELADY = 7
-
-cdef int _S3_SMALL = 0  # s3fifo's queues
-cdef int _S3_MAIN = 1
-cdef unsigned char _S3_MAX_FREQ = 3
-cdef int _T1 = 0  # arc's lists
-cdef int _T2 = 1
-
+cdef int FLAT_BELADY = -1  # `FlatState.kind` of BeladyPolicy (not a kind of the C home)
 
 
 cdef double _seconds_per_tick = 0.0
@@ -70,24 +57,19 @@ cdef inline int64_t _as_key(object key) except? -1:
     return PyLong_AsLongLong(PyNumber_Index(key))
 
 
-cdef dict _state_kinds = None  # the policy classes whose state runs here -> their kind
+cdef dict _state_kinds = None  # the policy classes whose state runs here -> (kind, variant)
 
 
 cdef dict _kinds():
+    # compiled_kinds' table: the flat home's policies, each with its kind and variant in the C
+    # home (belady: BeladyPolicy, FLAT_BELADY)
     global _state_kinds
     if _state_kinds is None:
-        from sage_eviction.policies.arc import ARCPolicy
-        from sage_eviction.policies.belady import BeladyPolicy
-        from sage_eviction.policies.fifo import FIFOPolicy
-        from sage_eviction.policies.filo import FILOPolicy
-        from sage_eviction.policies.lru import LRUPolicy
-        from sage_eviction.policies.mru import MRUPolicy
-        from sage_eviction.policies.s3fifo import S3FIFOPolicy
-        from sage_eviction.policies.sieve import SIEVEPolicy
+        from sage_eviction.compiled_kinds import c_codes, compiled_in
+        from sage_eviction.policies import POLICIES
 
-        _state_kinds = {LRUPolicy: K_LRU, FIFOPolicy: K_FIFO, MRUPolicy: K_MRU, FILOPolicy: K_FILO,
-                        SIEVEPolicy: K_SIEVE, S3FIFOPolicy: K_S3FIFO, ARCPolicy: K_ARC,
-                        BeladyPolicy: K_BELADY}
+        _state_kinds = {POLICIES[name]: (FLAT_BELADY, 0) if name == "belady" else c_codes(name)
+                        for name in compiled_in("flat")}
     return _state_kinds
 
 
@@ -102,7 +84,7 @@ def flat_state_runs(policy):
     kind = _kinds().get(type(policy))
     if kind is None or getattr(policy, "_compiled", False) is not True:
         return False
-    return kind != K_BELADY or (policy.has_strict_future and policy.position == 0)
+    return kind[0] != FLAT_BELADY or (policy.has_strict_future and policy.position == 0)
 
 
 cdef class FlatState:
@@ -115,27 +97,13 @@ cdef class FlatState:
     every victim in order (the differential tests compare it).
     """
 
-    cdef int kind
+    cdef int kind  # the kind in the C home, or FLAT_BELADY
     cdef readonly Py_ssize_t capacity, held, requests, hits, evictions, re_prefilled
     cdef readonly str policy_name
     cdef readonly list victims
     cdef I64Map index  # key -> node
     cdef KeySet evicted  # the keys evicted and not requested since (a trace's dense ids as bits)
-    cdef int64_t* node_key
-    cdef int32_t* newer  # toward the head (the newest)
-    cdef int32_t* older  # toward the tail (the oldest)
-    cdef unsigned char* bits  # sieve's visited bit; s3fifo's frequency (0..3)
-    cdef unsigned char* where  # s3fifo's queue of the node (_SMALL or _MAIN)
-    cdef Ends q[2]  # the list (s3fifo: its small queue), and s3fifo's main queue
-    cdef int32_t hand  # sieve's hand, -1: the next sweep starts at the tail
-    # s3fifo and arc (the methods below): the sizes of the two queues (s3fifo: small and
-    # main; arc: T1 and T2), s3fifo's sizes and threshold, arc's target p, a ghost hit that
-    # `prepare_insert` saw (arc: from B1 = 1 or B2 = 2), the ghosts (s3fifo's G; arc's B1, B2)
-    cdef Py_ssize_t n_small, n_main, small_size, main_size
-    cdef int move_threshold, pending_ghost
-    cdef bint has_evicted, pending_replace
-    cdef double p
-    cdef Ghosts ghosts, ghosts2
+    cdef Nodes nodes  # the policy's state (the C home's; belady: only the nodes' keys)
     # belady: its future (the keys, checked as its strict mode checks them; each position's next
     # use, the policy's own array), the position the next call consumes, and the nodes by next use
     cdef object future
@@ -154,12 +122,12 @@ cdef class FlatState:
 
     def __cinit__(self):
         self.index.keys = self.index.vals = NULL
-        self.node_key = NULL
-        self.newer = self.older = NULL
-        self.bits = self.where = NULL
+        self.nodes.key = NULL
+        self.nodes.depth = NULL
+        self.nodes.hits = NULL
+        self.nodes.evictable = NULL
+        self.nodes.pol = NULL
         self.lat_ring = NULL
-        _ghosts_clear(&self.ghosts)
-        _ghosts_clear(&self.ghosts2)
         _far_clear(&self.far)
 
     def __init__(self, policy, Py_ssize_t capacity, *, reprefill=None, latency=None,
@@ -168,7 +136,7 @@ cdef class FlatState:
             raise TypeError(f"policy {type(policy).__qualname__} has no state in C (those that do: "
                             f"{', '.join(flat_state_policies())}; belady with its whole future set, "
                             f"strict, unread)")
-        kind = _kinds()[type(policy)]
+        kind, variant = _kinds()[type(policy)]
         if len(policy):
             raise ValueError(f"the policy already holds {len(policy)} entries; a flat cache starts empty")
         if reprefill is not None and (reprefill.evictions or reprefill.re_prefilled):
@@ -182,28 +150,20 @@ cdef class FlatState:
         _map_init(&self.index, capacity * 2, True)
         # the tracker's window (None: the whole run, a simulator row's), held here in its stead
         self.evicted = KeySet(window=None if reprefill is None else reprefill.window)
-        self.node_key = <int64_t*>malloc(capacity * sizeof(int64_t))
-        self.newer = <int32_t*>malloc(capacity * sizeof(int32_t))
-        self.older = <int32_t*>malloc(capacity * sizeof(int32_t))
-        self.bits = <unsigned char*>calloc(capacity, 1)
-        self.where = <unsigned char*>calloc(capacity, 1)
-        if (self.node_key == NULL or self.newer == NULL or self.older == NULL or self.bits == NULL
-                or self.where == NULL):
+        self.nodes.capacity = capacity
+        self.nodes.key = <int64_t*>malloc(capacity * sizeof(int64_t))
+        self.nodes.evictable = <uint8_t*>calloc(capacity + 1, 1)
+        if self.nodes.key == NULL or self.nodes.evictable == NULL:
             raise MemoryError()
-        self.q[0].head = self.q[0].tail = self.q[1].head = self.q[1].tail = self.hand = -1
-        if kind == K_S3FIFO:
-            self.small_size = policy._small_size
-            self.main_size = policy._main_size
-            self.move_threshold = policy.move_threshold
-            _ghosts_init(&self.ghosts, policy._ghost_size)
-        elif kind == K_ARC:  # the directory keeps |B1| <= c and |B1| + |B2| <= 2c: never full
-            _ghosts_init(&self.ghosts, 2 * capacity + 1)
-            _ghosts_init(&self.ghosts2, 2 * capacity + 1)
-        elif kind == K_BELADY:
+        self.nodes.block_size = 1
+        if kind == FLAT_BELADY:
             self.future = policy._future
             self.next_pos = policy._next_pos
             self.never = policy._never
             _far_init(&self.far, capacity)
+        else:
+            self.nodes.kind, self.nodes.flags = kind, variant
+            _pol_init(&self.nodes, policy)
         self.tracker = reprefill
         self.latency = latency
         self.tick = tick_seconds() if latency is not None else 0.0
@@ -216,14 +176,11 @@ cdef class FlatState:
 
     def __dealloc__(self):
         _map_free(&self.index)
-        free(self.node_key)
-        free(self.newer)
-        free(self.older)
-        free(self.bits)
-        free(self.where)
+        if self.nodes.pol != NULL:
+            _pol_free(&self.nodes)
+        free(self.nodes.key)
+        free(self.nodes.evictable)
         free(self.lat_ring)
-        _ghosts_free(&self.ghosts)
-        _ghosts_free(&self.ghosts2)
         _far_free(&self.far)
 
     def __reduce__(self):
@@ -241,255 +198,20 @@ cdef class FlatState:
         return len(self.evicted)
 
     def keys(self):
-        """The held keys from the tail (the oldest place in the list) to the head (s3fifo: its
-        small queue's, then its main queue's)."""
-        cdef list out = []
-        cdef int32_t node
-        if self.kind == K_BELADY:  # no list: the heap's nodes, in heap order
-            return [self.node_key[self.far.heap[i]] for i in range(self.far.size)]
-        for queue in range(2):
-            node = self.q[queue].tail
-            while node != -1:
-                out.append(self.node_key[node])
-                node = self.newer[node]
-        return out
-
-    # ---- the list ---------------------------------------------------------------------------------
-
-    cdef inline void _link(self, int queue, int32_t node) noexcept:
-        _link_head(self.newer, self.older, &self.q[queue], node)
-
-    cdef inline void _unlink_from(self, int queue, int32_t node) noexcept:
-        if self.hand == node:  # sieve: a hand resting on a leaving entry moves to its newer one
-            self.hand = self.newer[node]
-        _unlink(self.newer, self.older, &self.q[queue], node)
-
-    # ---- the policies ---------------------------------------------------------------------------
-
-    cdef inline void _hit(self, int32_t node) noexcept:
-        # the policy's access: lru and mru move the entry to the head (newest tick), sieve sets
-        # its bit, s3fifo counts up to 3, fifo and filo change nothing
-        if self.kind == K_LRU or self.kind == K_MRU:
-            if node != self.q[0].head:
-                self._unlink_from(0, node)
-                self._link(0, node)
-        elif self.kind == K_SIEVE:
-            self.bits[node] = 1
-        elif self.kind == K_S3FIFO:
-            self._s3fifo_hit(node)
-        elif self.kind == K_ARC:
-            self._arc_hit(node)
-        elif self.kind == K_BELADY:
-            self.pushes += 1
-            _far_set(&self.far, node, self.incoming, self.pushes, True)
-
-    cdef int32_t _pop_victim(self) except -1:
-        # the policy's `_pop_victim` (the cache is full, so a queue is not empty): the victim's
-        # node, out of its queue and of the index
-        cdef int32_t node
-        if self.kind == K_S3FIFO:
-            node = self._s3fifo_victim()
-        elif self.kind == K_ARC:
-            node = self._arc_victim()
-        elif self.kind == K_BELADY:
-            node = _far_pop(&self.far)
-        else:
-            if self.kind == K_MRU or self.kind == K_FILO:
-                node = self.q[0].head
-            elif self.kind == K_SIEVE:
-                node = self.hand if self.hand != -1 else self.q[0].tail
-                while self.bits[node]:
-                    self.bits[node] = 0
-                    node = self.newer[node] if self.newer[node] != -1 else self.q[0].tail
-                self.hand = self.newer[node]
-            else:
-                node = self.q[0].tail
-            self._unlink_from(0, node)
-        _map_del(&self.index, self.node_key[node])
-        return node
-
-    cdef int _admit(self, int32_t node) except -1:
-        # the policy's `_on_insert` for a new node (its key set); s3fifo picks its queue
-        cdef int queue = 0
-        self.bits[node] = 0
-        if self.kind == K_S3FIFO:
-            queue = self._s3fifo_queue_for_new()
-        elif self.kind == K_ARC:
-            queue = self._arc_queue_for_new()
-        elif self.kind == K_BELADY:  # in the heap by its next use, in no list
-            self.pushes += 1
-            _far_set(&self.far, node, self.incoming, self.pushes, False)
-            return 0
-        self.where[node] = queue
-        self._link(queue, node)
-        return 0
-
-    # ---- S3-FIFO (s3fifo.py: _on_insert, _pop_victim, _evict_small, _evict_main) -------------
-
-    cdef inline void _s3fifo_hit(self, int32_t node) noexcept:
-        if self.bits[node] < _S3_MAX_FREQ:
-            self.bits[node] += 1
-
-    cdef int _s3fifo_queue_for_new(self) except -1:
-        # the ghost hit that `prepare_insert` saw, or the warm-up rule, sends it to main
-        cdef bint to_main = self.pending_ghost != 0
-        self.pending_ghost = 0
-        if not to_main and not self.has_evicted and self.n_small >= self.small_size:
-            to_main = True
-        if to_main:
-            self.n_main += 1
-            return _S3_MAIN
-        self.n_small += 1
-        return _S3_SMALL
-
-    cdef int32_t _s3fifo_evict_small(self) except -2:
-        # the small queue's tail, moving the frequent ones to main; -1 when it empties first
-        cdef int32_t node
-        cdef int64_t key
-        while self.q[_S3_SMALL].tail != -1:
-            node = self.q[_S3_SMALL].tail
-            self._unlink_from(_S3_SMALL, node)
-            self.n_small -= 1
-            if self.bits[node] >= self.move_threshold:
-                self.bits[node] = 0
-                self.where[node] = _S3_MAIN
-                self.n_main += 1
-                self._link(_S3_MAIN, node)
-                continue
-            key = self.node_key[node]
-            if self.ghosts.capacity > 0 and _map_get(&self.ghosts.index, key) == _ABSENT:
-                _ghosts_push(&self.ghosts, key)
-            return node
-        return -1
-
-    cdef int32_t _s3fifo_evict_main(self) noexcept:
-        # the main queue's tail; one hit or more goes back to the head with one fewer
-        cdef int32_t node
-        while True:
-            node = self.q[_S3_MAIN].tail
-            self._unlink_from(_S3_MAIN, node)
-            if self.bits[node] >= 1:
-                self.bits[node] -= 1
-                self._link(_S3_MAIN, node)
-                continue
-            self.n_main -= 1
-            return node
-
-    cdef int32_t _s3fifo_victim(self) except -1:
-        cdef int32_t node
-        self.has_evicted = True
-        while True:
-            if self.q[_S3_MAIN].head != -1 and (self.n_main > self.main_size or self.q[_S3_SMALL].head == -1):
-                return self._s3fifo_evict_main()
-            if self.q[_S3_SMALL].head != -1:
-                node = self._s3fifo_evict_small()
-                if node != -1:
-                    return node
-                continue  # everything in the small queue moved to main
-            return self._s3fifo_evict_main()
-
-    # ---- ARC (sage_eviction/policies/arc.py: prepare_insert, _on_insert, _on_access, _pop_victim,
-    # _replace): T1 and T2 are the two lists (head: MRU), B1 and B2 the two ghost FIFOs
-
-    cdef inline void _arc_hit(self, int32_t node) noexcept:
-        # case I: to the MRU end of T2
-        if self.where[node] == _T1:
-            self.where[node] = _T2
-            self.n_small -= 1
-            self.n_main += 1
-            self._unlink_from(_T1, node)
-            self._link(_T2, node)
-        elif node != self.q[_T2].head:
-            self._unlink_from(_T2, node)
-            self._link(_T2, node)
-
-    cdef void _arc_adapt(self, int ghost) noexcept:
-        cdef double b1 = <double>_ghosts_len(&self.ghosts)
-        cdef double b2 = <double>_ghosts_len(&self.ghosts2)
-        if ghost == 1:
-            self.p = min(self.p + max(b2 / b1, 1.0), <double>self.capacity)
-        else:
-            self.p = max(self.p - max(b1 / b2, 1.0), 0.0)
-
-    cdef int _arc_prepare(self, int64_t key) except -1:
-        # cases II and III seen before the evictions: p adapts, the ghost leaves its list, and the
-        # next eviction is the hit's REPLACE
-        if _map_get(&self.ghosts.index, key) != _ABSENT:
-            self._arc_adapt(1)
-            _ghosts_pop(&self.ghosts, key)
-            self.pending_ghost = 1
-        elif _map_get(&self.ghosts2.index, key) != _ABSENT:
-            self._arc_adapt(2)
-            _ghosts_pop(&self.ghosts2, key)
-            self.pending_ghost = 2
-        else:
-            self.pending_ghost = 0
-        self.pending_replace = self.pending_ghost != 0
-        return 0
-
-    cdef int _arc_queue_for_new(self) except -1:
-        # a ghost hit enters T2; a new key T1, the ghost lists trimmed to the directory's bounds
-        cdef int ghost = self.pending_ghost
-        cdef Py_ssize_t c = self.capacity
-        cdef Py_ssize_t b1 = _ghosts_len(&self.ghosts)
-        cdef Py_ssize_t b2 = _ghosts_len(&self.ghosts2)
-        self.pending_ghost = 0
-        self.pending_replace = False
-        if ghost:
-            self.n_main += 1
-            return _T2
-        if self.n_small + b1 >= c and b1:
-            _ghosts_pop(&self.ghosts, self.ghosts.key[self.ghosts.ends.tail])
-        elif self.n_small + self.n_main + b1 + b2 >= 2 * c and b2:
-            _ghosts_pop(&self.ghosts2, self.ghosts2.key[self.ghosts2.ends.tail])
-        self.n_small += 1
-        return _T1
-
-    cdef int32_t _arc_replace(self, bint in_b2) except -1:
-        # REPLACE: the LRU entry of T1 or T2 leaves for its ghost list
-        cdef int32_t node
-        cdef double n1 = <double>self.n_small
-        if self.q[_T1].head != -1 and (n1 > self.p or (in_b2 and n1 == self.p) or self.q[_T2].head == -1):
-            node = self.q[_T1].tail
-            self._unlink_from(_T1, node)
-            self.n_small -= 1
-            _ghosts_push(&self.ghosts, self.node_key[node])
-        else:
-            node = self.q[_T2].tail
-            self._unlink_from(_T2, node)
-            self.n_main -= 1
-            _ghosts_push(&self.ghosts2, self.node_key[node])
-        return node
-
-    cdef int32_t _arc_victim(self) except -1:
-        cdef int32_t node
-        cdef Py_ssize_t c = self.capacity
-        cdef Py_ssize_t b1 = _ghosts_len(&self.ghosts)
-        cdef Py_ssize_t b2 = _ghosts_len(&self.ghosts2)
-        if self.pending_replace:  # cases II and III: the ghost hit's REPLACE
-            self.pending_replace = False
-            return self._arc_replace(self.pending_ghost == 2)
-        if self.n_small + b1 >= c:  # case IV.A: L1 holds c keys
-            if self.n_small >= c and self.q[_T1].head != -1:
-                node = self.q[_T1].tail  # T1 alone is full: its LRU block leaves without a ghost
-                self._unlink_from(_T1, node)
-                self.n_small -= 1
-                return node
-            if b1:
-                _ghosts_pop(&self.ghosts, self.ghosts.key[self.ghosts.ends.tail])
-        elif self.n_small + self.n_main + b1 + b2 >= 2 * c and b2:  # case IV.B
-            _ghosts_pop(&self.ghosts2, self.ghosts2.key[self.ghosts2.ends.tail])
-        return self._arc_replace(False)
+        """The held keys, in node order."""
+        return [self.nodes.key[node] for node in range(self.held)]
 
     # ---- FlatCache.request ----------------------------------------------------------------------
 
     cdef int _evict_into(self, int32_t* node) except -1:
-        # FlatCache._evict_one: the decision timed when there is a latency record
+        # FlatCache._evict_one: the policy's victim (the decision timed when there is a latency
+        # record), out of the index
         cdef bint timed = self.latency is not None
         cdef unsigned long long start = sage_ticks() if timed else 0
         cdef int64_t victim
-        node[0] = self._pop_victim()
-        victim = self.node_key[node[0]]
+        node[0] = _far_pop(&self.far) if self.kind == FLAT_BELADY else _policy_pop(&self.nodes)
+        victim = self.nodes.key[node[0]]
+        _map_del(&self.index, victim)
         if timed:
             self._note_latency(<double>(sage_ticks() - start) * self.tick)
         if self.tracker is not None:
@@ -518,27 +240,34 @@ cdef class FlatState:
         # 1 for a hit, 0 for a miss (admitted)
         cdef int64_t found
         cdef int32_t node
+        cdef bint belady = self.kind == FLAT_BELADY
         self.requests += 1
-        if self.kind == K_BELADY:
+        if belady:
             self._belady_consume(key)
         found = _map_get(&self.index, key)
         if found != _ABSENT:
-            self._hit(<int32_t>found)
+            if belady:
+                self.pushes += 1
+                _far_set(&self.far, <int32_t>found, self.incoming, self.pushes, True)
+            else:
+                _policy_access(&self.nodes, <int32_t>found)
             self.hits += 1
             return 1
         if self.tracker is not None and self.evicted._discard_int(key):
             self.re_prefilled += 1
-        if self.kind == K_S3FIFO:  # its prepare_insert: out of the ghosts before the evictions
-            self.pending_ghost = _ghosts_pop(&self.ghosts, key)
-        elif self.kind == K_ARC:
-            self._arc_prepare(key)
+        if not belady:  # the policy's prepare_insert: before the evictions (s3fifo, arc)
+            _policy_prepare(&self.nodes, key)
         if self.held >= self.capacity:
             self._evict_into(&node)
         else:
             node = <int32_t>self.held
             self.held += 1
-        self.node_key[node] = key
-        self._admit(node)
+        self.nodes.key[node] = key
+        if belady:  # in the heap by its next use
+            self.pushes += 1
+            _far_set(&self.far, node, self.incoming, self.pushes, False)
+        else:
+            _policy_insert(&self.nodes, node, True)
         _map_put(&self.index, key, node)
         return 0
 

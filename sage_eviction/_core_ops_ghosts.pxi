@@ -69,7 +69,7 @@ cdef int _s3fifo_on_evictable(object policy, object key, object meta, bint evict
     return 0
 
 
-cdef object _s3fifo_evict_small(object policy):
+cdef object _ops_s3fifo_evict_small(object policy):
     # S3FIFOPolicy._evict_small: S's tail, moving frequent entries to M; the sentinel when S
     # empties first
     small = policy._small
@@ -95,7 +95,7 @@ cdef object _s3fifo_evict_small(object policy):
     return _s3fifo_no_key
 
 
-cdef object _s3fifo_evict_main(object policy):
+cdef object _ops_s3fifo_evict_main(object policy):
     # S3FIFOPolicy._evict_main: M's tail; an entry with frequency f >= 1 goes back to the head
     # with f - 1
     main = policy._main
@@ -118,18 +118,18 @@ cdef object _s3fifo_pop_victim(object policy):
     policy._has_evicted = True
     while True:
         if policy._main and (policy._n_main > policy._main_size or not policy._small):
-            return _s3fifo_evict_main(policy)
+            return _ops_s3fifo_evict_main(policy)
         if policy._small:
-            key = _s3fifo_evict_small(policy)
+            key = _ops_s3fifo_evict_small(policy)
             if key is not _s3fifo_no_key:
                 return key
             continue  # everything in S moved to M
-        return _s3fifo_evict_main(policy)
+        return _ops_s3fifo_evict_main(policy)
 
 
 # ---- ARC (ARCPolicy) ------------------------------------------------------------------------------
 
-cdef int _arc_adapt(object policy, int ghost) except -1:
+cdef int _ops_arc_adapt(object policy, int ghost) except -1:
     # ARCPolicy._adapt. Python's `max(x, y)` keeps x unless y > x and `min(x, y)` keeps x unless
     # y < x: the same choices on the same doubles (b2 / b1 of two ints below 2**53 is the one
     # correctly rounded double Python's true division gives).
@@ -167,11 +167,11 @@ cdef int _arc_on_insert(object policy, object key, object meta, bint evictable) 
     if pending is not _arc_no_key and pending == key:
         ghost = policy._pending_ghost
     elif key in policy._b1:
-        _arc_adapt(policy, 1)
+        _ops_arc_adapt(policy, 1)
         del policy._b1[key]
         ghost = 1
     elif key in policy._b2:
-        _arc_adapt(policy, 2)
+        _ops_arc_adapt(policy, 2)
         del policy._b2[key]
         ghost = 2
     else:
@@ -225,7 +225,7 @@ cdef int _arc_on_evictable(object policy, object key, object meta, bint evictabl
     return 0
 
 
-cdef object _arc_replace(object policy, bint in_b2):
+cdef object _ops_arc_replace(object policy, bint in_b2):
     # ARCPolicy._replace: the paper's REPLACE
     t1 = policy._t1
     n1 = policy._n1
@@ -245,7 +245,7 @@ cdef object _arc_pop_victim(object policy):
     # ARCPolicy._pop_victim
     if policy._pending_replace:  # cases II and III: the ghost hit's REPLACE
         policy._pending_replace = False
-        return _arc_replace(policy, policy._pending_ghost == 2)
+        return _ops_arc_replace(policy, policy._pending_ghost == 2)
     c = policy._c
     n1 = policy._n1
     b1 = policy._b1
@@ -261,7 +261,7 @@ cdef object _arc_pop_victim(object policy):
             _pop_end(b1, False)
     elif n1 + policy._n2 + len(b1) + len(policy._b2) >= 2 * c and policy._b2:  # case IV.B
         _pop_end(policy._b2, False)
-    return _arc_replace(policy, False)
+    return _ops_arc_replace(policy, False)
 
 
 # ---- MQ (MQPolicy) --------------------------------------------------------------------------------

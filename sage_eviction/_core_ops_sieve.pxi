@@ -21,7 +21,7 @@ cdef object _sieve_node(object key):
     return node
 
 
-cdef int _sieve_link_head(object policy, object node) except -1:
+cdef int _ops_sieve_link_head(object policy, object node) except -1:
     # SIEVEPolicy._link_head
     head = policy._head
     node.newer = None
@@ -34,7 +34,7 @@ cdef int _sieve_link_head(object policy, object node) except -1:
     return 0
 
 
-cdef int _sieve_unlink(object policy, object node) except -1:
+cdef int _ops_sieve_unlink(object policy, object node) except -1:
     # SIEVEPolicy._unlink
     if policy._hand is node:
         policy._hand = node.newer
@@ -57,7 +57,7 @@ cdef int _sieve_on_insert(object policy, object key, object meta, bint evictable
     node = _sieve_node(key)
     (<dict>policy._nodes)[key] = node
     if evictable:
-        _sieve_link_head(policy, node)
+        _ops_sieve_link_head(policy, node)
     return 0
 
 
@@ -69,9 +69,9 @@ cdef int _sieve_on_access(object policy, object key, object meta) except -1:
 cdef int _sieve_on_evictable(object policy, object key, object meta, bint evictable) except -1:
     node = (<dict>policy._nodes)[key]
     if evictable:
-        _sieve_link_head(policy, node)
+        _ops_sieve_link_head(policy, node)
     else:
-        _sieve_unlink(policy, node)
+        _ops_sieve_unlink(policy, node)
     return 0
 
 
@@ -83,7 +83,7 @@ cdef object _sieve_pop_victim(object policy):
         node = node.newer or policy._tail
         assert node is not None
     policy._hand = node.newer
-    _sieve_unlink(policy, node)
+    _ops_sieve_unlink(policy, node)
     key = node.key
     del (<dict>policy._nodes)[key]
     return key

@@ -1,4 +1,4 @@
-"""ARC in the compiled radix loop (engine_adapter/sim/_radix_pol_arc.pxi) against `ARCPolicy`.
+"""ARC in the compiled radix loop (the policies' C home, sage_eviction/_kind_arc.pxi) against `ARCPolicy`.
 
 Two levels, both against the Python reference:
 - the kind alone: `PolicyProbe` and `ARCPolicy` driven by the same hypothesis-drawn operation
@@ -29,6 +29,7 @@ from engine_adapter.sim import radix_run
 from engine_adapter.sim.capacity import min_capacity
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import Workload
+from sage_eviction.compiled_kinds import C_KINDS
 from sage_eviction.policies.arc import ARCPolicy
 
 # A missing build skips, which SAGE_REQUIRE_ALL=1 turns into a failure (conftest.py); under
@@ -42,7 +43,8 @@ Op = tuple[str, int, bool]
 
 def test_arc_runs_as_its_own_kind() -> None:
     """ARCPolicy (its exact class) maps to the arc kind; a subclass keeps the Python loop."""
-    assert (KIND, VARIANT) == (radix_run._ARC, 0)
+    arc = next(k.code for k in C_KINDS if k.file == "arc")
+    assert arc == KIND and VARIANT == 0
     assert radix_run.policy_kind(type("MyARC", (ARCPolicy,), {})) is None
 
 

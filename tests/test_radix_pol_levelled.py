@@ -1,4 +1,4 @@
-"""LFU in the compiled radix loop (engine_adapter/sim/_radix_pol_levelled.pxi: the levelled
+"""LFU in the compiled radix loop (sage_eviction/_kind_levelled.pxi: the levelled
 kind, the level the node's hits) against `LFUPolicy`, its pure-Python reference
 (`LevelledRecencyPolicy`: a queue per level, a heap of levels).
 

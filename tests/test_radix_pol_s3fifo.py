@@ -1,4 +1,4 @@
-"""S3-FIFO in the compiled radix loop (engine_adapter/sim/_radix_pol_s3fifo.pxi) against its
+"""S3-FIFO in the compiled radix loop (sage_eviction/_kind_s3fifo.pxi) against its
 reference, `S3FIFOPolicy` (sage_eviction/policies/s3fifo.py).
 
 Two levels. The kind alone: `PolicyProbe` and the Python policy get the same operations as the

@@ -1,4 +1,4 @@
-"""The score-heap kinds of the compiled radix loop (engine_adapter/sim/_radix_pol_score.pxi): gdsf
+"""The score-heap kinds of the compiled radix loop (sage_eviction/_kind_score.pxi): gdsf
 and the radix model's Belady, against their Python policies.
 
 - Operation by operation: the same drawn sequence (inserts evictable or not, at drawn depths;

@@ -1,4 +1,4 @@
-"""SIEVE in the compiled radix loop (engine_adapter/sim/_radix_pol_sieve.pxi) against
+"""SIEVE in the compiled radix loop (sage_eviction/_kind_sieve.pxi) against
 `SIEVEPolicy`, its pure-Python reference.
 
 Two levels. Operation by operation: the same hypothesis-drawn sequence (inserts evictable or

@@ -105,8 +105,8 @@ cdef class CacheCore:
 
     @property
     def order_kind(self) -> int:
-        """The policy kind of its tree's eviction order (_radix_policy.pxi: P_NONE, 12, keeps none)."""
-        return self.tree.kind
+        """The policy kind of its tree's eviction order (_kinds.pxi: P_NONE, 12, keeps none)."""
+        return self.tree.nodes.kind
 
     cdef int _needs_order(self) noexcept:
         # the unbounded row's pool is every block of its run, so it never evicts, save where a
@@ -124,7 +124,7 @@ cdef class CacheCore:
         cdef int64_t bs = self.block_size, n_blocks = _ceil_div(tokens, bs), n_full = min(n_keys, tokens // bs)
         cdef int64_t n_path, n_new, deficit, reclaimable, j
         cdef int32_t* path
-        _pol_serve(&self.tree, keys, n_keys, end)  # Belady's cursor (`RadixModel.allocate`)
+        _pol_serve(&self.tree.nodes, keys, n_keys, end)  # Belady's cursor (`RadixModel.allocate`)
         if n_blocks > self.num_blocks:
             return BAIL  # RequestTooLargeError
         path = <int32_t*>_alloc((n_keys + 1) * sizeof(int32_t))
@@ -136,7 +136,7 @@ cdef class CacheCore:
             if deficit > reclaimable:
                 free(path)
                 return -1  # NoEvictableBlocksError
-            if self.tree.kind == P_NONE:
+            if self.tree.nodes.kind == P_NONE:
                 free(path)
                 return self._needs_order()
         _lock(&self.tree, path, n_path)
@@ -181,7 +181,7 @@ cdef class CacheCore:
             if deficit > 0:
                 if deficit > self.tree.num_reclaimable:
                     return 0
-                if self.tree.kind == P_NONE:
+                if self.tree.nodes.kind == P_NONE:
                     return self._needs_order()
                 self._evict(deficit, needed, now)
             self.num_free -= needed
@@ -296,7 +296,7 @@ cdef class CacheCore:
             took += sage_ticks() - t0
             if node < 0:
                 break
-            self.victims[count] = self.tree.key[node]
+            self.victims[count] = self.tree.nodes.key[node]
             self.victim_tenant[count] = self.tree.tenant[node]
             self.acct.victim(self.tree.tenant[node], now - self.tree.created[node])
             count += 1

@@ -30,19 +30,19 @@ cdef class PolicyProbe:
         _insert(&self.tree, -1, key, depth, 0.0, 0, False, evictable)
 
     def access(self, int64_t key):
-        _policy_access(&self.tree, self._node(key))
+        _policy_access(&self.tree.nodes, self._node(key))
 
     def set_evictable(self, int64_t key, bint evictable):
-        _set_evictable(&self.tree, self._node(key), evictable)
+        _set_evictable(&self.tree.nodes, self._node(key), evictable)
 
     def evict(self):
         """The next victim's key, gone; None when nothing is evictable."""
         cdef int32_t node = _evict_one(&self.tree)
-        return None if node < 0 else self.tree.key[node]
+        return None if node < 0 else self.tree.nodes.key[node]
 
     @property
     def num_evictable(self):
-        return self.tree.num_evictable
+        return self.tree.nodes.num_evictable
 
     def __len__(self):
         return self.tree.index.size
@@ -51,4 +51,4 @@ cdef class PolicyProbe:
         """`RadixBelady.serve(keys, end)` on a probe of the belady kind (the others ignore it):
         the request whose lookups are `keys`, ending at `end` in the lookup sequence, is being
         allocated."""
-        _pol_serve(&self.tree, &keys[0] if keys.shape[0] else NULL, keys.shape[0], end)
+        _pol_serve(&self.tree.nodes, &keys[0] if keys.shape[0] else NULL, keys.shape[0], end)

@@ -13,7 +13,7 @@ is the reference, ported step for step for what a plain radix row does:
   from the `CostModel` (_sim_loop.pxd), finishes, TTFTs and TPOTs;
 - the cache (`CacheCore`, _radix_cache.pxi: `CacheManager.allocate`, `commit_blocks`,
   `reserve_tokens`, `free_sequence`, `preempt`, `select_preemption_victims`): the radix tree and
-  its policy's order in C (_radix_tree.pxi, a kind of policy per _radix_pol_*.pxi), eviction of
+  its policy's order in C (_radix_tree.pxi over the policies' C home, sage_eviction/_kind_*.pxi), eviction of
   exactly the deficit, the counters of `EvictionStep`, the re-prefill tracker's evicted keys;
 - the accounting (`Accounting`, _radix_accounting.pxi: `CacheAccounting.on_lookup` and
   `on_evict`): the age and reuse-distance histograms, the ghost set through its C API
@@ -44,14 +44,8 @@ import numpy
 include "_core_memory.pxi"
 include "_core_i64map.pxi"
 include "_core_flat_lists.pxi"
+include "_kinds.pxi"  # the policies' C home (sage_eviction/_kind_*.pxi), shared with the flat cache
 include "_radix_tree.pxi"
-include "_radix_pol_tick.pxi"
-include "_radix_pol_sieve.pxi"
-include "_radix_pol_levelled.pxi"
-include "_radix_pol_s3fifo.pxi"
-include "_radix_pol_arc.pxi"
-include "_radix_pol_score.pxi"
-include "_radix_policy.pxi"
 include "_radix_triples.pxi"
 
 

@@ -1,15 +1,13 @@
 # The radix cache of the simulator's compiled radix loop: `Tree`, the tree of cached blocks and
 # its policy's order, in C arrays. Part of engine_adapter/sim/_radix_run.pyx, which includes it
-# after the core's int64 table (_core_i64map.pxi).
+# after the core's int64 table (_core_i64map.pxi) and the policies' nodes (_kind_nodes.pxi).
 #
 # The reference is `engine_adapter.cache.radix_cache.RadixCache`: each function below mirrors the
-# method of the same name there (match, lock, unlock, insert, refresh, reclaimable_in, evict),
-# and `_policy_insert`, `_policy_access`, `_set_evictable` and `_policy_pop` mirror
-# `EvictionPolicy.insert`, `access`, `set_evictable` and `evict(1)` (sage_eviction/base.py): the
-# base's bookkeeping (its logical clock, the block's hits, the evictable flag and count) here,
-# then the policy's own hook (`_on_insert`, `_on_access`, `_on_evictable`, `_pop_victim`), which
-# `_radix_policy.pxi` dispatches to the policy's kind (_radix_pol_*.pxi: its own state behind
-# `Tree.pol`).
+# method of the same name there (match, lock, unlock, insert, refresh, reclaimable_in, evict).
+# The policy's part is the policies' one C home (sage_eviction/_kind_nodes.pxi: `Nodes`, the
+# base's bookkeeping, and a file per kind), which the flat cache runs too: the tree owns a
+# `Nodes` (`Tree.nodes`) and calls its `_policy_insert`, `_policy_access`, `_set_evictable`
+# and `_policy_pop`.
 #
 # A node is a cached block (index < capacity, the pool's blocks: every cached block holds one);
 # a key maps to its node in `index`. Nodes left by evictions are reused.
@@ -19,27 +17,20 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 
 
 cdef struct Tree:
-    # key, depth, hits and tenant are read only by an eviction and the orders' kinds: a tree
-    # without an order (P_NONE, a row that never evicts) keeps none of them (NULL)
-    int64_t* key
+    # the policy's nodes: their key, depth, hits and evictable flags, the capacity, the clock,
+    # the kind and its state (`Nodes`); a tree without an order (P_NONE, a row that never
+    # evicts) keeps no key, depth, hit count or tenant (NULL)
+    Nodes nodes
     int32_t* parent  # -1: a first block
     int32_t* children
     int32_t* ref  # running sequences holding it (no pins in the simulator)
-    int32_t* depth  # its place in its prefix (EntryMeta.depth; cost (depth + 1) * block_size)
-    int64_t* hits  # EntryMeta.hits
     double* created  # EntryMeta.created_at
     int32_t* tenant  # its tenant, as the ghost set's id
-    uint8_t* evictable  # ref 0, no child: the policy may choose it
     int32_t* spare  # nodes freed by evictions, a stack (reused first)
-    Py_ssize_t n_spare, capacity
+    Py_ssize_t n_spare
     Py_ssize_t n_fresh  # the nodes never used are n_fresh .. capacity - 1
     I64Map index  # key -> node
-    int64_t clock  # the policy's logical clock: one tick per insert or hit (EvictionPolicy._clock)
-    int64_t block_size
-    int kind  # the policy's kind (_radix_policy.pxi)
-    int flags  # the kind's variant (the tick kind's: TOUCH_ON_ACCESS, NEWEST_FIRST)
-    void* pol  # the kind's state
-    Py_ssize_t num_evictable, num_reclaimable
+    Py_ssize_t num_reclaimable
 
 
 cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags, object policy,
@@ -47,20 +38,20 @@ cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, 
     # the nodes, empty, and the policy's state (`policy`: the Python policy the row names, whose
     # parameters the kind reads); `keys`: the distinct keys of the run when known (0: not known)
     cdef bint ordered = kind != P_NONE
-    t.capacity = capacity
-    t.key = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
+    t.nodes.capacity = capacity
+    t.nodes.key = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
     t.parent = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.children = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.ref = <int32_t*>malloc(capacity * sizeof(int32_t))
-    t.depth = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
-    t.hits = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
+    t.nodes.depth = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
+    t.nodes.hits = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
     t.created = <double*>malloc(capacity * sizeof(double))
     t.tenant = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
-    t.evictable = <uint8_t*>calloc(capacity + 1, sizeof(uint8_t))  # zero pages, touched as used
+    t.nodes.evictable = <uint8_t*>calloc(capacity + 1, sizeof(uint8_t))  # zero pages, touched as used
     t.spare = <int32_t*>malloc(capacity * sizeof(int32_t))
-    if (ordered and (t.key == NULL or t.depth == NULL or t.hits == NULL or t.tenant == NULL)
+    if (ordered and (t.nodes.key == NULL or t.nodes.depth == NULL or t.nodes.hits == NULL or t.tenant == NULL)
             or t.parent == NULL or t.children == NULL or t.ref == NULL or t.created == NULL
-            or t.evictable == NULL or t.spare == NULL):
+            or t.nodes.evictable == NULL or t.spare == NULL):
         raise MemoryError()
     # the never-used nodes are a counter above the stack of freed ones: the same nodes, in the
     # same order, as a stack of every node (node 0 first), but no page of `spare` is touched
@@ -69,67 +60,26 @@ cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, 
     # sized once to what it can hold, a key per node and per distinct key of the run: no
     # doubling while it fills, which held the old table and the new one (1.5 times the final)
     _map_init(&t.index, ((min(capacity, keys) if keys > 0 else capacity) * 4) // 3 + 1, True)
-    t.block_size, t.kind, t.flags, t.pol = block_size, kind, flags, NULL
-    return _pol_init(t, policy)
+    t.nodes.block_size, t.nodes.kind, t.nodes.flags, t.nodes.pol = block_size, kind, flags, NULL
+    return _pol_init(&t.nodes, policy)
 
 
 cdef void _tree_free(Tree* t) noexcept:
-    if t.pol != NULL:
-        _pol_free(t)
-    free(t.key)
+    if t.nodes.pol != NULL:
+        _pol_free(&t.nodes)
+    free(t.nodes.key)
     free(t.parent)
     free(t.children)
     free(t.ref)
-    free(t.depth)
-    free(t.hits)
+    free(t.nodes.depth)
+    free(t.nodes.hits)
     free(t.created)
     free(t.tenant)
-    free(t.evictable)
+    free(t.nodes.evictable)
     free(t.spare)
     _map_free(&t.index)
-    t.key = NULL
+    t.nodes.key = NULL
     t.parent = NULL  # the owners' "built" mark
-
-
-# ---- the policy: EvictionPolicy's bookkeeping, then its kind's hook ----------------------------
-
-cdef int _set_evictable(Tree* t, int32_t node, bint evictable) except -1:
-    # EvictionPolicy.set_evictable (the block's flag and the policy's are one here)
-    if evictable == t.evictable[node]:
-        return 0
-    t.evictable[node] = evictable
-    t.num_evictable += 1 if evictable else -1
-    return _pol_evictable(t, node, evictable)
-
-
-cdef int _policy_insert(Tree* t, int32_t node, bint evictable) except -1:
-    # EvictionPolicy.insert
-    t.clock += 1
-    if t.hits != NULL:
-        t.hits[node] = 0
-    t.evictable[node] = evictable
-    if evictable:
-        t.num_evictable += 1
-    return _pol_insert(t, node, evictable)
-
-
-cdef int _policy_access(Tree* t, int32_t node) except -1:
-    # EvictionPolicy.access
-    t.clock += 1
-    if t.hits != NULL:
-        t.hits[node] += 1
-    return _pol_access(t, node)
-
-
-cdef int32_t _policy_pop(Tree* t) except -2:
-    # EvictionPolicy.evict(1): the kind's victim, no longer evictable; -1: none evictable
-    cdef int32_t node
-    if t.num_evictable == 0:
-        return -1
-    node = _pol_pop(t)
-    t.evictable[node] = 0
-    t.num_evictable -= 1
-    return node
 
 
 # ---- the tree (RadixCache's methods of the same names) --------------------------------------------
@@ -151,7 +101,7 @@ cdef int _touch(Tree* t, const int32_t* path, Py_ssize_t n) except -1:
     # a hit on each block
     cdef Py_ssize_t i
     for i in range(n):
-        _policy_access(t, path[i])
+        _policy_access(&t.nodes, path[i])
     return 0
 
 
@@ -163,8 +113,8 @@ cdef int _lock(Tree* t, const int32_t* path, Py_ssize_t n) except -1:
         if t.ref[node] == 0:
             t.num_reclaimable -= 1
         t.ref[node] += 1
-        if t.evictable[node]:
-            _set_evictable(t, node, False)
+        if t.nodes.evictable[node]:
+            _set_evictable(&t.nodes, node, False)
     return 0
 
 
@@ -177,7 +127,7 @@ cdef int _unlock(Tree* t, const int32_t* path, Py_ssize_t n) except -1:
         if t.ref[node] == 0:
             t.num_reclaimable += 1
             if t.children[node] == 0:
-                _set_evictable(t, node, True)
+                _set_evictable(&t.nodes, node, True)
     return 0
 
 
@@ -193,12 +143,12 @@ cdef int32_t _insert(Tree* t, int32_t parent, int64_t key, int32_t depth, double
     # cache `key` under `parent` (-1: a first block), locked by its sequence or not; a non-leaf
     # (a chain's block, its child follows) enters the policy not evictable
     cdef int32_t node
-    if t.n_spare == 0 and t.n_fresh == t.capacity:
+    if t.n_spare == 0 and t.n_fresh == t.nodes.capacity:
         raise RuntimeError("the simulated radix cache holds more blocks than its pool")
     if parent >= 0:
         t.children[parent] += 1
-        if t.evictable[parent]:
-            _set_evictable(t, parent, False)
+        if t.nodes.evictable[parent]:
+            _set_evictable(&t.nodes, parent, False)
     if t.n_spare:
         t.n_spare -= 1
         node = t.spare[t.n_spare]
@@ -206,9 +156,9 @@ cdef int32_t _insert(Tree* t, int32_t parent, int64_t key, int32_t depth, double
         node = <int32_t>t.n_fresh
         t.n_fresh += 1
     _map_put(&t.index, key, node)
-    if t.key != NULL:  # a tree with an order (see `Tree`)
-        t.key[node] = key
-        t.depth[node] = depth
+    if t.nodes.key != NULL:  # a tree with an order (see `Tree`)
+        t.nodes.key[node] = key
+        t.nodes.depth[node] = depth
         t.tenant[node] = tenant
     t.parent[node] = parent
     t.children[node] = 0
@@ -216,28 +166,28 @@ cdef int32_t _insert(Tree* t, int32_t parent, int64_t key, int32_t depth, double
     t.created[node] = now
     if not locked:
         t.num_reclaimable += 1
-    _policy_insert(t, node, leaf and not locked)
+    _policy_insert(&t.nodes, node, leaf and not locked)
     return node
 
 
 cdef int _refresh(Tree* t, int32_t node) except -1:
-    return _set_evictable(t, node, t.ref[node] == 0 and t.children[node] == 0)
+    return _set_evictable(&t.nodes, node, t.ref[node] == 0 and t.children[node] == 0)
 
 
 cdef int32_t _evict_one(Tree* t) except -2:
     # the policy's next victim, out of the tree (its parent evictable when it was the last
     # child); -1: none. Its fields stay readable until the node is reused by an insert.
-    cdef int32_t node = _policy_pop(t)
+    cdef int32_t node = _policy_pop(&t.nodes)
     cdef int32_t parent
     if node < 0:
         return -1
-    _map_del(&t.index, t.key[node])
+    _map_del(&t.index, t.nodes.key[node])
     t.num_reclaimable -= 1
     parent = t.parent[node]
     if parent >= 0:
         t.children[parent] -= 1
         if t.children[parent] == 0 and t.ref[parent] == 0:
-            _set_evictable(t, parent, True)
+            _set_evictable(&t.nodes, parent, True)
     t.spare[t.n_spare] = node
     t.n_spare += 1
     return node

@@ -39,7 +39,8 @@ from engine_adapter.sim.flat_run import FlatColumns, LoopSettings, cost_coeffici
 from engine_adapter.sim.request_table import RequestTable
 from engine_adapter.sim.run_state import RunRequests, RunState
 from sage_eviction import EvictionPolicy, native
-from sage_eviction.compiled_kinds import compiled_in
+from sage_eviction.compiled_kinds import NO_ORDER as NO_ORDER_KIND
+from sage_eviction.compiled_kinds import c_codes, compiled_in
 from sage_eviction.metrics import LatencyRecorder
 from sage_eviction.policies import POLICIES
 from sage_eviction.preemption import get_order
@@ -58,28 +59,13 @@ __all__ = [
 
 RADIX_LOOP = "engine_adapter.sim._radix_run"
 
-_TICK = 0  # the loop's policy kinds (_radix_policy.pxi)
-_SIEVE = 1  # sieve (_radix_pol_sieve.pxi)
-_LEVELLED, _LEVEL_HITS = 2, 0  # lfu (_radix_pol_levelled.pxi), its one variant
-_S3FIFO = 3  # s3fifo (_radix_pol_s3fifo.pxi)
-_ARC = 5  # arc (_radix_pol_arc.pxi)
-_GDSF, _BELADY = 10, 11  # the score heap's kinds (_radix_pol_score.pxi)
-NO_ORDER = 12  # no eviction order: the unbounded reference row, which never evicts (_radix_policy.pxi)
-_TOUCH_ON_ACCESS, _NEWEST_FIRST = 1, 2  # the tick kind's variants (_radix_pol_tick.pxi)
-_CODES: dict[str, tuple[int, int]] = {
-    "lru": (_TICK, _TOUCH_ON_ACCESS),
-    "fifo": (_TICK, 0),
-    "mru": (_TICK, _TOUCH_ON_ACCESS | _NEWEST_FIRST),
-    "filo": (_TICK, _NEWEST_FIRST),
-    "sieve": (_SIEVE, 0),
-    "lfu": (_LEVELLED, _LEVEL_HITS),
-    "s3fifo": (_S3FIFO, 0),
-    "arc": (_ARC, 0),
-    "gdsf": (_GDSF, 0),
-    "belady": (_BELADY, 0),
-}
-"""The loop's C codes, (kind, variant), of each policy `compiled_in("radix")` lists (a policy
-registered there without codes here fails at import)."""
+NO_ORDER = NO_ORDER_KIND
+"""No eviction order: the unbounded reference row, which never evicts (`P_NONE` of
+sage_eviction/_kinds.pxi)."""
+_CODES: dict[str, tuple[int, int]] = {name: c_codes(name) for name in compiled_in("radix")}
+"""The loop's C codes, (kind, variant), of each policy `compiled_in("radix")` lists: the policies'
+C home's (`sage_eviction.compiled_kinds.C_CODES`; a policy registered there without codes fails
+at import)."""
 
 
 def _radix_class(name: str) -> type[EvictionPolicy]:

@@ -11,11 +11,11 @@
 # that tick (a hit pushes it again at its new level and tick; a node that stops being evictable
 # leaves its entry behind). The tick alone tells: a node's level (its hits) changes only with a
 # hit, which gives it a new tick; a level that could change without one (a request's priority
-# raised) would have to be checked too. As in the tick kind (_radix_pol_tick.pxi) the heap
+# raised) would have to be checked too. As in the tick kind (_kind_tick.pxi) the heap
 # is rebuilt from its live entries when the stale ones outnumber them.
 
-cdef enum:
-    LEVEL_HITS = 0  # the level is the node's hits since insert (lfu)
+# Its one variant, LEVEL_HITS (generated into _kinds.pxi): the level is the node's hits since
+# insert (lfu).
 
 
 cdef struct LevelState:
@@ -26,11 +26,11 @@ cdef struct LevelState:
     Py_ssize_t h_size, h_cap
 
 
-cdef inline LevelState* _levels(Tree* t) noexcept:
+cdef inline LevelState* _levels(Nodes* t) noexcept:
     return <LevelState*>t.pol
 
 
-cdef int _lvl_init(Tree* t) except -1:
+cdef int _lvl_init(Nodes* t, object policy) except -1:
     cdef LevelState* s = <LevelState*>malloc(sizeof(LevelState))
     if s == NULL:
         raise MemoryError()
@@ -46,7 +46,7 @@ cdef int _lvl_init(Tree* t) except -1:
     return 0
 
 
-cdef void _lvl_free(Tree* t) noexcept:
+cdef void _lvl_free(Nodes* t) noexcept:
     cdef LevelState* s = _levels(t)
     free(s.tick)
     free(s.h_level)
@@ -56,7 +56,7 @@ cdef void _lvl_free(Tree* t) noexcept:
     t.pol = NULL
 
 
-cdef inline int64_t _lvl_of(Tree* t, int32_t node) noexcept:
+cdef inline int64_t _lvl_of(Nodes* t, int32_t node) noexcept:
     # `_level(meta)`, read now (LEVEL_HITS: meta.hits, already counting a hit being made)
     return t.hits[node]
 
@@ -70,7 +70,7 @@ cdef inline void _lvl_move(LevelState* s, Py_ssize_t to, Py_ssize_t frm) noexcep
     s.h_level[to], s.h_tick[to], s.h_node[to] = s.h_level[frm], s.h_tick[frm], s.h_node[frm]
 
 
-cdef inline bint _lvl_live(Tree* t, Py_ssize_t i) noexcept:
+cdef inline bint _lvl_live(Nodes* t, Py_ssize_t i) noexcept:
     # the entry still stands for its node: evictable, with the tick it was pushed with
     cdef LevelState* s = _levels(t)
     return t.evictable[s.h_node[i]] == 1 and s.h_tick[i] == s.tick[s.h_node[i]]
@@ -107,7 +107,7 @@ cdef void _lvl_sift_down(LevelState* s, Py_ssize_t i) noexcept:
     s.h_level[i], s.h_tick[i], s.h_node[i] = level, tick, node
 
 
-cdef void _lvl_rebuild(Tree* t) noexcept:
+cdef void _lvl_rebuild(Nodes* t) noexcept:
     # only the live entries, heapified; a node's second live entry (pushed again, at the same
     # level and tick, after it left and came back without a hit) is dropped, as it would be
     # when popped
@@ -125,7 +125,7 @@ cdef void _lvl_rebuild(Tree* t) noexcept:
         _lvl_sift_down(s, i)
 
 
-cdef int _lvl_push(Tree* t, int32_t node) except -1:
+cdef int _lvl_push(Nodes* t, int32_t node) except -1:
     # queue the node at its level read now and its tick
     cdef LevelState* s = _levels(t)
     if s.h_size == s.h_cap:
@@ -142,7 +142,7 @@ cdef int _lvl_push(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int32_t _lvl_pop(Tree* t) except -2:
+cdef int32_t _lvl_pop(Nodes* t) except -2:
     # `_pop_victim`: the evictable node of least (level, tick) (the caller keeps one evictable)
     cdef LevelState* s = _levels(t)
     cdef int32_t node
@@ -159,14 +159,14 @@ cdef int32_t _lvl_pop(Tree* t) except -2:
     raise RuntimeError("the levelled policy's heap has no evictable node")
 
 
-cdef int _lvl_insert(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _lvl_insert(Nodes* t, int32_t node, bint evictable) except -1:
     _levels(t).tick[node] = t.clock
     if evictable:
         _lvl_push(t, node)
     return 0
 
 
-cdef int _lvl_access(Tree* t, int32_t node) except -1:
+cdef int _lvl_access(Nodes* t, int32_t node) except -1:
     # the newest tick; an evictable node moves to its level now (its old entry is stale), one
     # in use reads its level when it is made evictable
     _levels(t).tick[node] = t.clock
@@ -175,7 +175,7 @@ cdef int _lvl_access(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int _lvl_evictable(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _lvl_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # back with its old tick at its level now (`_TickQueue.add_old`); one that leaves leaves a
     # stale entry
     if evictable:

@@ -19,11 +19,11 @@ cdef struct SieveState:
     int32_t hand  # where the next sweep starts; -1: at the tail
 
 
-cdef inline SieveState* _sieve(Tree* t) noexcept:
+cdef inline SieveState* _sieve(Nodes* t) noexcept:
     return <SieveState*>t.pol
 
 
-cdef int _sieve_init(Tree* t) except -1:
+cdef int _sieve_init(Nodes* t, object policy) except -1:
     cdef SieveState* s = <SieveState*>malloc(sizeof(SieveState))
     if s == NULL:
         raise MemoryError()
@@ -38,7 +38,7 @@ cdef int _sieve_init(Tree* t) except -1:
     return 0
 
 
-cdef void _sieve_free(Tree* t) noexcept:
+cdef void _sieve_free(Nodes* t) noexcept:
     cdef SieveState* s = _sieve(t)
     free(s.newer)
     free(s.older)
@@ -59,7 +59,7 @@ cdef inline void _sieve_unlink(SieveState* s, int32_t node) noexcept:
     _unlink(s.newer, s.older, &s.q, node)
 
 
-cdef int _sieve_insert(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _sieve_insert(Nodes* t, int32_t node, bint evictable) except -1:
     # a new entry, bit clear (a reused node's old bit is not its own), linked when evictable
     cdef SieveState* s = _sieve(t)
     s.visited[node] = 0
@@ -68,13 +68,13 @@ cdef int _sieve_insert(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int _sieve_access(Tree* t, int32_t node) except -1:
+cdef int _sieve_access(Nodes* t, int32_t node) except -1:
     # a hit sets the bit and moves nothing, linked or not
     _sieve(t).visited[node] = 1
     return 0
 
 
-cdef int _sieve_evictable(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _sieve_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # the base calls this only when the flag changes, so a node is linked exactly while evictable
     cdef SieveState* s = _sieve(t)
     if evictable:
@@ -84,7 +84,7 @@ cdef int _sieve_evictable(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int32_t _sieve_pop(Tree* t) except -2:
+cdef int32_t _sieve_pop(Nodes* t) except -2:
     # `_pop_victim`: from the hand (the tail when it is off the queue), clear each visited bit
     # passed toward the head, wrapping to the tail, and take the first unvisited node; the hand
     # rests on its newer neighbour. The sweep ends: it clears each bit it passes, so the second

@@ -10,8 +10,9 @@
 # only evictable nodes are linked into the lists, so REPLACE never sees the others; one that
 # becomes evictable is linked at the MRU end of its list.
 #
-# The radix cache never calls `prepare_insert` (nor `remove`), so the Python class's pending
-# ghost hit never exists here: a ghost hit is seen by the insert, after the evictions.
+# The flat cache calls `prepare_insert` before the evictions a miss makes: a ghost hit adapts p
+# then, and the next eviction is its REPLACE (`_arc_prepare`); the radix cache never does, so
+# there a ghost hit is seen by the insert, after the evictions.
 #
 # A key is in at most one ghost list and never in one while resident (an insert takes it out of
 # its ghost list; a victim is not resident), so B1 and B2 share one map key -> slot, the slot
@@ -40,9 +41,14 @@ cdef struct ArcState:
     Py_ssize_t g_n_spare, g_cap
     Ends b[3]  # b[1], b[2]: B1, B2
     Py_ssize_t nb[3]  # |B1|, |B2|
+    # `prepare_insert`'s key (while `has_pending`), the ghost list it was in (0: none), and
+    # whether the next eviction is its REPLACE
+    int64_t pending_key
+    bint has_pending, pending_replace
+    int pending_ghost
 
 
-cdef inline ArcState* _arcs(Tree* t) noexcept:
+cdef inline ArcState* _arcs(Nodes* t) noexcept:
     return <ArcState*>t.pol
 
 
@@ -62,7 +68,7 @@ cdef int _arc_grow_ghosts(ArcState* s) except -1:
     return 0
 
 
-cdef int _arc_init(Tree* t, object policy) except -1:
+cdef int _arc_init(Nodes* t, object policy) except -1:
     cdef Py_ssize_t i, c = policy.capacity  # ARCPolicy's c
     cdef ArcState* s = <ArcState*>calloc(1, sizeof(ArcState))  # counts 0, p 0.0, arrays NULL
     if s == NULL:
@@ -95,7 +101,7 @@ cdef int _arc_init(Tree* t, object policy) except -1:
     return 0
 
 
-cdef void _arc_free(Tree* t) noexcept:
+cdef void _arc_free(Nodes* t) noexcept:
     cdef ArcState* s = _arcs(t)
     free(s.newer)
     free(s.older)
@@ -167,15 +173,42 @@ cdef void _arc_adapt(ArcState* s, int ghost) noexcept:
             s.p = 0.0
 
 
-cdef int _arc_insert(Tree* t, int32_t node, bint evictable) except -1:
-    # _on_insert: a ghost hit (cases II and III) enters T2, p adapted; a new key enters T1, the
-    # ghost lists trimmed so that |L1| <= c and the directory <= 2c
+cdef int _arc_prepare(Nodes* t, int64_t key) except -1:
+    # `prepare_insert`: on a ghost hit p adapts now and the key leaves its ghost list, and the
+    # next eviction is the paper's REPLACE for it (cases II and III)
     cdef ArcState* s = _arcs(t)
-    cdef int64_t slot = _map_get(&s.ghost_of, t.key[node])
-    cdef Py_ssize_t c = s.c
+    cdef int64_t slot = _map_get(&s.ghost_of, key)
+    s.pending_key = key
+    s.has_pending = True
+    s.pending_ghost = 0
     if slot != _ABSENT:
-        _arc_adapt(s, s.g_lst[slot])  # with the lengths before the key leaves its list
+        s.pending_ghost = s.g_lst[slot]
+        _arc_adapt(s, s.pending_ghost)  # with the lengths before the key leaves its list
         _arc_ghost_del(s, <int32_t>slot)
+    s.pending_replace = s.pending_ghost != 0
+    return 0
+
+
+cdef int _arc_insert(Nodes* t, int32_t node, bint evictable) except -1:
+    # _on_insert: a ghost hit (cases II and III, seen by `prepare_insert` or now) enters T2, p
+    # adapted; a new key enters T1, the ghost lists trimmed so that |L1| <= c and the
+    # directory <= 2c
+    cdef ArcState* s = _arcs(t)
+    cdef int64_t slot
+    cdef Py_ssize_t c = s.c
+    cdef int ghost = 0
+    cdef bint prepared = s.has_pending and s.pending_key == t.key[node]
+    s.has_pending = False  # any insert ends what prepare_insert started
+    s.pending_replace = False
+    if prepared:
+        ghost = s.pending_ghost
+    else:
+        slot = _map_get(&s.ghost_of, t.key[node])
+        if slot != _ABSENT:
+            ghost = s.g_lst[slot]
+            _arc_adapt(s, ghost)  # with the lengths before the key leaves its list
+            _arc_ghost_del(s, <int32_t>slot)
+    if ghost:
         s.lst[node] = 2
         s.n2 += 1
         if evictable:
@@ -192,7 +225,7 @@ cdef int _arc_insert(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int _arc_access(Tree* t, int32_t node) except -1:
+cdef int _arc_access(Nodes* t, int32_t node) except -1:
     # _on_access, case I: to T2 (linked at its MRU end when evictable)
     cdef ArcState* s = _arcs(t)
     if s.lst[node] == 1:
@@ -208,7 +241,7 @@ cdef int _arc_access(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int _arc_evictable(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _arc_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # _on_evictable: linked at the MRU end of its list (it was in use until now), or unlinked
     cdef ArcState* s = _arcs(t)
     if evictable:
@@ -225,12 +258,13 @@ cdef int32_t _arc_lru_out(ArcState* s, int which) noexcept:
     return node
 
 
-cdef int32_t _arc_replace(Tree* t) except -2:
-    # _replace(in_b2=False): the LRU evictable node of T1 or T2 to its ghost list (no pending
-    # ghost hit here, so never the B2 tie-break)
+cdef int32_t _arc_replace(Nodes* t, bint in_b2) except -2:
+    # _replace: the LRU evictable node of T1 or T2 to its ghost list (`in_b2`: a pending ghost
+    # hit from B2, whose REPLACE takes T1's on a tie with p)
     cdef ArcState* s = _arcs(t)
     cdef int32_t node
-    if s.t[1].head != -1 and (<double>s.n1 > s.p or s.t[2].head == -1):
+    cdef double n1 = <double>s.n1
+    if s.t[1].head != -1 and (n1 > s.p or (in_b2 and n1 == s.p) or s.t[2].head == -1):
         node = _arc_lru_out(s, 1)
         s.n1 -= 1
         _arc_ghost_push(s, 1, t.key[node])
@@ -243,12 +277,15 @@ cdef int32_t _arc_replace(Tree* t) except -2:
     return node
 
 
-cdef int32_t _arc_pop(Tree* t) except -2:
-    # _pop_victim: case IV first (T1 alone full: its LRU node leaves without a ghost; else the
-    # ghost lists trimmed), then REPLACE
+cdef int32_t _arc_pop(Nodes* t) except -2:
+    # _pop_victim: a pending ghost hit's REPLACE; else case IV first (T1 alone full: its LRU
+    # node leaves without a ghost; else the ghost lists trimmed), then REPLACE
     cdef ArcState* s = _arcs(t)
     cdef Py_ssize_t c = s.c
     cdef int32_t node
+    if s.pending_replace:  # cases II and III
+        s.pending_replace = False
+        return _arc_replace(t, s.pending_ghost == 2)
     if s.n1 + s.nb[1] >= c:  # case IV.A: L1 holds c keys
         if s.n1 >= c and s.t[1].head != -1:
             node = _arc_lru_out(s, 1)
@@ -258,4 +295,4 @@ cdef int32_t _arc_pop(Tree* t) except -2:
             _arc_ghost_drop_oldest(s, 1)
     elif s.n1 + s.n2 + s.nb[1] + s.nb[2] >= 2 * c and s.nb[2]:  # case IV.B
         _arc_ghost_drop_oldest(s, 2)
-    return _arc_replace(t)
+    return _arc_replace(t, False)

@@ -49,12 +49,14 @@ cdef struct ScoreState:
     bint indexed
 
 
-cdef inline ScoreState* _scores(Tree* t) noexcept:
+cdef inline ScoreState* _scores(Nodes* t) noexcept:
     return <ScoreState*>t.pol
 
 
-cdef int _score_init(Tree* t, bint belady, object future) except -1:
-    # gdsf (`future` None) or belady (`future`: radix_run.RadixFuture, its keys and next uses)
+cdef int _score_init(Nodes* t, object future) except -1:
+    # gdsf (`future`: the policy, not read) or belady (`future`: radix_run.RadixFuture, its keys
+    # and next uses), by the kind
+    cdef bint belady = t.kind == P_BELADY
     cdef ScoreState* s = <ScoreState*>malloc(sizeof(ScoreState))
     if s == NULL:
         raise MemoryError()
@@ -89,7 +91,7 @@ cdef int _belady_future(ScoreState* s, object future) except -1:
     return 0
 
 
-cdef void _score_free(Tree* t) noexcept:
+cdef void _score_free(Nodes* t) noexcept:
     cdef ScoreState* s = _scores(t)
     free(s.heap)
     free(s.live)
@@ -141,12 +143,12 @@ cdef void _sc_sift_down(ScoreState* s, Py_ssize_t i) noexcept:
     s.heap[i] = item
 
 
-cdef inline bint _sc_live(Tree* t, const ScoreItem* item) noexcept:
+cdef inline bint _sc_live(Nodes* t, const ScoreItem* item) noexcept:
     # `_live[key] is item`: the node evictable and this its latest push
     return t.evictable[item.node] == 1 and _scores(t).live[item.node] == item.id
 
 
-cdef void _sc_rebuild(Tree* t) noexcept:
+cdef void _sc_rebuild(Nodes* t) noexcept:
     # `HeapPolicy._refill`: the live items alone, heapified
     cdef ScoreState* s = _scores(t)
     cdef Py_ssize_t i, kept = 0
@@ -159,14 +161,14 @@ cdef void _sc_rebuild(Tree* t) noexcept:
         _sc_sift_down(s, i)
 
 
-cdef inline double _gdsf_h(Tree* t, ScoreState* s, int32_t node) noexcept:
+cdef inline double _gdsf_h(Nodes* t, ScoreState* s, int32_t node) noexcept:
     # GDSFPolicy._score's H: inflation + (hits + 1) * cost / max(size, 1), cost and size as
     # EntryMeta has them (block_meta.BlockMetaFields.meta), each operation a double one in order
     cdef double cost = <double>((t.depth[node] + 1) * t.block_size)
     return s.inflation + (<double>(t.hits[node] + 1) * cost) / <double>max(t.block_size, 1)
 
 
-cdef int _sc_push(Tree* t, int32_t node) except -1:
+cdef int _sc_push(Nodes* t, int32_t node) except -1:
     # `HeapPolicy._push`: a new live item for `node` with its score now
     cdef ScoreState* s = _scores(t)
     cdef ScoreItem* item
@@ -189,7 +191,7 @@ cdef int _sc_push(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int32_t _score_pop(Tree* t) except -2:
+cdef int32_t _score_pop(Nodes* t) except -2:
     # `_pop_victim`: the live item of least (score, second); gdsf's L becomes its H
     cdef ScoreState* s = _scores(t)
     cdef ScoreItem item
@@ -208,7 +210,7 @@ cdef int32_t _score_pop(Tree* t) except -2:
 
 # ---- the hooks ---------------------------------------------------------------------------------
 
-cdef int _score_insert(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _score_insert(Nodes* t, int32_t node, bint evictable) except -1:
     cdef ScoreState* s = _scores(t)
     s.value[node] = _belady_next(t, s, t.key[node]) if s.belady else t.clock
     if evictable:
@@ -216,7 +218,7 @@ cdef int _score_insert(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int _score_access(Tree* t, int32_t node) except -1:
+cdef int _score_access(Nodes* t, int32_t node) except -1:
     # a hit rescores a live key (`rescore_on_access`); one in use only takes its new value
     cdef ScoreState* s = _scores(t)
     s.value[node] = _belady_next(t, s, t.key[node]) if s.belady else t.clock
@@ -225,7 +227,7 @@ cdef int _score_access(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int _score_evictable(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _score_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # back with a new item scored now (its value kept); one that leaves leaves a stale item
     if evictable:
         _sc_push(t, node)
@@ -234,7 +236,7 @@ cdef int _score_evictable(Tree* t, int32_t node, bint evictable) except -1:
 
 # ---- belady's next use -------------------------------------------------------------------------
 
-cdef int _belady_serve(Tree* t, const int64_t* keys, Py_ssize_t n, int64_t end) except -1:
+cdef int _belady_serve(Nodes* t, const int64_t* keys, Py_ssize_t n, int64_t end) except -1:
     # `RadixBelady.serve(keys, end)`: the cursor, and each key's last position in the request
     cdef ScoreState* s = _scores(t)
     cdef Py_ssize_t j
@@ -250,7 +252,7 @@ cdef int _belady_serve(Tree* t, const int64_t* keys, Py_ssize_t n, int64_t end) 
     return 0
 
 
-cdef int64_t _belady_next(Tree* t, ScoreState* s, int64_t key) except -1:
+cdef int64_t _belady_next(Nodes* t, ScoreState* s, int64_t key) except -1:
     # `RadixBelady._next`
     cdef int64_t position = _map_get(&s.serving, key)
     if position == _ABSENT:

@@ -26,9 +26,12 @@ cdef struct S3State:
     int64_t threshold  # `move_threshold`
     bint has_evicted  # the warm-up rule holds until the first eviction
     Ghosts ghost
+    # `prepare_insert`'s key (while `has_pending`) and whether it was a ghost
+    int64_t pending_key
+    bint has_pending, pending_ghost
 
 
-cdef inline S3State* _s3(Tree* t) noexcept:
+cdef inline S3State* _s3(Nodes* t) noexcept:
     return <S3State*>t.pol
 
 
@@ -42,7 +45,7 @@ cdef int _s3fifo_sizes(S3State* s, object policy) except -1:
     return _ghosts_init(&s.ghost, int(capacity * policy.ghost_ratio))
 
 
-cdef int _s3fifo_init(Tree* t, object policy) except -1:
+cdef int _s3fifo_init(Nodes* t, object policy) except -1:
     cdef S3State* s = <S3State*>malloc(sizeof(S3State))
     cdef Py_ssize_t n = t.capacity if t.capacity > 0 else 1
     if s == NULL:
@@ -60,11 +63,11 @@ cdef int _s3fifo_init(Tree* t, object policy) except -1:
     s.q[S3_SMALL].head = s.q[S3_SMALL].tail = -1
     s.q[S3_MAIN].head = s.q[S3_MAIN].tail = -1
     s.n[S3_SMALL] = s.n[S3_MAIN] = 0
-    s.has_evicted = False
+    s.has_evicted = s.has_pending = s.pending_ghost = False
     return _s3fifo_sizes(s, policy)
 
 
-cdef void _s3fifo_free(Tree* t) noexcept:
+cdef void _s3fifo_free(Nodes* t) noexcept:
     cdef S3State* s = _s3(t)
     free(s.freq)
     free(s.where)
@@ -84,11 +87,28 @@ cdef inline void _s3_unlink(S3State* s, int queue, int32_t node) noexcept:
     _unlink(s.newer, s.older, &s.q[queue], node)
 
 
-cdef int _s3fifo_insert(Tree* t, int32_t node, bint evictable) except -1:
-    # `_on_insert` (no `prepare_insert` in the radix cache): a ghost hit goes to M, any other key
-    # to S, except that before the first eviction, once S is full, new keys go to M
+cdef int _s3fifo_prepare(Nodes* t, int64_t key) except -1:
+    # `prepare_insert`: the key out of G now, so that the evictions before its insert cannot
+    # push it out; the insert then puts it in M
     cdef S3State* s = _s3(t)
-    cdef int queue = S3_MAIN if _ghosts_pop(&s.ghost, t.key[node]) else S3_SMALL
+    s.pending_key = key
+    s.has_pending = True
+    s.pending_ghost = _ghosts_pop(&s.ghost, key) != 0
+    return 0
+
+
+cdef int _s3fifo_insert(Nodes* t, int32_t node, bint evictable) except -1:
+    # `_on_insert`: a ghost hit (seen by `prepare_insert` or now) goes to M, any other key to S,
+    # except that before the first eviction, once S is full, new keys go to M
+    cdef S3State* s = _s3(t)
+    cdef bint to_main
+    cdef int queue
+    if s.has_pending and s.pending_key == t.key[node]:
+        to_main = s.pending_ghost
+    else:
+        to_main = _ghosts_pop(&s.ghost, t.key[node]) != 0
+    s.has_pending = False
+    queue = S3_MAIN if to_main else S3_SMALL
     if queue == S3_SMALL and not s.has_evicted and s.n[S3_SMALL] >= s.small_size:
         queue = S3_MAIN  # warm-up: S is full but the cache is not
     s.freq[node] = 0
@@ -99,7 +119,7 @@ cdef int _s3fifo_insert(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int _s3fifo_access(Tree* t, int32_t node) except -1:
+cdef int _s3fifo_access(Nodes* t, int32_t node) except -1:
     # `_on_access`: evictable or not, the frequency grows to its cap; nothing moves
     cdef S3State* s = _s3(t)
     if s.freq[node] < S3_MAX_FREQ:
@@ -107,7 +127,7 @@ cdef int _s3fifo_access(Tree* t, int32_t node) except -1:
     return 0
 
 
-cdef int _s3fifo_evictable(Tree* t, int32_t node, bint evictable) except -1:
+cdef int _s3fifo_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # `_on_evictable`: linked at its queue's head, or unlinked (still counted in the queue)
     cdef S3State* s = _s3(t)
     if evictable:
@@ -117,7 +137,7 @@ cdef int _s3fifo_evictable(Tree* t, int32_t node, bint evictable) except -1:
     return 0
 
 
-cdef int32_t _s3fifo_evict_small(Tree* t) except -2:
+cdef int32_t _s3fifo_evict_small(Nodes* t) except -2:
     # `_evict_small`: S's tail, moved to M's head (frequency 0) when hit enough and the next
     # tail tried, else the victim, its key into G; -1 when S empties first
     cdef S3State* s = _s3(t)
@@ -140,7 +160,7 @@ cdef int32_t _s3fifo_evict_small(Tree* t) except -2:
     return -1
 
 
-cdef int32_t _s3fifo_evict_main(Tree* t) noexcept:
+cdef int32_t _s3fifo_evict_main(Nodes* t) noexcept:
     # `_evict_main`: M's tail, back to the head with frequency f - 1 while f >= 1 (the caller
     # has M's list non-empty, so the loop ends: each turn lowers a frequency or returns)
     cdef S3State* s = _s3(t)
@@ -156,7 +176,7 @@ cdef int32_t _s3fifo_evict_main(Tree* t) noexcept:
         return node
 
 
-cdef int32_t _s3fifo_pop(Tree* t) except -2:
+cdef int32_t _s3fifo_pop(Nodes* t) except -2:
     # `_pop_victim`: from M when it holds more than its share or S has nothing evictable, else
     # from S; when S empties without a victim (all moved to M), M is tried again
     cdef S3State* s = _s3(t)
