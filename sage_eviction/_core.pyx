@@ -21,7 +21,7 @@ of hooks (`_core_ops_levelled.pxi`: lfu, priority; `_core_ops_sieve.pxi`: sieve,
 `_core_ops_heap.pxi`: gdsf, slo, predictive, belady and `share_ops`; `_core_ops_ghosts.pxi`:
 s3fifo, arc, mq), `_core_flat.pxi` (`flat_lookup`, `FlatCache.lookup` in one call) and
 `_core_flat_state.pxi` (`FlatState`: the flat cache with int64 keys and its policy's state in C
-arrays, for lru, fifo, mru, filo, sieve, s3fifo, arc and belady, over the int64 tables of
+arrays, for lru, fifo, mru, filo, sieve, s3fifo, arc, lfu, gdsf and belady, over the int64 tables of
 `_core_i64map.pxi` and the policies' one C home, `_kinds.pxi`: `_kind_nodes.pxi` and a file per
 kind, which the simulator's radix loop includes too), and `_core_keyset.pxi`
 (`KeySet`, the compact set of evicted keys, over the same int64 table). Each mirrors its Python

@@ -153,7 +153,13 @@ cdef class FlatState:
         self.nodes.capacity = capacity
         self.nodes.key = <int64_t*>malloc(capacity * sizeof(int64_t))
         self.nodes.evictable = <uint8_t*>calloc(capacity + 1, 1)
-        if self.nodes.key == NULL or self.nodes.evictable == NULL:
+        # what the kinds read of a block's EntryMeta: its hits (lfu's level, gdsf's frequency),
+        # and its depth 0 with a block size of 1, so that gdsf's cost and size are EntryMeta's
+        # defaults (1.0 and 1), as `FlatCache.request`'s `policy.insert(key)` makes them
+        self.nodes.hits = <int64_t*>calloc(capacity + 1, sizeof(int64_t))
+        self.nodes.depth = <int32_t*>calloc(capacity + 1, sizeof(int32_t))
+        if (self.nodes.key == NULL or self.nodes.evictable == NULL or self.nodes.hits == NULL
+                or self.nodes.depth == NULL):
             raise MemoryError()
         self.nodes.block_size = 1
         if kind == FLAT_BELADY:
@@ -180,6 +186,8 @@ cdef class FlatState:
             _pol_free(&self.nodes)
         free(self.nodes.key)
         free(self.nodes.evictable)
+        free(self.nodes.hits)
+        free(self.nodes.depth)
         free(self.lat_ring)
         _far_free(&self.far)
 

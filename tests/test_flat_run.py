@@ -233,9 +233,9 @@ def test_tenants_as_groups_and_a_progress_call_per_request() -> None:
 def test_the_python_loop_stays_where_the_compiled_one_does_not_apply() -> None:
     workload = synthetic(requests=30, rate=20.0, seed=2)
     capacity = max(1, unique_blocks(workload) // 5)
-    lfu = Simulator(workload, "lfu", capacity, cache_model="flat")  # no state in C
-    lfu.run()
-    assert (lfu.event_loop, lfu.policy_calls) == ("python", "compiled")
+    slru = Simulator(workload, "slru", capacity, cache_model="flat")  # no state in C
+    slru.run()
+    assert (slru.event_loop, slru.policy_calls) == ("python", "compiled")
     strings = Workload(
         [SimRequest(i, i * 0.1, (f"k{i % 3}", "x"), 32, 2) for i in range(8)],
         block_size=16,

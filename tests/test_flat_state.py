@@ -34,7 +34,7 @@ from sage_eviction.registry import create_policy
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 
-STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "belady")
+STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "lfu", "gdsf", "belady")
 LOW, HIGH = -(2**63), 2**63 - 1
 KEYS = st.one_of(st.integers(-3, 30), st.sampled_from([LOW, LOW + 1, HIGH, HIGH - 1, 0]))
 STREAMS = st.lists(st.lists(KEYS, min_size=0, max_size=12), min_size=1, max_size=30)
