@@ -1,7 +1,8 @@
 """The flat cache with its policy's state in C (`sage_eviction._core.FlatState`) against Python.
 
-`FlatCache(int_keys=True)` runs lru, fifo, mru, filo, sieve, s3fifo and arc in C over an int64
-hash table and linked lists, the re-prefill tracker's evicted keys in a second table. Its twin is
+`FlatCache(int_keys=True)` runs every policy of the `flat` home (`compiled_kinds`: lru, fifo, mru,
+filo, sieve, s3fifo, arc, lfu, gdsf, belady) in C over an int64 hash table and the policies' one C
+home (sage_eviction/_kind_*.pxi), the re-prefill tracker's evicted keys in a second table. Its twin is
 the pure-Python `FlatCache` (built inside `native.pure_python()`: the Python loop and the
 policy's own methods): on hypothesis-drawn int key streams (negative keys, int64's ends, repeats;
 given in chunks as the simulator gives a request's blocks) and on long seeded skewed streams,
@@ -26,6 +27,7 @@ from engine_adapter.sim.simulator import Simulator
 from engine_adapter.sim.synthetic import synthetic
 from engine_adapter.sim.workloads import SimRequest, Workload, unique_blocks
 from sage_eviction import native
+from sage_eviction.compiled_kinds import compiled_in
 from sage_eviction.errors import PolicyStateError
 from sage_eviction.flat import FlatCache, simulate_flat
 from sage_eviction.metrics import LatencyRecorder, ReprefillTracker
@@ -34,7 +36,7 @@ from sage_eviction.registry import create_policy
 
 pytestmark = pytest.mark.skipif(not compiled_core_built(), reason=COMPILED_CORE_MISSING)
 
-STATE_POLICIES = ("lru", "fifo", "mru", "filo", "sieve", "s3fifo", "arc", "lfu", "gdsf", "belady")
+STATE_POLICIES = tuple(compiled_in("flat"))  # every policy of the flat home, each held to Python
 LOW, HIGH = -(2**63), 2**63 - 1
 KEYS = st.one_of(st.integers(-3, 30), st.sampled_from([LOW, LOW + 1, HIGH, HIGH - 1, 0]))
 STREAMS = st.lists(st.lists(KEYS, min_size=0, max_size=12), min_size=1, max_size=30)
@@ -49,6 +51,7 @@ def _core() -> Any:
 
 def test_the_core_runs_the_policies_this_file_tests() -> None:
     assert _core().flat_state_policies() == sorted(STATE_POLICIES)
+    assert {"lru", "s3fifo", "arc", "lfu", "gdsf", "belady"} <= set(STATE_POLICIES)
 
 
 def _state_cache(policy: str, capacity: int, future: list[int], window: int | None = None) -> FlatCache:
