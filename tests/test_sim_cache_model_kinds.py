@@ -85,10 +85,12 @@ def test_a_row_says_whether_and_why_it_ran_compiled() -> None:
     assert _why("lru") is None
     assert _why("lru", cache_model="flat") is None
     assert _why("lru", tiers=TierConfig(host_blocks=50)) == "KV tiers"
-    assert _why("lru", protect_queued=0.2) == "queue protection"
+    assert _why("lru", protect_queued=0.2) is None  # compiled since issue 50, item 4
+    assert _why("lru", protect_queued=0.2, adaptive_batch=True) == "adaptive batch"
     assert _why("lru", compiled=False) == "compiled=False"
     assert _why("slru") == "slru has no kind in the compiled loop"
-    assert _why("lfu", cache_model="flat") == "lfu keeps no state in C, called through its C table"
+    assert _why("lfu", cache_model="flat") is None  # its state in C since issue 50, item 1
+    assert _why("slru", cache_model="flat") == "slru keeps no state in C, called through its C table"
     assert _why("lru", cache_model="sglang") == "SGLang's tree is modelled in Python"
 
 

@@ -8,7 +8,9 @@
 # `CacheManager.allocate` + `commit_blocks`, `reserve_tokens`, `free_sequence` / `preempt` and
 # `select_preemption_victims(1, exclude)`, with `EvictionStep.evict`'s counters (calls, blocks,
 # the policy's decision time, memory utilization), the re-prefill tracker's evicted keys (the
-# core's `KeySet`) and the accounting (`Accounting`).
+# core's `KeySet`) and the accounting (`Accounting`); with `protect_queued`, the waiting
+# requests' protected prefixes (`QueueProtection`, engine_adapter/cache/queue_protection.py:
+# `protect`, `release`, `reclaimable_for`, `yield_for`, each ported below).
 
 cdef enum:
     # the preemption order's key over running sequences (its name in radix_run._CANDIDATE_KEYS)
@@ -53,12 +55,28 @@ cdef class CacheCore:
     cdef readonly int64_t latency_count, latency_next
     cdef readonly bint needs_order  # a tree without an order (P_NONE) had to evict: the run bailed
     cdef readonly double utilization_sum
+    # queue protection (QueueProtection; off when `max_protected` is 0, and nothing allocated):
+    # each waiting request's protected path, the protections in the order they were made (a
+    # list by request: the newest yields first), the protections holding each node (its
+    # `_refs`: a protected node is locked, so it keeps its key), the distinct protected nodes
+    cdef readonly int64_t max_protected, num_protected, protections_yielded
+    cdef int32_t** prot_path
+    cdef int64_t* prot_len
+    cdef int64_t* prot_prev
+    cdef int64_t* prot_next
+    cdef int64_t prot_head, prot_tail
+    cdef int32_t* prot_refs  # by node
+    cdef uint8_t* prot_mark  # by node: reclaimable_for's scratch (1: in the path, 2: counted)
 
     def __cinit__(self):
         self.path = NULL
         self.path_len = self.table_len = self.seq_tokens = self.run_prev = self.run_next = self.victims = NULL
         self.admitted_at = NULL
         self.victim_tenant = NULL
+        self.prot_path = NULL
+        self.prot_len = self.prot_prev = self.prot_next = NULL
+        self.prot_refs = NULL
+        self.prot_mark = NULL
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -76,6 +94,15 @@ cdef class CacheCore:
         free(self.victims)
         free(self.admitted_at)
         free(self.victim_tenant)
+        if self.prot_path != NULL:
+            for i in range(self.n):
+                free(self.prot_path[i])
+            free(self.prot_path)
+        free(self.prot_len)
+        free(self.prot_prev)
+        free(self.prot_next)
+        free(self.prot_refs)
+        free(self.prot_mark)
 
     def __init__(self, settings, Accounting acct, Py_ssize_t n):
         """`settings`: `radix_run.RadixSettings`; `n` sequences (the run's requests)."""
@@ -102,6 +129,20 @@ cdef class CacheCore:
         self.victim_tenant = <int32_t*>_alloc((self.num_blocks + 1) * sizeof(int32_t))
         for i in range(n):
             self.path_len[i] = self.table_len[i] = 0
+        self.max_protected = settings.max_protected
+        self.prot_head = self.prot_tail = -1
+        if self.max_protected > 0:
+            self.prot_path = <int32_t**>_alloc((n + 1) * sizeof(int32_t*))
+            self.prot_len = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+            self.prot_prev = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+            self.prot_next = <int64_t*>_alloc((n + 1) * sizeof(int64_t))
+            self.prot_refs = <int32_t*>calloc(self.num_blocks + 1, sizeof(int32_t))
+            self.prot_mark = <uint8_t*>calloc(self.num_blocks + 1, sizeof(uint8_t))
+            if self.prot_refs == NULL or self.prot_mark == NULL:
+                raise MemoryError()
+            for i in range(n):
+                self.prot_path[i] = NULL
+                self.prot_len[i] = 0
 
     @property
     def order_kind(self) -> int:
@@ -133,12 +174,15 @@ cdef class CacheCore:
         deficit = n_new - self.num_free  # EvictionStep.deficit
         if deficit > 0:
             reclaimable = self.tree.num_reclaimable - _reclaimable_in(&self.tree, path, n_path)
+            if deficit > reclaimable and self.prot_head >= 0:  # the protections yield if that is enough
+                reclaimable = self._yield_for(deficit, path, n_path)
             if deficit > reclaimable:
                 free(path)
                 return -1  # NoEvictableBlocksError
             if self.tree.nodes.kind == P_NONE:
                 free(path)
                 return self._needs_order()
+        self.release_protection(i)  # it leaves the queue; its protected head is in `path`
         _lock(&self.tree, path, n_path)
         _touch(&self.tree, path, n_path)
         if deficit > 0:
@@ -179,6 +223,8 @@ cdef class CacheCore:
                 return BAIL  # RequestTooLargeError
             deficit = needed - self.num_free  # EvictionStep.room_for
             if deficit > 0:
+                if deficit > self.tree.num_reclaimable and self.prot_head >= 0:
+                    self._yield_for(deficit, NULL, 0)
                 if deficit > self.tree.num_reclaimable:
                     return 0
                 if self.tree.nodes.kind == P_NONE:
@@ -219,6 +265,111 @@ cdef class CacheCore:
         self.num_free += to_free
         self.preemptions += preempted
         return 0
+
+    # ---- queue protection (QueueProtection and Admission.protect) ------------------------------
+
+    cdef int64_t protect(self, int64_t i, const int64_t* keys, int64_t n_keys, int64_t tokens) except -1:
+        # Admission.protect: the waiting request's cached prefix (the path `allocate` would hit)
+        # protected from its head as far as the budget goes, replacing its earlier protection;
+        # blocks another protection holds cost nothing of the budget. Returns blocks protected.
+        cdef int64_t n_full = min(n_keys, tokens // self.block_size), n_path, room, end = 0, j
+        cdef int32_t* path
+        cdef int32_t node
+        if self.max_protected <= 0:
+            return 0
+        self.release_protection(i)
+        path = <int32_t*>_alloc((n_full + 1) * sizeof(int32_t))
+        n_path = _match(&self.tree, keys, n_full, path)
+        room = self.max_protected - self.num_protected
+        for j in range(n_path):  # the longest head of the path within the budget
+            if self.prot_refs[path[j]] == 0:
+                if room <= 0:
+                    break
+                room -= 1
+            end += 1
+        if end == 0:
+            free(path)
+            return 0
+        _lock(&self.tree, path, end)
+        for j in range(end):
+            node = path[j]
+            if self.prot_refs[node] == 0:
+                self.num_protected += 1
+            self.prot_refs[node] += 1
+        self.prot_path[i], self.prot_len[i] = path, end
+        self.prot_prev[i], self.prot_next[i] = self.prot_tail, -1  # the newest, at the tail
+        if self.prot_tail >= 0:
+            self.prot_next[self.prot_tail] = i
+        else:
+            self.prot_head = i
+        self.prot_tail = i
+        return end
+
+    cdef int64_t release_protection(self, int64_t i) except -1:
+        # QueueProtection.release: the request's protection ends; returns blocks it held
+        cdef int32_t* path
+        cdef int64_t n, j
+        cdef int32_t node
+        if self.prot_path == NULL or self.prot_path[i] == NULL:
+            return 0
+        path, n = self.prot_path[i], self.prot_len[i]
+        if self.prot_prev[i] >= 0:
+            self.prot_next[self.prot_prev[i]] = self.prot_next[i]
+        else:
+            self.prot_head = self.prot_next[i]
+        if self.prot_next[i] >= 0:
+            self.prot_prev[self.prot_next[i]] = self.prot_prev[i]
+        else:
+            self.prot_tail = self.prot_prev[i]
+        _unlock(&self.tree, path, n)  # `_unprotect`
+        for j in range(n):
+            node = path[j]
+            self.prot_refs[node] -= 1
+            if self.prot_refs[node] == 0:
+                self.num_protected -= 1
+        free(path)
+        self.prot_path[i], self.prot_len[i] = NULL, 0
+        return n
+
+    cdef int64_t _reclaimable_for(self, const int32_t* path, int64_t n_path) except -1:
+        # QueueProtection.reclaimable_for: blocks eviction could reclaim for a request that locks
+        # `path` once every protection has yielded: a protected block held by protections alone
+        # counts, unless the request locks it
+        cdef int64_t reclaimable = self.tree.num_reclaimable - _reclaimable_in(&self.tree, path, n_path)
+        cdef int64_t i, j
+        cdef int32_t node
+        if self.num_protected == 0:
+            return reclaimable
+        for j in range(n_path):
+            self.prot_mark[path[j]] = 1
+        i = self.prot_head
+        while i >= 0:
+            for j in range(self.prot_len[i]):
+                node = self.prot_path[i][j]
+                if self.prot_mark[node] == 0:
+                    self.prot_mark[node] = 2  # each protected node counted once
+                    reclaimable += self.tree.ref[node] == self.prot_refs[node]
+            i = self.prot_next[i]
+        i = self.prot_head
+        while i >= 0:
+            for j in range(self.prot_len[i]):
+                self.prot_mark[self.prot_path[i][j]] = 0
+            i = self.prot_next[i]
+        for j in range(n_path):
+            self.prot_mark[path[j]] = 0
+        return reclaimable
+
+    cdef int64_t _yield_for(self, int64_t deficit, const int32_t* path, int64_t n_path) except -1:
+        # QueueProtection.yield_for: the newest protections yield until `deficit` blocks are
+        # reclaimable beside the locked `path`, only when yielding can make enough; returns the
+        # blocks reclaimable then (protection never fails an allocation that could succeed)
+        cdef int64_t reclaimable = self.tree.num_reclaimable - _reclaimable_in(&self.tree, path, n_path)
+        if deficit > reclaimable and self.prot_head >= 0 and deficit <= self._reclaimable_for(path, n_path):
+            while deficit > reclaimable:
+                self.release_protection(self.prot_tail)  # `_yield_newest`
+                self.protections_yielded += 1
+                reclaimable = self.tree.num_reclaimable - _reclaimable_in(&self.tree, path, n_path)
+        return reclaimable
 
     cdef void _run_append(self, int64_t i) noexcept:
         self.run_prev[i], self.run_next[i] = self.run_tail, -1

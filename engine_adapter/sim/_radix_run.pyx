@@ -6,7 +6,7 @@
 event loop (`Simulator.advance`, engine_adapter/sim/simulator.py) over the real `CacheManager`
 is the reference, ported step for step for what a plain radix row does:
 
-- the event loop: arrivals, FCFS admission within `max_running` and `max_prefill_tokens` (the
+- the event loop: arrivals (each protected while it waits, with `protect_queued`), FCFS admission within `max_running` and `max_prefill_tokens` (the
   first admission always fits) while the cache can give the head its blocks, the decode steps'
   block needs (`decode_steps.grow_decoding`) with preemption by recompute (the policy's
   `select_victims` order; the preempted sequence back at the head of the queue), step times
@@ -220,6 +220,10 @@ cdef class RadixLoop:
         return self.cache.allocate(i, self._keys(i), self._n_keys(i), self.tokens[i], self._prompt_tokens(i),
                                    self.ends[i], self.tenant[i], self.clock)
 
+    cdef inline int64_t _protect(self, Py_ssize_t i) except -1:
+        # RadixModel.protect: the waiting request's cached prefix, with its tokens now
+        return self.cache.protect(i, self._keys(i), self._n_keys(i), self.tokens[i])
+
     cdef inline int _release(self, Py_ssize_t i, bint preempted) except -1:
         return self.cache.release(i, self._keys(i), self._n_keys(i), self._prompt_tokens(i), self.tenant[i],
                                   self.clock, preempted)
@@ -338,6 +342,8 @@ cdef class RadixLoop:
         self.epoch[i] += 1
         self.front[self.n_front] = i
         self.n_front += 1
+        if self.cache.max_protected > 0:  # queued again: its cached prefix protected again
+            self._protect(i)
         return 0
 
     cdef inline void _stop_decoding(self, int64_t i) noexcept:
@@ -435,6 +441,8 @@ cdef class RadixLoop:
         cdef bint preempted
         while self.clock < INFINITY:
             while self.next_arrival < self.n and self.arrivals[self.next_arrival] <= self.clock:
+                if self.cache.max_protected > 0:  # Simulator._arrive: its cached prefix protected
+                    self._protect(self.next_arrival)
                 self.next_arrival += 1
             if self.n_running == 0 and not self._waiting():
                 if self.next_arrival >= self.n:

@@ -140,6 +140,7 @@ class RadixSettings:
     new_eviction: Callable[[float, int, int, str], object]
     bounds: tuple[tuple[float, ...], ...]
     latency_window: int
+    max_protected: int  # the queue protection's budget in blocks (`QueueProtection`; 0: off)
 
 
 def compiled_policies() -> list[str]:
@@ -183,7 +184,6 @@ def _python_only(sim: RadixLoopSettings, options: RadixOptions) -> str | None:
         (options.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
         (sim.horizon is not None, "a fleet replica"),
         (options.adaptive_batch, "adaptive batch"),
-        (bool(options.protect_queued), "queue protection"),
         (options.compress_on_evict is not None, "compress-on-evict"),
         (sim.tiers is not None, "KV tiers"),
     )
@@ -226,6 +226,7 @@ def _settings(
         new_eviction=GhostSet.eviction,
         bounds=tuple(HISTOGRAM_KINDS[kind] for kind in _KINDS),
         latency_window=LatencyRecorder().window,  # the eviction step's recorder (`EvictionStep`)
+        max_protected=manager.max_protected,
     )
 
 
