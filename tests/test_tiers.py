@@ -334,3 +334,21 @@ def test_the_tree_bounds_the_nodes_below_the_device() -> None:
     cut = tree_snapshot(m.radix, block_size=BS, tiers=m.tiers, max_nodes=2)
     assert cut["shown_nodes"] + cut["below_nodes"] == 2
     assert cut["hidden_below"] == 6 - 2 * cut["below_nodes"]  # each below node here is 2 blocks
+
+
+def test_a_failed_load_whose_block_left_the_tree_drops_the_copy_below() -> None:
+    """A load into a device block that left the tree in the same step (a loose prefetch evicted
+    again) may have had its garbage demoted back below: the key's copy there is dropped, so a
+    later lookup misses instead of reading it (tier_failures.handle_failed_moves)."""
+    m, e = make(num_blocks=3, host_blocks=8)
+    serve(e, 1, prompt(1, blocks=2))
+    serve(e, 2, prompt(2, blocks=2))  # prompt 1 demoted to host
+    tiers = m.tiers
+    assert tiers is not None
+    key = next(k for k, entry in tiers.host.entries.items() if entry.parent_key is None)
+    assert key not in m.radix and m.tier_of(key) == (Tier.HOST,)
+    # the load's device block holds another key now (or none): the move's block left the tree
+    m.moves_failed([TierMove(Tier.HOST, tiers.host.entries[key].slot, Tier.DEVICE, 0, key)])
+    assert m.tier_of(key) == ()
+    m.check_invariants()
+    assert serve(e, 3, prompt(1)) == 0  # a miss, never the copy of a failed load
