@@ -10,9 +10,9 @@ float sum), `Simulator.ttft_s` bit for bit and the progress calls; on hypothesis
 or sessions, lists and `RequestTable`s, small pools and running limits where decode growth
 preempts) and on the shipped Mooncake conversation trace. `PolicyProbe` holds the tick kind
 (lru, fifo, mru, filo) to the Python policies operation by operation. The Python loop keeps the
-rows the compiled one does not run (tiers, compress-on-evict, adaptive batch, fleets, other
-policies, `compiled=False`, `SAGE_PURE_PYTHON`); queue protection runs compiled
-(tests/test_radix_run_protection.py).
+rows the compiled one does not run (tiers, compress-on-evict, fleets, other policies,
+`compiled=False`, `SAGE_PURE_PYTHON`); queue protection and the adaptive batch run compiled
+(tests/test_radix_run_protection.py, tests/test_radix_run_adaptive.py).
 """
 
 from __future__ import annotations
@@ -216,11 +216,10 @@ def test_the_mooncake_rows(policy: str) -> None:
     [
         {"tiers": TierConfig(host_blocks=64)},
         {"compress_on_evict": "knorm:0.5"},
-        {"adaptive_batch": True},
         {"compiled": False},
         {"cache_model": "sglang"},
     ],
-    ids=["tiers", "compress", "adaptive", "pure-cache", "sglang"],
+    ids=["tiers", "compress", "pure-cache", "sglang"],
 )
 def test_the_python_loop_runs_the_rows_the_compiled_one_does_not(options: dict[str, Any]) -> None:
     workload = synthetic(requests=40, rate=20.0, seed=4)

@@ -86,7 +86,8 @@ def test_a_row_says_whether_and_why_it_ran_compiled() -> None:
     assert _why("lru", cache_model="flat") is None
     assert _why("lru", tiers=TierConfig(host_blocks=50)) == "KV tiers"
     assert _why("lru", protect_queued=0.2) is None  # compiled since issue 50, item 4
-    assert _why("lru", protect_queued=0.2, adaptive_batch=True) == "adaptive batch"
+    assert _why("lru", protect_queued=0.2, adaptive_batch=True) is None  # both since issue 50, item 4
+    assert _why("lru", compress_on_evict="knorm:0.5") == "compress-on-evict"
     assert _why("lru", compiled=False) == "compiled=False"
     assert _why("slru") == "slru has no kind in the compiled loop"
     assert _why("lfu", cache_model="flat") is None  # its state in C since issue 50, item 1

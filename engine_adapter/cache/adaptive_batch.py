@@ -102,6 +102,12 @@ class AdaptiveBatch:
         self._evictions = 0  # the counters at the start of the window
         self._re_prefills = 0
 
+    @property
+    def next_decision(self) -> int:
+        """The step count (`steps`) at which `observe` next decides: until then a call only adds
+        its steps up (the simulator's compiled loop calls it only then)."""
+        return self._next_decision
+
     def observe(self, evictions_total: int, re_prefills_total: int, steps: int = 1) -> BatchChange | None:
         """`steps` more steps ran; the cache's counters are now these. Returns the change made
         at the end of a window, if any."""

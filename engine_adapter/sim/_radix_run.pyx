@@ -83,6 +83,11 @@ cdef class RadixLoop:
     cdef Cost cost
     cdef int64_t block_size, max_running, max_prefill, progress_every
     cdef object progress
+    # the adaptive batch (`AdaptiveBatch`, engine_adapter/cache/adaptive_batch.py; None: off):
+    # its running limit is the admission's; its decisions are its own Python method, called
+    # when one is due (`next_decision`), with the steps run since the last call
+    cdef object adaptive
+    cdef int64_t limit, adaptive_steps, pending_steps, next_decision
     # ---- the cache
     cdef readonly CacheCore cache
     # ---- the simulator's sequences (`SimSequence`) and queues
@@ -157,6 +162,10 @@ cdef class RadixLoop:
         (self.cost.prefill_base, self.cost.prefill_per_token, self.cost.prefill_attn, self.cost.decode_base,
          self.cost.decode_per_seq, self.cost.decode_per_ctx) = settings.cost
         self.block_size, self.max_running = settings.block_size, settings.max_running
+        self.adaptive = settings.adaptive
+        self.limit = self.max_running if self.adaptive is None else self.adaptive.current
+        if self.adaptive is not None:
+            self.adaptive_steps, self.next_decision = self.adaptive.steps, self.adaptive.next_decision
         self.max_prefill = settings.max_prefill_tokens
         self.progress, self.progress_every = settings.progress, settings.progress_every
         acct = Accounting(settings, tenant_objects)
@@ -249,7 +258,7 @@ cdef class RadixLoop:
         cdef Py_ssize_t i
         self.prefill_tokens = self.prefill_batch = self.cached_tokens = 0
         self.n_admitted = 0
-        while self._waiting() and self.n_running < self.max_running and self.prefill_tokens < self.max_prefill:
+        while self._waiting() and self.n_running < self.limit and self.prefill_tokens < self.max_prefill:
             i = self._queue_head()
             hits = self._allocate_seq(i)
             if hits == BAIL:
@@ -439,6 +448,7 @@ cdef class RadixLoop:
     cdef int _loop(self) except -2:
         # Simulator.advance(st, math.inf) for the radix model
         cdef bint preempted
+        cdef int64_t before
         while self.clock < INFINITY:
             while self.next_arrival < self.n and self.arrivals[self.next_arrival] <= self.clock:
                 if self.cache.max_protected > 0:  # Simulator._arrive: its cached prefix protected
@@ -458,14 +468,37 @@ cdef class RadixLoop:
                 if preempted or (self.n_running == 0 and not self._waiting()):
                     continue
                 raise RuntimeError("the simulation is stuck: nothing runs and the queue head cannot be admitted")
+            before = self.step
             self._finish(self._run_steps())
+            if self.adaptive is not None:
+                self._observe(self.step - before)
+        return 0
+
+    cdef int _observe(self, int64_t steps) except -1:
+        # AdaptiveBatch.observe(the cache's evictions and re-prefills, steps) after each turn of
+        # the loop, as Simulator.advance calls it; between its decisions a call only adds the
+        # steps up, so the loop adds them here and calls it when a decision is due
+        self.adaptive_steps += steps
+        self.pending_steps += steps
+        if self.adaptive_steps >= self.next_decision:
+            self._tell_adaptive()
+        return 0
+
+    cdef int _tell_adaptive(self) except -1:
+        self.adaptive.observe(self.cache.total_evictions, self.cache.re_prefilled, self.pending_steps)
+        self.pending_steps = 0
+        self.limit, self.next_decision = self.adaptive.current, self.adaptive.next_decision
         return 0
 
     def run(self, double clock):
         """Run the row from `clock` (the first arrival); True when it ran, False when the Python
         loop must run it instead (it raises there)."""
         self.clock = clock
-        return self._loop() != BAIL
+        if self._loop() == BAIL:
+            return False
+        if self.adaptive is not None and self.pending_steps:
+            self._tell_adaptive()  # the steps since its last call (no decision is due)
+        return True
 
     def outputs(self):
         """The TTFTs and TPOTs (in order), the groups' served and looked-up tokens in the order of

@@ -11,8 +11,8 @@ row as for the Python loop. Same row either way, timings aside (tests/test_radix
 the two to it, TTFTs bit for bit).
 
 It runs when (`compiled_run`, which otherwise says why not: the row's `event_loop`): the radix
-cache model in a plain `run()` (no fleet `horizon`, no adaptive batch, KV tiers, queue
-protection or compress-on-evict, not `compiled=False`), the
+cache model in a plain `run()` (no fleet `horizon`, KV tiers or compress-on-evict, not
+`compiled=False`; queue protection and the adaptive batch run in it, issue 50 item 4), the
 policy's class one the loop has a kind for (`policy_kind`, from `_POLICY_KINDS`), every key an
 int64 (the ghost set is the compiled one), the extensions built and not `SAGE_PURE_PYTHON`. A row
 that would raise (a request larger than the pool) runs in the Python loop, which raises.
@@ -25,6 +25,7 @@ place, a pool block per key), the loop stops and the row runs again with its pol
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine_adapter.cache.adaptive_batch import AdaptiveBatch
 from engine_adapter.cache.ages import HISTOGRAM_KINDS, AgeHistograms
 from engine_adapter.cache.ghosts import GHOSTS_CORE, GhostSet
 from engine_adapter.sim.cache_models import RadixBelady, RadixFigures, RadixModel
@@ -91,7 +93,10 @@ _KINDS = ("age_at_hit_seconds", "age_at_eviction_seconds", "reuse_distance_block
 
 
 class RadixLoopSettings(LoopSettings, Protocol):
-    """What the radix loop reads of the `Simulator` beyond the flat loop's."""
+    """What the radix loop reads of the `Simulator` beyond the flat loop's (and `adaptive`, the
+    run's adaptive batch, which it replaces by the copy it ran)."""
+
+    adaptive: AdaptiveBatch | None
 
     @property
     def tiers(self) -> object | None: ...
@@ -141,6 +146,7 @@ class RadixSettings:
     bounds: tuple[tuple[float, ...], ...]
     latency_window: int
     max_protected: int  # the queue protection's budget in blocks (`QueueProtection`; 0: off)
+    adaptive: AdaptiveBatch | None  # the run's adaptive batch (a copy: the loop's own), or None
 
 
 def compiled_policies() -> list[str]:
@@ -183,7 +189,6 @@ def _python_only(sim: RadixLoopSettings, options: RadixOptions) -> str | None:
     features = (
         (options.compiled is False, "compiled=False"),  # the pure-Python cache asked for: no compiled loop
         (sim.horizon is not None, "a fleet replica"),
-        (options.adaptive_batch, "adaptive batch"),
         (options.compress_on_evict is not None, "compress-on-evict"),
         (sim.tiers is not None, "KV tiers"),
     )
@@ -227,6 +232,7 @@ def _settings(
         bounds=tuple(HISTOGRAM_KINDS[kind] for kind in _KINDS),
         latency_window=LatencyRecorder().window,  # the eviction step's recorder (`EvictionStep`)
         max_protected=manager.max_protected,
+        adaptive=copy.deepcopy(sim.adaptive),  # a run handing its row back leaves the run's own as it was
     )
 
 
@@ -283,6 +289,7 @@ def compiled_run(sim: RadixLoopSettings, st: RunState, options: RadixOptions) ->
         if run.run(float(st.clock)):
             _fill_state(st, run)
             cache.figures = _figures(run, settings)
+            sim.adaptive = settings.adaptive  # the adaptive batch the row ran with, its changes
             return None
         if not run.cache.needs_order:
             break
