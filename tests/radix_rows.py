@@ -4,12 +4,14 @@ the differential tests of tests/test_radix_run.py and tests/test_radix_pol_*.py.
 
 `both_rows` gives each run's `Simulator` and row; `assert_same_rows` holds them equal field for
 field (timings aside), `Simulator.ttft_s` bit for bit, with the compiled one having run compiled.
+`outcome` runs a built `Simulator` in either loop and keeps the error a run raised, and
+`assert_same_outcomes` holds two such outcomes equal (for drawn rows the Python code may refuse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from engine_adapter.sim import radix_run
@@ -72,3 +74,23 @@ def assert_same_rows(
     if check is not None:
         check(row)
     return row
+
+
+def outcome(sim: Simulator, python: bool) -> dict[str, Any]:
+    """Run `sim` in the compiled loop, or (`python`) in the Python loop: its loop, row (timings
+    aside) and TTFTs (`float.hex`), or the error it raised (a pool too small for a request: the
+    Python code raises, and a compiled run hands such a row to it)."""
+    try:
+        with python_loop() if python else nullcontext():
+            row = sim.run().to_dict()
+    except Exception as exc:
+        return {"raised": (type(exc), str(exc))}
+    return {"loop": sim.event_loop, "row": without_timings(row), "ttft_s": [t.hex() for t in sim.ttft_s]}
+
+
+def assert_same_outcomes(compiled: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The compiled run's `outcome` is the Python loop's, and it ran compiled unless the Python
+    code raised (then both raised the same error)."""
+    if "raised" not in reference:
+        assert (compiled.pop("loop"), reference.pop("loop")) == ("compiled", "python")
+    assert compiled == reference

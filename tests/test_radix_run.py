@@ -24,7 +24,7 @@ from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from radix_probe_ops import HOT, Op, conversations, pinned_conversations, sequences, through_rebuilds
-from radix_rows import assert_same_rows, python_loop, run_row, without_timings
+from radix_rows import assert_same_outcomes, assert_same_rows, outcome, run_row, without_timings
 from sim_strategies import COSTS, workloads
 
 from engine_adapter.cache.tiers import TierConfig
@@ -71,21 +71,10 @@ ROWS = given(
 
 
 def _outcome(workload: Workload, policy: str, capacity: int, python: bool, **options: Any) -> dict[str, Any]:
-    """One run: its loop, row (timings aside), TTFTs and progress calls, or the error it raised
-    (a pool too small for a request's re-prefill or its repeated keys: the Python code raises,
-    and a compiled run hands such a row to it)."""
+    """One run's `outcome`, and its progress calls."""
     calls: list[int] = []
     sim = Simulator(workload, policy, capacity, progress=calls.append, **options)
-    try:
-        if python:
-            with python_loop():
-                row = sim.run().to_dict()
-        else:
-            row = sim.run().to_dict()
-    except Exception as exc:
-        return {"raised": (type(exc), str(exc))}
-    ttfts = [t.hex() for t in sim.ttft_s]
-    return {"loop": sim.event_loop, "row": without_timings(row), "ttft_s": ttfts, "progress": calls}
+    return {**outcome(sim, python), "progress": calls}
 
 
 def _rows_agree(
@@ -106,9 +95,7 @@ def _rows_agree(
     )
     compiled = _outcome(workload, policy, capacity, False, **options)
     reference = _outcome(workload, policy, capacity, True, **options)
-    if "raised" not in reference:
-        assert (compiled.pop("loop"), reference.pop("loop")) == ("compiled", "python")
-    assert compiled == reference
+    assert_same_outcomes(compiled, reference)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -18,7 +18,7 @@ import pytest
 from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from radix_rows import python_loop, without_timings
+from radix_rows import assert_same_outcomes, outcome
 from sim_strategies import COSTS, workloads
 
 from engine_adapter.sim import radix_run
@@ -35,35 +35,20 @@ pytestmark = pytest.mark.skipif(radix_run.radix_loop() is None, reason=COMPILED_
 def _run(
     workload: Workload, policy: str, capacity: int | None, python: bool, **options: Any
 ) -> dict[str, Any]:
-    """One adaptive run: its loop, row (timings aside), TTFTs and the adaptive batch's state, or
-    the error it raised."""
+    """One adaptive run's `outcome`, and the adaptive batch's state after it."""
     sim = Simulator(workload, policy, capacity, adaptive_batch=True, **options)
-    try:
-        if python:
-            with python_loop():
-                row = sim.run().to_dict()
-        else:
-            row = sim.run().to_dict()
-    except Exception as exc:
-        return {"raised": (type(exc), str(exc))}
+    found = outcome(sim, python)
+    if "raised" in found:
+        return found
     adaptive = sim.adaptive
     assert adaptive is not None
     state = (adaptive.current, adaptive.steps, adaptive.shrinks, adaptive.grows, adaptive.next_decision)
-    return {
-        "loop": sim.event_loop,
-        "row": without_timings(row),
-        "ttft_s": [t.hex() for t in sim.ttft_s],
-        "adaptive": state,
-        "changes": list(adaptive.changes),
-    }
+    return {**found, "adaptive": state, "changes": list(adaptive.changes)}
 
 
 def _same(workload: Workload, policy: str, capacity: int | None, **options: Any) -> dict[str, Any]:
     compiled = _run(workload, policy, capacity, False, **options)
-    reference = _run(workload, policy, capacity, True, **options)
-    if "raised" not in reference:
-        assert (compiled.pop("loop"), reference.pop("loop")) == ("compiled", "python")
-    assert compiled == reference
+    assert_same_outcomes(compiled, _run(workload, policy, capacity, True, **options))
     return compiled
 
 

@@ -19,7 +19,7 @@ from conftest import COMPILED_CORE_MISSING
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from radix_probe_ops import pinned_conversations
-from radix_rows import assert_same_rows, python_loop, run_row, without_timings
+from radix_rows import assert_same_outcomes, assert_same_rows, outcome, run_row
 from sim_strategies import COSTS, workloads
 
 from engine_adapter.sim import radix_run
@@ -37,20 +37,10 @@ FRACTIONS = (0.05, 0.2, 0.5, 1.0)
 
 
 def _outcome(workload: Workload, policy: str, capacity: int, python: bool, **options: Any) -> dict[str, Any]:
-    """One run: its loop, row (timings aside) and TTFTs, or the error it raised (a pool too
-    small for a request: the Python code raises, and a compiled run hands such a row to it)."""
-    sim = Simulator(workload, policy, capacity, **options)
-    try:
-        if python:
-            with python_loop():
-                row = sim.run().to_dict()
-        else:
-            row = sim.run().to_dict()
-    except Exception as exc:
-        return {"raised": (type(exc), str(exc))}
-    if python:  # what the draws reach (hypothesis's statistics)
-        event(f"preempted: {row['preemptions'] > 0}")
-    return {"loop": sim.event_loop, "row": without_timings(row), "ttft_s": [t.hex() for t in sim.ttft_s]}
+    found = outcome(Simulator(workload, policy, capacity, **options), python)
+    if python and "row" in found:  # what the draws reach (hypothesis's statistics)
+        event(f"preempted: {found['row']['preemptions'] > 0}")
+    return found
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,9 +66,7 @@ def test_protected_rows_are_the_python_loops(
     options: dict[str, Any] = dict(protect_queued=fraction, max_running=max_running, cost_model=cost)
     compiled = _outcome(workload, policy, capacity, False, **options)
     reference = _outcome(workload, policy, capacity, True, **options)
-    if "raised" not in reference:
-        assert (compiled.pop("loop"), reference.pop("loop")) == ("compiled", "python")
-    assert compiled == reference
+    assert_same_outcomes(compiled, reference)
 
 
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "arc", "lfu"])
