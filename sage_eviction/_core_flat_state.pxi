@@ -150,25 +150,17 @@ cdef class FlatState:
         _map_init(&self.index, capacity * 2, True)
         # the tracker's window (None: the whole run, a simulator row's), held here in its stead
         self.evicted = KeySet(window=None if reprefill is None else reprefill.window)
-        self.nodes.capacity = capacity
-        self.nodes.key = <int64_t*>malloc(capacity * sizeof(int64_t))
-        self.nodes.evictable = <uint8_t*>calloc(capacity + 1, 1)
-        # what the kinds read of a block's EntryMeta: its hits (lfu's level, gdsf's frequency),
-        # and its depth 0 with a block size of 1, so that gdsf's cost and size are EntryMeta's
-        # defaults (1.0 and 1), as `FlatCache.request`'s `policy.insert(key)` makes them
-        self.nodes.hits = <int64_t*>calloc(capacity + 1, sizeof(int64_t))
-        self.nodes.depth = <int32_t*>calloc(capacity + 1, sizeof(int32_t))
-        if (self.nodes.key == NULL or self.nodes.evictable == NULL or self.nodes.hits == NULL
-                or self.nodes.depth == NULL):
-            raise MemoryError()
-        self.nodes.block_size = 1
+        # what the kinds read of a block's EntryMeta besides its key: its hits (lfu's level,
+        # gdsf's frequency), and its depth 0 with a block size of 1, so that gdsf's cost and size
+        # are EntryMeta's defaults (1.0 and 1), as `FlatCache.request`'s `policy.insert(key)`
+        # makes them
+        _nodes_init(&self.nodes, capacity, 1, kind, variant, True)
         if kind == FLAT_BELADY:
             self.future = policy._future
             self.next_pos = policy._next_pos
             self.never = policy._never
             _far_init(&self.far, capacity)
         else:
-            self.nodes.kind, self.nodes.flags = kind, variant
             _pol_init(&self.nodes, policy)
         self.tracker = reprefill
         self.latency = latency
@@ -182,12 +174,7 @@ cdef class FlatState:
 
     def __dealloc__(self):
         _map_free(&self.index)
-        if self.nodes.pol != NULL:
-            _pol_free(&self.nodes)
-        free(self.nodes.key)
-        free(self.nodes.evictable)
-        free(self.nodes.hits)
-        free(self.nodes.depth)
+        _nodes_free(&self.nodes)
         free(self.lat_ring)
         _far_free(&self.far)
 

@@ -32,6 +32,36 @@ cdef struct Nodes:
     void* pol  # the kind's state
 
 
+cdef int _nodes_init(Nodes* t, Py_ssize_t capacity, int64_t block_size, int kind, int flags,
+                     bint keyed) except -1:
+    # the owner's nodes, empty: their arrays (`keyed` False: the evictable flags alone, for a
+    # radix tree that never evicts) and the kind's fields; the owner calls `_pol_init` after.
+    # Depth and hits start at 0 (the flat cache's blocks keep EntryMeta's depth 0); the flags'
+    # pages are zero and touched as used. `_nodes_free` frees what was allocated, should it fail.
+    t.capacity, t.block_size, t.kind, t.flags = capacity, block_size, kind, flags
+    t.pol, t.num_evictable, t.clock = NULL, 0, 0
+    t.key = <int64_t*>malloc(capacity * sizeof(int64_t) + 8) if keyed else NULL
+    t.depth = <int32_t*>calloc(capacity + 1, sizeof(int32_t)) if keyed else NULL
+    t.hits = <int64_t*>calloc(capacity + 1, sizeof(int64_t)) if keyed else NULL
+    t.evictable = <uint8_t*>calloc(capacity + 1, sizeof(uint8_t))
+    if keyed and (t.key == NULL or t.depth == NULL or t.hits == NULL) or t.evictable == NULL:
+        raise MemoryError()
+    return 0
+
+
+cdef void _nodes_free(Nodes* t) noexcept:
+    # the kind's state and the nodes' arrays
+    if t.pol != NULL:
+        _pol_free(t)
+    free(t.key)
+    free(t.depth)
+    free(t.hits)
+    free(t.evictable)
+    t.key = t.hits = NULL
+    t.depth = NULL
+    t.evictable = NULL
+
+
 cdef int _set_evictable(Nodes* t, int32_t node, bint evictable) except -1:
     # EvictionPolicy.set_evictable (the block's flag and the policy's are one here)
     if evictable == t.evictable[node]:

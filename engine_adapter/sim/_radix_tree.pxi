@@ -38,20 +38,15 @@ cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, 
     # the nodes, empty, and the policy's state (`policy`: the Python policy the row names, whose
     # parameters the kind reads); `keys`: the distinct keys of the run when known (0: not known)
     cdef bint ordered = kind != P_NONE
-    t.nodes.capacity = capacity
-    t.nodes.key = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
+    _nodes_init(&t.nodes, capacity, block_size, kind, flags, ordered)
     t.parent = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.children = <int32_t*>malloc(capacity * sizeof(int32_t))
     t.ref = <int32_t*>malloc(capacity * sizeof(int32_t))
-    t.nodes.depth = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
-    t.nodes.hits = <int64_t*>malloc(capacity * sizeof(int64_t)) if ordered else NULL
     t.created = <double*>malloc(capacity * sizeof(double))
     t.tenant = <int32_t*>malloc(capacity * sizeof(int32_t)) if ordered else NULL
-    t.nodes.evictable = <uint8_t*>calloc(capacity + 1, sizeof(uint8_t))  # zero pages, touched as used
     t.spare = <int32_t*>malloc(capacity * sizeof(int32_t))
-    if (ordered and (t.nodes.key == NULL or t.nodes.depth == NULL or t.nodes.hits == NULL or t.tenant == NULL)
-            or t.parent == NULL or t.children == NULL or t.ref == NULL or t.created == NULL
-            or t.nodes.evictable == NULL or t.spare == NULL):
+    if (ordered and t.tenant == NULL or t.parent == NULL or t.children == NULL or t.ref == NULL
+            or t.created == NULL or t.spare == NULL):
         raise MemoryError()
     # the never-used nodes are a counter above the stack of freed ones: the same nodes, in the
     # same order, as a stack of every node (node 0 first), but no page of `spare` is touched
@@ -60,25 +55,18 @@ cdef int _tree_init(Tree* t, Py_ssize_t capacity, int64_t block_size, int kind, 
     # sized once to what it can hold, a key per node and per distinct key of the run: no
     # doubling while it fills, which held the old table and the new one (1.5 times the final)
     _map_init(&t.index, ((min(capacity, keys) if keys > 0 else capacity) * 4) // 3 + 1, True)
-    t.nodes.block_size, t.nodes.kind, t.nodes.flags, t.nodes.pol = block_size, kind, flags, NULL
     return _pol_init(&t.nodes, policy)
 
 
 cdef void _tree_free(Tree* t) noexcept:
-    if t.nodes.pol != NULL:
-        _pol_free(&t.nodes)
-    free(t.nodes.key)
+    _nodes_free(&t.nodes)
     free(t.parent)
     free(t.children)
     free(t.ref)
-    free(t.nodes.depth)
-    free(t.nodes.hits)
     free(t.created)
     free(t.tenant)
-    free(t.nodes.evictable)
     free(t.spare)
     _map_free(&t.index)
-    t.nodes.key = NULL
     t.parent = NULL  # the owners' "built" mark
 
 
